@@ -1,0 +1,1 @@
+"""Serverless entry points (AWS Lambda: handlers.app.lambda_handler)."""

@@ -1,0 +1,10 @@
+// all.cu: the one translation unit nvcc compiles into reflex.fatbin (see scripts/build_kernels.py).
+// Every kernel is `extern "C"`, so the host resolves it by its plain name.
+#include "embed.cu"
+#include "norm.cu"
+#include "matvec.cu"
+#include "matmul.cu"
+#include "rope.cu"
+#include "attention.cu"
+#include "sample.cu"
+#include "logits.cu"

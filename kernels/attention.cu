@@ -1,0 +1,109 @@
+// attention.cu: softmax(q k^T * scale) v over the f16 KV cache, for any batch of query tokens
+// (prefill, decode, and system1's tree of candidates), with GQA, optional sliding window and
+// logit soft-capping.
+//
+// Which cache slots a query at slot s may see: j <= s, and (j < prefix_len or j >= seg_lo[t]),
+// and (window <= 0 or pos[t] - kv_pos[j] < window). Plain causal attention passes seg_lo = NULL.
+// A system1 candidate token sees the whole prompt (j < prefix_len) and its own earlier tokens
+// (j >= seg_lo[t], the slot where its candidate starts).
+//
+// Grid (n_tok, n_head, n_split); 128 threads = 4 warps. Each block takes one query head and one
+// of n_split slices of the visible keys; each warp streams keys with an online softmax, the
+// warps merge in shared memory, and the block writes either the final row (n_split == 1) or
+// an unnormalized partial that reflex_attn_combine merges. Bound by reading K and V once per
+// (query token, head): 2 * n_kv * head_dim * 2 bytes. head_dim <= 256, hd_v % 32 == 0.
+#include "common.cuh"
+
+#define ATT_WARPS 4
+#define ATT_MAXV 8  // hd_v / 32
+
+extern "C" __global__ void __launch_bounds__(128) reflex_attn(
+    const float* q, const half* k_cache, const half* v_cache, const int* kv_pos, const int* q_pos, const int* q_slot,
+    const int* seg_lo, int prefix_len, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int n_head,
+    int n_head_kv, int hd, int hd_v, int n_ctx, int window, float scale, float softcap, int n_split) {
+    __shared__ float qs[256];
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    __shared__ float wacc[ATT_WARPS][256];
+    int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int kvh = h / (n_head / n_head_kv);
+    int my_slot = q_slot[t], my_pos = q_pos[t];
+    int lo = seg_lo ? seg_lo[t] : 0;
+    int n_vis = min(*n_kv_ptr, my_slot + 1);
+    int chunk = (n_vis + n_split - 1) / n_split;
+    int j0 = split * chunk, j1 = min(n_vis, j0 + chunk);
+
+    const float* qh = q + ((long)t * n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d] * scale;
+    __syncthreads();
+
+    const half* kbase = k_cache + (long)kvh * n_ctx * hd;
+    const half* vbase = v_cache + (long)kvh * n_ctx * hd_v;
+    float m = -INFINITY, l = 0.f;
+    float acc[ATT_MAXV];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i++) acc[i] = 0.f;
+    int nv = hd_v / 32;
+
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        if (!(j < prefix_len || j >= lo)) continue;
+        if (window > 0 && my_pos - kv_pos[j] >= window) continue;
+        const half* kj = kbase + (long)j * hd;
+        float s = 0.f;
+        for (int d = lane; d < hd; d += 32) s += qs[d] * __half2float(kj[d]);
+        s = warp_sum(s);
+        if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+        float m_new = fmaxf(m, s);
+        float corr = __expf(m - m_new), p = __expf(s - m_new);
+        l = l * corr + p;
+        const half* vj = vbase + (long)j * hd_v;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXV; i++)
+            if (i < nv) acc[i] = acc[i] * corr + p * __half2float(vj[lane + 32 * i]);
+        m = m_new;
+    }
+    // Merge the warps: rescale each to the block maximum.
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+    __syncthreads();
+    float bm = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) bm = fmaxf(bm, wm[w]);
+    float f = (m == -INFINITY) ? 0.f : __expf(m - bm);
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i++)
+        if (i < nv) wacc[warp][lane + 32 * i] = acc[i] * f;
+    __syncthreads();
+    float bl = 0.f;
+    for (int w = 0; w < ATT_WARPS; w++) bl += (wm[w] == -INFINITY) ? 0.f : wl[w] * __expf(wm[w] - bm);
+    long row = (long)t * n_head + h;
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        float o = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) o += wacc[w][d];
+        if (n_split == 1) out[row * hd_v + d] = bl > 0.f ? o / bl : 0.f;
+        else part_o[(row * n_split + split) * hd_v + d] = o;
+    }
+    if (n_split > 1 && threadIdx.x == 0) {
+        part_ml[(row * n_split + split) * 2] = bm;
+        part_ml[(row * n_split + split) * 2 + 1] = bl;
+    }
+}
+
+// Merge n_split partial results per (token, head). Grid (n_tok, n_head); block >= 32 threads.
+extern "C" __global__ void reflex_attn_combine(const float* part_o, const float* part_ml, float* out, int n_head,
+                                               int hd_v, int n_split) {
+    long row = (long)blockIdx.x * n_head + blockIdx.y;
+    const float* ml = part_ml + row * n_split * 2;
+    float gm = -INFINITY;
+    for (int s = 0; s < n_split; s++) gm = fmaxf(gm, ml[2 * s]);
+    float denom = 0.f;
+    for (int s = 0; s < n_split; s++)
+        if (ml[2 * s] != -INFINITY) denom += ml[2 * s + 1] * __expf(ml[2 * s] - gm);
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        float o = 0.f;
+        for (int s = 0; s < n_split; s++)
+            if (ml[2 * s] != -INFINITY) o += part_o[(row * n_split + s) * hd_v + d] * __expf(ml[2 * s] - gm);
+        out[row * hd_v + d] = denom > 0.f ? o / denom : 0.f;
+    }
+}

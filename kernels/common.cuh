@@ -1,0 +1,76 @@
+// common.cuh: small helpers shared by every kernel file (reductions, half conversions,
+// the per-type instantiation macro).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "quant.cuh"
+
+#define RX_WARP 32
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds >= 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < n_warps ? scratch[lane] : -INFINITY;
+    return warp_max(t);
+}
+
+// Decode 8 weights of group g of a row, for a compile-time type.
+template <int T>
+__device__ __forceinline__ void dequant8(const uint8_t* row, int g, float* w) {
+    if (T == RX_F32) dequant8_f32(row, g, w);
+    else if (T == RX_F16) dequant8_f16(row, g, w);
+    else if (T == RX_BF16) dequant8_bf16(row, g, w);
+    else if (T == RX_Q8_0) dequant8_q8_0(row, g, w);
+    else if (T == RX_Q4_0) dequant8_q4_0(row, g, w);
+    else if (T == RX_Q5_0) dequant8_q5_0(row, g, w);
+    else if (T == RX_Q4_K) dequant8_q4_k(row, g, w);
+    else if (T == RX_Q5_K) dequant8_q5_k(row, g, w);
+    else if (T == RX_Q6_K) dequant8_q6_k(row, g, w);
+}
+
+// Instantiate `MACRO(suffix, type_id)` for every weight type the kernels read.
+#define RX_FOR_EACH_TYPE(MACRO) \
+    MACRO(f32, RX_F32)          \
+    MACRO(f16, RX_F16)          \
+    MACRO(bf16, RX_BF16)        \
+    MACRO(q8_0, RX_Q8_0)        \
+    MACRO(q4_0, RX_Q4_0)        \
+    MACRO(q5_0, RX_Q5_0)        \
+    MACRO(q4_k, RX_Q4_K)        \
+    MACRO(q5_k, RX_Q5_K)        \
+    MACRO(q6_k, RX_Q6_K)
+
+// Activation functions of gated FFNs: 0 = SiLU (SwiGLU), 1 = GELU tanh approximation (GeGLU).
+__device__ __forceinline__ float rx_act(float g, int act) {
+    if (act == 0) return g / (1.0f + __expf(-g));
+    const float c = 0.7978845608028654f;  // sqrt(2/pi)
+    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}

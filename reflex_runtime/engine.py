@@ -1,0 +1,306 @@
+"""The engine: one loaded model, its tokenizer, and a runner (CUDA or the numpy reference).
+
+`generate` streams text (prefill, decode, sampling, stop rules); `system1` scores candidate
+continuations of a prompt in one pass. Every request ends with one JSON-able record; the first
+request of a process also carries the cold-start timeline (process start -> first token).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+from .coldstart import Timeline
+from .errors import ReflexError, RequestError
+from .sampling import SamplingParams
+
+
+@dataclass
+class Limits:
+    max_prompt_tokens: int = 8192
+    max_new_tokens: int = 4096
+    max_candidates: int = 64
+    max_candidate_tokens: int = 64
+    max_stop_strings: int = 8
+
+
+@dataclass
+class GenerateRequest:
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    max_tokens: int = 64
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    chat: bool = False
+    enable_thinking: bool | None = None
+    ignore_eos: bool = False
+
+
+@dataclass
+class TextDelta:
+    text: str
+    token_id: int
+
+
+@dataclass
+class Finished:
+    record: dict
+    text: str
+    finish_reason: str  # "stop" | "length"
+
+
+class Runner(Protocol):
+    """What a backend offers the engine (gpu/runner.py, reference/runner.py)."""
+
+    name: str
+    max_context: int
+
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, max_new: int, stop_ids: frozenset) -> Iterator[int]:
+        """Yield sampled ids; the first after prefill. Stops after a stop id or max_new ids."""
+
+    def score(self, prompt_ids: list[int], candidates: list[list[int]]) -> list[list[float]]:
+        """log P(token | prompt, earlier candidate tokens) for every candidate token."""
+
+    def info(self) -> dict:
+        """Backend facts for the record (device, kernel format...)."""
+
+
+def _validate_sampling(p: SamplingParams) -> None:
+    checks = [
+        ("temperature", p.temperature, 0.0, 100.0),
+        ("top_p", p.top_p, 0.0, 1.0),
+        ("min_p", p.min_p, 0.0, 1.0),
+    ]
+    for name, value, lo, hi in checks:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (lo <= value <= hi) or math.isnan(value):
+            raise RequestError(f"'{name}' must be a number in [{lo}, {hi}], got {value!r}", field=name)
+    if not isinstance(p.top_k, int) or isinstance(p.top_k, bool) or p.top_k < 0:
+        raise RequestError(f"'top_k' must be a non-negative integer, got {p.top_k!r}", field="top_k")
+    if p.top_p <= 0.0:
+        raise RequestError("'top_p' must be greater than 0", field="top_p")
+    if p.seed is not None and (not isinstance(p.seed, int) or isinstance(p.seed, bool) or p.seed < 0):
+        raise RequestError(f"'seed' must be a non-negative integer, got {p.seed!r}", field="seed")
+
+
+class Engine:
+    """Load once, serve many requests, one at a time."""
+
+    def __init__(self, gguf, config, tokenizer, runner: Runner, timeline: Timeline | None = None,
+                 model_ref: str = "", limits: Limits | None = None):
+        self.gguf = gguf
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.timeline = timeline
+        self.model_ref = model_ref
+        self.limits = limits or Limits()
+        self.requests_served = 0
+        self._chat_template = gguf.get("tokenizer.chat_template")
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.config.name or os.path.basename(self.gguf.path)
+
+    def render_messages(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
+        from .chat import render_chat
+
+        tok = self.tokenizer
+        bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
+        eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
+        return render_chat(self._chat_template, messages, add_generation_prompt=True,
+                           enable_thinking=enable_thinking, bos_token=bos, eos_token=eos,
+                           architecture=self.config.arch)
+
+    def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
+                   chat: bool = False, enable_thinking: bool | None = None) -> list[int]:
+        if messages is None and prompt is None:
+            raise RequestError("a 'prompt' or 'messages' is required", field="prompt")
+        if messages is None and chat:
+            messages = [{"role": "user", "content": prompt}]
+        if messages is not None:
+            text = self.render_messages(messages, enable_thinking)
+            tok = self.tokenizer
+            bos_text = tok.decode([tok.bos_id]) if tok.bos_id is not None else None
+            # Templates that write the BOS text themselves must not get a second BOS.
+            add_special = not (bos_text and text.startswith(bos_text))
+            ids = tok.encode(text, add_special=add_special, parse_special=True)
+        else:
+            if not isinstance(prompt, str):
+                raise RequestError("'prompt' must be a string", field="prompt")
+            ids = self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        if not ids:
+            raise RequestError("the prompt encodes to no tokens", field="prompt")
+        if len(ids) > self.limits.max_prompt_tokens:
+            raise RequestError(f"prompt has {len(ids)} tokens, the limit is {self.limits.max_prompt_tokens}", field="prompt")
+        return ids
+
+    # -- generate --------------------------------------------------------------------------
+
+    def generate(self, req: GenerateRequest, prompt_ids: list[int] | None = None) -> Iterator[TextDelta | Finished]:
+        """Stream TextDelta events, then one Finished with the request record."""
+        if not isinstance(req.max_tokens, int) or isinstance(req.max_tokens, bool) or req.max_tokens < 1:
+            raise RequestError(f"'max_tokens' must be a positive integer, got {req.max_tokens!r}", field="max_tokens")
+        if req.max_tokens > self.limits.max_new_tokens:
+            raise RequestError(f"'max_tokens' {req.max_tokens} exceeds the limit {self.limits.max_new_tokens}", field="max_tokens")
+        stops = tuple(req.stop or ())
+        if len(stops) > self.limits.max_stop_strings or not all(isinstance(s, str) and s for s in stops):
+            raise RequestError(f"'stop' must be up to {self.limits.max_stop_strings} non-empty strings", field="stop")
+        _validate_sampling(req.sampling)
+        t_req = time.perf_counter()
+        ids = prompt_ids if prompt_ids is not None else self.prompt_ids(req.prompt, req.messages, req.chat, req.enable_thinking)
+        if len(ids) + req.max_tokens > self.runner.max_context:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the context of {self.runner.max_context}",
+                field="max_tokens")
+        params = req.sampling
+        if params.seed is None and params.temperature > 0:
+            params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p,
+                                    int.from_bytes(os.urandom(8), "little") >> 1)
+        tl = self.timeline if self.requests_served == 0 else None
+        if tl:
+            tl.mark("prompt")
+        stop_ids = frozenset() if req.ignore_eos else self.tokenizer.stop_ids
+        decoder = self.tokenizer.stream_decoder()
+        text_parts: list[str] = []
+        pending = ""  # text held back while it could still become a stop string
+        hold = max((len(s) for s in stops), default=0) - 1
+        n_gen = 0
+        finish = "length"
+        t_first = None
+        gen = self.runner.generate_ids(ids, params, req.max_tokens, stop_ids)
+        try:
+            for tok in gen:
+                n_gen += 1
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    if tl:
+                        tl.mark("first_token")
+                elif tl:
+                    tl.token()
+                if tok in stop_ids:
+                    finish = "stop"
+                    break
+                pending += decoder.push(tok)
+                cut = _find_stop(pending, stops)
+                if cut is not None:
+                    pending = pending[:cut]
+                    finish = "stop"
+                    break
+                emit = pending[: max(0, len(pending) - hold)] if hold > 0 else pending
+                if emit:
+                    pending = pending[len(emit):]
+                    text_parts.append(emit)
+                    yield TextDelta(emit, tok)
+        finally:
+            gen.close()
+        if finish == "length":
+            pending += decoder.flush()
+            cut = _find_stop(pending, stops)
+            if cut is not None:
+                pending, finish = pending[:cut], "stop"
+        if pending:
+            text_parts.append(pending)
+            yield TextDelta(pending, -1)
+        t_end = time.perf_counter()
+        if tl:
+            tl.mark("last_token")
+        self.requests_served += 1
+        yield Finished(self._record("generate", ids, n_gen, t_req, t_first, t_end, params, finish, tl),
+                       "".join(text_parts), finish)
+
+    def _record(self, op, ids, n_gen, t_req, t_first, t_end, params, finish, tl) -> dict:
+        decode_s = (t_end - t_first) if t_first else 0.0
+        rec = {
+            "op": op,
+            "model": self.model_name,
+            "architecture": self.config.arch,
+            "file_type": self.config.file_type,
+            "backend": self.runner.name,
+            "prompt_tokens": len(ids),
+            "generated_tokens": n_gen,
+            "finish_reason": finish,
+            "seed": params.seed,
+            "request_to_first_token_ms": round((t_first - t_req) * 1000, 3) if t_first else None,
+            "request_ms": round((t_end - t_req) * 1000, 3),
+            "decode_tokens_per_s": round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else None,
+            "cold_start": tl is not None,
+        }
+        rec.update(self.runner.info())
+        if tl is not None:
+            rec["coldstart"] = tl.record()
+        return rec
+
+    # -- system1 ---------------------------------------------------------------------------
+
+    def system1(self, prompt: str | None = None, candidates: list[str] | None = None, messages: list[dict] | None = None,
+                chat: bool = False) -> dict:
+        """Score each candidate continuation: sum of its tokens' log-probabilities after the prompt."""
+        if not isinstance(candidates, list) or not candidates:
+            raise RequestError("'candidates' must be a non-empty list of strings", field="candidates")
+        if len(candidates) > self.limits.max_candidates:
+            raise RequestError(f"{len(candidates)} candidates exceed the limit of {self.limits.max_candidates}", field="candidates")
+        cand_ids = []
+        for i, c in enumerate(candidates):
+            if not isinstance(c, str) or not c:
+                raise RequestError(f"candidate {i} must be a non-empty string", field="candidates")
+            # The candidate text is encoded on its own, without BOS: it continues the prompt.
+            toks = self.tokenizer.encode(c, add_special=False, parse_special=False)
+            if not toks:
+                raise RequestError(f"candidate {i} ({c!r}) encodes to no tokens", field="candidates")
+            if len(toks) > self.limits.max_candidate_tokens:
+                raise RequestError(f"candidate {i} has {len(toks)} tokens, the limit is {self.limits.max_candidate_tokens}",
+                                   field="candidates")
+            cand_ids.append(toks)
+        t_req = time.perf_counter()
+        ids = self.prompt_ids(prompt, messages, chat)
+        if len(ids) + sum(len(c) for c in cand_ids) > self.runner.max_context:
+            raise RequestError(f"prompt + candidates exceed the context of {self.runner.max_context}", field="candidates")
+        tl = self.timeline if self.requests_served == 0 else None
+        if tl:
+            tl.mark("prompt")
+        logprobs = self.runner.score(ids, cand_ids)
+        t_end = time.perf_counter()
+        if tl:
+            tl.mark("first_token")  # system1's result is its "first token"
+        scores = [float(sum(lp)) for lp in logprobs]
+        top = max(scores)
+        weights = [math.exp(s - top) for s in scores]
+        total = sum(weights)
+        probs = [w / total for w in weights]
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        entropy = -sum(p * math.log(p) for p in probs if p > 0)
+        self.requests_served += 1
+        result = {
+            "candidates": [
+                {"index": i, "text": c, "token_ids": t, "token_logprobs": [round(x, 6) for x in lp],
+                 "score": s, "probability": p}
+                for i, (c, t, lp, s, p) in enumerate(zip(candidates, cand_ids, logprobs, scores, probs))
+            ],
+            "best_index": best,
+            "best_text": candidates[best],
+            "entropy": entropy,
+            "probability_note": "softmax of the scores over this candidate set only, not a probability over the vocabulary",
+        }
+        rec = self._record("system1", ids, 0, t_req, t_end, t_end, SamplingParams(), "scored", tl)
+        if tl is not None:
+            result["process_start_to_result_ms"] = rec["coldstart"]["process_start_to_first_token_ms"]
+        result["record"] = rec
+        return result
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    best = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best
+
+
+def is_reflex_error(e: BaseException) -> bool:
+    return isinstance(e, ReflexError)

@@ -1,0 +1,127 @@
+"""Bring the GPU up on background threads from the first moments of the process.
+
+cuInit and primary-context creation take ~0.25-0.34 s and release the GIL, and so does NVML
+start-up, so they run beside the main thread's GGUF parsing and tokenizer construction.
+The device thread also reads the fatbin, loads it with one cuModuleLoadData and resolves every
+kernel in the table. Each step is a span on the timeline; any failure becomes `error` (one
+line) and the caller falls back to the CPU reference (or fails, with --backend cuda).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+_KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_kernels")
+
+
+def kernels_dir() -> str:
+    return os.environ.get("REFLEX_KERNELS_DIR") or _KERNEL_DIR
+
+
+def read_manifest() -> dict | None:
+    try:
+        with open(os.path.join(kernels_dir(), "manifest.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def kernel_format(cc: tuple[int, int], manifest: dict) -> str | None:
+    """'sass' when the fatbin has machine code for this GPU, 'ptx' when the driver must JIT the
+    PTX (a GPU newer than every listed architecture), None when nothing can run on it."""
+    arch = cc[0] * 10 + cc[1]
+    if f"sm_{arch}" in manifest.get("sass", []):
+        return "sass"
+    ptx = int(manifest.get("ptx", "compute_0").split("_")[1])
+    if arch >= ptx:
+        return "ptx"
+    return None
+
+
+class DeviceBootstrap:
+    def __init__(self, timeline, ordinal: int = 0):
+        self.tl = timeline
+        self.ordinal = ordinal
+        self.device = None
+        self.stream = None
+        self.error: str | None = None
+        self.kernel_format: str | None = None
+        self.energy_started = False
+        self._ready = threading.Event()
+        self._abandoned = False
+
+    @classmethod
+    def start(cls, timeline, ordinal: int = 0) -> "DeviceBootstrap":
+        boot = cls(timeline, ordinal)
+        threading.Thread(target=boot._energy, name="reflex-nvml", daemon=True).start()
+        threading.Thread(target=boot._bring_up, name="reflex-device", daemon=True).start()
+        return boot
+
+    def _energy(self) -> None:
+        self.tl.start_energy(self.ordinal)
+        self.energy_started = True
+
+    def _bring_up(self) -> None:
+        tl = self.tl
+        try:
+            t = tl.elapsed()
+            manifest = read_manifest()
+            if manifest is None:
+                self.error = (f"CUDA kernels are not built (no manifest in {kernels_dir()}); "
+                              "run `python scripts/build_kernels.py` or reinstall with nvcc available")
+                return
+            with open(os.path.join(kernels_dir(), manifest.get("fatbin", "reflex.fatbin")), "rb") as f:
+                image = f.read()
+            try:
+                from .driver import Device
+            except ImportError as e:
+                self.error = f"cuda-bindings is not importable ({e})"
+                return
+            tl.span("import_cuda_bindings", t, tl.elapsed())
+            t = tl.elapsed()
+            try:
+                dev = Device(self.ordinal)
+            except Exception as e:  # DeviceError, or the bindings' "no libcuda" loader error
+                self.error = _no_gpu_reason(e)
+                return
+            tl.span("cuda_init_context", t, tl.elapsed())
+            fmt = kernel_format(dev.cc, manifest)
+            if fmt is None:
+                self.error = (f"{dev.name} is sm_{dev.cc[0]}{dev.cc[1]}; the fatbin carries {', '.join(manifest['sass'])} "
+                              f"and {manifest['ptx']} PTX")
+                return
+            t = tl.elapsed()
+            from .kernels import KERNEL_NAMES
+
+            dev.load_fatbin(image, KERNEL_NAMES)
+            self.stream = dev.stream()
+            tl.span("fatbin_load", t, tl.elapsed())
+            self.kernel_format = fmt
+            self.device = dev
+        except Exception as e:  # never let the thread die silently: the main thread reads .error
+            self.error = f"GPU bring-up failed: {type(e).__name__}: {' '.join(str(e).split())}"
+        finally:
+            self._ready.set()
+
+    def wait(self, timeout: float | None = 60.0):
+        """The Device, or None with `error` set."""
+        if not self._ready.wait(timeout):
+            self.error = "GPU bring-up did not finish in time"
+            return None
+        if self.device is not None:
+            self.device.make_current()
+        return self.device
+
+    def abandon(self) -> None:
+        self._abandoned = True
+
+
+def _no_gpu_reason(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    if "NVIDIA driver library" in text or "libcuda" in text or type(e).__name__ == "DynamicLibNotFoundError":
+        return "no NVIDIA driver on this machine (libcuda.so not found)"
+    if "NO_DEVICE" in text:
+        return "the NVIDIA driver reports no CUDA device"
+    return f"CUDA initialisation failed: {text}"

@@ -1,0 +1,217 @@
+"""The GPU forward pass of the dense decoder families (Qwen3, Gemma 3) over weights that sit in
+the device arena exactly as they sit in the GGUF file.
+
+Qwen3, per layer:  h = norm(x); q,k,v = W h; qk-norm + RoPE + cache store; a = attn;
+                   x += Wo a; h = norm(x); x += Wd (silu(Wg h) * Wu h)
+Gemma 3, per layer: the same with post-norms (x += norm(Wo a), x += norm(Wd ...)), GELU,
+                   a sqrt(n_embd) embedding scale, local (sliding-window) layers with their own
+                   RoPE base, and optional final logit soft-capping.
+Residual adds are fused into the matrix kernels (Qwen3) or the norm kernel (Gemma 3), so a
+decode step is ~10 launches per layer, captured once into a CUDA graph by gpu/runner.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import UnsupportedModelError
+from .ops import ATTN_SPLITS_DECODE, Ops, Weight, weight_from_tensor
+
+GPU_FAMILIES = ("qwen3", "gemma3")
+ARGMAX_PARTS = 128
+
+
+def gpu_supports(config) -> str | None:
+    """None if the CUDA engine runs this model, else the one-line reason it does not."""
+    if config.arch not in GPU_FAMILIES:
+        return f"the CUDA engine does not run '{config.arch}' yet (it runs {', '.join(GPU_FAMILIES)})"
+    if config.head_dim > 256 or config.head_dim_v > 256 or config.head_dim_v % 32 or config.head_dim % 2:
+        return f"head sizes {config.head_dim}/{config.head_dim_v} are outside what the attention kernel handles"
+    if config.n_head % config.n_head_kv:
+        return f"{config.n_head} query heads do not divide into {config.n_head_kv} KV heads"
+    if config.n_embd % 32 or config.n_ff % 32:
+        return "hidden sizes must be multiples of 32"
+    return None
+
+
+class Arena:
+    """Bump allocator over one device allocation (256-byte aligned pieces)."""
+
+    def __init__(self):
+        self.size = 0
+        self.base = 0
+        self._pending: list[tuple[str, int]] = []
+        self.offsets: dict[str, int] = {}
+
+    def reserve(self, name: str, nbytes: int) -> None:
+        self.offsets[name] = self.size
+        self.size += -(-max(nbytes, 4) // 256) * 256
+
+    def ptr(self, name: str) -> int:
+        return self.base + self.offsets[name]
+
+
+@dataclass
+class Layer:
+    attn_norm: int
+    wq: Weight
+    wk: Weight
+    wv: Weight
+    wo: Weight
+    q_norm: int
+    k_norm: int
+    ffn_norm: int
+    wg: Weight
+    wu: Weight
+    wd: Weight
+    post_attn_norm: int
+    post_ffn_norm: int
+    rope_base: float
+    window: int
+    k_cache: int
+    v_cache: int
+
+
+class DenseDecoder:
+    """Sizes everything from the config, then runs forward passes for batches of tokens whose
+    ids, positions and cache slots are already in the device state arrays."""
+
+    def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int):
+        self.cfg = config
+        self.gguf = gguf
+        self.max_batch = max_batch
+        self.n_ctx = n_ctx
+        self.max_new = max_new
+        self.is_gemma = config.arch == "gemma3"
+        ex = config.extra
+        self.act = 1 if self.is_gemma else 0
+        self.embed_scale = float(ex.get("embed_scale", 1.0)) if self.is_gemma else 1.0
+        self.attn_scale = float(ex.get("query_scale", 1.0 / math.sqrt(config.head_dim)))
+        self.softcap = float(ex.get("final_logit_softcap") or 0.0)
+        self.weights_bytes = gguf.size - gguf.data_offset
+        c = config
+        e, t = c.n_embd, max_batch
+        a = Arena()
+        a.reserve("weights", self.weights_bytes)
+        kv_bytes = c.n_head_kv * n_ctx * (c.head_dim + c.head_dim_v) * 2
+        for i in range(c.n_layers):
+            a.reserve(f"kv{i}", kv_bytes)
+        qd, kd, vd, ad = c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head * c.head_dim_v
+        for name, n in (("x", t * e), ("h", t * e), ("o", t * e), ("q", t * qd), ("k", t * kd), ("v", t * vd),
+                        ("att", t * ad), ("g", t * c.n_ff), ("u", t * c.n_ff), ("act", t * c.n_ff),
+                        ("logits", c.vocab_size), ("part_o", c.n_head * ATTN_SPLITS_DECODE * c.head_dim_v),
+                        ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2), ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)):
+            a.reserve(name, 4 * n)
+        nt = max(t, n_ctx)  # per-token inputs cover a whole prompt, prefilled in chunks
+        for name, n in (("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
+                        ("out_tokens", max_new + 1), ("kv_pos", n_ctx)):
+            a.reserve(name, 4 * n)
+        a.reserve("sampling", 64)
+        self.arena = a
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.arena.size
+
+    # -- binding (after the arena exists and the weights are uploaded) ----------------------
+
+    def bind(self, base: int, ops: Ops) -> None:
+        self.arena.base = base
+        self.ops = ops
+        g, c = self.gguf, self.cfg
+        wbase, doff = self.arena.ptr("weights"), g.data_offset
+
+        def w(name):
+            return weight_from_tensor(g.tensor(name), wbase, doff)
+
+        def vec(name, required=True):
+            ti = g.tensors.get(name)
+            if ti is None:
+                if required:
+                    raise UnsupportedModelError(f"GGUF has no tensor '{name}'")
+                return 0
+            if ti.type_name != "F32":
+                raise UnsupportedModelError(f"norm tensor '{name}' is {ti.type_name}; the CUDA engine expects F32")
+            return wbase + ti.offset - doff
+
+        ex = c.extra
+        local = ex.get("local_layers") or (False,) * c.n_layers
+        kv_half = c.n_head_kv * self.n_ctx * c.head_dim * 2
+        self.layers = []
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            is_local = bool(local[i])
+            self.layers.append(Layer(
+                attn_norm=vec(p + "attn_norm.weight"), wq=w(p + "attn_q.weight"), wk=w(p + "attn_k.weight"),
+                wv=w(p + "attn_v.weight"), wo=w(p + "attn_output.weight"),
+                q_norm=vec(p + "attn_q_norm.weight", False), k_norm=vec(p + "attn_k_norm.weight", False),
+                ffn_norm=vec(p + "ffn_norm.weight"), wg=w(p + "ffn_gate.weight"), wu=w(p + "ffn_up.weight"),
+                wd=w(p + "ffn_down.weight"),
+                post_attn_norm=vec(p + "post_attention_norm.weight", False) if self.is_gemma else 0,
+                post_ffn_norm=vec(p + "post_ffw_norm.weight", False) if self.is_gemma else 0,
+                rope_base=float(ex.get("rope_theta_local", c.rope_theta)) if is_local else c.rope_theta,
+                window=int(ex.get("sliding_window", 0)) if is_local else 0,
+                k_cache=self.arena.ptr(f"kv{i}"), v_cache=self.arena.ptr(f"kv{i}") + kv_half,
+            ))
+        self.tok_embd = w("token_embd.weight")
+        self.output_norm = vec("output_norm.weight")
+        self.lm_head = self.tok_embd if "output.weight" not in g.tensors else w("output.weight")
+        if self.tok_embd.k != c.n_embd or self.lm_head.rows != c.vocab_size:
+            raise UnsupportedModelError("token embedding / output shapes do not match the config")
+
+    def p(self, name: str) -> int:
+        return self.arena.ptr(name)
+
+    # -- the forward pass ---------------------------------------------------------------------
+
+    def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
+                logit_row: int = -1, logit_rows: int = 1, logits: int = 0) -> None:
+        """Run n tokens (state arrays from index `first`) through every layer, then the LM head
+        for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
+        one-row logits buffer). logit_rows = 0 skips the head."""
+        c, ops = self.cfg, self.ops
+        E = c.n_embd
+        x, h, o = self.p("x"), self.p("h"), self.p("o")
+        q, k, v, att = self.p("q"), self.p("k"), self.p("v"), self.p("att")
+        toks = self.p("tokens") + 4 * first
+        pos = self.p("pos") + 4 * first
+        slot = self.p("slot") + 4 * first
+        seg = self.p("seg_lo") + 4 * first if tree else 0
+        n_split = ATTN_SPLITS_DECODE if n == 1 else 1
+        ops.embed(self.tok_embd, toks, x, n, self.embed_scale)
+        L = self.layers
+        ops.rmsnorm(x, L[0].attn_norm, h, n, E, c.rms_eps)
+        for i, ly in enumerate(L):
+            ops.matmul(ly.wq, h, q, n)
+            ops.matmul(ly.wk, h, k, n)
+            ops.matmul(ly.wv, h, v, n)
+            ops.qk_rope_store(q, k, v, ly.q_norm, ly.k_norm, pos, slot, self.p("kv_pos"), ly.k_cache, ly.v_cache, n,
+                              c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, ly.rope_base, 1.0,
+                              c.rms_eps, self.n_ctx)
+            ops.attention(q, ly.k_cache, ly.v_cache, self.p("kv_pos"), pos, slot, seg, prefix_len, self.p("n_kv"), att,
+                          self.p("part_o"), self.p("part_ml"), n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
+                          self.n_ctx, ly.window, self.attn_scale, 0.0, n_split)
+            if self.is_gemma:
+                ops.matmul(ly.wo, att, o, n)
+                ops.rmsnorm(o, ly.ffn_norm, h, n, E, c.rms_eps, resid=x, w_src=ly.post_attn_norm)
+            else:
+                ops.matmul(ly.wo, att, x, n, accumulate=True)
+                ops.rmsnorm(x, ly.ffn_norm, h, n, E, c.rms_eps)
+            ops.gated_ffn_in(ly.wg, ly.wu, h, self.p("act"), n, self.act, self.p("g"), self.p("u"))
+            nxt = L[i + 1].attn_norm if i + 1 < len(L) else 0
+            if self.is_gemma:
+                ops.matmul(ly.wd, self.p("act"), o, n)
+                ops.rmsnorm(o, nxt, h if nxt else 0, n, E, c.rms_eps, resid=x, w_src=ly.post_ffn_norm)
+            else:
+                ops.matmul(ly.wd, self.p("act"), x, n, accumulate=True)
+                if nxt:
+                    ops.rmsnorm(x, nxt, h, n, E, c.rms_eps)
+        if logit_rows <= 0:
+            return
+        row = (n - 1) if logit_row < 0 else logit_row
+        out = logits or self.p("logits")
+        ops.rmsnorm(x + 4 * E * row, self.output_norm, h, logit_rows, E, c.rms_eps)
+        ops.matmul(self.lm_head, h, out, logit_rows)
+        if self.softcap > 0:
+            ops.softcap(out, logit_rows * c.vocab_size, self.softcap)

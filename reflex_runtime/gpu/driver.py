@@ -1,0 +1,189 @@
+"""A small layer over the CUDA driver API (cuda-python's `cuda.bindings.driver`), nothing else:
+no CUDA runtime, NVRTC, cuBLAS or torch. Every CUresult is checked and turned into a
+DeviceError that names the call.
+
+Handles are plain ints (device pointers) or the bindings' objects; kernel arguments are ctypes
+values whose addresses go into a void* array, which is what cuLaunchKernel copies from (the
+same array is copied into a graph node at capture time, so it may be dropped afterwards).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from cuda.bindings import driver as cu
+
+from ..errors import DeviceError
+
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+
+
+def _error_text(err) -> str:
+    try:
+        _, name = cu.cuGetErrorName(err)
+        _, desc = cu.cuGetErrorString(err)
+        return f"{name.decode()}: {desc.decode()}"
+    except Exception:  # the error lookup itself failed: still say which code
+        return str(err)
+
+
+def check(result, call: str):
+    """Unwrap a bindings call's (CUresult, values...) tuple or raise DeviceError naming `call`."""
+    err = result[0]
+    if err != _SUCCESS:
+        raise DeviceError(f"{call} failed ({_error_text(err)})")
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+class Kernel:
+    __slots__ = ("name", "func")
+
+    def __init__(self, name: str, func):
+        self.name, self.func = name, func
+
+    def launch(self, grid, block, args, stream, shmem: int = 0) -> None:
+        """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order."""
+        ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
+        err = cu.cuLaunchKernel(self.func, gx, gy, gz, block, 1, 1, shmem, stream, ctypes.addressof(ptrs), 0)[0]
+        if err != _SUCCESS:
+            raise DeviceError(f"cuLaunchKernel({self.name}, grid={grid}, block={block}) failed ({_error_text(err)})")
+
+
+class Device:
+    """One GPU's primary context, the fatbin module and a few helpers. Create it on any thread;
+    call `make_current()` on every other thread that issues driver calls."""
+
+    def __init__(self, ordinal: int = 0):
+        check(cu.cuInit(0), "cuInit")
+        self.ordinal = ordinal
+        self.dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.name = check(cu.cuDeviceGetName(256, self.dev), "cuDeviceGetName").split(b"\0")[0].decode()
+        attr = cu.CUdevice_attribute
+        self.cc = (
+            check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.dev), "cuDeviceGetAttribute"),
+            check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev), "cuDeviceGetAttribute"),
+        )
+        self.sm_count = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.dev),
+                              "cuDeviceGetAttribute")
+        self.total_mem = check(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")
+        self.driver_version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+        self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        self.make_current()
+        self.module = None
+        self.kernels: dict[str, Kernel] = {}
+
+    def make_current(self) -> None:
+        check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+
+    # -- module ---------------------------------------------------------------------------
+
+    def load_fatbin(self, image: bytes, names) -> None:
+        """One cuModuleLoadData of the whole fatbin, then every kernel resolved by name."""
+        self._image = image  # the driver reads it during the call; keep it alive regardless
+        self.module = check(cu.cuModuleLoadData(image), "cuModuleLoadData")
+        for n in names:
+            self.kernels[n] = Kernel(n, check(cu.cuModuleGetFunction(self.module, n.encode()), f"cuModuleGetFunction({n})"))
+
+    def kernel(self, name: str) -> Kernel:
+        try:
+            return self.kernels[name]
+        except KeyError:
+            raise DeviceError(f"kernel {name} is not in the loaded fatbin") from None
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def alloc(self, nbytes: int) -> int:
+        return int(check(cu.cuMemAlloc(max(1, nbytes)), f"cuMemAlloc({nbytes})"))
+
+    def free(self, ptr: int) -> None:
+        check(cu.cuMemFree(ptr), "cuMemFree")
+
+    def alloc_pinned(self, nbytes: int) -> tuple[int, memoryview]:
+        """Page-locked host memory (for fast async copies) and a writable view of it."""
+        ptr = int(check(cu.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc({nbytes})"))
+        view = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+        return ptr, view
+
+    def memset32(self, ptr: int, value: int, count: int, stream) -> None:
+        check(cu.cuMemsetD32Async(ptr, value & 0xFFFFFFFF, count, stream), "cuMemsetD32Async")
+
+    def memset8(self, ptr: int, value: int, count: int, stream) -> None:
+        check(cu.cuMemsetD8Async(ptr, value, count, stream), "cuMemsetD8Async")
+
+    def htod(self, dst: int, src_ptr: int, nbytes: int, stream) -> None:
+        check(cu.cuMemcpyHtoDAsync(dst, src_ptr, nbytes, stream), "cuMemcpyHtoDAsync")
+
+    def dtoh(self, dst_ptr: int, src: int, nbytes: int, stream) -> None:
+        check(cu.cuMemcpyDtoHAsync(dst_ptr, src, nbytes, stream), "cuMemcpyDtoHAsync")
+
+    def dtod(self, dst: int, src: int, nbytes: int, stream) -> None:
+        check(cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    # -- streams, events, graphs -----------------------------------------------------------
+
+    def stream(self):
+        return check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+
+    def sync(self, stream) -> None:
+        check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def event(self, timing: bool = False):
+        flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return check(cu.cuEventCreate(flags), "cuEventCreate")
+
+    def record(self, event, stream) -> None:
+        check(cu.cuEventRecord(event, stream), "cuEventRecord")
+
+    def wait_event(self, event) -> None:
+        check(cu.cuEventSynchronize(event), "cuEventSynchronize")
+
+    def elapsed_ms(self, start, end) -> float:
+        return float(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+
+    def begin_capture(self, stream) -> None:
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+
+    def end_capture(self, stream) -> "Graph":
+        graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        exec_ = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        try:
+            n_nodes = int(check(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[-1])
+        except (DeviceError, TypeError, ValueError, IndexError):
+            n_nodes = -1  # only reported in the record; never worth failing for
+        return Graph(graph, exec_, n_nodes)
+
+
+class Graph:
+    __slots__ = ("graph", "exec", "n_nodes")
+
+    def __init__(self, graph, exec_, n_nodes):
+        self.graph, self.exec, self.n_nodes = graph, exec_, n_nodes
+
+    def launch(self, stream) -> None:
+        check(cu.cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
+
+
+def ptr(value: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p(value)
+
+
+class RxState(ctypes.Structure):
+    """Mirror of kernels/sample.cu's RxState: device pointers to the decode bookkeeping."""
+
+    _fields_ = [("tokens", ctypes.c_void_p), ("pos", ctypes.c_void_p), ("slot", ctypes.c_void_p),
+                ("n_kv", ctypes.c_void_p), ("step", ctypes.c_void_p), ("out_tokens", ctypes.c_void_p)]
+
+
+class RxSampling(ctypes.Structure):
+    """Mirror of kernels/sample.cu's RxSampling (device memory, read by the sampler each step)."""
+
+    _fields_ = [("temperature", ctypes.c_float), ("top_k", ctypes.c_int), ("top_p", ctypes.c_float),
+                ("min_p", ctypes.c_float), ("seed", ctypes.c_ulonglong)]

@@ -1,0 +1,22 @@
+"""The one table of kernel names the fatbin must carry (kernels/*.cu, all `extern "C"`).
+
+scripts/build_kernels.py writes this list into the manifest beside the fatbin, CI checks with
+cuobjdump that every name is there for every architecture, and `reflex smoke` resolves every
+name on the GPU at hand. Argument packs live with the code that launches them (gpu/ops.py).
+"""
+
+# ggml type name -> kernel suffix, for the weight types the kernels decode (kernels/quant.cuh)
+WEIGHT_TYPES = {
+    "F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q5_0": "q5_0",
+    "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
+}
+
+_PER_TYPE = ("reflex_embed_{}", "reflex_mv_{}", "reflex_mv_glu_{}", "reflex_mm_{}")
+
+_SINGLE = (
+    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn", "reflex_attn_combine",
+    "reflex_argmax_partial", "reflex_argmax_final", "reflex_sample", "reflex_logprob_rows", "reflex_softcap",
+    "reflex_smoke_axpb",
+)
+
+KERNEL_NAMES: tuple[str, ...] = tuple(p.format(s) for p in _PER_TYPE for s in WEIGHT_TYPES.values()) + _SINGLE

@@ -1,0 +1,135 @@
+"""Typed launchers for the kernels in kernels/*.cu: one method per op, argument packs in the
+kernel's parameter order, and the choice between the matrix-vector and tensor-core paths.
+Every method only enqueues work on the ops' stream (so it can be captured into a graph).
+"""
+
+from __future__ import annotations
+
+from ctypes import byref, c_float, c_int, c_long, c_ulonglong, c_void_p  # noqa: F401
+from dataclasses import dataclass
+
+from ..errors import UnsupportedModelError
+from .kernels import WEIGHT_TYPES
+
+# Above this many tokens a matrix product goes to the tensor-core kernel (weights read once per
+# 64 tokens) instead of the matrix-vector kernel (weights read once per 4 tokens).
+MM_MIN_TOKENS = 9
+ATTN_SPLITS_DECODE = 16
+
+
+@dataclass(frozen=True)
+class Weight:
+    ptr: int
+    type_name: str
+    rows: int  # output features
+    k: int  # input features (row length)
+    row_bytes: int
+
+    @property
+    def suffix(self) -> str:
+        return WEIGHT_TYPES[self.type_name]
+
+
+def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
+    from ..ggml_types import GGML_TYPES
+
+    t = GGML_TYPES[ti.ggml_type]
+    if t.name not in WEIGHT_TYPES:
+        raise UnsupportedModelError(f"tensor '{ti.name}' is {t.name}, which the CUDA kernels do not read")
+    k = ti.shape[0]
+    rows = ti.n_elements // k
+    if k % 32:
+        raise UnsupportedModelError(f"tensor '{ti.name}' rows of {k} are not a multiple of 32")
+    return Weight(base + ti.offset - data_offset, t.name, rows, k, k // t.block_size * t.type_size)
+
+
+class Ops:
+    def __init__(self, device, stream):
+        self.dev = device
+        self.stream = stream
+        self.launches = 0  # counted so tests can assert how many passes a request made
+        self._k = device.kernel
+
+    def _go(self, name, grid, block, args) -> None:
+        self._k(name).launch(grid, block, args, self.stream)
+        self.launches += 1
+
+    # -- elementwise and norms -------------------------------------------------------------
+
+    def embed(self, table: Weight, tokens: int, out: int, n_tok: int, scale: float) -> None:
+        self._go(f"reflex_embed_{table.suffix}", n_tok, 256,
+                 [c_void_p(table.ptr), c_long(table.row_bytes), c_void_p(tokens), c_void_p(out), c_int(table.k),
+                  c_int(table.rows), c_float(scale)])
+
+    def rmsnorm(self, src: int, w_out: int, out: int, rows: int, n: int, eps: float, resid: int = 0, w_src: int = 0) -> None:
+        block = 1024 if n >= 4096 else 256
+        self._go("reflex_rmsnorm", rows, block,
+                 [c_void_p(src), c_void_p(w_src or None), c_void_p(resid or None), c_void_p(w_out), c_void_p(out or None),
+                  c_int(n), c_float(eps)])
+
+    def glu(self, gate: int, up: int, out: int, n: int, act: int) -> None:
+        self._go("reflex_glu", (n + 255) // 256, 256, [c_void_p(gate), c_void_p(up), c_void_p(out), c_long(n), c_int(act)])
+
+    def scale(self, y: int, n: int, s: float) -> None:
+        self._go("reflex_scale", (n + 255) // 256, 256, [c_void_p(y), c_long(n), c_float(s)])
+
+    def softcap(self, y: int, n: int, cap: float) -> None:
+        self._go("reflex_softcap", (n + 255) // 256, 256, [c_void_p(y), c_long(n), c_float(cap)])
+
+    # -- matrix products -------------------------------------------------------------------
+
+    def matmul(self, w: Weight, x: int, y: int, n_tok: int, accumulate: bool = False, x_stride: int = 0,
+               y_stride: int = 0) -> None:
+        """y[t, :] (+)= W x[t, :] for t < n_tok."""
+        x_stride = x_stride or w.k
+        y_stride = y_stride or w.rows
+        args = [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_int(x_stride), c_void_p(y), c_int(y_stride),
+                c_int(w.rows), c_int(w.k), c_int(n_tok), c_int(int(accumulate))]
+        if n_tok >= MM_MIN_TOKENS and w.k % 64 == 0:
+            self._go(f"reflex_mm_{w.suffix}", ((w.rows + 127) // 128, (n_tok + 63) // 64, 1), 256, args)
+        else:
+            self._go(f"reflex_mv_{w.suffix}", (w.rows + 7) // 8, 256, args)
+
+    def gated_ffn_in(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, g_buf: int, u_buf: int) -> None:
+        """out = act(Wg x) * (Wu x); one fused pass when both weights share a type and the batch is small."""
+        if wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and n_tok < MM_MIN_TOKENS:
+            self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + 7) // 8, 256,
+                     [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(wg.k), c_void_p(out),
+                      c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act)])
+            return
+        self.matmul(wg, x, g_buf, n_tok)
+        self.matmul(wu, x, u_buf, n_tok)
+        self.glu(g_buf, u_buf, out, n_tok * wg.rows, act)
+
+    # -- attention -------------------------------------------------------------------------
+
+    def qk_rope_store(self, q, k, v, q_norm, k_norm, pos, slot, kv_pos, k_cache, v_cache, n_tok, n_head, n_head_kv,
+                      hd, hd_v, rope_dim, base, freq_scale, eps, n_ctx) -> None:
+        self._go("reflex_qk_rope_store", (n_tok, n_head + n_head_kv, 1), 128,
+                 [c_void_p(q), c_void_p(k), c_void_p(v), c_void_p(q_norm or None), c_void_p(k_norm or None), c_void_p(pos),
+                  c_void_p(slot), c_void_p(kv_pos), c_void_p(k_cache), c_void_p(v_cache), c_int(n_head), c_int(n_head_kv),
+                  c_int(hd), c_int(hd_v), c_int(rope_dim), c_float(base), c_float(freq_scale), c_float(eps), c_int(n_ctx)])
+
+    def attention(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, out, part_o, part_ml,
+                  n_tok, n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, n_split) -> None:
+        self._go("reflex_attn", (n_tok, n_head, n_split), 128,
+                 [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
+                  c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None),
+                  c_void_p(part_ml or None), c_int(n_head), c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx),
+                  c_int(window), c_float(scale), c_float(softcap), c_int(n_split)])
+        if n_split > 1:
+            self._go("reflex_attn_combine", (n_tok, n_head, 1), 128,
+                     [c_void_p(part_o), c_void_p(part_ml), c_void_p(out), c_int(n_head), c_int(hd_v), c_int(n_split)])
+
+    # -- sampling and scoring --------------------------------------------------------------
+
+    def argmax(self, logits: int, n: int, part_v: int, part_i: int, n_part: int, state, last: int) -> None:
+        self._go("reflex_argmax_partial", n_part, 1024, [c_void_p(logits), c_int(n), c_void_p(part_v), c_void_p(part_i)])
+        self._go("reflex_argmax_final", 1, 32, [c_void_p(part_v), c_void_p(part_i), c_int(n_part), state, c_int(last)])
+
+    def sample(self, logits: int, n: int, sampling_ptr: int, state, last: int) -> None:
+        self._go("reflex_sample", 1, 1024, [c_void_p(logits), c_int(n), c_void_p(sampling_ptr), state, c_int(last)])
+
+    def logprob_rows(self, logits: int, n_vocab: int, rows: int, tokens: int, out: int, n: int) -> None:
+        self._go("reflex_logprob_rows", n, 1024, [c_void_p(logits), c_int(n_vocab), c_void_p(rows), c_void_p(tokens),
+                                                   c_void_p(out)])

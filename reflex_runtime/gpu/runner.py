@@ -1,0 +1,321 @@
+"""The CUDA runner: weights uploaded beside the tokenizer, prefill launched eagerly, and each
+decode step replayed from one CUDA graph that needs nothing from the host.
+
+Device-resident state (tokens, positions, cache slots, step counter, sampling settings) lets the
+captured step read its input token and position from memory and leave the next ones there; the
+host only queues graph launches and reads back one int per token, one step behind the GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Iterator
+
+from ..errors import DeviceError, RequestError
+from ..sampling import SamplingParams
+from ..tree import tree_layout
+from .decoder import ARGMAX_PARTS, DenseDecoder, gpu_supports  # noqa: F401  (gpu_supports is the loader's check)
+from .driver import RxSampling, RxState
+from .ops import Ops
+from .upload import StagingRing, default_threads, upload_file_range
+
+MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
+READBACK_SLOTS = 8
+AHEAD = 2  # decode steps queued on the GPU beyond the token being read
+MAX_SCORED = 8192  # candidate tokens per system1 call (the engine's limits are lower)
+
+
+class CudaRunner:
+    name = "cuda"
+
+    def __init__(self, boot, gguf, config, timeline, max_context: int | None = None):
+        self.boot = boot
+        self.gguf = gguf
+        self.config = config
+        self.tl = timeline
+        n_ctx = max_context or min(config.context_length, 4096)
+        self.max_context = n_ctx
+        self.dec = DenseDecoder(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
+        self.error: str | None = None
+        self.dev = None
+        self._graphs: dict[bool, object] = {}
+        self._big_logits = (0, 0)  # (ptr, rows)
+        self.upload_stats: dict = {}
+        self.forward_passes = 0
+
+    @classmethod
+    def start(cls, boot, gguf, config, timeline, max_context: int | None = None) -> "CudaRunner":
+        r = cls(boot, gguf, config, timeline, max_context)
+        r._thread = threading.Thread(target=r._load, name="reflex-upload", daemon=True)
+        r._thread.start()
+        return r
+
+    # -- loading (background thread) -----------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            dev = self.boot.wait()
+            if dev is None:
+                self.error = self.boot.error
+                return
+            tl = self.tl
+            t = tl.elapsed()
+            base = dev.alloc(self.dec.arena_bytes)
+            ring = StagingRing(dev, default_threads())
+            tl.span("device_alloc", t, tl.elapsed())
+            t = tl.elapsed()
+            dst = base + self.dec.arena.offsets["weights"]
+            upload_file_range(dev, ring, self.gguf.path, self.gguf.data_offset, self.dec.weights_bytes, dst)
+            t_end = tl.elapsed()
+            tl.span("weights_upload", t, t_end)
+            self.upload_stats = {"weights_bytes": self.dec.weights_bytes, "upload_ms": round((t_end - t) * 1000, 3),
+                                 "upload_gb_s": round(self.dec.weights_bytes / max(t_end - t, 1e-9) / 1e9, 2),
+                                 "upload_threads": ring.n_threads}
+            self.stream = self.boot.stream
+            self.ops = Ops(dev, self.stream)
+            self.dec.bind(base, self.ops)
+            # Small pinned buffers for request inputs and token read-back. Layout in ints:
+            # tokens | pos | slot | seg_lo (cap each) | n_kv, step, pad, pad | sampling (8) | scoring
+            self._cap = max(self.max_context, MAX_BATCH)
+            self._in_ptr, self._in_view = dev.alloc_pinned(4 * (4 * self._cap + 16 + 3 * MAX_SCORED))
+            self._rb_ptr, self._rb_view = dev.alloc_pinned(4 * READBACK_SLOTS)
+            self._rb_events = [dev.event() for _ in range(READBACK_SLOTS)]
+            d = self.dec
+            self._state = RxState(d.p("tokens"), d.p("pos"), d.p("slot"), d.p("n_kv"), d.p("step"), d.p("out_tokens"))
+            self.dev = dev
+        except DeviceError as e:
+            self.error = str(e)
+        except Exception as e:  # surfaced to the main thread as one line
+            self.error = f"GPU load failed: {type(e).__name__}: {' '.join(str(e).split())}"
+
+    def wait_ready(self) -> None:
+        self._thread.join()
+        if self.error:
+            raise DeviceError(self.error)
+        self.dev.make_current()
+        self.tl.mark("weights_uploaded")
+
+    def info(self) -> dict:
+        dev = self.dev
+        out = {"device": dev.name if dev else None,
+               "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev else None,
+               "kernel_format": self.boot.kernel_format, "context": self.max_context}
+        out.update(self.upload_stats)
+        g = self._graphs.get(True) or self._graphs.get(False)
+        if g is not None:
+            out["decode_graph_nodes"] = g.n_nodes
+        return out
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def _write_inputs(self, tokens, pos, slot, seg_lo=None, n_kv: int = 0, sampling: SamplingParams | None = None) -> None:
+        """Copy per-token inputs (and the step counter, n_kv, sampling settings) to the device."""
+        n = len(tokens)
+        ints = self._in_view.cast("i")
+        cap = self._cap
+        if n > cap:
+            raise RequestError(f"{n} tokens exceed the context of {self.max_context}")
+        d, dev, s = self.dec, self.dev, self.stream
+        for k, arr in enumerate((tokens, pos, slot, seg_lo or ())):
+            ints[k * cap:k * cap + len(arr)] = _int_array(arr)
+        scalars = 4 * cap  # n_kv, step
+        ints[scalars] = n_kv or max(slot) + 1
+        ints[scalars + 1] = 0
+        for k, name in enumerate(("tokens", "pos", "slot", "seg_lo")):
+            if k == 3 and not seg_lo:
+                continue
+            dev.htod(d.p(name), self._in_ptr + 4 * k * cap, 4 * n, s)
+        dev.htod(d.p("n_kv"), self._in_ptr + 4 * scalars, 4, s)
+        dev.htod(d.p("step"), self._in_ptr + 4 * (scalars + 1), 4, s)
+        if sampling is not None:
+            sp = RxSampling.from_address(self._in_ptr + 4 * (scalars + 4))
+            sp.temperature, sp.top_k, sp.top_p, sp.min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+            sp.seed = (sampling.seed or 0) & 0xFFFFFFFFFFFFFFFF
+            dev.htod(d.p("sampling"), self._in_ptr + 4 * (scalars + 4), ctypes.sizeof(RxSampling), s)
+
+    def _prefill(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1) -> None:
+        """Forward the n input tokens in chunks; the LM head runs on the last chunk only."""
+        for c0 in range(0, n, MAX_BATCH):
+            m = min(MAX_BATCH, n - c0)
+            last = c0 + m >= n
+            self.dec.forward(m, first=c0, logit_rows=logit_rows if last else 0, logits=logits,
+                             logit_row=(logit_row - c0 if logit_row >= 0 else -1))
+            self.forward_passes += 1
+
+    def _pick(self, greedy: bool, last: int) -> None:
+        d = self.dec
+        if greedy:
+            self.ops.argmax(d.p("logits"), self.config.vocab_size, d.p("amax_v"), d.p("amax_i"), ARGMAX_PARTS,
+                            self._state, last)
+        else:
+            self.ops.sample(d.p("logits"), self.config.vocab_size, d.p("sampling"), self._state, last)
+
+    def _decode_graph(self, greedy: bool):
+        g = self._graphs.get(greedy)
+        if g is None:
+            dev, s = self.dev, self.stream
+            dev.begin_capture(s)
+            try:
+                self.dec.forward(1, first=0)
+                self._pick(greedy, 0)
+            finally:
+                g = dev.end_capture(s)
+            self._graphs[greedy] = g
+        return g
+
+    def _readback(self, step: int) -> None:
+        """Queue the copy of the current token into read-back slot step % READBACK_SLOTS."""
+        k = step % READBACK_SLOTS
+        self.dev.dtoh(self._rb_ptr + 4 * k, self.dec.p("tokens"), 4, self.stream)
+        self.dev.record(self._rb_events[k], self.stream)
+
+    def _token(self, step: int) -> int:
+        k = step % READBACK_SLOTS
+        self.dev.wait_event(self._rb_events[k])
+        return self._rb_view.cast("i")[k]
+
+    # -- the Runner interface --------------------------------------------------------------------
+
+    def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids) -> Iterator[int]:
+        n = len(prompt_ids)
+        if n + max_new > self.max_context:
+            raise RequestError(f"prompt ({n}) + max_tokens ({max_new}) exceed the context of {self.max_context}")
+        greedy = params.temperature <= 0 or params.top_k == 1
+        positions = range(n)
+        self._write_inputs(prompt_ids, positions, positions, n_kv=n, sampling=None if greedy else params)
+        try:
+            self._prefill(n)
+            self._pick(greedy, n - 1)
+            self._readback(0)
+            graph, queued = None, 1  # tokens whose computation is on the stream
+            for i in range(max_new):
+                tok = self._token(i)
+                yield tok  # the first one is the first token: nothing may delay it
+                if tok in stop_ids or i + 1 >= max_new:
+                    return
+                if graph is None:
+                    graph = self._decode_graph(greedy)
+                while queued < min(i + 2 + AHEAD, max_new):
+                    graph.launch(self.stream)
+                    self._readback(queued)
+                    queued += 1
+        finally:
+            self.dev.sync(self.stream)  # nothing in flight touches the inputs of the next request
+
+    def score(self, prompt_ids, candidates) -> list[list[float]]:
+        ids, positions, seg_lo, predictors = tree_layout(prompt_ids, candidates)
+        n_p, n = len(prompt_ids), len(ids)
+        if n > MAX_BATCH:
+            return self._score_long(prompt_ids, candidates)
+        slots = list(range(n))
+        self._write_inputs(ids, positions, slots, seg_lo=seg_lo, n_kv=n)
+        rows = n - n_p + 1  # logits for the last prompt row and every candidate row
+        logits = self._logits_buffer(rows)
+        self.dec.forward(n, tree=True, prefix_len=n_p, logit_row=n_p - 1, logit_rows=rows, logits=logits)
+        self.forward_passes += 1
+        flat_rows = [r - (n_p - 1) for rs in predictors for r in rs]
+        flat_toks = [t for c in candidates for t in c]
+        return self._gather_logprobs(logits, flat_rows, flat_toks, [len(c) for c in candidates])
+
+    def _score_long(self, prompt_ids, candidates) -> list[list[float]]:
+        """Prompt + candidates larger than one batch: prompt once, then each candidate in turn
+        (its tokens go in the cache slots after the prompt, overwriting the previous candidate)."""
+        n_p = len(prompt_ids)
+        out = []
+        for cand in candidates:
+            ids = list(prompt_ids) + list(cand)
+            pos = list(range(len(ids)))
+            self._write_inputs(ids, pos, pos, n_kv=len(ids))
+            logits = self._logits_buffer(len(cand))
+            self._prefill(len(ids), logit_rows=len(cand), logits=logits, logit_row=n_p - 1)
+            out += self._gather_logprobs(logits, list(range(len(cand))), list(cand), [len(cand)])
+        return out
+
+    def _gather_logprobs(self, logits, rows, toks, lengths) -> list[list[float]]:
+        dev, s = self.dev, self.stream
+        m = len(rows)
+        if m > MAX_SCORED:
+            raise RequestError(f"{m} candidate tokens exceed {MAX_SCORED}", field="candidates")
+        ints = self._in_view.cast("i")
+        base = 4 * self._cap + 16
+        ints[base:base + m] = _int_array(rows)
+        ints[base + m:base + 2 * m] = _int_array(toks)
+        tmp = self._scratch(3 * m)
+        dev.htod(tmp, self._in_ptr + 4 * base, 8 * m, s)
+        self.ops.logprob_rows(logits, self.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
+        dev.dtoh(self._in_ptr + 4 * base, tmp + 8 * m, 4 * m, s)
+        dev.sync(s)
+        vals = list(self._in_view.cast("f")[base:base + m])
+        out, k = [], 0
+        for ln in lengths:
+            out.append(vals[k:k + ln])
+            k += ln
+        return out
+
+    def _scratch(self, n_ints: int) -> int:
+        ptr, cap = getattr(self, "_scratch_buf", (0, 0))
+        if cap < n_ints:
+            ptr = self.dev.alloc(4 * n_ints)
+            self._scratch_buf = (ptr, n_ints)
+        return ptr
+
+    def _logits_buffer(self, rows: int) -> int:
+        ptr, have = self._big_logits
+        if have < rows:
+            if ptr:
+                self.dev.free(ptr)
+            ptr = self.dev.alloc(4 * rows * self.config.vocab_size)
+            self._big_logits = (ptr, rows)
+        return ptr
+
+    # -- for `reflex check` and the GPU tests (numpy is fine here: not the cold path) -----------
+
+    def prompt_logits(self, ids):
+        """Logits at every prompt position, as a float32 array (n, vocab)."""
+        import numpy as np
+
+        n = len(ids)
+        pos = list(range(n))
+        self._write_inputs(ids, pos, pos, n_kv=n)
+        logits = self._logits_buffer(n)
+        for c0 in range(0, n, MAX_BATCH):
+            m = min(MAX_BATCH, n - c0)
+            self.dec.forward(m, first=c0, logit_row=0, logit_rows=m, logits=logits + 4 * c0 * self.config.vocab_size)
+        return self._fetch(logits, (n, self.config.vocab_size), np)
+
+    def decode_logits(self, ids, forced):
+        """Prefill `ids`, then feed each token of `forced` through the single-token (decode)
+        path; returns the logits after the prompt and after each forced token."""
+        import numpy as np
+
+        n = len(ids)
+        pos = list(range(n))
+        self._write_inputs(ids, pos, pos, n_kv=n)
+        self._prefill(n)
+        out = [self._fetch(self.dec.p("logits"), (self.config.vocab_size,), np)]
+        for j, tok in enumerate(forced):
+            p = n + j
+            self._write_inputs([tok], [p], [p], n_kv=p + 1)
+            self.dec.forward(1, first=0)
+            out.append(self._fetch(self.dec.p("logits"), (self.config.vocab_size,), np))
+        return out
+
+    def _fetch(self, dptr, shape, np):
+        count = 1
+        for s in shape:
+            count *= s
+        host = np.empty(shape, dtype=np.float32)
+        self.dev.sync(self.stream)
+        from cuda.bindings import driver as cu
+
+        from .driver import check
+
+        check(cu.cuMemcpyDtoH(host.ctypes.data, dptr, 4 * count), "cuMemcpyDtoH")
+        return host
+
+
+def _int_array(values):
+    import array
+
+    return array.array("i", values)

@@ -1,0 +1,79 @@
+"""Copy a byte range of the GGUF file into device memory, straight from the page cache.
+
+The tensor data region of a GGUF is one contiguous, aligned block; we copy it whole, in file
+order, so a tensor's device address is `arena + (file offset - data offset)` and no per-tensor
+bookkeeping or host-side copy of the weights exists. Reader threads `preadv` chunks into small
+pinned buffers (each thread double-buffers) and queue async host-to-device copies on their own
+streams; both the reads and the driver calls release the GIL. Pinning costs ~0.44 ms/MB, so
+the staging ring stays small and is allocated once, while the context comes up.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ..errors import ModelFileError
+
+CHUNK = 4 << 20
+BUFFERS_PER_THREAD = 2
+
+
+class StagingRing:
+    def __init__(self, device, n_threads: int, chunk: int = CHUNK):
+        self.chunk = chunk
+        self.n_threads = n_threads
+        self.buffers = [[device.alloc_pinned(chunk) for _ in range(BUFFERS_PER_THREAD)] for _ in range(n_threads)]
+        self.events = [[device.event() for _ in range(BUFFERS_PER_THREAD)] for _ in range(n_threads)]
+        self.streams = [device.stream() for _ in range(n_threads)]
+
+
+def default_threads() -> int:
+    return max(1, min(8, (os.cpu_count() or 2)))
+
+
+def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nbytes: int, dst: int) -> None:
+    """Copy file[file_offset : file_offset + nbytes] to device address dst; returns when done."""
+    if nbytes <= 0:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    n_chunks = (nbytes + ring.chunk - 1) // ring.chunk
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            device.make_current()
+            stream = ring.streams[w]
+            used = [False] * BUFFERS_PER_THREAD
+            k = 0
+            for c in range(w, n_chunks, ring.n_threads):
+                b = k % BUFFERS_PER_THREAD
+                ptr, view = ring.buffers[w][b]
+                if used[b]:
+                    device.wait_event(ring.events[w][b])  # the copy out of this buffer is done
+                start = c * ring.chunk
+                size = min(ring.chunk, nbytes - start)
+                done = 0
+                while done < size:
+                    got = os.preadv(fd, [view[done:size]], file_offset + start + done)
+                    if got <= 0:
+                        raise ModelFileError(f"model file shrank while loading: {path}")
+                    done += got
+                device.htod(dst + start, ptr, size, stream)
+                device.record(ring.events[w][b], stream)
+                used[b] = True
+                k += 1
+            device.sync(stream)
+        except BaseException as e:  # surfaced on the calling thread
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(min(ring.n_threads, n_chunks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        os.close(fd)
+    if errors:
+        raise errors[0]

@@ -1,0 +1,104 @@
+"""The cold path: from a model reference to a ready Engine, every stage marked on the timeline.
+
+With the CUDA backend possible, the device comes up on a background thread (cuInit, context,
+fatbin, NVML) while this thread opens the GGUF and builds the tokenizer; weights stream to the
+GPU on their own threads while the prompt is encoded. See docs/INTERNALS.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .coldstart import Timeline
+from .errors import DeviceError, ReflexError
+
+BACKENDS = ("auto", "cuda", "cpu")
+
+
+def resolve_model(ref: str | None) -> str:
+    """A path, `org/repo:file.gguf`, `org/repo:QUANT`, or None for the embedded model."""
+    ref = ref or os.environ.get("REFLEX_MODEL") or None
+    if ref is None:
+        from .embedded import embedded_model_path
+
+        return embedded_model_path()
+    if os.path.exists(ref) or ref.endswith(".gguf") and "/" not in ref.split(":")[0]:
+        return ref
+    if ":" in ref or ref.count("/") == 1:
+        from .hub import resolve_model_ref
+
+        return resolve_model_ref(ref)
+    return ref  # let GGUFFile say it is missing
+
+
+def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
+                max_context: int | None = None, log=None):
+    """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why)."""
+    from .engine import Engine
+    from .gguf_file import GGUFFile
+    from .models import read_config
+
+    if backend not in BACKENDS:
+        raise ReflexError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
+    tl = timeline or Timeline()
+    log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
+    device = None
+    if backend in ("auto", "cuda"):
+        from .gpu.bootstrap import DeviceBootstrap
+
+        device = DeviceBootstrap.start(tl)
+    else:
+        tl.no_energy("backend cpu: the GPU is not used")
+
+    path = resolve_model(model_ref)
+    tl.mark("model_resolved")
+    gguf = GGUFFile(path)
+    config = read_config(gguf)
+    tl.mark("gguf_open")
+
+    runner = None
+    fallback_reason = None
+    if device is not None:
+        from .gpu.runner import gpu_supports
+
+        why_not = gpu_supports(config)
+        if why_not is None:
+            from .gpu.runner import CudaRunner
+
+            # Starts the weight upload; it waits for the device thread and runs beside us.
+            runner = CudaRunner.start(device, gguf, config, tl, max_context=max_context)
+        else:
+            fallback_reason = why_not
+            device.abandon()
+
+    from .tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(gguf)
+    tl.mark("tokenizer")
+
+    if runner is not None:
+        try:
+            runner.wait_ready()
+        except DeviceError as e:
+            if backend == "cuda":
+                raise
+            fallback_reason, runner = str(e), None
+    elif device is not None and fallback_reason is None:
+        fallback_reason = device.error
+    if runner is None:
+        if backend == "cuda":
+            raise DeviceError(f"the CUDA backend cannot run this model: {fallback_reason}")
+        if backend == "auto" and fallback_reason:
+            log(f"using the CPU reference backend: {fallback_reason}")
+        from .reference import load_reference
+        from .reference.runner import ReferenceRunner
+
+        runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context)
+        tl.mark("weights_loaded")
+        if device is None or not getattr(device, "energy_started", False):
+            if tl.meter is None:
+                tl.no_energy(fallback_reason or "no GPU in use")
+    engine = Engine(gguf, config, tokenizer, runner, timeline=tl, model_ref=model_ref or path)
+    engine.fallback_reason = fallback_reason
+    return engine

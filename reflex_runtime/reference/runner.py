@@ -1,0 +1,70 @@
+"""The CPU runner: the numpy reference model behind the engine's Runner interface."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ..sampling import SamplingParams
+from ..tree import tree_layout
+from .sampling import sample
+
+
+def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def tree_batch(prompt_ids: list[int], candidates: list[list[int]]):
+    """The system1 batch (tree.tree_layout) with its attention rule as a bool mask."""
+    ids, positions, seg_lo, predictors = tree_layout(prompt_ids, candidates)
+    n_p, n = len(prompt_ids), len(ids)
+    slots = np.arange(n)
+    mask = (slots[None, :] <= slots[:, None]) & ((slots[None, :] < n_p) | (slots[None, :] >= np.asarray(seg_lo)[:, None]))
+    return ids, np.asarray(positions, dtype=np.int64), mask, predictors
+
+
+class ReferenceRunner:
+    name = "cpu"
+
+    def __init__(self, model, max_context: int | None = None):
+        self.model = model
+        self.max_context = max_context or min(model.config.context_length, 8192)
+
+    def info(self) -> dict:
+        return {"device": "cpu (numpy reference)"}
+
+    def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids) -> Iterator[int]:
+        cache = self.model.new_cache(len(prompt_ids) + max_new)
+        logits = self.model.forward(prompt_ids, cache)[-1]
+        for step in range(max_new):
+            tok = sample(logits, params, step)
+            yield tok
+            if tok in stop_ids or step + 1 == max_new:
+                return
+            logits = self.model.forward([tok], cache)[-1]
+
+    def score(self, prompt_ids, candidates) -> list[list[float]]:
+        if getattr(self.model, "supports_tree_mask", True):
+            ids, positions, mask, predictors = tree_batch(prompt_ids, candidates)
+            cache = self.model.new_cache(len(ids))
+            logp = log_softmax_rows(self.model.forward(ids, cache, positions=positions, mask=mask))
+            out = []
+            for cand, rows in zip(candidates, predictors):
+                out.append([float(logp[r, tok]) for r, tok in zip(rows, cand)])
+            return out
+        # Recurrent state cannot be masked: run the prompt once, then each candidate from a copy.
+        total = len(prompt_ids) + max(len(c) for c in candidates)
+        cache = self.model.new_cache(total)
+        last = log_softmax_rows(self.model.forward(prompt_ids, cache)[-1:])[0]
+        out = []
+        for cand in candidates:
+            branch = cache.copy()
+            lp = [float(last[cand[0]])]
+            if len(cand) > 1:
+                rows = log_softmax_rows(self.model.forward(cand[:-1], branch))
+                lp += [float(rows[j, cand[j + 1]]) for j in range(len(cand) - 1)]
+            out.append(lp)
+        return out

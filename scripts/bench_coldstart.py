@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Cold-start benchmark: N fresh processes per case, spawn -> first token and spawn -> exit,
+with GPU energy over the same windows, gross and net of idle.
+
+    python scripts/bench_coldstart.py --model Q8.gguf --model Q4KM.gguf --runs 10 \
+        --peer "transformers=python scripts/peer_transformers.py HF_DIR" --out results/DIR
+
+For every case it measures idle power just before (NVML energy counter over --idle-s seconds),
+then spawns the child N times. The first token is the first byte the child writes to stdout
+(reflex streams the generated text there; system1 prints its result there), read as it arrives.
+Energy: the counter is read right before the spawn, when the first byte arrives, and at exit;
+net = gross - idle watts x window. A cold start is mostly the GPU idling, so the net figure is
+the one that shows the work; the method is checked on `sleep 1`, which must net ~0 J.
+Page cache "cold" drops the model file's pages (posix_fadvise DONTNEED, or drop_caches when
+writable) before each run. Writes results.json and a waterfall PNG of the child's stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPT = "The capital of France is"
+
+
+class Nvml:
+    def __init__(self, index: int = 0):
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        assert self.lib.nvmlInit_v2() == 0, "nvmlInit failed"
+        self.h = ctypes.c_void_p()
+        assert self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.h)) == 0
+        name = ctypes.create_string_buffer(96)
+        self.lib.nvmlDeviceGetName(self.h, name, 96)
+        self.name = name.value.decode()
+
+    def energy_mj(self) -> int:
+        v = ctypes.c_ulonglong()
+        assert self.lib.nvmlDeviceGetTotalEnergyConsumption(self.h, ctypes.byref(v)) == 0
+        return v.value
+
+    def power_w(self) -> float:
+        v = ctypes.c_uint()
+        self.lib.nvmlDeviceGetPowerUsage(self.h, ctypes.byref(v))
+        return v.value / 1000
+
+
+def counter_resolution(nv: Nvml, seconds: float = 1.0) -> dict:
+    """How often the energy counter moves and by how much (it is not continuous)."""
+    t_end = time.perf_counter() + seconds
+    last, t_last, steps, gaps = nv.energy_mj(), time.perf_counter(), [], []
+    while time.perf_counter() < t_end:
+        v = nv.energy_mj()
+        if v != last:
+            now = time.perf_counter()
+            steps.append(v - last)
+            gaps.append(now - t_last)
+            last, t_last = v, now
+    return {"updates_per_s": len(steps) / seconds, "median_update_ms": round(statistics.median(gaps) * 1000, 3) if gaps else None,
+            "median_step_mj": statistics.median(steps) if steps else None, "unit": "mJ"}
+
+
+def idle_watts(nv: Nvml, seconds: float) -> float:
+    e0, t0 = nv.energy_mj(), time.perf_counter()
+    time.sleep(seconds)
+    return (nv.energy_mj() - e0) / 1000 / (time.perf_counter() - t0)
+
+
+def drop_page_cache(path: str | None) -> str:
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            os.sync()
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    if path:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        return "fadvise_dontneed(model file)"
+    return "none"
+
+
+def warm_page_cache(path: str | None) -> None:
+    if path:
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def run_once(cmd: list[str], nv: Nvml | None, env: dict) -> dict:
+    e0 = nv.energy_mj() if nv else None
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = None
+    e_first = None
+    out = bytearray()
+    fd = proc.stdout.fileno()
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        if first is None and chunk.strip():
+            first = time.perf_counter()
+            e_first = nv.energy_mj() if nv else None
+        out += chunk
+    err = proc.stderr.read()
+    proc.wait()
+    t_exit = time.perf_counter()
+    e_exit = nv.energy_mj() if nv else None
+    row = {"rc": proc.returncode, "spawn_to_first_output_s": (first - t0) if first else None,
+           "spawn_to_exit_s": t_exit - t0, "stdout_head": out[:80].decode(errors="replace"),
+           "stderr_tail": err[-300:].decode(errors="replace")}
+    if nv:
+        row["joules_to_first_output"] = (e_first - e0) / 1000 if e_first is not None else None
+        row["joules_to_exit"] = (e_exit - e0) / 1000
+    return row
+
+
+def pct(values, q):
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    k = (len(v) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def run_case(name: str, cmd: list[str], runs: int, nv: Nvml | None, model: str | None, cache: str, idle_s: float,
+             record_path: str | None) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    idle = idle_watts(nv, idle_s) if nv else None
+    rows, method = [], None
+    subprocess.run(cmd, capture_output=True, env=env)  # one untimed run: imports and files into page cache
+    for _ in range(runs):
+        if cache == "cold":
+            method = drop_page_cache(model)
+        else:
+            warm_page_cache(model)
+        row = run_once(cmd, nv, env)
+        if record_path and os.path.exists(record_path):
+            with open(record_path) as f:
+                row["child_record"] = json.load(f)
+            os.unlink(record_path)
+        if idle is not None:
+            if row.get("joules_to_first_output") is not None:
+                row["net_joules_to_first_output"] = row["joules_to_first_output"] - idle * row["spawn_to_first_output_s"]
+            row["net_joules_to_exit"] = row["joules_to_exit"] - idle * row["spawn_to_exit_s"]
+        rows.append(row)
+    ok = [r for r in rows if r["rc"] == 0]
+
+    def stat(key):
+        vals = [r.get(key) for r in ok]
+        return {"p50": pct(vals, 0.5), "p95": pct(vals, 0.95), "min": pct(vals, 0.0)}
+
+    summary = {"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "page_cache": cache, "cache_drop_method": method,
+               "runs": runs, "failures": len(rows) - len(ok), "idle_watts": idle,
+               "spawn_to_first_output_s": stat("spawn_to_first_output_s"), "spawn_to_exit_s": stat("spawn_to_exit_s")}
+    if nv:
+        for k in ("joules_to_first_output", "net_joules_to_first_output", "joules_to_exit", "net_joules_to_exit"):
+            summary[k] = stat(k)
+    stages = _median_stages([r["child_record"] for r in ok if "child_record" in r])
+    if stages:
+        summary["child_stages_ms"] = stages
+    summary["rows"] = rows
+    return summary
+
+
+def _median_stages(records: list[dict]) -> dict | None:
+    if not records:
+        return None
+    out: dict = {}
+    cs = [r.get("coldstart") or {} for r in records]
+    names = [s["stage"] for s in cs[0].get("stages", [])]
+    for n in names:
+        out[n] = statistics.median(next(s["at_ms"] for s in c["stages"] if s["stage"] == n) for c in cs
+                                   if any(s["stage"] == n for s in c.get("stages", [])))
+    spans = {}
+    for k in cs[0].get("background", {}):
+        spans[k] = [statistics.median(c["background"][k]["start_ms"] for c in cs if k in c.get("background", {})),
+                    statistics.median(c["background"][k]["end_ms"] for c in cs if k in c.get("background", {}))]
+    return {"marks_at_ms": out, "background_ms": spans,
+            "process_start_to_first_token_ms": statistics.median(c["process_start_to_first_token_ms"] for c in cs
+                                                                  if c.get("process_start_to_first_token_ms")),
+            "joules_to_first_token": _median_or_none([c.get("joules_to_first_token") for c in cs]),
+            "joules_above_idle_to_first_token": _median_or_none([c.get("joules_above_idle_to_first_token") for c in cs])}
+
+
+def _median_or_none(vals):
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def waterfall(cases: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [c for c in cases if c.get("child_stages_ms")]
+    if not cases:
+        return
+    fig, axes = plt.subplots(len(cases), 1, figsize=(11, 2.2 + 0.5 * 12), squeeze=False)
+    for ax, c in zip(axes[:, 0], cases):
+        st = c["child_stages_ms"]
+        marks = sorted(st["marks_at_ms"].items(), key=lambda kv: kv[1])
+        y, prev, labels = 0, 0.0, []
+        for name, at in marks:
+            ax.barh(y, at - prev, left=prev, color="tab:blue")
+            labels.append(f"{name} ({at - prev:.0f} ms)")
+            prev, y = at, y + 1
+        for name, (a, b) in sorted(st["background_ms"].items(), key=lambda kv: kv[1][0]):
+            ax.barh(y, b - a, left=a, color="tab:orange")
+            labels.append(f"[thread] {name} ({b - a:.0f} ms)")
+            y += 1
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("ms since process start")
+        ax.set_title(f"{c['case']}: first token p50 {c['spawn_to_first_output_s']['p50'] * 1000:.0f} ms from spawn "
+                     f"({c['page_cache']} page cache)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", default=[], help="GGUF file (repeatable)")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--cache", default="warm,cold", help="page-cache states to run: warm, cold")
+    ap.add_argument("--system1", action="store_true", help="also time `reflex system1` with 3 candidates")
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD", help="another command to time the same way")
+    ap.add_argument("--idle-s", type=float, default=1.0)
+    ap.add_argument("--out", required=True, help="output folder")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    try:
+        nv = Nvml()
+    except (OSError, AssertionError) as e:
+        print(f"no NVML ({e}); timing only", file=sys.stderr)
+        nv = None
+    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": nv.name if nv else None,
+              "prompt": args.prompt, "python": sys.version.split()[0], "cases": []}
+    if nv:
+        result["energy_counter"] = counter_resolution(nv)
+        check = run_case("sleep 1 (method check: net must be ~0 J)", ["sleep", "1"], 3, nv, None, "warm", args.idle_s, None)
+        result["method_check_sleep_1"] = {k: check[k] for k in ("idle_watts", "joules_to_exit", "net_joules_to_exit")}
+    rec = os.path.join(tempfile.mkdtemp(), "record.json")
+    base = [sys.executable, "-m", "reflex_runtime.cli"]
+    for model in args.model:
+        tag = os.path.basename(model)
+        cases = [("generate", base + ["generate", args.prompt, "-n", "1", "--backend", "cuda", "--model", model, "--record", rec])]
+        if args.system1:
+            cases.append(("system1", base + ["system1", args.prompt, "-c", " Paris", "-c", " London", "-c", " Berlin",
+                                             "--backend", "cuda", "--model", model, "--record", rec]))
+        for what, cmd in cases:
+            for cache in args.cache.split(","):
+                c = run_case(f"reflex {what} {tag}", cmd, args.runs, nv, model, cache, args.idle_s, rec)
+                result["cases"].append(c)
+                _print_case(c)
+    for peer in args.peer:
+        name, _, cmd = peer.partition("=")
+        c = run_case(name, shlex.split(cmd), args.runs, nv, None, "warm", args.idle_s, None)
+        result["cases"].append(c)
+        _print_case(c)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    waterfall(result["cases"], os.path.join(args.out, "waterfall.png"))
+    return 0
+
+
+def _print_case(c: dict) -> None:
+    f, x = c["spawn_to_first_output_s"], c["spawn_to_exit_s"]
+    line = (f"{c['case']:<48} {c['page_cache']:<4} first p50 {_ms(f['p50'])} p95 {_ms(f['p95'])}  exit p50 {_ms(x['p50'])}"
+            f"  fails {c['failures']}")
+    if "joules_to_first_output" in c:
+        line += (f"  J first {_j(c['joules_to_first_output']['p50'])} (net {_j(c['net_joules_to_first_output']['p50'])})"
+                 f"  J exit {_j(c['joules_to_exit']['p50'])} (net {_j(c['net_joules_to_exit']['p50'])})")
+    print(line, flush=True)
+
+
+def _ms(v):
+    return f"{v * 1000:7.1f} ms" if v is not None else "   n/a"
+
+
+def _j(v):
+    return f"{v:6.1f}" if v is not None else "n/a"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

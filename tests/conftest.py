@@ -1,0 +1,76 @@
+"""Shared test fixtures: tiny random models converted by llama.cpp's converter (cached on disk
+by scripts/make_fixtures.py under $REFLEX_TEST_CACHE, so warm runs only load them)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "scripts")
+if SCRIPTS not in sys.path:
+    sys.path.insert(0, SCRIPTS)
+
+_FIXTURES: dict = {}
+_HF: dict = {}
+_REF: dict = {}
+
+
+def get_fixture(arch: str, outtype: str = "f32", seed: int = 0, **overrides):
+    """make_fixture with an in-process memo on top of the disk cache."""
+    key = (arch, outtype, seed, tuple(sorted(overrides.items())))
+    if key not in _FIXTURES:
+        from make_fixtures import make_fixture
+
+        _FIXTURES[key] = make_fixture(arch, outtype, seed, **overrides)
+    return _FIXTURES[key]
+
+
+@pytest.fixture(scope="session")
+def fixture_paths():
+    """fixture_paths(arch, outtype="f32", seed=0, **overrides) -> FixturePaths(hf_dir, gguf)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    return get_fixture
+
+
+@pytest.fixture(scope="session")
+def reference_for(fixture_paths):
+    """reference_for(arch, outtype="f32", **overrides) -> the numpy reference of that fixture."""
+
+    def get(arch: str, outtype: str = "f32", **overrides):
+        key = (arch, outtype, tuple(sorted(overrides.items())))
+        if key not in _REF:
+            from reflex_runtime.reference import load_reference
+
+            _REF[key] = load_reference(fixture_paths(arch, outtype, **overrides).gguf)
+        return _REF[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_for(fixture_paths):
+    """hf_for(arch, outtype="f32", **overrides) -> the transformers model: for f32 the saved HF
+    model itself; for other types the HF model with the file's dequantized tensors loaded.
+    Models are memoized for the session; tests that use a model once should build their own."""
+
+    def get(arch: str, outtype: str = "f32", **overrides):
+        key = (arch, outtype, tuple(sorted(overrides.items())))
+        if key not in _HF:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            fx = fixture_paths(arch, outtype, **overrides)
+            if outtype == "f32":
+                model = AutoModelForCausalLM.from_pretrained(fx.hf_dir, dtype=torch.float32).eval()
+            else:
+                from make_fixtures import hf_model_from_gguf
+
+                model = hf_model_from_gguf(fx.gguf, fx.hf_dir)
+            _HF[key] = model
+        return _HF[key]
+
+    return get

@@ -1,0 +1,221 @@
+"""ops.py: the direct request shapes, and the fake engine the transport tests share.
+
+The fake engine is the real Engine class (stop strings, records, limits are the real code) over a
+byte-level tokenizer and a scripted runner, so transport tests run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from reflex_runtime.engine import Engine, GenerateRequest, Limits
+from reflex_runtime.errors import RequestError
+from reflex_runtime.ops import check_messages, parse_generate, parse_system1, run_generate
+
+BOS, EOS, OFFSET = 1, 2, 10
+REPLY = "Hello world! The quick brown fox."
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte (id = byte + 10); 1 = BOS, 2 = EOS."""
+
+    bos_id, eos_id, vocab_size = BOS, EOS, 256 + OFFSET
+    stop_ids = frozenset({EOS})
+
+    def encode(self, text, add_special=True, parse_special=True):
+        return ([BOS] if add_special else []) + [b + OFFSET for b in text.encode("utf-8")]
+
+    def token_bytes(self, i):
+        return {BOS: b"<bos>", EOS: b"<eos>"}.get(i, bytes([i - OFFSET]) if i >= OFFSET else b"")
+
+    def decode(self, ids, skip_special=False):
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", "replace")
+
+    def is_special(self, i):
+        return i < OFFSET
+
+    def stream_decoder(self):
+        tok, dec = self, codecs.getincrementaldecoder("utf-8")("replace")
+        return SimpleNamespace(push=lambda i: dec.decode(tok.token_bytes(i)), flush=lambda: dec.decode(b"", final=True))
+
+
+class ScriptedRunner:
+    """Answers every prompt with REPLY then EOS; `delay` seconds per token; records what it did."""
+
+    name = "fake"
+
+    def __init__(self, reply: str = REPLY, delay: float = 0.0, max_context: int = 512):
+        self.reply, self.delay, self.max_context = reply, delay, max_context
+        self.started = self.closed = 0
+        self.tokens = 0  # tokens produced over all requests
+        self.threads: set[str] = set()
+        self.busy = threading.Lock()  # proves requests never overlap
+
+    def info(self):
+        return {"device": "fake"}
+
+    def generate_ids(self, prompt_ids, params, max_new, stop_ids):
+        assert self.busy.acquire(blocking=False), "two generations ran at once"
+        self.started += 1
+        self.threads.add(threading.current_thread().name)
+        try:
+            ids = [b + OFFSET for b in self.reply.encode("utf-8")] + [EOS]
+            for step, tok in enumerate(ids[:max_new]):
+                if self.delay:
+                    time.sleep(self.delay)
+                self.tokens += 1
+                yield tok
+                if tok in stop_ids:
+                    return
+        finally:
+            self.closed += 1
+            self.busy.release()
+
+    def score(self, prompt_ids, candidates):
+        # A candidate token scores 0 when it matches REPLY at that position, else -5.
+        want = [b + OFFSET for b in self.reply.encode("utf-8")]
+        return [[0.0 if j < len(want) and t == want[j] else -5.0 for j, t in enumerate(c)] for c in candidates]
+
+
+class FakeEngine(Engine):
+    def render_messages(self, messages, enable_thinking=None):
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+
+def make_engine(reply: str = REPLY, delay: float = 0.0, max_context: int = 512) -> FakeEngine:
+    gguf = SimpleNamespace(path="/nonexistent/fake.gguf", get=lambda key: None)
+    config = SimpleNamespace(name="fake-model", arch="fake", file_type="F32")
+    return FakeEngine(gguf, config, ByteTokenizer(), ScriptedRunner(reply, delay, max_context),
+                      model_ref="fake", limits=Limits(max_new_tokens=256))
+
+
+@pytest.fixture
+def engine():
+    return make_engine()
+
+
+# -- parse_generate -----------------------------------------------------------------------------
+
+
+def test_parse_generate_full():
+    req = parse_generate({"op": "generate", "id": 7, "stream": True, "prompt": "hi", "max_tokens": 5,
+                          "temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "seed": 3,
+                          "stop": "\n", "chat": True, "enable_thinking": False, "ignore_eos": True})
+    assert isinstance(req, GenerateRequest)
+    assert (req.prompt, req.messages, req.max_tokens, req.stop, req.chat) == ("hi", None, 5, ("\n",), True)
+    s = req.sampling
+    assert (s.temperature, s.top_k, s.top_p, s.min_p, s.seed) == (0.7, 40, 0.9, 0.05, 3)
+    assert req.enable_thinking is False and req.ignore_eos is True
+
+
+def test_parse_generate_defaults_are_greedy():
+    req = parse_generate({"prompt": "hi"})
+    assert req.max_tokens == 64 and req.sampling.temperature == 0.0 and req.stop == () and not req.chat
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "a"}]}, "messages"),  # both prompt and messages
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"min_p": 2}, "min_p"),
+    ({"seed": -3}, "seed"),
+    ({"stop": ""}, "stop"),
+    ({"stop": ["a"] * 9}, "stop"),
+    ({"stop": [1]}, "stop"),
+    ({"chat": "yes"}, "chat"),
+    ({"frobnicate": 1}, "frobnicate"),
+])
+def test_parse_generate_names_the_bad_field(patch, field):
+    with pytest.raises(RequestError) as ei:
+        parse_generate({"prompt": "hi", **patch})
+    assert ei.value.field == field
+    assert "\n" not in str(ei.value)
+
+
+def test_parse_generate_rejects_non_object():
+    with pytest.raises(RequestError):
+        parse_generate(["prompt", "hi"])
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+def test_check_messages_normalizes():
+    out = check_messages([
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "x"},
+        {"role": "assistant", "content": "ok", "tool_calls": None, "refusal": None},
+    ])
+    assert out == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a\nb"},
+                   {"role": "assistant", "content": "ok"}]
+
+
+@pytest.mark.parametrize("msgs, field", [
+    ("hi", "messages"),
+    ([], "messages"),
+    (["hi"], "messages[0]"),
+    ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+    ([{"content": "x"}], "messages[0].role"),
+    ([{"role": "user"}], "messages[0].content"),
+    ([{"role": "user", "content": 3}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": [{}]}],
+     "messages[1].tool_calls"),
+])
+def test_check_messages_errors(msgs, field):
+    with pytest.raises(RequestError) as ei:
+        check_messages(msgs)
+    assert ei.value.field == field
+
+
+# -- system1 --------------------------------------------------------------------------------------
+
+
+def test_parse_system1():
+    assert parse_system1({"op": "system1", "prompt": "p", "candidates": ["a", "b"]}) == ("p", ["a", "b"], None, False)
+    p, c, m, chat = parse_system1({"messages": [{"role": "user", "content": "q"}], "candidates": ["x"], "chat": True})
+    assert p is None and m == [{"role": "user", "content": "q"}] and chat is True
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"candidates": []}, "candidates"),
+    ({"candidates": "a"}, "candidates"),
+    ({"candidates": ["a", ""]}, "candidates"),
+    ({"candidates": ["a", 3]}, "candidates"),
+    ({"prompt": None}, "prompt"),
+    ({"max_tokens": 3}, "max_tokens"),
+])
+def test_parse_system1_errors(patch, field):
+    with pytest.raises(RequestError) as ei:
+        parse_system1({"prompt": "p", "candidates": ["a"], **patch})
+    assert ei.value.field == field
+
+
+# -- against the engine ------------------------------------------------------------------------------
+
+
+def test_run_generate_with_stop_and_length(engine):
+    res = run_generate(engine, parse_generate({"prompt": "hi", "stop": ["quick"]}))
+    assert res["text"] == "Hello world! The " and res["finish_reason"] == "stop"
+    res = run_generate(engine, parse_generate({"prompt": "hi", "max_tokens": 5}))
+    assert res["text"] == "Hello" and res["finish_reason"] == "length"
+    assert res["record"]["generated_tokens"] == 5 and res["record"]["prompt_tokens"] == 3
+
+
+def test_engine_limits_surface_as_request_errors(engine):
+    with pytest.raises(RequestError) as ei:
+        run_generate(engine, parse_generate({"prompt": "hi", "max_tokens": 10_000}))
+    assert ei.value.field == "max_tokens"

@@ -1,0 +1,86 @@
+"""kernels/quant.cuh (the block decoders every CUDA kernel uses) against gguf-py's dequantizers.
+
+The header is plain C when compiled without nvcc, so g++ builds it into a tiny shared library
+here and we compare it, weight for weight, on random blocks of every type at awkward row
+lengths. This runs in CI without a GPU; the GPU tests check the kernels built on top of it.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from quant_blocks import LAYOUT, random_row
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_SRC = r"""
+#include "quant.cuh"
+typedef void (*fn8)(const uint8_t*, int, float*);
+int dequant_row(int type, const uint8_t* row, int k, float* out) {
+    fn8 f = 0;
+    switch (type) {
+        case RX_F32: f = dequant8_f32; break;
+        case RX_F16: f = dequant8_f16; break;
+        case RX_BF16: f = dequant8_bf16; break;
+        case RX_Q8_0: f = dequant8_q8_0; break;
+        case RX_Q4_0: f = dequant8_q4_0; break;
+        case RX_Q5_0: f = dequant8_q5_0; break;
+        case RX_Q4_K: f = dequant8_q4_k; break;
+        case RX_Q5_K: f = dequant8_q5_k; break;
+        case RX_Q6_K: f = dequant8_q6_k; break;
+        default: return -1;
+    }
+    for (int g = 0; g < k / 8; g++) f(row, g, out + 8 * g);
+    return 0;
+}
+long row_bytes(int type, long k) { return rx_row_bytes(type, k); }
+"""
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.fail("a C compiler is needed to build the host copy of kernels/quant.cuh")
+    d = tmp_path_factory.mktemp("quant")
+    src = d / "quant_host.c"
+    src.write_text(_SRC)
+    so = d / "quant_host.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-x", "c", "-I", os.path.join(ROOT, "kernels"), str(src), "-o", str(so)],
+                   check=True)
+    lib = ctypes.CDLL(str(so))
+    lib.dequant_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.row_bytes.restype = ctypes.c_long
+    lib.row_bytes.argtypes = [ctypes.c_int, ctypes.c_long]
+    return lib
+
+
+@pytest.mark.parametrize("qtype", list(LAYOUT), ids=lambda t: t.name)
+@pytest.mark.parametrize("n_super", [1, 3, 5])
+def test_host_decoder_matches_gguf(lib, qtype, n_super):
+    rng = np.random.default_rng(1000 * int(qtype) + n_super)
+    bs = LAYOUT[qtype][0]
+    # awkward lengths: odd numbers of blocks, not powers of two
+    k = n_super * 256 if bs == 256 else (n_super * 8 + 1) * 32
+    raw = np.ascontiguousarray(random_row(qtype, k, rng))
+    assert lib.row_bytes(int(qtype), k) == raw.nbytes
+    ours = np.full(k, np.nan, dtype=np.float32)  # poisoned: every weight must be written
+    assert lib.dequant_row(int(qtype), raw.ctypes.data, k, ours.ctypes.data) == 0
+    theirs = dequantize(raw, qtype).astype(np.float32).reshape(-1)
+    assert theirs.shape == ours.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6 * float(np.abs(theirs).max() + 1e-30))
+
+
+def test_f16_decoder_is_exact_for_every_half(lib):
+    every = np.arange(65536, dtype=np.uint16)
+    ours = np.empty(65536, dtype=np.float32)
+    lib.dequant_row(int(Q.F16), every.ctypes.data, 65536, ours.ctypes.data)
+    ref = every.view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(ours), nan)
+    assert np.array_equal(ours[~nan].view(np.uint32), ref[~nan].view(np.uint32))

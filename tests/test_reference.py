@@ -1,0 +1,250 @@
+"""The numpy reference against `transformers` on tiny random models converted by llama.cpp's
+own convert_hf_to_gguf.py (scripts/make_fixtures.py), and the forward contract of
+docs/INTERNALS.md: cache, positions, masks.
+
+Relative error of a logits row: max_i |ref_i - hf_i| / max_i |hf_i|, checked at EVERY position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reflex_runtime.errors import RequestError
+
+ARCHS = ["qwen3", "gemma3"]
+QUANT_TYPES = ["f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"]
+# ggml types each file must contain (so a test cannot pass on a file that is secretly f32)
+EXPECTED_TYPES = {
+    "f16": {"F16"}, "bf16": {"BF16"}, "q8_0": {"Q8_0"}, "q4_0": {"Q4_0"}, "q5_0": {"Q5_0"},
+    "q4_k": {"Q4_K"}, "q5_k": {"Q5_K"}, "q6_k": {"Q6_K"}, "q4_k_m": {"Q4_K", "Q6_K"},
+}
+TOL = 1e-4
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row: max|a - b| / max|b|."""
+    a = np.atleast_2d(a)
+    b = np.atleast_2d(b)
+    return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
+
+
+def prompt(vocab: int, n: int, seed: int = 7) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(4, min(vocab, 151643), size=n)
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.as_tensor(np.asarray(ids), dtype=torch.long)[None]).logits[0].float().numpy()
+
+
+def greedy_reference(model, ids, n_new: int):
+    cache = model.new_cache(len(ids) + n_new)
+    logits = model.forward(ids, cache)[-1]
+    out, steps = [], []
+    for _ in range(n_new):
+        steps.append(logits)
+        out.append(int(np.argmax(logits)))
+        logits = model.forward([out[-1]], cache)[-1]
+    return out, np.stack(steps)
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_config_matches_transformers(arch, reference_for, hf_for):
+    c = reference_for(arch).config
+    h = hf_for(arch).config
+    assert (c.n_layers, c.n_embd, c.n_ff) == (h.num_hidden_layers, h.hidden_size, h.intermediate_size)
+    assert (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v) == (
+        h.num_attention_heads, h.num_key_value_heads, h.head_dim, h.head_dim)
+    assert c.vocab_size == h.vocab_size
+    assert c.rms_eps == pytest.approx(h.rms_norm_eps, rel=1e-6)
+    assert c.tied_embeddings == h.tie_word_embeddings
+    rope = h.rope_parameters
+    if arch == "gemma3":
+        assert c.rope_theta == rope["full_attention"]["rope_theta"]
+        assert c.extra["rope_theta_local"] == rope["sliding_attention"]["rope_theta"]
+        assert c.extra["sliding_window"] == h.sliding_window
+        assert list(c.extra["local_layers"]) == [t == "sliding_attention" for t in h.layer_types]
+        assert any(c.extra["local_layers"]) and not all(c.extra["local_layers"])
+        assert c.extra["query_scale"] == pytest.approx(h.query_pre_attn_scalar ** -0.5)
+        assert c.extra["final_logit_softcap"] is None
+    else:
+        assert c.rope_theta == rope["rope_theta"]
+
+
+# -- logits against transformers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_f32_logits_match_transformers(arch, reference_for, hf_for):
+    ref = reference_for(arch)
+    ids = prompt(ref.config.vocab_size, 24)  # gemma3's window is 8: the prompt crosses it
+    got = ref.forward(ids, ref.new_cache(32))
+    want = hf_logits(hf_for(arch), ids)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    err = rel_err(got, want)
+    assert err.max() < TOL, f"{arch}: relative error per position {err}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_decode_matches_generate(arch, reference_for, hf_for):
+    import torch
+    from transformers import GenerationConfig
+
+    ref, hf = reference_for(arch), hf_for(arch)
+    ids = prompt(ref.config.vocab_size, 12, seed=3)
+    n_new = 16
+    tokens, step_logits = greedy_reference(ref, ids, n_new)
+    gen = GenerationConfig(max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=0,
+                           output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        out = hf.generate(torch.as_tensor(ids)[None], generation_config=gen)
+    hf_tokens = out.sequences[0, len(ids):].tolist()
+    assert tokens == hf_tokens
+    hf_steps = torch.cat(out.logits).float().numpy()
+    assert rel_err(step_logits, hf_steps).max() < TOL
+    assert len(set(tokens)) > 1, "the random fixture collapsed to one token: logits are degenerate"
+
+
+@pytest.mark.parametrize("outtype", QUANT_TYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_file_matches_dequantized_transformers(arch, outtype, fixture_paths, reference_for, hf_for):
+    from make_fixtures import hf_model_from_gguf
+
+    from reflex_runtime.ggml_types import GGML_TYPES
+    from reflex_runtime.reference import load_reference
+
+    fx = fixture_paths(arch, outtype)
+    ref = load_reference(fx.gguf)
+    types = {GGML_TYPES[t.ggml_type].name for t in ref.gguf.tensors.values()}
+    assert EXPECTED_TYPES[outtype] <= types, f"{fx.gguf} has {types}"
+    ids = prompt(ref.config.vocab_size, 16, seed=11)
+    got = ref.forward(ids, ref.new_cache(16))
+    want = hf_logits(hf_model_from_gguf(fx.gguf, fx.hf_dir), ids)
+    err = rel_err(got, want)
+    assert err.max() < TOL, f"{arch} {outtype}: relative error per position {err}"
+    # And the quantized model is still close to the f32 one (catches a quantizer that writes
+    # garbage both sides would read the same way).
+    full = reference_for(arch).forward(ids, reference_for(arch).new_cache(16))
+    drift = rel_err(got, full).max()
+    assert drift < (0.05 if outtype in ("f16", "bf16", "q8_0") else 0.35), f"{outtype} drifted {drift} from f32"
+
+
+def test_untied_output_matches_transformers(fixture_paths, reference_for, hf_for):
+    ref = reference_for("qwen3", tie_word_embeddings=False, num_hidden_layers=1)
+    assert "output.weight" in ref.gguf.tensors and not ref.config.tied_embeddings
+    ids = prompt(ref.config.vocab_size, 10)
+    err = rel_err(ref.forward(ids, ref.new_cache(10)), hf_logits(hf_for("qwen3", tie_word_embeddings=False, num_hidden_layers=1), ids))
+    assert err.max() < TOL
+
+
+def test_gemma3_final_softcap_matches_transformers(reference_for, hf_for):
+    ref = reference_for("gemma3", final_logit_softcapping=0.5)
+    assert ref.config.extra["final_logit_softcap"] == pytest.approx(0.5)
+    ids = prompt(ref.config.vocab_size, 12)
+    got = ref.forward(ids, ref.new_cache(12))
+    assert np.abs(got).max() < 0.5
+    assert rel_err(got, hf_logits(hf_for("gemma3", final_logit_softcapping=0.5), ids)).max() < TOL
+
+
+# -- the forward contract ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_equals_token_by_token(arch, reference_for):
+    ref = reference_for(arch)
+    ids = prompt(ref.config.vocab_size, 20, seed=5)
+    once = ref.forward(ids, ref.new_cache(20))
+    cache = ref.new_cache(20)
+    steps = np.concatenate([ref.forward([t], cache) for t in ids])
+    assert cache.length == 20
+    assert rel_err(steps, once).max() < 1e-5
+    # chunked prefill (7 + 13) on top of a cache, too
+    cache = ref.new_cache(20)
+    chunks = np.concatenate([ref.forward(ids[:7], cache), ref.forward(ids[7:], cache)])
+    assert rel_err(chunks, once).max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_mask_branches_equal_separate_runs(arch, reference_for):
+    ref = reference_for(arch)
+    ids = prompt(ref.config.vocab_size, 15, seed=9)
+    p, a, b = ids[:6], ids[6:11], ids[11:]
+    sep_a = ref.forward(np.r_[p, a], ref.new_cache(11))
+    sep_b = ref.forward(np.r_[p, b], ref.new_cache(10))
+
+    # prefix in the cache, both branches in one call
+    cache = ref.new_cache(15)
+    ref.forward(p, cache)
+    pos = np.r_[6 + np.arange(5), 6 + np.arange(4)]
+    mask = np.zeros((9, 9), dtype=bool)
+    mask[:5, :5] = np.tril(np.ones((5, 5), dtype=bool))
+    mask[5:, 5:] = np.tril(np.ones((4, 4), dtype=bool))
+    tree = ref.forward(np.r_[a, b], cache, positions=pos, mask=mask)
+    assert cache.length == 15
+    assert rel_err(tree[:5], sep_a[6:]).max() < 1e-5
+    assert rel_err(tree[5:], sep_b[6:]).max() < 1e-5
+
+    # everything in one call on an empty cache (how system1 scores candidates)
+    n = 15
+    pos = np.r_[np.arange(6), 6 + np.arange(5), 6 + np.arange(4)]
+    mask = np.zeros((n, n), dtype=bool)
+    mask[:6, :6] = np.tril(np.ones((6, 6), dtype=bool))
+    mask[6:11, :6] = True
+    mask[6:11, 6:11] = np.tril(np.ones((5, 5), dtype=bool))
+    mask[11:, :6] = True
+    mask[11:, 11:] = np.tril(np.ones((4, 4), dtype=bool))
+    one = ref.forward(ids, ref.new_cache(n), positions=pos, mask=mask)
+    assert rel_err(one[:11], sep_a).max() < 1e-5
+    assert rel_err(one[11:], sep_b[6:]).max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cache_copy_and_truncate(arch, reference_for):
+    ref = reference_for(arch)
+    ids = prompt(ref.config.vocab_size, 14, seed=13)
+    p, a, b = ids[:6], ids[6:10], ids[10:]
+    sep_b = ref.forward(np.r_[p, b], ref.new_cache(10))
+
+    cache = ref.new_cache(16)
+    ref.forward(p, cache)
+    fork = cache.copy()
+    ref.forward(a, cache)
+    assert (cache.length, fork.length) == (10, 6)
+    assert rel_err(ref.forward(b, fork), sep_b[6:]).max() < 1e-5  # the copy did not see `a`
+
+    cache.truncate(6)
+    assert cache.length == 6
+    assert rel_err(ref.forward(b, cache), sep_b[6:]).max() < 1e-5
+    with pytest.raises(RequestError):
+        cache.truncate(11)
+
+
+def test_forward_rejects_bad_input(reference_for):
+    ref = reference_for("gemma3")
+    with pytest.raises(RequestError):
+        ref.forward([ref.config.vocab_size], ref.new_cache(4))
+    cache = ref.new_cache(4)
+    ref.forward([5, 6, 7], cache)
+    with pytest.raises(RequestError):
+        ref.forward([5, 6], cache)  # 3 + 2 > 4
+    assert cache.length == 3
+    with pytest.raises(RequestError):
+        ref.forward([5, 6], ref.new_cache(4), mask=np.ones((3, 3), dtype=bool))
+
+
+def test_unsupported_architecture_is_named(reference_for):
+    from dataclasses import replace
+
+    from reflex_runtime.errors import UnsupportedModelError
+    from reflex_runtime.reference import load_reference
+
+    ref = reference_for("gemma3")
+    with pytest.raises(UnsupportedModelError, match="llama"):
+        load_reference(ref.gguf, replace(ref.config, arch="llama"))
