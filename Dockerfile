@@ -25,7 +25,8 @@ ARG MODEL=none
 
 # -- kernels: one fatbin (SASS per arch + PTX for the newest) and its manifest in /out --------
 FROM ${KERNELS_BASE} AS kernels-nvcc
-RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 \
+# nvcc runs the host compiler's preprocessor even for device-only code: g++ is needed too.
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 g++ \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the kernel build reads, so Python-only changes reuse this layer.

@@ -1,50 +1,92 @@
-// matvec.cu: y[t, r] (+)= dot(W[r, :], x[t, :]) for a few tokens t, W in its GGUF blocks.
+// matvec.cu: y_s[t, r] (+)= dot(W_s[r, :], x'[t, :]) for a few tokens t, W in its GGUF blocks.
 //
 // The decode step's workhorse (one token) and the path for small batches (system1, short
-// prompts). One warp per output row, 8 rows per 256-thread block; each lane decodes 8
-// weights at a time and applies them to up to 4 tokens before moving on, so weights are read
-// once per 4 tokens. Bound by weight bytes: row_bytes * n_rows per 4 tokens.
-// Requirements (checked on the host): K % 32 == 0, x/y rows 16-byte aligned (stride % 4 == 0).
+// prompts). One warp per output row, 8 rows per 256-thread block; each lane decodes 8 weights
+// at a time and applies them to up to 4 tokens, so weights are read once per 4 tokens.
+// Up to three weight matrices of the same type and row length run in one launch (q, k and v
+// of a layer): rows are numbered across the segments. When norm_w is given, the input is
+// RMS-normalized on the fly, x' = x * rsqrt(mean(x^2) + eps) * norm_w, which folds the
+// pre-attention and pre-FFN norms into the matrix kernels (each warp recomputes the row's
+// scale from x: K floats from L1/L2, small next to the weights).
+// Bound by weight bytes: row_bytes * rows per 4 tokens.
+// Requirements (checked on the host): K % 32 == 0, x rows 16-byte aligned (stride % 4 == 0).
 #include "common.cuh"
 
 #define MV_ROWS_PER_BLOCK 8
 #define MV_TOK 4
 
+struct MvSegs {  // up to three matrices sharing type and row length; y strides = their rows
+    const uint8_t* w[3];
+    float* y[3];
+    int rows[3];
+};
+
+// Per-token inverse RMS of x (every lane gets it); 1 when no norm is fused.
+__device__ __forceinline__ void mv_norm_scales(const float* x, int x_stride, int K, int nt, const float* norm_w,
+                                               float eps, float* inv) {
+#pragma unroll
+    for (int t = 0; t < MV_TOK; t++) {
+        float ss = 0.f;
+        if (norm_w && t < nt)
+            for (int k = (threadIdx.x & 31); k < K; k += RX_WARP) ss += x[(long)t * x_stride + k] * x[(long)t * x_stride + k];
+        inv[t] = norm_w ? rsqrtf(warp_sum(ss) / K + eps) : 1.f;
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void mv_accumulate(const uint8_t* row, const float* x, int x_stride, int K, int nt,
-                                              float* acc) {
+                                              const float* norm_w, const float* inv, float* acc) {
     int lane = threadIdx.x & 31;
     for (int g = lane; g < K / 8; g += RX_WARP) {
         float w[8];
         dequant8<T>(row, g, w);
+        if (norm_w) {
+            const float4* nw = reinterpret_cast<const float4*>(norm_w + 8 * g);
+            float4 a = nw[0], b = nw[1];
+            w[0] *= a.x, w[1] *= a.y, w[2] *= a.z, w[3] *= a.w, w[4] *= b.x, w[5] *= b.y, w[6] *= b.z, w[7] *= b.w;
+        }
 #pragma unroll
         for (int t = 0; t < MV_TOK; t++) {
             if (t < nt) {
                 const float4* xp = reinterpret_cast<const float4*>(x + (long)t * x_stride + 8 * g);
                 float4 a = xp[0], b = xp[1];
-                acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z +
-                          w[7] * b.w;
+                acc[t] += inv[t] * (w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
+                                    w[6] * b.z + w[7] * b.w);
             }
         }
     }
 }
 
 template <int T>
-__device__ void mv_body(const uint8_t* W, long row_bytes, const float* x, int x_stride, float* y, int y_stride,
-                        int n_rows, int K, int n_tok, int accumulate) {
+__device__ void mv_body(MvSegs segs, long row_bytes, const float* x, int x_stride, int K, int n_tok, int accumulate,
+                        const float* norm_w, float eps) {
     int r = blockIdx.x * MV_ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    if (r >= n_rows) return;
-    const uint8_t* row = W + (long)r * row_bytes;
+    // Which segment: select with constant indices (a dynamic index would copy the struct to local memory).
+    const uint8_t* w = segs.w[0];
+    float* y = segs.y[0];
+    int y_stride = segs.rows[0];
+    if (r >= segs.rows[0]) {
+        r -= segs.rows[0];
+        w = segs.w[1], y = segs.y[1], y_stride = segs.rows[1];
+        if (r >= segs.rows[1]) {
+            r -= segs.rows[1];
+            w = segs.w[2], y = segs.y[2], y_stride = segs.rows[2];
+        }
+    }
+    if (r >= y_stride) return;
+    const uint8_t* row = w + (long)r * row_bytes;
     for (int t0 = 0; t0 < n_tok; t0 += MV_TOK) {
         int nt = min(MV_TOK, n_tok - t0);
-        float acc[MV_TOK] = {0.f, 0.f, 0.f, 0.f};
-        mv_accumulate<T>(row, x + (long)t0 * x_stride, x_stride, K, nt, acc);
+        float inv[MV_TOK], acc[MV_TOK] = {0.f, 0.f, 0.f, 0.f};
+        const float* xt = x + (long)t0 * x_stride;
+        mv_norm_scales(xt, x_stride, K, nt, norm_w, eps, inv);
+        mv_accumulate<T>(row, xt, x_stride, K, nt, norm_w, inv, acc);
 #pragma unroll
         for (int t = 0; t < MV_TOK; t++) {
-            float s = warp_sum(acc[t]);
+            float v = warp_sum(acc[t]);
             if (t < nt && (threadIdx.x & 31) == 0) {
                 float* dst = y + (long)(t0 + t) * y_stride + r;
-                *dst = accumulate ? *dst + s : s;
+                *dst = accumulate ? *dst + v : v;
             }
         }
     }
@@ -53,14 +95,17 @@ __device__ void mv_body(const uint8_t* W, long row_bytes, const float* x, int x_
 // Gate and up projections in one pass, writing act(gate) * up (SwiGLU / GeGLU).
 template <int T>
 __device__ void mv_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride,
-                            float* y, int y_stride, int n_rows, int K, int n_tok, int act) {
+                            float* y, int y_stride, int n_rows, int K, int n_tok, int act, const float* norm_w,
+                            float eps) {
     int r = blockIdx.x * MV_ROWS_PER_BLOCK + (threadIdx.x >> 5);
     if (r >= n_rows) return;
     for (int t0 = 0; t0 < n_tok; t0 += MV_TOK) {
         int nt = min(MV_TOK, n_tok - t0);
-        float ag[MV_TOK] = {0.f, 0.f, 0.f, 0.f}, au[MV_TOK] = {0.f, 0.f, 0.f, 0.f};
-        mv_accumulate<T>(Wg + (long)r * row_bytes, x + (long)t0 * x_stride, x_stride, K, nt, ag);
-        mv_accumulate<T>(Wu + (long)r * row_bytes, x + (long)t0 * x_stride, x_stride, K, nt, au);
+        float inv[MV_TOK], ag[MV_TOK] = {0.f, 0.f, 0.f, 0.f}, au[MV_TOK] = {0.f, 0.f, 0.f, 0.f};
+        const float* xt = x + (long)t0 * x_stride;
+        mv_norm_scales(xt, x_stride, K, nt, norm_w, eps, inv);
+        mv_accumulate<T>(Wg + (long)r * row_bytes, xt, x_stride, K, nt, norm_w, inv, ag);
+        mv_accumulate<T>(Wu + (long)r * row_bytes, xt, x_stride, K, nt, norm_w, inv, au);
 #pragma unroll
         for (int t = 0; t < MV_TOK; t++) {
             float g = warp_sum(ag[t]), u = warp_sum(au[t]);
@@ -69,16 +114,17 @@ __device__ void mv_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes
     }
 }
 
-#define RX_MV(name, T)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256) reflex_mv_##name(                                         \
-        const uint8_t* W, long row_bytes, const float* x, int x_stride, float* y, int y_stride, int n_rows,     \
-        int K, int n_tok, int accumulate) {                                                                     \
-        mv_body<T>(W, row_bytes, x, x_stride, y, y_stride, n_rows, K, n_tok, accumulate);                       \
-    }                                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256) reflex_mv_glu_##name(                                     \
-        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride, float* y,           \
-        int y_stride, int n_rows, int K, int n_tok, int act) {                                                  \
-        mv_glu_body<T>(Wg, Wu, row_bytes, x, x_stride, y, y_stride, n_rows, K, n_tok, act);                     \
+#define RX_MV(name, T)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256) reflex_mv_##name(MvSegs segs, long row_bytes,              \
+                                                                       const float* x, int x_stride, int K,      \
+                                                                       int n_tok, int accumulate,                \
+                                                                       const float* norm_w, float eps) {         \
+        mv_body<T>(segs, row_bytes, x, x_stride, K, n_tok, accumulate, norm_w, eps);                             \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) reflex_mv_glu_##name(                                      \
+        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride, float* y,            \
+        int y_stride, int n_rows, int K, int n_tok, int act, const float* norm_w, float eps) {                   \
+        mv_glu_body<T>(Wg, Wu, row_bytes, x, x_stride, y, y_stride, n_rows, K, n_tok, act, norm_w, eps);         \
     }
 
 RX_FOR_EACH_TYPE(RX_MV)

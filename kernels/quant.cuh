@@ -23,8 +23,40 @@ enum {
     RX_Q4_K = 12, RX_Q5_K = 13, RX_Q6_K = 14, RX_BF16 = 30,
 };
 
-RX_HD uint32_t rx_u16(const uint8_t* p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
+// Loads. Every 16-bit field in these blocks sits at an even offset, and rows start at least
+// 16-byte aligned on the device (checked on the host), so the device reads whole 16/32/64-bit
+// words; the host copy reads bytes, which is what the CPU tests exercise for layout.
+RX_HD uint32_t rx_u16(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const uint16_t*>(p);
+#else
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+#endif
+}
 RX_HD uint32_t rx_u32(const uint8_t* p) { return rx_u16(p) | (rx_u16(p + 2) << 16); }
+
+// 8 bytes at an even address (little-endian), as one 64-bit value.
+RX_HD uint64_t rx_ld8_a2(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return (uint64_t)h[0] | ((uint64_t)h[1] << 16) | ((uint64_t)h[2] << 32) | ((uint64_t)h[3] << 48);
+#else
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+#endif
+}
+
+// 8 bytes at an 8-byte aligned address.
+RX_HD uint64_t rx_ld8_a8(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const uint64_t*>(p);
+#else
+    return rx_ld8_a2(p);
+#endif
+}
+
+#define RX_BYTE(v, i) ((uint32_t)((v) >> (8 * (i))) & 0xFFu)
 
 RX_HD float rx_bits_to_f32(uint32_t bits) {
 #ifdef __CUDA_ARCH__
@@ -67,25 +99,42 @@ RX_HD void rx_k4_scale_min(const uint8_t* scales, int sub, float* sc, float* mn)
 
 RX_HD void dequant8_f32(const uint8_t* row, int g, float* out) {
     const uint8_t* p = row + 32 * g;
+#ifdef __CUDA_ARCH__
+    float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+#else
     for (int i = 0; i < 8; i++) out[i] = rx_bits_to_f32(rx_u32(p + 4 * i));
+#endif
+}
+
+// 8 halves (16 bytes) of a 16-byte aligned group, as four 32-bit words.
+RX_HD void rx_ld16(const uint8_t* p, uint32_t* w) {
+#ifdef __CUDA_ARCH__
+    uint4 v = *reinterpret_cast<const uint4*>(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+#else
+    for (int i = 0; i < 4; i++) w[i] = rx_u32(p + 4 * i);
+#endif
 }
 
 RX_HD void dequant8_f16(const uint8_t* row, int g, float* out) {
-    const uint8_t* p = row + 16 * g;
-    for (int i = 0; i < 8; i++) out[i] = rx_f16(rx_u16(p + 2 * i));
+    uint32_t w[4];
+    rx_ld16(row + 16 * g, w);
+    for (int i = 0; i < 4; i++) out[2 * i] = rx_f16(w[i] & 0xFFFFu), out[2 * i + 1] = rx_f16(w[i] >> 16);
 }
 
 RX_HD void dequant8_bf16(const uint8_t* row, int g, float* out) {
-    const uint8_t* p = row + 16 * g;
-    for (int i = 0; i < 8; i++) out[i] = rx_bf16(rx_u16(p + 2 * i));
+    uint32_t w[4];
+    rx_ld16(row + 16 * g, w);
+    for (int i = 0; i < 4; i++) out[2 * i] = rx_bf16(w[i] & 0xFFFFu), out[2 * i + 1] = rx_bf16(w[i] >> 16);
 }
 
 // Q8_0: 34-byte blocks of 32: f16 scale d, 32 int8 q; w = d * q.
 RX_HD void dequant8_q8_0(const uint8_t* row, int g, float* out) {
     const uint8_t* b = row + 34 * (g >> 2);
     float d = rx_f16(rx_u16(b));
-    const uint8_t* q = b + 2 + 8 * (g & 3);
-    for (int i = 0; i < 8; i++) out[i] = d * (float)(int8_t)q[i];
+    uint64_t q = rx_ld8_a2(b + 2 + 8 * (g & 3));
+    for (int i = 0; i < 8; i++) out[i] = d * (float)(int8_t)RX_BYTE(q, i);
 }
 
 // Q4_0: 18-byte blocks of 32: f16 d, 16 bytes; weight j < 16 is the low nibble of byte j,
@@ -94,9 +143,9 @@ RX_HD void dequant8_q4_0(const uint8_t* row, int g, float* out) {
     const uint8_t* b = row + 18 * (g >> 2);
     float d = rx_f16(rx_u16(b));
     int part = g & 3;  // weights 8*part .. 8*part+7 of the block
-    const uint8_t* q = b + 2 + 8 * (part & 1);
+    uint64_t q = rx_ld8_a2(b + 2 + 8 * (part & 1));
     int shift = (part >> 1) * 4;
-    for (int i = 0; i < 8; i++) out[i] = d * (float)((int)((q[i] >> shift) & 15) - 8);
+    for (int i = 0; i < 8; i++) out[i] = d * (float)((int)((RX_BYTE(q, i) >> shift) & 15) - 8);
 }
 
 // Q5_0: 22-byte blocks of 32: f16 d, 32-bit qh (5th bits), 16 bytes of nibbles as in Q4_0;
@@ -106,11 +155,11 @@ RX_HD void dequant8_q5_0(const uint8_t* row, int g, float* out) {
     float d = rx_f16(rx_u16(b));
     uint32_t qh = rx_u32(b + 2);
     int part = g & 3;
-    const uint8_t* q = b + 6 + 8 * (part & 1);
+    uint64_t q = rx_ld8_a2(b + 6 + 8 * (part & 1));
     int shift = (part >> 1) * 4;
     for (int i = 0; i < 8; i++) {
         int j = 8 * part + i;  // weight index inside the block
-        int v = ((q[i] >> shift) & 15) | (((qh >> j) & 1) << 4);
+        int v = ((RX_BYTE(q, i) >> shift) & 15) | (((qh >> j) & 1) << 4);
         out[i] = d * (float)(v - 16);
     }
 }
@@ -125,9 +174,9 @@ RX_HD void dequant8_q4_k(const uint8_t* row, int g, float* out) {
     float sc, mn;
     rx_k4_scale_min(b + 4, sub, &sc, &mn);
     float d = rx_f16(rx_u16(b)) * sc, m = rx_f16(rx_u16(b + 2)) * mn;
-    const uint8_t* q = b + 16 + 32 * (sub >> 1) + (e & 31);
+    uint64_t q = rx_ld8_a8(b + 16 + 32 * (sub >> 1) + (e & 31));
     int shift = (sub & 1) * 4;
-    for (int i = 0; i < 8; i++) out[i] = d * (float)((q[i] >> shift) & 15) - m;
+    for (int i = 0; i < 8; i++) out[i] = d * (float)((RX_BYTE(q, i) >> shift) & 15) - m;
 }
 
 // Q5_K: 176-byte super-blocks: d, dmin, 12 scale bytes, 32 bytes qh, 128 bytes qs. The 5th bit of
@@ -139,11 +188,11 @@ RX_HD void dequant8_q5_k(const uint8_t* row, int g, float* out) {
     float sc, mn;
     rx_k4_scale_min(b + 4, sub, &sc, &mn);
     float d = rx_f16(rx_u16(b)) * sc, m = rx_f16(rx_u16(b + 2)) * mn;
-    const uint8_t* qh = b + 16 + (e & 31);
-    const uint8_t* q = b + 48 + 32 * (sub >> 1) + (e & 31);
+    uint64_t qh = rx_ld8_a8(b + 16 + (e & 31));
+    uint64_t q = rx_ld8_a8(b + 48 + 32 * (sub >> 1) + (e & 31));
     int shift = (sub & 1) * 4;
     for (int i = 0; i < 8; i++) {
-        int v = ((q[i] >> shift) & 15) | (((qh[i] >> sub) & 1) << 4);
+        int v = ((RX_BYTE(q, i) >> shift) & 15) | (((RX_BYTE(qh, i) >> sub) & 1) << 4);
         out[i] = d * (float)v - m;
     }
 }
@@ -155,13 +204,13 @@ RX_HD void dequant8_q6_k(const uint8_t* row, int g, float* out) {
     const uint8_t* b = row + 210 * (g >> 5);
     int e = 8 * (g & 31);
     int half = e >> 7, r = (e >> 5) & 3, l0 = e & 31;
-    const uint8_t* ql = b + 64 * half + 32 * (r & 1) + l0;
-    const uint8_t* qh = b + 128 + 32 * half + l0;
+    uint64_t ql = rx_ld8_a2(b + 64 * half + 32 * (r & 1) + l0);
+    uint64_t qh = rx_ld8_a2(b + 128 + 32 * half + l0);
     float d = rx_f16(rx_u16(b + 208));
     int nib = (r >> 1) * 4, hs = 2 * r;
     float sc = d * (float)(int8_t)b[192 + 8 * half + (l0 >> 4) + 2 * r];
     for (int i = 0; i < 8; i++) {
-        int v = ((ql[i] >> nib) & 15) | (((qh[i] >> hs) & 3) << 4);
+        int v = ((RX_BYTE(ql, i) >> nib) & 15) | (((RX_BYTE(qh, i) >> hs) & 3) << 4);
         out[i] = sc * (float)(v - 32);
     }
 }

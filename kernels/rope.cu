@@ -29,14 +29,15 @@ extern "C" __global__ void __launch_bounds__(128) reflex_qk_rope_store(
         __syncthreads();
     }
     int half_dim = rope_dim / 2;
-    float p = (float)pos[t] * freq_scale;
+    // Angles in double, as the reference computes them: at position 3000 a float angle is off by
+    // ~2e-4 rad. Only rope_dim/2 values per head, so the cost does not show.
+    double p = (double)pos[t] * (double)freq_scale;
     for (int i = threadIdx.x; i < half_dim; i += blockDim.x) {
-        float inv_freq = powf(base, -2.0f * (float)i / (float)rope_dim);
-        float s, c;
-        sincosf(p * inv_freq, &s, &c);
+        double s, c;
+        sincos(p * pow((double)base, -2.0 * (double)i / (double)rope_dim), &s, &c);
         float x0 = head[i], x1 = head[i + half_dim];
-        head[i] = x0 * c - x1 * s;
-        head[i + half_dim] = x0 * s + x1 * c;
+        head[i] = x0 * (float)c - x1 * (float)s;
+        head[i + half_dim] = x0 * (float)s + x1 * (float)c;
     }
     __syncthreads();
     if (is_q) {

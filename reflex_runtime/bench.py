@@ -15,6 +15,8 @@ import json
 import statistics
 import time
 
+from .gpu.decoder import ARGMAX_PARTS
+
 
 def _events_ms(dev, stream, fn, repeats: int) -> float:
     start, end = dev.event(timing=True), dev.event(timing=True)
@@ -38,7 +40,21 @@ def copy_bandwidth(dev, stream, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms / 1000) / 1e9
 
 
-def kernel_bandwidth(runner, repeats: int = 50) -> list[dict]:
+def _graph_us(dev, stream, enqueue, reps: int = 20, repeats: int = 20) -> float:
+    """Median GPU time of one `enqueue()`, measured as a CUDA graph of `reps` copies so that
+    Python's launch overhead (~8 us) is not in the figure."""
+    dev.begin_capture(stream)
+    try:
+        for _ in range(reps):
+            enqueue()
+    finally:
+        graph = dev.end_capture(stream)
+    graph.launch(stream)
+    return _events_ms(dev, stream, lambda: graph.launch(stream), repeats) * 1000 / reps
+
+
+def kernel_bandwidth(runner) -> list[dict]:
+    """Every distinct matrix of a layer (and the LM head), one decode token, in GB/s of weights."""
     dec, dev, s, ops = runner.dec, runner.dev, runner.stream, runner.ops
     seen, rows = set(), []
     ly = dec.layers[0]
@@ -51,13 +67,54 @@ def kernel_bandwidth(runner, repeats: int = 50) -> list[dict]:
         if key in seen:
             continue
         seen.add(key)
-        ms = _events_ms(dev, s, lambda w=w: ops.matmul(w, x, y, 1), repeats)
+        us = _graph_us(dev, s, lambda w=w: ops.matmul(w, x, y, 1))
         nbytes = w.rows * w.row_bytes
-        rows.append({"tensor": name, "type": w.type_name, "rows": w.rows, "k": w.k, "bytes": nbytes,
-                     "us": round(ms * 1000, 2), "gb_s": round(nbytes / (ms / 1000) / 1e9, 1)})
+        rows.append({"kernel": f"matvec {name}", "type": w.type_name, "rows": w.rows, "k": w.k, "bytes": nbytes,
+                     "us": round(us, 2), "gb_s": round(nbytes / (us / 1e6) / 1e9, 1)})
     dev.free(x)
     dev.free(y)
     return rows
+
+
+def step_breakdown(runner, ctx: int = 256) -> list[dict]:
+    """GPU time of each launch kind in one decode step at a context of `ctx` tokens."""
+    dec, dev, s, ops, c = runner.dec, runner.dev, runner.stream, runner.ops, runner.config
+    ids = [1] * ctx
+    pos = list(range(ctx))
+    runner._write_inputs(ids, pos, pos, n_kv=ctx)
+    dev.sync(s)
+    ly = dec.layers[0]
+    p = dec.p
+    from .gpu.ops import ATTN_SPLITS_DECODE
+
+    last = ctx - 1
+    kinds = {
+        "qkv (fused norm)": lambda: dec._qkv(ly, p("x"), p("q"), p("k"), p("v"), 1, ly.attn_norm, c.rms_eps),
+        "qk-norm + rope + cache store": lambda: ops.qk_rope_store(
+            p("q"), p("k"), p("v"), ly.q_norm, ly.k_norm, p("pos") + 4 * last, p("slot") + 4 * last, p("kv_pos"),
+            ly.k_cache, ly.v_cache, 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, ly.rope_base, 1.0,
+            c.rms_eps, dec.n_ctx),
+        f"attention (ctx {ctx}, {ATTN_SPLITS_DECODE} splits)": lambda: ops.attention(
+            p("q"), ly.k_cache, ly.v_cache, p("kv_pos"), p("pos") + 4 * last, p("slot") + 4 * last, 0, 0, p("n_kv"),
+            p("att"), p("part_o"), p("part_ml"), 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, dec.n_ctx,
+            ly.window, dec.attn_scale, 0.0, ATTN_SPLITS_DECODE),
+        "attn output (+residual)": lambda: ops.matmul(ly.wo, p("att"), p("o"), 1),
+        "gate/up + act (fused norm)": lambda: ops.gated_ffn_in(ly.wg, ly.wu, p("x"), p("act"), 1, dec.act, p("g"),
+                                                              p("u"), norm_w=ly.ffn_norm, eps=c.rms_eps),
+        "down (+residual)": lambda: ops.matmul(ly.wd, p("act"), p("o"), 1),
+        "lm head (fused final norm)": lambda: ops.matmul(dec.lm_head, p("x"), p("logits"), 1, norm_w=dec.output_norm,
+                                                         eps=c.rms_eps),
+        "argmax (2 kernels)": lambda: ops.argmax(p("logits"), c.vocab_size, p("amax_v"), p("amax_i"), ARGMAX_PARTS,
+                                                 runner._state, 0),
+    }
+    out = []
+    for name, fn in kinds.items():
+        before = ops.launches
+        fn()
+        n_launch = ops.launches - before
+        dev.sync(s)
+        out.append({"kernel": name, "launches": n_launch, "us": round(_graph_us(dev, s, fn, reps=10), 2)})
+    return out
 
 
 def decode_rate(engine, n_tokens: int, repeats: int) -> dict:
@@ -104,6 +161,7 @@ def main(args) -> int:
     res["decode_graph_nodes"] = runner.info().get("decode_graph_nodes")
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]
     res["kernels"] = kernel_bandwidth(runner)
+    res["decode_step_breakdown"] = step_breakdown(runner)
     t = time.perf_counter()
     for _ in range(args.repeats):
         engine.system1(prompt="The capital of France is", candidates=[" Paris", " London", " Berlin"])
@@ -123,8 +181,11 @@ def main(args) -> int:
           f"of weights vs copy {res['copy_gb_s']} GB/s)")
     for p in res["prefill"]:
         print(f"prefill {p['tokens']:>5} tokens: {p['ms']:8.3f} ms  {p['tok_s']:>10.1f} tok/s")
-    print(f"{'tensor':<12} {'type':<5} {'rows':>7} {'k':>6} {'us':>8} {'GB/s':>8}")
+    print(f"{'kernel':<24} {'type':<5} {'rows':>7} {'k':>6} {'us':>8} {'GB/s':>8}")
     for r in res["kernels"]:
-        print(f"{r['tensor']:<12} {r['type']:<5} {r['rows']:>7} {r['k']:>6} {r['us']:>8} {r['gb_s']:>8}")
+        print(f"{r['kernel']:<24} {r['type']:<5} {r['rows']:>7} {r['k']:>6} {r['us']:>8} {r['gb_s']:>8}")
+    print("one decode step, per layer unless noted (GPU time, graph-launched):")
+    for r in res["decode_step_breakdown"]:
+        print(f"  {r['kernel']:<40} {r['launches']} launch(es) {r['us']:>9} us")
     print(f"system1 warm: {res['system1_warm_ms']} ms")
     return 0

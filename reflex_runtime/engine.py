@@ -263,7 +263,12 @@ class Engine:
         tl = self.timeline if self.requests_served == 0 else None
         if tl:
             tl.mark("prompt")
-        logprobs = self.runner.score(ids, cand_ids)
+        # Identical token sequences are scored once: same work, and bit-identical scores by construction.
+        unique: dict[tuple, int] = {}
+        for c in cand_ids:
+            unique.setdefault(tuple(c), len(unique))
+        scored = self.runner.score(ids, [list(u) for u in unique])
+        logprobs = [scored[unique[tuple(c)]] for c in cand_ids]
         t_end = time.perf_counter()
         if tl:
             tl.mark("first_token")  # system1's result is its "first token"

@@ -28,6 +28,10 @@ from .errors import ReflexError, RequestError
 MAX_LINE = 4 * 1024 * 1024  # bytes; longer lines are answered with an error and skipped
 
 
+class ClientGone(Exception):
+    """A write to the client failed: stop answering it (an engine OSError is a request error)."""
+
+
 def main(args, timeline) -> int:
     if args.command == "uds":
         return _serve_uds(args, timeline)
@@ -114,8 +118,8 @@ def handle(engine, rid, d: dict, write) -> bool:
 
 
 def serve_lines(engine, readline, write) -> bool:
-    """Answer lines until EOF (returns True) or `shutdown` (returns False).
-    Transport errors (OSError on write) propagate to the caller."""
+    """Answer lines until EOF (returns True) or `shutdown` (returns False). `write` raises
+    ClientGone when the client cannot be written to; that, and read errors, propagate."""
     while True:
         line = readline(MAX_LINE + 1)
         if not line:
@@ -132,19 +136,20 @@ def serve_lines(engine, readline, write) -> bool:
             rid, d = parse_line(line)
             if not handle(engine, rid, d, write):
                 return False
-        except OSError:
+        except ClientGone:
             raise
         except Exception as e:
             write(error_line(rid, e))
 
 
 def _load(args, timeline, write):
-    """The engine, or None after writing the error line (the caller exits non-zero)."""
+    """The engine; a failure is written as an error line, then re-raised for the CLI's one-line
+    message and exit code."""
     from .loader import load_engine
 
     try:
         return load_engine(args.model, args.backend, timeline, max_context=args.ctx)
-    except ReflexError as e:
+    except Exception as e:
         write(error_line(None, e))
         raise
 
@@ -155,18 +160,22 @@ def _load(args, timeline, write):
 def _serve_stdio(args, timeline) -> int:
     # Responses go to a private copy of stdout; fd 1 and sys.stdout now point at stderr, so a
     # stray print anywhere (or a C library) cannot corrupt the protocol stream.
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
     def write(obj: dict) -> None:
-        out.write(_dumps(obj))
+        try:
+            out.write(_dumps(obj))
+            out.flush()  # one line, whole, per write (a raw write may be partial)
+        except OSError as e:
+            raise ClientGone(str(e)) from None
 
     try:
         engine = _load(args, timeline, write)
         write(ready_line(engine, timeline))
         serve_lines(engine, sys.stdin.buffer.readline, write)
-    except BrokenPipeError:
+    except ClientGone:
         return 0  # the reader went away: nothing left to answer
     finally:
         try:
@@ -253,10 +262,13 @@ def _serve_connection(engine, conn: socket.socket, ready: dict) -> bool:
     """Serve one client to EOF; False when it asked for shutdown."""
     with conn, conn.makefile("rb") as rfile:
         def write(obj: dict) -> None:
-            conn.sendall(_dumps(obj))
+            try:
+                conn.sendall(_dumps(obj))
+            except OSError as e:
+                raise ClientGone(str(e)) from None
 
         try:
             write(ready)
             return serve_lines(engine, rfile.readline, write)
-        except OSError:  # the client went away (mid-stream or not): serve the next one
+        except (ClientGone, OSError):  # the client went away (mid-stream or not): serve the next one
             return True

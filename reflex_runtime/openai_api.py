@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -113,6 +112,8 @@ def _dumps(obj) -> bytes:
 
 
 def _check_fields(body: dict, allowed: frozenset) -> None:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
     for k, v in body.items():
         if k in _IGNORED:
             continue
@@ -154,17 +155,20 @@ def _stream_opts(body: dict) -> tuple[bool, bool]:
     return stream, check_bool(opts, "include_usage", False)
 
 
-def _max_new(engine, body: dict, n_prompt: int, keys: tuple[str, ...], default: int | None) -> int:
+def _given_max(body: dict, keys: tuple[str, ...]) -> int | None:
     given = {k: check_int(body, k, None, lo=1) for k in keys if body.get(k) is not None}
     if len(set(given.values())) > 1:
         raise RequestError(f"give one of {' or '.join(repr(k) for k in keys)}, not both", field=keys[0])
-    if given:
-        return next(iter(given.values()))
+    return next(iter(given.values()), None)
+
+
+def _room(engine, n_prompt: int) -> int:
+    """No limit given: like OpenAI's chat, run to the end of the context (and the engine's limit)."""
     room = engine.runner.max_context - n_prompt
     if room < 1:
-        raise RequestError(f"the prompt ({n_prompt} tokens) fills the context of {engine.runner.max_context}", field="prompt")
-    # No limit given: OpenAI's chat runs to the end of the context; we stop at the engine's limit too.
-    return min(default or engine.limits.max_new_tokens, engine.limits.max_new_tokens, room)
+        raise RequestError(f"the prompt ({n_prompt} tokens) fills the context of {engine.runner.max_context}",
+                           field="messages")
+    return min(engine.limits.max_new_tokens, room)
 
 
 # -- endpoints --------------------------------------------------------------------------------
@@ -183,9 +187,12 @@ def chat_completions(engine, body: dict) -> ApiResponse:
     thinking = check_bool(body, "enable_thinking", check_bool(kwargs or {}, "enable_thinking", None))
     sampling, stop, ignore_eos = _sampling(body), check_stop(body), check_bool(body, "ignore_eos", False)
     stream, include_usage = _stream_opts(body)
-    ids = engine.prompt_ids(messages=messages, enable_thinking=thinking)
-    req = GenerateRequest(messages=messages, max_tokens=_max_new(engine, body, len(ids), ("max_completion_tokens", "max_tokens"), None),
-                          sampling=sampling, stop=stop, enable_thinking=thinking, ignore_eos=ignore_eos)
+    max_new, ids = _given_max(body, ("max_completion_tokens", "max_tokens")), None
+    if max_new is None:  # the default depends on the prompt's length: tokenize it here
+        ids = engine.prompt_ids(messages=messages, enable_thinking=thinking)
+        max_new = _room(engine, len(ids))
+    req = GenerateRequest(messages=messages, max_tokens=max_new, sampling=sampling, stop=stop,
+                          enable_thinking=thinking, ignore_eos=ignore_eos)
     return _respond(engine, req, ids, "chat", stream, include_usage)
 
 
@@ -195,25 +202,26 @@ def completions(engine, body: dict) -> ApiResponse:
     _check_fields(body, COMPLETION_KEYS)
     sampling, stop, ignore_eos = _sampling(body), check_stop(body), check_bool(body, "ignore_eos", False)
     stream, include_usage = _stream_opts(body)
-    ids = _completion_prompt(engine, body.get("prompt"))
-    req = GenerateRequest(prompt="", max_tokens=_max_new(engine, body, len(ids), ("max_tokens",), 16),
-                          sampling=sampling, stop=stop, ignore_eos=ignore_eos)
+    prompt, ids = _completion_prompt(engine, body.get("prompt"))
+    max_new = _given_max(body, ("max_tokens",)) or 16  # OpenAI's default for completions
+    req = GenerateRequest(prompt=prompt, max_tokens=max_new, sampling=sampling, stop=stop, ignore_eos=ignore_eos)
     return _respond(engine, req, ids, "text", stream, include_usage)
 
 
-def _completion_prompt(engine, p) -> list[int]:
-    """A string, or token ids; a list of exactly one of either (batches are not supported)."""
+def _completion_prompt(engine, p) -> tuple[str, list[int] | None]:
+    """(text, None) or ("", token ids); a list of exactly one of either is unwrapped (batches of
+    prompts are not supported). Text is tokenized inside Engine.generate, on its clock."""
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]
     if isinstance(p, str):
-        return engine.prompt_ids(prompt=p)
+        return p, None
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         vocab = engine.tokenizer.vocab_size
         if not all(0 <= t < vocab for t in p):
             raise RequestError(f"'prompt' token ids must be in [0, {vocab})", field="prompt")
         if len(p) > engine.limits.max_prompt_tokens:
             raise RequestError(f"prompt has {len(p)} tokens, the limit is {engine.limits.max_prompt_tokens}", field="prompt")
-        return list(p)
+        return "", list(p)
     raise RequestError("'prompt' must be a string, a list of token ids, or a list of one of either "
                        "(several prompts per request are not supported)", field="prompt")
 
@@ -247,12 +255,12 @@ def _model_card(engine) -> dict:
 # -- running a generation --------------------------------------------------------------------
 
 
-def _respond(engine, req, ids: list[int], kind: str, stream: bool, include_usage: bool) -> ApiResponse:
+def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, include_usage: bool) -> ApiResponse:
     from .engine import Finished
 
     gen = engine.generate(req, prompt_ids=ids)
     first = next(gen)  # engine checks + prefill: errors here are still a clean 4xx
-    meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12),
+    meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex(),
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()), "model": engine.model_name}
     if stream:

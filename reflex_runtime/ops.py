@@ -2,8 +2,8 @@
 
 `parse_generate` and `parse_system1` turn the direct JSON shapes into engine calls; the field
 checkers below are reused by openai_api.py. Every wrong field raises RequestError(field=...) so
-a transport can name the culprit; nothing here touches the engine, so parsing is cheap and safe
-to run before taking the engine lock.
+a transport can name the culprit. Parsing never touches the engine (cheap, safe to run before
+taking the engine); `run_generate` is the one helper here that does.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from . import openai_api
 from .errors import ReflexError
 
 MAX_BODY = 4 * 1024 * 1024  # bytes
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer shut down its side
 WRITE_TIMEOUT = 30.0  # seconds one write to a client may block the engine
 ROUTES = {
     "/healthz": ("GET",),
@@ -83,6 +84,9 @@ class Job:
                 h._write_stream(resp.stream)
         except OSError:  # the client is gone; its generation is closed already
             h.close_connection = True
+        except Exception as e:  # a bug after the answer began: this connection cannot continue
+            h.close_connection = True
+            _log(f"internal error: {type(e).__name__}: {' '.join(str(e).split())}")
         finally:
             try:
                 h.connection.settimeout(h.timeout)
@@ -167,11 +171,17 @@ class Handler(BaseHTTPRequestHandler):
         self._error(code, message or HTTPStatus(code).phrase, headers={"Connection": "close"})
 
     def _peer_gone(self) -> bool:
-        """True when the client closed its end (readable with nothing to read)."""
+        """True when the client closed its end (poll: no fd-number limit, unlike select)."""
         sock = self.connection
         try:
-            r, _, _ = select.select([sock], [], [], 0)
-            return bool(r) and sock.recv(1, socket.MSG_PEEK) == b""
+            p = select.poll()
+            p.register(sock, select.POLLIN | _POLLRDHUP)
+            ev = p.poll(0)
+            if not ev:
+                return False
+            if ev[0][1] & (select.POLLHUP | select.POLLERR | _POLLRDHUP):
+                return True
+            return sock.recv(1, socket.MSG_PEEK) == b""  # readable: EOF, or a pipelined request
         except OSError:
             return True
 
@@ -211,7 +221,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._models()
             else:
                 self._post(path)
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client hung up or stalled past the timeout
             self.close_connection = True
         finally:
             _log(f'"{self.command} {path[:200]}" {self._status} {(time.perf_counter() - t0) * 1000:.1f}ms')
@@ -257,14 +267,15 @@ class Handler(BaseHTTPRequestHandler):
     def _read_body(self) -> bytes | None:
         """The request body, or None after answering 411/413/400."""
         if "Transfer-Encoding" in self.headers:
-            self._error(411, "chunked request bodies are not supported: send Content-Length")
+            self._error(411, "chunked request bodies are not supported: send Content-Length",
+                        headers={"Connection": "close"})
             return None
         raw = self.headers.get("Content-Length")
-        if raw is None:
-            self._error(411, "Content-Length is required")
+        if raw is None:  # where the body ends is unknown: this connection cannot continue
+            self._error(411, "Content-Length is required", headers={"Connection": "close"})
             return None
         if not raw.strip().isdigit():
-            self._error(400, "invalid Content-Length")
+            self._error(400, "invalid Content-Length", headers={"Connection": "close"})
             return None
         n = int(raw)
         if n > MAX_BODY:
@@ -312,15 +323,20 @@ class Handler(BaseHTTPRequestHandler):
         """Chunked SSE, one HTTP chunk per event, written by the worker as tokens come. A client
         that left is noticed before the next chunk; closing the lines closes the generation."""
         lines = openai_api.sse_lines(stream)
+        chunked = self.request_version != "HTTP/1.0"  # 1.0 clients get a body that ends at close
         try:
             self._status = 200
             self.wfile.write(b"HTTP/1.1 200 OK\r\nServer: reflex\r\nContent-Type: text/event-stream\r\n"
-                             b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+                             b"Cache-Control: no-cache\r\n"
+                             + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Connection: close\r\n\r\n"))
             for line in lines:  # each step computes the next token
                 if self._peer_gone():
                     raise ConnectionResetError("client closed the stream")
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-            self.wfile.write(b"0\r\n\r\n")
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line) if chunked else line)
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.close_connection = True
         finally:
             lines.close()
             stream.close()
@@ -329,6 +345,11 @@ class Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a stuck client never blocks exit
     request_queue_size = 64
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client that hung up is not a server error
+        _log(f"internal error on a connection from {client_address[0]}: {sys.exc_info()[1]!r}")
 
 
 def start(args, timeline, load=_load) -> ThreadingHTTPServer:
@@ -347,6 +368,8 @@ def start(args, timeline, load=_load) -> ThreadingHTTPServer:
     if timeline is not None:
         timeline.mark("listening")
     _log(f"listening on http://{host}:{port} (api key {'required' if state.api_key else 'off'})")
+    if not state.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+        _log(f"warning: {args.host} is reachable from other machines and no --api-key is set")
     threading.Thread(target=_worker, args=(args, timeline, state, load), name="reflex-engine", daemon=True).start()
     server.state = state
     return server

@@ -287,6 +287,14 @@ def _print_case(c: dict) -> None:
         line += (f"  J first {_j(c['joules_to_first_output']['p50'])} (net {_j(c['net_joules_to_first_output']['p50'])})"
                  f"  J exit {_j(c['joules_to_exit']['p50'])} (net {_j(c['net_joules_to_exit']['p50'])})")
     print(line, flush=True)
+    st = c.get("child_stages_ms")
+    if st:
+        marks = " ".join(f"{k}@{v:.0f}" for k, v in sorted(st["marks_at_ms"].items(), key=lambda kv: kv[1]))
+        spans = " ".join(f"{k}[{a:.0f}-{b:.0f}]" for k, (a, b) in sorted(st["background_ms"].items(), key=lambda kv: kv[1][0]))
+        print(f"    child marks (ms from process start): {marks}", flush=True)
+        print(f"    child threads: {spans}", flush=True)
+        print(f"    child first token {st['process_start_to_first_token_ms']:.1f} ms, {st['joules_to_first_token']} J "
+              f"({st['joules_above_idle_to_first_token']} J above idle)", flush=True)
 
 
 def _ms(v):

@@ -10,7 +10,10 @@ as a table on stdout and as JSON with --out. Stream modes time until the last li
 Note: the HTTP path tokenizes the prompt before Engine.generate starts its clock, the IPC path
 inside it, so the HTTP overhead includes tokenizing 16 tokens (tens of microseconds).
 
-    python scripts/bench_warm.py --backend cpu -n 3          # here (CPU reference: slow)
+On the CPU reference, OpenBLAS worker threads spin after each matmul and compete with the
+response write on a small machine; OPENBLAS_NUM_THREADS=1 gives cleaner transport numbers there.
+
+    OPENBLAS_NUM_THREADS=1 python scripts/bench_warm.py --backend cpu -n 3   # here (slow)
     python scripts/bench_warm.py -n 50 --out warm.json       # on the GPU machine (target: < 2 ms)
 """
 

@@ -18,21 +18,25 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 export REFLEX_TEST_CACHE=$PWD/.cache/test REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
+WORK=$OUT/run
+mkdir -p "$WORK"
 REAL=/tmp/real
 QUANTS=${QUANTS:-q8_0 q4_k_m}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw,clocks.sm --format=csv; nproc; } \
-  2>&1 | tee "$OUT/machine.txt"
+  2>&1 | tee "$WORK/machine.txt"
+# The carried fatbin is rebuilt only if kernels/*.cu changed since it was made (nvcc is here too).
+python3 scripts/build_kernels.py 2>&1 | tail -1
 
 if has smoke; then
-  timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tee "$OUT/smoke.log"
+  timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tee "$WORK/smoke.log"
 fi
 if has kernels; then
   timeout ${KERNEL_TIMEOUT:-200} python3 -m pytest -m gpu tests/test_gpu_kernels.py -q -p no:cacheprovider --timeout 120 2>&1 \
-    | tee "$OUT/gpu-kernels.log" | tail -40
+    | tee "$WORK/gpu-kernels.log" | tail -40
 fi
 if has engine; then
   timeout ${ENGINE_TIMEOUT:-300} python3 -m pytest -m gpu tests/test_gpu_engine.py -q -p no:cacheprovider -n 8 --timeout 280 2>&1 \
-    | tee "$OUT/gpu-engine.log" | tail -60
+    | tee "$WORK/gpu-engine.log" | tail -60
 fi
 if has real || has bench || has coldstart; then
   # Qwen3-0.6B shapes with random weights, the real Qwen3 tokenizer, converted by llama.cpp's converter
@@ -40,26 +44,29 @@ if has real || has bench || has coldstart; then
     [ -f $REAL/qwen3-0.6b-$t.gguf ] || timeout 400 python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t \
       --out $REAL/$t 2>&1 | tail -2 && cp $REAL/$t/qwen3-$t.gguf $REAL/qwen3-0.6b-$t.gguf
   done
-  ls -la $REAL | tee -a "$OUT/machine.txt"
+  ls -la $REAL | tee -a "$WORK/machine.txt"
 fi
 if has real; then
   for t in $QUANTS; do
     timeout 300 python3 -m reflex_runtime.cli check $REAL/qwen3-0.6b-$t.gguf --steps 16 --json \
-      > "$OUT/check-qwen3-0.6b-$t.json" 2> "$OUT/check-qwen3-0.6b-$t.err"
+      > "$WORK/check-qwen3-0.6b-$t.json" 2> "$WORK/check-qwen3-0.6b-$t.err"
     python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: v for k, v in r.items() if 'tokens' not in k})" \
-      "$OUT/check-qwen3-0.6b-$t.json" || tail -5 "$OUT/check-qwen3-0.6b-$t.err"
+      "$WORK/check-qwen3-0.6b-$t.json" || tail -5 "$WORK/check-qwen3-0.6b-$t.err"
   done
 fi
 if has bench; then
   for t in $QUANTS; do
-    timeout 300 python3 -m reflex_runtime.cli bench $REAL/qwen3-0.6b-$t.gguf --out "$OUT/bench-qwen3-0.6b-$t.json" 2>&1 \
-      | tee "$OUT/bench-qwen3-0.6b-$t.log"
+    timeout 300 python3 -m reflex_runtime.cli bench $REAL/qwen3-0.6b-$t.gguf --out "$WORK/bench-qwen3-0.6b-$t.json" 2>&1 \
+      | tee "$WORK/bench-qwen3-0.6b-$t.log"
   done
 fi
 if has coldstart; then
   models=(); for t in $QUANTS; do models+=(--model $REAL/qwen3-0.6b-$t.gguf); done
+  peers=(); [ "${PEERS:-1}" = 1 ] && peers+=(--peer "transformers+torch=python3 scripts/peer_transformers.py $REAL/q8_0/hf")
   timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 \
-    --cache ${CACHES:-warm,cold} --out "$OUT/coldstart" \
-    --peer "transformers+torch=python3 scripts/peer_transformers.py $REAL/q8_0/hf" 2>&1 | tee "$OUT/coldstart.log"
+    --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
+    "${peers[@]}" 2>&1 | tee "$WORK/coldstart.log"
 fi
+cp "$WORK"/coldstart/waterfall.png "$OUT"/ 2>/dev/null
+tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$WORK"
 echo "gpu_run.sh done: $STEPS"

@@ -299,7 +299,13 @@ def hf_model_from_gguf(gguf_path: str | os.PathLike, config_or_dir):
     if isinstance(config_or_dir, (str, os.PathLike)):
         model = AutoModelForCausalLM.from_pretrained(config_or_dir, dtype=torch.float32)
     else:
-        model = AutoModelForCausalLM.from_config(config_or_dir, dtype=torch.float32)
+        try:  # every parameter is overwritten below: skip the (slow) random init
+            from transformers.initialization import no_init_weights
+        except ImportError:
+            no_init_weights = contextlib.nullcontext
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(config_or_dir, dtype=torch.float32)
+        model.tie_weights()  # skipped along with the init
     model.eval()
     from quantize_gguf import _SourceGGUF  # fast typed reader (GGUFReader is slow on big vocabularies)
 

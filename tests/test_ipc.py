@@ -11,8 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
-import time
+import tempfile
 
 import pytest
 
@@ -87,28 +86,39 @@ def test_client_gone_mid_stream_closes_the_generation():
 
     def write(obj):
         if len(sent) == 2:
-            raise BrokenPipeError
+            raise ipc.ClientGone("broken pipe")
         sent.append(obj)
 
-    with pytest.raises(BrokenPipeError):
+    with pytest.raises(ipc.ClientGone):
         ipc.serve_lines(engine, io.BytesIO(_lines({"id": 1, "op": "generate", "prompt": "hi", "stream": True})).readline,
                         write)
     assert engine.runner.closed == 1 and engine.runner.tokens < len(REPLY)
+
+
+def test_an_engine_oserror_is_a_request_error_not_a_lost_client():
+    engine = make_engine()
+
+    def broken(*a, **k):
+        raise OSError("disk went away")
+
+    engine.system1 = broken
+    _, out = _run_lines(engine, _lines({"id": 1, "op": "system1", "prompt": "q", "candidates": ["a"]},
+                                       {"id": 2, "op": "ping"}))
+    assert out[0]["id"] == 1 and out[0]["error"]["type"] == "internal_error" and "disk went away" in out[0]["error"]["message"]
+    assert out[1]["op"] == "ping"
 
 
 # -- the socket ---------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def sock_path(tmp_path):
+def sock_path():
     # AF_UNIX paths are limited to ~107 bytes: pytest's tmp_path can be longer.
-    d = f"/tmp/reflex-test-{os.getpid()}-{threading.get_ident() % 10000}"
-    os.makedirs(d, exist_ok=True)
+    d = tempfile.mkdtemp(prefix="reflex-test-", dir="/tmp")
     path = os.path.join(d, "s.sock")
     yield path
-    for p in (path,):
-        if os.path.lexists(p):
-            os.unlink(p)
+    if os.path.lexists(path):
+        os.unlink(path)
     os.rmdir(d)
 
 

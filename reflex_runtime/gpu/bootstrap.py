@@ -9,6 +9,7 @@ line) and the caller falls back to the CPU reference (or fails, with --backend c
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import threading
@@ -26,6 +27,21 @@ def read_manifest() -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def fatbin_is_stale(manifest: dict) -> bool | None:
+    """In a source checkout: do kernels/*.cu still match what the fatbin was built from?
+    None when the sources are not here (an installed wheel)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "scripts", "build_kernels.py")
+    if not (os.path.isfile(script) and os.path.isdir(os.path.join(root, "kernels"))):
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reflex_build_kernels", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.sources_digest(root) != manifest.get("sources_sha256")
 
 
 def kernel_format(cc: tuple[int, int], manifest: dict) -> str | None:
@@ -50,14 +66,33 @@ class DeviceBootstrap:
         self.kernel_format: str | None = None
         self.energy_started = False
         self._ready = threading.Event()
+        self._context_started = threading.Event()
         self._abandoned = False
 
     @classmethod
     def start(cls, timeline, ordinal: int = 0) -> "DeviceBootstrap":
         boot = cls(timeline, ordinal)
         threading.Thread(target=boot._energy, name="reflex-nvml", daemon=True).start()
+        threading.Thread(target=boot._early_context, name="reflex-context", daemon=True).start()
         threading.Thread(target=boot._bring_up, name="reflex-device", daemon=True).start()
         return boot
+
+    def _early_context(self) -> None:
+        """cuInit and the primary context straight through libcuda with ctypes, so the ~0.3 s they
+        take (GIL released) overlaps the import of cuda.bindings on the device thread; the
+        bindings' own cuInit and context retain then return at once."""
+        t = self.tl.elapsed()
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            if lib.cuInit(0) == 0:
+                dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+                if lib.cuDeviceGet(ctypes.byref(dev), self.ordinal) == 0:
+                    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+                    self.tl.span("cuda_init_context", t, self.tl.elapsed())
+        except (OSError, AttributeError):
+            pass  # no driver: the device thread says so
+        finally:
+            self._context_started.set()
 
     def _energy(self) -> None:
         self.tl.start_energy(self.ordinal)
@@ -80,13 +115,14 @@ class DeviceBootstrap:
                 self.error = f"cuda-bindings is not importable ({e})"
                 return
             tl.span("import_cuda_bindings", t, tl.elapsed())
+            self._context_started.wait()
             t = tl.elapsed()
             try:
                 dev = Device(self.ordinal)
             except Exception as e:  # DeviceError, or the bindings' "no libcuda" loader error
                 self.error = _no_gpu_reason(e)
                 return
-            tl.span("cuda_init_context", t, tl.elapsed())
+            tl.span("device_open", t, tl.elapsed())
             fmt = kernel_format(dev.cc, manifest)
             if fmt is None:
                 self.error = (f"{dev.name} is sm_{dev.cc[0]}{dev.cc[1]}; the fatbin carries {', '.join(manifest['sass'])} "

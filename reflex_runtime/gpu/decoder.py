@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
-from .ops import ATTN_SPLITS_DECODE, Ops, Weight, weight_from_tensor
+from .ops import ATTN_SPLITS_DECODE, MM_MIN_TOKENS, Ops, Weight, weight_from_tensor
 
 GPU_FAMILIES = ("qwen3", "gemma3")
 ARGMAX_PARTS = 128
@@ -179,39 +179,61 @@ class DenseDecoder:
         slot = self.p("slot") + 4 * first
         seg = self.p("seg_lo") + 4 * first if tree else 0
         n_split = ATTN_SPLITS_DECODE if n == 1 else 1
+        small = n < MM_MIN_TOKENS  # matrix-vector path: norms fold into the matrix kernels
+        eps = c.rms_eps
         ops.embed(self.tok_embd, toks, x, n, self.embed_scale)
         L = self.layers
-        ops.rmsnorm(x, L[0].attn_norm, h, n, E, c.rms_eps)
+        if not small or self.is_gemma:
+            ops.rmsnorm(x, L[0].attn_norm, h, n, E, eps)
         for i, ly in enumerate(L):
-            ops.matmul(ly.wq, h, q, n)
-            ops.matmul(ly.wk, h, k, n)
-            ops.matmul(ly.wv, h, v, n)
+            # Qwen3's small batches read x and normalize on the fly; otherwise h holds norm(x).
+            fuse = small and not self.is_gemma
+            src, nw = (x, ly.attn_norm) if fuse else (h, 0)
+            self._qkv(ly, src, q, k, v, n, nw, eps)
             ops.qk_rope_store(q, k, v, ly.q_norm, ly.k_norm, pos, slot, self.p("kv_pos"), ly.k_cache, ly.v_cache, n,
                               c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, ly.rope_base, 1.0,
-                              c.rms_eps, self.n_ctx)
+                              eps, self.n_ctx)
             ops.attention(q, ly.k_cache, ly.v_cache, self.p("kv_pos"), pos, slot, seg, prefix_len, self.p("n_kv"), att,
                           self.p("part_o"), self.p("part_ml"), n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
                           self.n_ctx, ly.window, self.attn_scale, 0.0, n_split)
             if self.is_gemma:
                 ops.matmul(ly.wo, att, o, n)
-                ops.rmsnorm(o, ly.ffn_norm, h, n, E, c.rms_eps, resid=x, w_src=ly.post_attn_norm)
+                ops.rmsnorm(o, ly.ffn_norm, h, n, E, eps, resid=x, w_src=ly.post_attn_norm)
+                ops.gated_ffn_in(ly.wg, ly.wu, h, self.p("act"), n, self.act, self.p("g"), self.p("u"))
             else:
                 ops.matmul(ly.wo, att, x, n, accumulate=True)
-                ops.rmsnorm(x, ly.ffn_norm, h, n, E, c.rms_eps)
-            ops.gated_ffn_in(ly.wg, ly.wu, h, self.p("act"), n, self.act, self.p("g"), self.p("u"))
+                if fuse:
+                    ops.gated_ffn_in(ly.wg, ly.wu, x, self.p("act"), n, self.act, self.p("g"), self.p("u"),
+                                     norm_w=ly.ffn_norm, eps=eps)
+                else:
+                    ops.rmsnorm(x, ly.ffn_norm, h, n, E, eps)
+                    ops.gated_ffn_in(ly.wg, ly.wu, h, self.p("act"), n, self.act, self.p("g"), self.p("u"))
             nxt = L[i + 1].attn_norm if i + 1 < len(L) else 0
             if self.is_gemma:
                 ops.matmul(ly.wd, self.p("act"), o, n)
-                ops.rmsnorm(o, nxt, h if nxt else 0, n, E, c.rms_eps, resid=x, w_src=ly.post_ffn_norm)
+                ops.rmsnorm(o, nxt, h if nxt else 0, n, E, eps, resid=x, w_src=ly.post_ffn_norm)
             else:
                 ops.matmul(ly.wd, self.p("act"), x, n, accumulate=True)
-                if nxt:
-                    ops.rmsnorm(x, nxt, h, n, E, c.rms_eps)
+                if nxt and not small:
+                    ops.rmsnorm(x, nxt, h, n, E, eps)
         if logit_rows <= 0:
             return
         row = (n - 1) if logit_row < 0 else logit_row
         out = logits or self.p("logits")
-        ops.rmsnorm(x + 4 * E * row, self.output_norm, h, logit_rows, E, c.rms_eps)
-        ops.matmul(self.lm_head, h, out, logit_rows)
+        xr = x + 4 * E * row
+        if logit_rows < MM_MIN_TOKENS:  # the final norm folds into the LM head
+            ops.matmul(self.lm_head, xr, out, logit_rows, norm_w=self.output_norm, eps=eps)
+        else:
+            ops.rmsnorm(xr, self.output_norm, h, logit_rows, E, eps)
+            ops.matmul(self.lm_head, h, out, logit_rows)
         if self.softcap > 0:
             ops.softcap(out, logit_rows * c.vocab_size, self.softcap)
+
+    def _qkv(self, ly: Layer, src: int, q: int, k: int, v: int, n: int, norm_w: int, eps: float) -> None:
+        """q, k, v projections: one launch when the three share a type (most files), else three."""
+        ws = (ly.wq, ly.wk, ly.wv)
+        if n < MM_MIN_TOKENS and len({(w.type_name, w.k) for w in ws}) == 1:
+            self.ops.matmul_segments(list(ws), src, [q, k, v], n, norm_w=norm_w, eps=eps)
+            return
+        for w, y in zip(ws, (q, k, v)):
+            self.ops.matmul(w, src, y, n, norm_w=norm_w if n < MM_MIN_TOKENS else 0, eps=eps)

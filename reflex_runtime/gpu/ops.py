@@ -5,7 +5,7 @@ Every method only enqueues work on the ops' stream (so it can be captured into a
 
 from __future__ import annotations
 
-from ctypes import byref, c_float, c_int, c_long, c_ulonglong, c_void_p  # noqa: F401
+from ctypes import Structure, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
@@ -28,6 +28,12 @@ class Weight:
     @property
     def suffix(self) -> str:
         return WEIGHT_TYPES[self.type_name]
+
+
+class MvSegs(Structure):
+    """Mirror of kernels/matvec.cu's MvSegs: up to three matrices in one launch."""
+
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("rows", c_int * 3)]
 
 
 def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
@@ -79,26 +85,42 @@ class Ops:
     # -- matrix products -------------------------------------------------------------------
 
     def matmul(self, w: Weight, x: int, y: int, n_tok: int, accumulate: bool = False, x_stride: int = 0,
-               y_stride: int = 0) -> None:
-        """y[t, :] (+)= W x[t, :] for t < n_tok."""
+               norm_w: int = 0, eps: float = 0.0) -> None:
+        """y[t, :] (+)= W x'[t, :] for t < n_tok, with y rows of w.rows floats. x' = x, or x RMS-normalized
+        with weights norm_w (the matrix-vector path fuses it; pass norm_w only for small batches)."""
         x_stride = x_stride or w.k
-        y_stride = y_stride or w.rows
-        args = [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_int(x_stride), c_void_p(y), c_int(y_stride),
-                c_int(w.rows), c_int(w.k), c_int(n_tok), c_int(int(accumulate))]
-        if n_tok >= MM_MIN_TOKENS and w.k % 64 == 0:
-            self._go(f"reflex_mm_{w.suffix}", ((w.rows + 127) // 128, (n_tok + 63) // 64, 1), 256, args)
-        else:
-            self._go(f"reflex_mv_{w.suffix}", (w.rows + 7) // 8, 256, args)
+        if n_tok >= MM_MIN_TOKENS and w.k % 64 == 0 and not norm_w:
+            self._go(f"reflex_mm_{w.suffix}", ((w.rows + 127) // 128, (n_tok + 63) // 64, 1), 256,
+                     [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_int(x_stride), c_void_p(y), c_int(w.rows),
+                      c_int(w.rows), c_int(w.k), c_int(n_tok), c_int(int(accumulate))])
+            return
+        self.matmul_segments([w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
 
-    def gated_ffn_in(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, g_buf: int, u_buf: int) -> None:
-        """out = act(Wg x) * (Wu x); one fused pass when both weights share a type and the batch is small."""
+    def matmul_segments(self, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False,
+                        x_stride: int = 0, norm_w: int = 0, eps: float = 0.0) -> None:
+        """Up to three matrix-vector products of the same type and row length in one launch (q, k, v)."""
+        w0 = ws[0]
+        assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.k == w0.k for w in ws)
+        segs = MvSegs()
+        for i, (w, y) in enumerate(zip(ws, ys)):
+            segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
+        total = sum(w.rows for w in ws)
+        self._go(f"reflex_mv_{w0.suffix}", (total + 7) // 8, 256,
+                 [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride or w0.k), c_int(w0.k), c_int(n_tok),
+                  c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps)])
+
+    def gated_ffn_in(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, g_buf: int, u_buf: int,
+                     norm_w: int = 0, eps: float = 0.0) -> None:
+        """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and the batch is
+        small (x' normalized on the fly when norm_w is given; large batches must pass a normalized x)."""
         if wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and n_tok < MM_MIN_TOKENS:
             self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + 7) // 8, 256,
                      [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(wg.k), c_void_p(out),
-                      c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act)])
+                      c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act), c_void_p(norm_w or None),
+                      c_float(eps)])
             return
-        self.matmul(wg, x, g_buf, n_tok)
-        self.matmul(wu, x, u_buf, n_tok)
+        self.matmul(wg, x, g_buf, n_tok, norm_w=norm_w, eps=eps)
+        self.matmul(wu, x, u_buf, n_tok, norm_w=norm_w, eps=eps)
         self.glu(g_buf, u_buf, out, n_tok * wg.rows, act)
 
     # -- attention -------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def known_answers(dev, stream) -> list[str]:
 
 
 def main(args, timeline) -> int:
-    from .bootstrap import DeviceBootstrap, kernels_dir, read_manifest
+    from .bootstrap import DeviceBootstrap, fatbin_is_stale, kernels_dir, read_manifest
     from .kernels import KERNEL_NAMES
 
     boot = DeviceBootstrap.start(timeline)
@@ -92,6 +92,10 @@ def main(args, timeline) -> int:
             failures.append(f"kernels missing from the fatbin: {', '.join(missing)}")
         if set(manifest.get("kernels", [])) != set(KERNEL_NAMES):
             failures.append("the manifest and this package's kernel table differ (rebuild the kernels)")
+        stale = fatbin_is_stale(manifest)
+        result["fatbin_matches_sources"] = None if stale is None else not stale
+        if stale:
+            failures.append("kernels/*.cu changed since the fatbin was built: run python scripts/build_kernels.py")
         result["known_answer"] = "pass" if not failures else "fail"
         if failures:
             result["error"] = "; ".join(failures)

@@ -15,17 +15,26 @@ import threading
 
 from ..errors import ModelFileError
 
-CHUNK = 4 << 20
+CHUNK = 2 << 20
 BUFFERS_PER_THREAD = 2
 
 
 class StagingRing:
+    """Per-thread pinned double buffers, events and streams. Each worker allocates its own on
+    first use, so the pinning (~0.44 ms/MB) happens on all threads at once."""
+
     def __init__(self, device, n_threads: int, chunk: int = CHUNK):
         self.chunk = chunk
         self.n_threads = n_threads
-        self.buffers = [[device.alloc_pinned(chunk) for _ in range(BUFFERS_PER_THREAD)] for _ in range(n_threads)]
-        self.events = [[device.event() for _ in range(BUFFERS_PER_THREAD)] for _ in range(n_threads)]
-        self.streams = [device.stream() for _ in range(n_threads)]
+        self.buffers: list = [None] * n_threads
+        self.events: list = [None] * n_threads
+        self.streams: list = [None] * n_threads
+
+    def ensure(self, device, w: int) -> None:
+        if self.buffers[w] is None:
+            self.buffers[w] = [device.alloc_pinned(self.chunk) for _ in range(BUFFERS_PER_THREAD)]
+            self.events[w] = [device.event() for _ in range(BUFFERS_PER_THREAD)]
+            self.streams[w] = device.stream()
 
 
 def default_threads() -> int:
@@ -43,6 +52,7 @@ def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nb
     def worker(w: int) -> None:
         try:
             device.make_current()
+            ring.ensure(device, w)
             stream = ring.streams[w]
             used = [False] * BUFFERS_PER_THREAD
             k = 0
