@@ -74,6 +74,8 @@ COPY build_backend/ build_backend/
 COPY scripts/build_kernels.py scripts/build_kernels.py
 COPY reflex_runtime/ reflex_runtime/
 COPY handlers/ handlers/
+# Only the kernels stage decides what ships (the checkout may hold a fatbin from a local install).
+RUN rm -rf reflex_runtime/_kernels
 COPY --from=kernels /out/ reflex_runtime/_kernels/
 # REFLEX_SKIP_KERNELS: the fatbin is already in place; the build backend must not look for nvcc.
 RUN --mount=type=cache,target=/root/.cache/pip \

@@ -9,17 +9,40 @@
 //
 // Grid (n_tok, n_head, n_split); 128 threads = 4 warps. Each block takes one query head and one
 // of n_split slices of the visible keys; each warp streams keys with an online softmax, the
-// warps merge in shared memory, and the block writes either the final row (n_split == 1) or
-// an unnormalized partial that reflex_attn_combine merges. Bound by reading K and V once per
-// (query token, head): 2 * n_kv * head_dim * 2 bytes. head_dim <= 256, hd_v % 32 == 0.
+// warps merge in shared memory, and the block writes either the final row (n_split == 1) or an
+// unnormalized partial; the last block of a row to finish (an atomic counter per row, reset
+// for the next graph replay) merges the partials, so a decode step needs one launch.
+// Bound by reading K and V once per (query token, head): 2 * n_kv * head_dim * 2 bytes.
+// head_dim <= 256, hd_v % 32 == 0.
 #include "common.cuh"
 
 #define ATT_WARPS 4
 #define ATT_MAXV 8  // hd_v / 32
 
+// Merge the n_split partials of one (token, head) row. Reads bypass L1 (other blocks wrote them).
+__device__ void attn_merge(const float* part_o, const float* part_ml, float* out, long row, int hd_v, int n_split) {
+    const float* ml = part_ml + row * n_split * 2;
+    float gm = -INFINITY;
+    for (int s = 0; s < n_split; s++) gm = fmaxf(gm, __ldcg(ml + 2 * s));
+    float denom = 0.f;
+    for (int s = 0; s < n_split; s++) {
+        float m = __ldcg(ml + 2 * s);
+        if (m != -INFINITY) denom += __ldcg(ml + 2 * s + 1) * __expf(m - gm);
+    }
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        float o = 0.f;
+        for (int s = 0; s < n_split; s++) {
+            float m = __ldcg(ml + 2 * s);
+            if (m != -INFINITY) o += __ldcg(part_o + (row * n_split + s) * hd_v + d) * __expf(m - gm);
+        }
+        out[row * hd_v + d] = denom > 0.f ? o / denom : 0.f;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     const float* q, const half* k_cache, const half* v_cache, const int* kv_pos, const int* q_pos, const int* q_slot,
-    const int* seg_lo, int prefix_len, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int n_head,
+    const int* seg_lo, int prefix_len, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters,
+    int n_head,
     int n_head_kv, int hd, int hd_v, int n_ctx, int window, float scale, float softcap, int n_split) {
     __shared__ float qs[256];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
@@ -84,26 +107,18 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
         if (n_split == 1) out[row * hd_v + d] = bl > 0.f ? o / bl : 0.f;
         else part_o[(row * n_split + split) * hd_v + d] = o;
     }
-    if (n_split > 1 && threadIdx.x == 0) {
+    if (n_split == 1) return;
+    if (threadIdx.x == 0) {
         part_ml[(row * n_split + split) * 2] = bm;
         part_ml[(row * n_split + split) * 2 + 1] = bl;
     }
-}
-
-// Merge n_split partial results per (token, head). Grid (n_tok, n_head); block >= 32 threads.
-extern "C" __global__ void reflex_attn_combine(const float* part_o, const float* part_ml, float* out, int n_head,
-                                               int hd_v, int n_split) {
-    long row = (long)blockIdx.x * n_head + blockIdx.y;
-    const float* ml = part_ml + row * n_split * 2;
-    float gm = -INFINITY;
-    for (int s = 0; s < n_split; s++) gm = fmaxf(gm, ml[2 * s]);
-    float denom = 0.f;
-    for (int s = 0; s < n_split; s++)
-        if (ml[2 * s] != -INFINITY) denom += ml[2 * s + 1] * __expf(ml[2 * s] - gm);
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
-        float o = 0.f;
-        for (int s = 0; s < n_split; s++)
-            if (ml[2 * s] != -INFINITY) o += part_o[(row * n_split + s) * hd_v + d] * __expf(ml[2 * s] - gm);
-        out[row * hd_v + d] = denom > 0.f ? o / denom : 0.f;
-    }
+    __threadfence();  // our partial is visible before we count ourselves done
+    __syncthreads();
+    __shared__ int is_last;
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[row], 1) == n_split - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    attn_merge(part_o, part_ml, out, row, hd_v, n_split);
+    if (threadIdx.x == 0) counters[row] = 0;  // ready for the next replay
 }

@@ -94,9 +94,10 @@ def step_breakdown(runner, ctx: int = 256) -> list[dict]:
             p("q"), p("k"), p("v"), ly.q_norm, ly.k_norm, p("pos") + 4 * last, p("slot") + 4 * last, p("kv_pos"),
             ly.k_cache, ly.v_cache, 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, ly.rope_base, 1.0,
             c.rms_eps, dec.n_ctx),
-        f"attention (ctx {ctx}, {ATTN_SPLITS_DECODE} splits)": lambda: ops.attention(
+        f"attention (ctx {ctx}, {ATTN_SPLITS_DECODE} splits, merged in-kernel)": lambda: ops.attention(
             p("q"), ly.k_cache, ly.v_cache, p("kv_pos"), p("pos") + 4 * last, p("slot") + 4 * last, 0, 0, p("n_kv"),
-            p("att"), p("part_o"), p("part_ml"), 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, dec.n_ctx,
+            p("att"), p("part_o"), p("part_ml"), p("attn_counters"), 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
+            dec.n_ctx,
             ly.window, dec.attn_scale, 0.0, ATTN_SPLITS_DECODE),
         "attn output (+residual)": lambda: ops.matmul(ly.wo, p("att"), p("o"), 1),
         "gate/up + act (fused norm)": lambda: ops.gated_ffn_in(ly.wg, ly.wu, p("x"), p("act"), 1, dec.act, p("g"),

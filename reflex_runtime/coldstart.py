@@ -6,8 +6,11 @@ the timeline too. Its resolution is one clock tick (10 ms at CLK_TCK=100); the r
 
 Energy comes from NVML's total-energy counter (mJ since the driver loaded), read through ctypes
 on a background thread: the `pynvml` module costs ~0.1 s of GIL-holding import that the cold
-path does not need. Where the counter is missing we integrate sampled power between marks and
-say so; with no GPU or no NVML every energy field is null and `energy_error` says why.
+path does not need. The counter only moves every ~100 ms on an H200 (in ~12 J steps), so a
+poller records when it ticks and the energy at a mark is interpolated between the ticks around
+it (the record waits for the tick after the first token, at most one counter period, before it
+is written). Where the counter is missing we integrate sampled power between marks and say so;
+with no GPU or no NVML every energy field is null and `energy_error` says why.
 """
 
 from __future__ import annotations
@@ -87,6 +90,41 @@ class EnergyMeter:
             return None
         return mw.value / 1000.0
 
+    def start_polling(self, clock, period_s: float = 0.002, max_s: float = 120.0) -> None:
+        """Record (time, counter) whenever the counter moves, on a daemon thread."""
+        if self.method != "total_energy_counter":
+            return
+        self.ticks: list[tuple[float, int]] = []
+        self._clock = clock
+
+        def poll():
+            last = self._counter_mj()  # a stale value: it changed at some unknown earlier time
+            end = clock() + max_s
+            while clock() < end and not getattr(self, "_stop", False):
+                v = self._counter_mj()
+                if v is not None and v != last:
+                    self.ticks.append((clock(), v))  # a real tick, timed within one poll period
+                    last = v
+                time.sleep(period_s)
+
+        threading.Thread(target=poll, name="reflex-energy", daemon=True).start()
+
+    def energy_at(self, t: float, wait_s: float = 0.25) -> tuple[float | None, float | None]:
+        """(mJ, resolution ms) at time t, interpolated between the counter ticks around it;
+        waits up to wait_s for the tick after t."""
+        ticks = getattr(self, "ticks", None)
+        if not ticks:
+            return None, None
+        deadline = self._clock() + wait_s
+        while ticks[-1][0] < t and self._clock() < deadline:
+            time.sleep(0.002)
+        before = [k for k in ticks if k[0] <= t]
+        after = [k for k in ticks if k[0] > t]
+        if not before or not after:
+            return None, None
+        (t0, e0), (t1, e1) = before[-1], after[0]
+        return e0 + (e1 - e0) * (t - t0) / (t1 - t0), round((t1 - t0) * 1000, 3)
+
     def read(self) -> tuple[int | None, float | None]:
         """(counter mJ, power W) now; the counter is None where the GPU lacks it."""
         if self._nvml is None:
@@ -114,6 +152,7 @@ class Timeline:
         self._energy_t0: tuple[float, int | None, float | None] | None = None
         self._lock = threading.Lock()
         self.token_times: list[float] = []
+        self.page_cache_resident: float | None = None  # fraction of the model file cached at start
 
     def elapsed(self) -> float:
         return now_boottime() - self.t0
@@ -127,6 +166,7 @@ class Timeline:
         meter.start()
         counter, power = meter.read()
         self._energy_t0 = (t, counter, power)
+        meter.start_polling(self.elapsed)
         self.meter = meter
         self.span("nvml_start", t, self.elapsed())
         self._meter_ready.set()
@@ -189,14 +229,22 @@ class Timeline:
             out["energy_error"] = f"no '{end_mark}' mark"
             return out
         t_start, c_start, p_start = self._energy_t0
-        window = end[0] - t_start
+        t_end = end[0]
+        window = t_end - t_start
         if m.method == "total_energy_counter":
-            if c_start is None or end[2] is None:
-                out["energy_error"] = "energy counter read failed"
+            e_end, tick_ms = m.energy_at(t_end)
+            # The window starts at the first tick the poller saw: the value read before it is stale
+            # by up to one counter period, so it cannot anchor a time.
+            ticks = getattr(m, "ticks", [])
+            if e_end is None or not ticks:
+                out["energy_error"] = "energy counter did not tick around the first token"
                 return out
-            joules = (end[2] - c_start) / 1000.0
+            t_start, c_start = ticks[0]
+            window = t_end - t_start
+            joules = (e_end - c_start) / 1000.0
+            out["energy_counter_period_ms"] = tick_ms
         else:  # trapezoid over the power read at each mark inside the window
-            pts = [(t_start, p_start)] + [(t, p) for _, t, _, p in self.marks if t_start < t <= end[0] and p is not None]
+            pts = [(t_start, p_start)] + [(t, p) for _, t, _, p in self.marks if t_start < t <= t_end and p is not None]
             joules = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:]))
         out["joules_to_first_token"] = round(joules, 3)
         if m.idle_watts is not None:
@@ -224,6 +272,7 @@ class Timeline:
             "total_ms": round(prev * 1000, 3),
             "background": {k: {"start_ms": round(a * 1000, 3), "end_ms": round(b * 1000, 3)} for k, (a, b) in spans.items()},
             "process_start_to_first_token_ms": round(first * 1000, 3) if first is not None else None,
+            "model_page_cache_resident": self.page_cache_resident,
         }
         rec.update(self.energy_between(first_token_mark))
         return rec

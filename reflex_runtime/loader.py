@@ -32,30 +32,37 @@ def resolve_model(ref: str | None) -> str:
     return ref  # let GGUFFile say it is missing
 
 
-def _prefetch(path: str) -> None:
-    """Ask the kernel to start reading the file now (a no-op when it is already in the page
-    cache): with a cold cache the reads then overlap CUDA initialisation instead of following it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # GGUFFile reports it properly
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except (OSError, AttributeError):
-        pass
-    finally:
-        os.close(fd)
+def _prefetch(path: str, tl: Timeline) -> None:
+    """With a cold page cache, start reading the model file now so the disk reads overlap CUDA
+    initialisation instead of following it; with a warm one, do nothing."""
+    from .pagecache import prefetch, resident_fraction
+
+    frac = resident_fraction(path)
+    tl.page_cache_resident = frac
+    if frac is not None and frac < 0.9:
+        prefetch(path)
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
                 max_context: int | None = None, log=None):
     """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why)."""
+    if backend not in BACKENDS:
+        raise ReflexError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
+    # While several threads bring the model up, a thread that drops the GIL for a driver call
+    # or a read must get it back quickly, not after the default 5 ms slice of another thread.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    try:
+        return _load(model_ref, backend, timeline, max_context, log)
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def _load(model_ref, backend, timeline, max_context, log):
     from .engine import Engine
     from .gguf_file import GGUFFile
     from .models import read_config
 
-    if backend not in BACKENDS:
-        raise ReflexError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     tl = timeline or Timeline()
     log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
     device = None
@@ -67,7 +74,8 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
         tl.no_energy("backend cpu: the GPU is not used")
 
     path = resolve_model(model_ref)
-    _prefetch(path)
+    if os.path.isfile(path):
+        _prefetch(path, tl)
     tl.mark("model_resolved")
     gguf = GGUFFile(path)
     config = read_config(gguf)

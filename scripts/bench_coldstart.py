@@ -5,10 +5,12 @@ with GPU energy over the same windows, gross and net of idle.
     python scripts/bench_coldstart.py --model Q8.gguf --model Q4KM.gguf --runs 10 \
         --peer "transformers=python scripts/peer_transformers.py HF_DIR" --out results/DIR
 
-For every case it measures idle power just before (NVML energy counter over --idle-s seconds),
-then spawns the child N times. The first token is the first byte the child writes to stdout
-(reflex streams the generated text there; system1 prints its result there), read as it arrives.
-Energy: the counter is read right before the spawn, when the first byte arrives, and at exit;
+For every case it measures idle power just before (after the GPU has settled), then spawns the
+child N times. The first token is the first byte the child writes to stdout (reflex streams the
+generated text there; system1 prints its result there), read as it arrives.
+Energy: NVML's total-energy counter only moves every ~100 ms (12 J steps at idle on an H200), so
+a thread polls it every millisecond and records when it ticks; the energy at any instant is
+interpolated between the ticks around it, and a window's joules are E(end) - E(start).
 net = gross - idle watts x window. A cold start is mostly the GPU idling, so the net figure is
 the one that shows the work; the method is checked on `sleep 1`, which must net ~0 J.
 Page cache "cold" drops the model file's pages (posix_fadvise DONTNEED, or drop_caches when
@@ -27,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PROMPT = "The capital of France is"
@@ -53,6 +56,40 @@ class Nvml:
         return v.value / 1000
 
 
+class EnergyTrace:
+    """(time, mJ) at every tick of the counter, polled every millisecond on a thread."""
+
+    def __init__(self, nv: Nvml):
+        self.nv = nv
+        self.ticks: list[tuple[float, int]] = []
+        self._stop = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        last = self.nv.energy_mj()
+        while not self._stop:
+            v = self.nv.energy_mj()
+            if v != last:
+                self.ticks.append((time.perf_counter(), v))
+                last = v
+            time.sleep(0.001)
+
+    def at(self, t: float) -> float | None:
+        """mJ at time t, waiting (up to 0.5 s) for the tick after it."""
+        deadline = time.perf_counter() + 0.5
+        while (not self.ticks or self.ticks[-1][0] < t) and time.perf_counter() < deadline:
+            time.sleep(0.002)
+        ticks = self.ticks
+        for (t0, e0), (t1, e1) in zip(ticks, ticks[1:]):
+            if t0 <= t <= t1:
+                return e0 + (e1 - e0) * (t - t0) / (t1 - t0)
+        return None
+
+    def joules(self, t0: float, t1: float) -> float | None:
+        a, b = self.at(t0), self.at(t1)
+        return None if a is None or b is None else (b - a) / 1000
+
+
 def counter_resolution(nv: Nvml, seconds: float = 1.0) -> dict:
     """How often the energy counter moves and by how much (it is not continuous)."""
     t_end = time.perf_counter() + seconds
@@ -68,10 +105,13 @@ def counter_resolution(nv: Nvml, seconds: float = 1.0) -> dict:
             "median_step_mj": statistics.median(steps) if steps else None, "unit": "mJ"}
 
 
-def idle_watts(nv: Nvml, seconds: float) -> float:
-    e0, t0 = nv.energy_mj(), time.perf_counter()
+def idle_watts(trace: EnergyTrace, seconds: float, settle_s: float = 1.0) -> float | None:
+    """Average power over `seconds` of nothing, after letting the GPU settle from earlier work."""
+    time.sleep(settle_s)
+    t0 = time.perf_counter()
     time.sleep(seconds)
-    return (nv.energy_mj() - e0) / 1000 / (time.perf_counter() - t0)
+    j = trace.joules(t0, time.perf_counter())
+    return None if j is None else j / seconds
 
 
 def drop_page_cache(path: str | None) -> str:
@@ -97,12 +137,10 @@ def warm_page_cache(path: str | None) -> None:
                 pass
 
 
-def run_once(cmd: list[str], nv: Nvml | None, env: dict) -> dict:
-    e0 = nv.energy_mj() if nv else None
+def run_once(cmd: list[str], trace: EnergyTrace | None, env: dict) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     first = None
-    e_first = None
     out = bytearray()
     fd = proc.stdout.fileno()
     while True:
@@ -111,18 +149,16 @@ def run_once(cmd: list[str], nv: Nvml | None, env: dict) -> dict:
             break
         if first is None and chunk.strip():
             first = time.perf_counter()
-            e_first = nv.energy_mj() if nv else None
         out += chunk
     err = proc.stderr.read()
     proc.wait()
     t_exit = time.perf_counter()
-    e_exit = nv.energy_mj() if nv else None
     row = {"rc": proc.returncode, "spawn_to_first_output_s": (first - t0) if first else None,
            "spawn_to_exit_s": t_exit - t0, "stdout_head": out[:80].decode(errors="replace"),
            "stderr_tail": err[-300:].decode(errors="replace")}
-    if nv:
-        row["joules_to_first_output"] = (e_first - e0) / 1000 if e_first is not None else None
-        row["joules_to_exit"] = (e_exit - e0) / 1000
+    if trace:
+        row["joules_to_first_output"] = trace.joules(t0, first) if first else None
+        row["joules_to_exit"] = trace.joules(t0, t_exit)
     return row
 
 
@@ -136,10 +172,10 @@ def pct(values, q):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-def run_case(name: str, cmd: list[str], runs: int, nv: Nvml | None, model: str | None, cache: str, idle_s: float,
-             record_path: str | None) -> dict:
+def run_case(name: str, cmd: list[str], runs: int, trace: EnergyTrace | None, model: str | None, cache: str,
+             idle_s: float, record_path: str | None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    idle = idle_watts(nv, idle_s) if nv else None
+    idle = idle_watts(trace, idle_s) if trace else None
     rows, method = [], None
     subprocess.run(cmd, capture_output=True, env=env)  # one untimed run: imports and files into page cache
     for _ in range(runs):
@@ -147,7 +183,7 @@ def run_case(name: str, cmd: list[str], runs: int, nv: Nvml | None, model: str |
             method = drop_page_cache(model)
         else:
             warm_page_cache(model)
-        row = run_once(cmd, nv, env)
+        row = run_once(cmd, trace, env)
         if record_path and os.path.exists(record_path):
             with open(record_path) as f:
                 row["child_record"] = json.load(f)
@@ -155,7 +191,8 @@ def run_case(name: str, cmd: list[str], runs: int, nv: Nvml | None, model: str |
         if idle is not None:
             if row.get("joules_to_first_output") is not None:
                 row["net_joules_to_first_output"] = row["joules_to_first_output"] - idle * row["spawn_to_first_output_s"]
-            row["net_joules_to_exit"] = row["joules_to_exit"] - idle * row["spawn_to_exit_s"]
+            if row.get("joules_to_exit") is not None:
+                row["net_joules_to_exit"] = row["joules_to_exit"] - idle * row["spawn_to_exit_s"]
         rows.append(row)
     ok = [r for r in rows if r["rc"] == 0]
 
@@ -166,7 +203,7 @@ def run_case(name: str, cmd: list[str], runs: int, nv: Nvml | None, model: str |
     summary = {"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "page_cache": cache, "cache_drop_method": method,
                "runs": runs, "failures": len(rows) - len(ok), "idle_watts": idle,
                "spawn_to_first_output_s": stat("spawn_to_first_output_s"), "spawn_to_exit_s": stat("spawn_to_exit_s")}
-    if nv:
+    if trace:
         for k in ("joules_to_first_output", "net_joules_to_first_output", "joules_to_exit", "net_joules_to_exit"):
             summary[k] = stat(k)
     stages = _median_stages([r["child_record"] for r in ok if "child_record" in r])
@@ -240,7 +277,7 @@ def main() -> int:
     ap.add_argument("--cache", default="warm,cold", help="page-cache states to run: warm, cold")
     ap.add_argument("--system1", action="store_true", help="also time `reflex system1` with 3 candidates")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD", help="another command to time the same way")
-    ap.add_argument("--idle-s", type=float, default=1.0)
+    ap.add_argument("--idle-s", type=float, default=2.0)
     ap.add_argument("--out", required=True, help="output folder")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -251,9 +288,11 @@ def main() -> int:
         nv = None
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": nv.name if nv else None,
               "prompt": args.prompt, "python": sys.version.split()[0], "cases": []}
+    trace = EnergyTrace(nv) if nv else None
     if nv:
         result["energy_counter"] = counter_resolution(nv)
-        check = run_case("sleep 1 (method check: net must be ~0 J)", ["sleep", "1"], 3, nv, None, "warm", args.idle_s, None)
+        check = run_case("sleep 1 (method check: net must be ~0 J)", ["sleep", "1"], 3, trace, None, "warm", args.idle_s,
+                         None)
         result["method_check_sleep_1"] = {k: check[k] for k in ("idle_watts", "joules_to_exit", "net_joules_to_exit")}
     rec = os.path.join(tempfile.mkdtemp(), "record.json")
     base = [sys.executable, "-m", "reflex_runtime.cli"]
@@ -265,12 +304,12 @@ def main() -> int:
                                              "--backend", "cuda", "--model", model, "--record", rec]))
         for what, cmd in cases:
             for cache in args.cache.split(","):
-                c = run_case(f"reflex {what} {tag}", cmd, args.runs, nv, model, cache, args.idle_s, rec)
+                c = run_case(f"reflex {what} {tag}", cmd, args.runs, trace, model, cache, args.idle_s, rec)
                 result["cases"].append(c)
                 _print_case(c)
     for peer in args.peer:
         name, _, cmd = peer.partition("=")
-        c = run_case(name, shlex.split(cmd), args.runs, nv, None, "warm", args.idle_s, None)
+        c = run_case(name, shlex.split(cmd), args.runs, trace, None, "warm", args.idle_s, None)
         result["cases"].append(c)
         _print_case(c)
     with open(os.path.join(args.out, "results.json"), "w") as f:

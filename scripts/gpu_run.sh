@@ -55,7 +55,7 @@ if has real; then
   done
 fi
 if has bench; then
-  for t in $QUANTS; do
+  for t in ${BENCH_QUANTS:-$QUANTS}; do
     timeout 300 python3 -m reflex_runtime.cli bench $REAL/qwen3-0.6b-$t.gguf --out "$WORK/bench-qwen3-0.6b-$t.json" 2>&1 \
       | tee "$WORK/bench-qwen3-0.6b-$t.log"
   done

@@ -21,6 +21,7 @@ CLI (also used offline on the GPU machine to make real-sized files with random w
     python scripts/make_fixtures.py qwen3 --outtype q8_0 --out DIR [--set hidden_size=1024 ...]
     python scripts/make_fixtures.py --preset qwen3-0.6b --outtype q8_0 --out DIR
     python scripts/make_fixtures.py gemma3 --outtype q4_k_m          # into the cache; prints paths
+    python scripts/make_fixtures.py --prune                          # drop stale cache entries
 
 Nothing here needs the network once the sdist is cached (the converter runs with
 HF_HUB_OFFLINE=1).
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,7 +65,6 @@ class ArchBuild:
     # Value the RMSNorm weights are drawn around: 1.0 for x*w norms; 0.0 for Gemma's x*(1+w).
     norm_center: float = 1.0
     emb_std: float = 0.02
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -380,8 +380,8 @@ def convert(hf_dir: Path, outtype: str, outfile: Path, name: str = "reflex test 
     if outtype not in CONVERTER_TYPES:
         raise ValueError(f"the converter writes {CONVERTER_TYPES}, not {outtype}")
     script = llama_cpp_dir() / "convert_hf_to_gguf.py"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", NO_LOCAL_GGUF="")
-    env.pop("NO_LOCAL_GGUF")  # the converter must use its own bundled gguf-py
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.pop("NO_LOCAL_GGUF", None)  # the converter must use its own bundled gguf-py
     with tempfile.TemporaryDirectory() as cwd:
         r = subprocess.run(
             [sys.executable, str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(outfile),
@@ -433,11 +433,11 @@ def _locked(path: Path):
 
 
 def _versions() -> dict:
-    import transformers
+    from importlib.metadata import version
 
     import quantize_gguf
 
-    return {"fixture": FIXTURE_VERSION, "llama.cpp": LLAMA_CPP_VERSION, "transformers": transformers.__version__,
+    return {"fixture": FIXTURE_VERSION, "llama.cpp": LLAMA_CPP_VERSION, "transformers": version("transformers"),
             "quantizer": quantize_gguf.QUANTIZER_VERSION}
 
 
@@ -483,6 +483,28 @@ def _cached_f32(base: Path, hf_dir: Path, versions: dict) -> Path:
     return f32
 
 
+def prune_cache() -> list[Path]:
+    """Delete cached fixtures made by another FIXTURE_VERSION / llama.cpp / transformers /
+    quantizer version than the current ones; returns what was removed."""
+    root = cache_dir() / "fixtures"
+    current = _versions()
+    removed = []
+    for d in sorted(root.iterdir()) if root.exists() else []:
+        if not d.is_dir() or d.name.startswith("."):
+            continue
+        meta = d / "hf" / "fixture.json"
+        try:
+            versions = json.loads(meta.read_text())["versions"]
+        except (OSError, ValueError, KeyError):
+            versions = None
+        if versions != current:
+            with _locked(root / f".{d.name}.lock"):
+                shutil.rmtree(d, ignore_errors=True)
+            (root / f".{d.name}.lock").unlink(missing_ok=True)
+            removed.append(d)
+    return removed
+
+
 # -- CLI --------------------------------------------------------------------------------------
 
 
@@ -502,7 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (JSON value)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-hf", action="store_true", help="with --out: delete the HF folder after converting")
+    ap.add_argument("--prune", action="store_true", help="delete cached fixtures of other versions, then exit")
     args = ap.parse_args(argv)
+    if args.prune:
+        for d in prune_cache():
+            print(f"removed {d}")
+        return 0
 
     overrides: dict = {}
     arch = args.arch

@@ -23,6 +23,7 @@ if "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1; then
 fi
 
 # The recipe version is part of the cache key: change it when the rootfs contents change.
+[ -f "$CA_BUNDLE" ] || { log "no CA bundle at $CA_BUNDLE: the image keeps Debian's"; CA_BUNDLE=/dev/null; }
 RECIPE="bookworm-minbase-py3-v1 $(sha256sum "$CA_BUNDLE" | cut -c1-16)"
 if [ -f "$TARBALL" ] && [ "$(cat "$TARBALL.recipe" 2>/dev/null)" = "$RECIPE" ]; then
     log "importing cached rootfs $TARBALL"
@@ -56,7 +57,7 @@ mount -t proc proc "$ROOTFS/proc"
 chroot "$ROOTFS" /bin/sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates >/dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*' \
     >>"$CACHE/debootstrap.log" 2>&1 || { tail -20 "$CACHE/debootstrap.log" >&2; exit 1; }
 umount "$ROOTFS/proc"
-cp "$CA_BUNDLE" "$ROOTFS/etc/ssl/certs/ca-certificates.crt"
+[ "$CA_BUNDLE" = /dev/null ] || cp "$CA_BUNDLE" "$ROOTFS/etc/ssl/certs/ca-certificates.crt"
 : >"$ROOTFS/etc/resolv.conf"
 
 tar -C "$ROOTFS" -cf "$TARBALL.tmp" .

@@ -386,8 +386,34 @@ def _copy_metadata(src: _SourceGGUF, writer, file_type: int) -> None:
         writer.add_key_value("general.quantization_version", 2, GGUFValueType.UINT32)
 
 
-def quantize_file(src: str | Path, dst: str | Path, scheme: str, log: Callable[[str], None] | None = print) -> dict[str, str]:
-    """Write dst with every matrix of src requantized per `scheme`; returns {tensor: type}."""
+_WORKER_SOURCE: dict = {}
+
+
+def _quantize_tensor(job: tuple) -> tuple[str, str, str | None, np.ndarray]:
+    """One tensor: dequantize from the source file, pick its type, quantize. Runs in workers."""
+    import gguf
+
+    src, name, shape, type_id, offset, scheme, n_layers, tied = job
+    source = _WORKER_SOURCE.get(src)
+    if source is None:
+        source = _WORKER_SOURCE[src] = _SourceGGUF(src)
+    src_type = gguf.GGMLQuantizationType(type_id)
+    values = gguf.quants.dequantize(source.tensor_bytes(shape, type_id, offset), src_type)
+    values = values.reshape(tuple(reversed(shape))).astype(np.float32, copy=False)
+    if len(shape) < 2:
+        type_name, note = ("F16" if src_type == gguf.GGMLQuantizationType.F16 else "F32"), None
+    else:
+        type_name, note = choose_type(name, shape, scheme, n_layers, tied)
+    return name, type_name, note, quantize_array(values, type_name)
+
+
+def quantize_file(src: str | Path, dst: str | Path, scheme: str, log: Callable[[str], None] | None = print,
+                  jobs: int | None = None) -> dict[str, str]:
+    """Write dst with every matrix of src requantized per `scheme`; returns {tensor: type}.
+    Tensors are quantized in `jobs` processes (default: up to 8 when the file is large), which
+    makes a 0.6B-parameter Q4_K_M file take seconds instead of minutes."""
+    import os
+
     import gguf
 
     scheme = scheme.upper()
@@ -402,24 +428,31 @@ def quantize_file(src: str | Path, dst: str | Path, scheme: str, log: Callable[[
     chosen: dict[str, str] = {}
     float_types = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     for name, shape, type_id, offset in source.tensors:
-        src_type = gguf.GGMLQuantizationType(type_id)
-        if src_type not in float_types and log:
-            log(f"warning: {name} is {src_type.name} already; dequantizing and requantizing loses precision")
-        np_shape = tuple(reversed(shape))
-        values = gguf.quants.dequantize(source.tensor_bytes(shape, type_id, offset), src_type)
-        values = values.reshape(np_shape).astype(np.float32, copy=False)
-        if len(shape) < 2:
-            type_name, note = ("F16" if src_type == gguf.GGMLQuantizationType.F16 else "F32"), None
-        else:
-            type_name, note = choose_type(name, shape, scheme, n_layers, tied)
-        data = quantize_array(values, type_name)
-        if note and log:
-            log(f"{name}: {note}")
-        chosen[name] = type_name
-        if type_name in ("F32", "F16"):
-            writer.add_tensor(name, np.ascontiguousarray(data))
-        else:
-            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType[type_name])
+        if gguf.GGMLQuantizationType(type_id) not in float_types and log:
+            log(f"warning: {name} is {gguf.GGMLQuantizationType(type_id).name} already; dequantizing and requantizing loses precision")
+    work = [(str(src), name, shape, type_id, offset, scheme, n_layers, tied) for name, shape, type_id, offset in source.tensors]
+    if jobs is None:
+        jobs = min(8, os.cpu_count() or 1) if os.path.getsize(src) > (256 << 20) else 1
+    if jobs > 1:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("fork").Pool(jobs)
+        results = pool.imap(_quantize_tensor, work)  # in order: the writer needs file order
+    else:
+        pool, results = None, map(_quantize_tensor, work)
+    try:
+        for name, type_name, note, data in results:
+            if note and log:
+                log(f"{name}: {note}")
+            chosen[name] = type_name
+            if type_name in ("F32", "F16"):
+                writer.add_tensor(name, np.ascontiguousarray(data))
+            else:
+                writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType[type_name])
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

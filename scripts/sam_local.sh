@@ -120,4 +120,6 @@ for name in names:
 print(f"{len(names) - len(set(failures))} passed, {len(set(failures))} failed")
 sys.exit(1 if failures else 0)
 EOF
+# Each rebuild leaves the previous image (and SAM's emulator layer over it) untagged: drop those.
+"$DOCKER" image prune -f >/dev/null 2>&1 || true
 log "done; outputs in $OUT"

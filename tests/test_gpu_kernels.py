@@ -65,6 +65,21 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, base)
 
 
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,k", [(64, 3072), (96, 1024), (1500, 2048)])
+def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
+    """Few rows and long rows: several warps share each row (the decode shapes of a real model)."""
+    wpr = gpu.ops._wpr(rows, k)
+    rng = np.random.default_rng([int(qtype), rows, k])
+    w, dense = weight(gpu, qtype, rows, k, rng)
+    for n_tok in (1, 3):
+        x = rng.standard_normal((n_tok, k)).astype(np.float32)
+        y = gpu.poisoned((n_tok, rows))
+        gpu.ops.matmul(w, gpu.put(x), y, n_tok)
+        assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense)
+    assert wpr > 1 or rows >= 1500
+
+
 @pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 6])
 def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
@@ -280,14 +295,17 @@ def test_attention(gpu, case):
     n_kv = first + n_tok
     n_split = ATTN_SPLITS_DECODE if n_tok == 1 else 1
     scale = 1.0 / np.sqrt(hd)
-    out = gpu.poisoned((n_tok, n_head, hd))
     part_o = gpu.poisoned((n_tok * n_head * ATTN_SPLITS_DECODE * hd,))
     part_ml = gpu.poisoned((n_tok * n_head * ATTN_SPLITS_DECODE * 2,))
-    gpu.ops.attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
-                      gpu.put(seg_lo) if tree else 0, prefix_len, gpu.put(np.array([n_kv], np.int32)), out, part_o, part_ml,
-                      n_tok, n_head, n_kvh, hd, hd, n_ctx, window, scale, softcap, n_split)
+    counters = gpu.put(np.zeros(n_tok * n_head, np.int32))
     expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap)
-    np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
+    for replay in range(2):  # the split path must leave its counters ready for the next replay
+        out = gpu.poisoned((n_tok, n_head, hd))
+        gpu.ops.attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
+                          gpu.put(seg_lo) if tree else 0, prefix_len, gpu.put(np.array([n_kv], np.int32)), out, part_o,
+                          part_ml, counters, n_tok, n_head, n_kvh, hd, hd, n_ctx, window, scale, softcap, n_split)
+        np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
+    assert not gpu.get(counters, (n_tok * n_head,), np.int32).any()
 
 
 def _state(gpu, n, last_pos, last_slot):
@@ -385,5 +403,5 @@ def test_smoke_known_answers(gpu):
 def test_every_table_kernel_resolves(gpu):
     from reflex_runtime.gpu.kernels import KERNEL_NAMES
 
-    missing = [n for n in KERNEL_NAMES if n not in gpu.dev.kernels]
-    assert not missing and ctypes.sizeof(ctypes.c_long) == 8
+    assert gpu.dev.resolve_all(KERNEL_NAMES) == []
+    assert ctypes.sizeof(ctypes.c_long) == 8  # kernels take `long` row strides

@@ -129,9 +129,7 @@ class DeviceBootstrap:
                               f"and {manifest['ptx']} PTX")
                 return
             t = tl.elapsed()
-            from .kernels import KERNEL_NAMES
-
-            dev.load_fatbin(image, KERNEL_NAMES)
+            dev.load_fatbin(image)
             self.stream = dev.stream()
             tl.span("fatbin_load", t, tl.elapsed())
             self.kernel_format = fmt

@@ -101,7 +101,8 @@ class DenseDecoder:
         for name, n in (("x", t * e), ("h", t * e), ("o", t * e), ("q", t * qd), ("k", t * kd), ("v", t * vd),
                         ("att", t * ad), ("g", t * c.n_ff), ("u", t * c.n_ff), ("act", t * c.n_ff),
                         ("logits", c.vocab_size), ("part_o", c.n_head * ATTN_SPLITS_DECODE * c.head_dim_v),
-                        ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2), ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)):
+                        ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2), ("attn_counters", c.n_head),
+                        ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)):
             a.reserve(name, 4 * n)
         nt = max(t, n_ctx)  # per-token inputs cover a whole prompt, prefilled in chunks
         for name, n in (("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
@@ -119,6 +120,8 @@ class DenseDecoder:
     def bind(self, base: int, ops: Ops) -> None:
         self.arena.base = base
         self.ops = ops
+        if hasattr(ops.dev, "memset32"):  # the split-attention counters start (and stay) at zero
+            ops.dev.memset32(self.p("attn_counters"), 0, self.cfg.n_head, ops.stream)
         g, c = self.gguf, self.cfg
         wbase, doff = self.arena.ptr("weights"), g.data_offset
 
@@ -194,7 +197,8 @@ class DenseDecoder:
                               c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, ly.rope_base, 1.0,
                               eps, self.n_ctx)
             ops.attention(q, ly.k_cache, ly.v_cache, self.p("kv_pos"), pos, slot, seg, prefix_len, self.p("n_kv"), att,
-                          self.p("part_o"), self.p("part_ml"), n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
+                          self.p("part_o"), self.p("part_ml"), self.p("attn_counters"), n, c.n_head, c.n_head_kv,
+                          c.head_dim, c.head_dim_v,
                           self.n_ctx, ly.window, self.attn_scale, 0.0, n_split)
             if self.is_gemma:
                 ops.matmul(ly.wo, att, o, n)

@@ -80,18 +80,31 @@ class Device:
 
     # -- module ---------------------------------------------------------------------------
 
-    def load_fatbin(self, image: bytes, names) -> None:
-        """One cuModuleLoadData of the whole fatbin, then every kernel resolved by name."""
+    def load_fatbin(self, image: bytes) -> None:
+        """One cuModuleLoadData of the whole fatbin. Kernels are resolved by name on first use:
+        a request touches ~12 of them, and on the cold path every driver call from a second
+        thread waits for the GIL."""
         self._image = image  # the driver reads it during the call; keep it alive regardless
         self.module = check(cu.cuModuleLoadData(image), "cuModuleLoadData")
-        for n in names:
-            self.kernels[n] = Kernel(n, check(cu.cuModuleGetFunction(self.module, n.encode()), f"cuModuleGetFunction({n})"))
 
     def kernel(self, name: str) -> Kernel:
-        try:
-            return self.kernels[name]
-        except KeyError:
-            raise DeviceError(f"kernel {name} is not in the loaded fatbin") from None
+        k = self.kernels.get(name)
+        if k is None:
+            err, func = cu.cuModuleGetFunction(self.module, name.encode())
+            if err != _SUCCESS:
+                raise DeviceError(f"kernel {name} is not in the loaded fatbin ({_error_text(err)})")
+            k = self.kernels[name] = Kernel(name, func)
+        return k
+
+    def resolve_all(self, names) -> list[str]:
+        """Resolve every name now (smoke, tests); returns the names that are missing."""
+        missing = []
+        for n in names:
+            try:
+                self.kernel(n)
+            except DeviceError:
+                missing.append(n)
+        return missing
 
     # -- memory ---------------------------------------------------------------------------
 

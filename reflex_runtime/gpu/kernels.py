@@ -14,7 +14,7 @@ WEIGHT_TYPES = {
 _PER_TYPE = ("reflex_embed_{}", "reflex_mv_{}", "reflex_mv_glu_{}", "reflex_mm_{}")
 
 _SINGLE = (
-    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn", "reflex_attn_combine",
+    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn",
     "reflex_argmax_partial", "reflex_argmax_final", "reflex_sample", "reflex_logprob_rows", "reflex_softcap",
     "reflex_smoke_axpb",
 )

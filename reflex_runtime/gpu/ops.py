@@ -55,6 +55,16 @@ class Ops:
         self.stream = stream
         self.launches = 0  # counted so tests can assert how many passes a request made
         self._k = device.kernel
+        # Warps the matrix-vector kernels aim to keep in flight: 32 per SM hides the load latency.
+        self._target_warps = 32 * getattr(device, "sm_count", 132)
+
+    def _wpr(self, rows: int, k: int) -> int:
+        """Warps per output row: split K across warps when there are too few rows to fill the GPU,
+        as long as every warp keeps at least one 256-weight step of work."""
+        wpr = 1
+        while wpr < 8 and rows * wpr < self._target_warps and wpr * 2 <= k // 256:
+            wpr *= 2
+        return wpr
 
     def _go(self, name, grid, block, args) -> None:
         self._k(name).launch(grid, block, args, self.stream)
@@ -105,19 +115,23 @@ class Ops:
         for i, (w, y) in enumerate(zip(ws, ys)):
             segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
         total = sum(w.rows for w in ws)
-        self._go(f"reflex_mv_{w0.suffix}", (total + 7) // 8, 256,
+        wpr = self._wpr(total, w0.k)
+        per_block = 8 // wpr
+        self._go(f"reflex_mv_{w0.suffix}", (total + per_block - 1) // per_block, 256,
                  [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride or w0.k), c_int(w0.k), c_int(n_tok),
-                  c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps)])
+                  c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), c_int(wpr)])
 
     def gated_ffn_in(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, g_buf: int, u_buf: int,
                      norm_w: int = 0, eps: float = 0.0) -> None:
         """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and the batch is
         small (x' normalized on the fly when norm_w is given; large batches must pass a normalized x)."""
         if wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and n_tok < MM_MIN_TOKENS:
-            self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + 7) // 8, 256,
+            wpr = self._wpr(2 * wg.rows, wg.k)
+            per_block = 8 // wpr
+            self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + per_block - 1) // per_block, 256,
                      [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(wg.k), c_void_p(out),
                       c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act), c_void_p(norm_w or None),
-                      c_float(eps)])
+                      c_float(eps), c_int(wpr)])
             return
         self.matmul(wg, x, g_buf, n_tok, norm_w=norm_w, eps=eps)
         self.matmul(wu, x, u_buf, n_tok, norm_w=norm_w, eps=eps)
@@ -133,15 +147,13 @@ class Ops:
                   c_int(hd), c_int(hd_v), c_int(rope_dim), c_float(base), c_float(freq_scale), c_float(eps), c_int(n_ctx)])
 
     def attention(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, out, part_o, part_ml,
-                  n_tok, n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, n_split) -> None:
+                  counters, n_tok, n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, n_split) -> None:
+        """counters: n_tok * n_head zeroed ints (n_split > 1 only); the kernel leaves them zeroed."""
         self._go("reflex_attn", (n_tok, n_head, n_split), 128,
                  [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
                   c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None),
-                  c_void_p(part_ml or None), c_int(n_head), c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx),
-                  c_int(window), c_float(scale), c_float(softcap), c_int(n_split)])
-        if n_split > 1:
-            self._go("reflex_attn_combine", (n_tok, n_head, 1), 128,
-                     [c_void_p(part_o), c_void_p(part_ml), c_void_p(out), c_int(n_head), c_int(hd_v), c_int(n_split)])
+                  c_void_p(part_ml or None), c_void_p(counters or None), c_int(n_head), c_int(n_head_kv), c_int(hd),
+                  c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale), c_float(softcap), c_int(n_split)])
 
     # -- sampling and scoring --------------------------------------------------------------
 

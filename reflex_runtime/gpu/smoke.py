@@ -83,7 +83,7 @@ def main(args, timeline) -> int:
     if dev is None:
         result["error"] = boot.error
     else:
-        missing = [n for n in manifest.get("kernels", []) if n not in dev.kernels]
+        missing = dev.resolve_all(manifest.get("kernels", []))
         result.update({"device": dev.name, "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}",
                        "kernel_format": boot.kernel_format, "kernels_resolved": len(dev.kernels),
                        "kernels_in_table": len(KERNEL_NAMES), "driver_version": dev.driver_version})

@@ -80,9 +80,16 @@ class KVCache:
     def copy(self) -> "KVCache":
         new = KVCache.__new__(KVCache)
         new.capacity = self.capacity
-        new.k = [a.copy() for a in self.k]
-        new.v = [a.copy() for a in self.v]
-        new.positions = self.positions.copy()
+        n = self.length
+
+        def dup(a):  # zeros are mapped lazily: only the used rows cost memory and time
+            b = np.zeros(a.shape, dtype=a.dtype)
+            b[:n] = a[:n]
+            return b
+
+        new.k = [dup(a) for a in self.k]
+        new.v = [dup(a) for a in self.v]
+        new.positions = dup(self.positions)
         new.length = self.length
         return new
 
