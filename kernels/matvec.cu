@@ -24,17 +24,18 @@ struct MvSegs {  // up to three matrices sharing type and row length; y strides 
 
 // Per-token inverse RMS of x for the block (all threads take part and get the result);
 // 1 when no norm is fused. One reduction per block, not per warp: 8x fewer reads of x.
+template <int NT>
 __device__ __forceinline__ void mv_norm_scales(const float* x, int x_stride, int K, int nt, const float* norm_w,
                                                float eps, float* inv) {
-    __shared__ float part[MV_TOK][8];
+    __shared__ float part[NT][8];
     if (!norm_w) {
 #pragma unroll
-        for (int t = 0; t < MV_TOK; t++) inv[t] = 1.f;
+        for (int t = 0; t < NT; t++) inv[t] = 1.f;
         return;
     }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int t = 0; t < MV_TOK; t++) {
+    for (int t = 0; t < NT; t++) {
         float ss = 0.f;
         if (t < nt)
             for (int k = threadIdx.x; k < K; k += blockDim.x) ss += x[(long)t * x_stride + k] * x[(long)t * x_stride + k];
@@ -43,7 +44,7 @@ __device__ __forceinline__ void mv_norm_scales(const float* x, int x_stride, int
     }
     __syncthreads();
 #pragma unroll
-    for (int t = 0; t < MV_TOK; t++) {
+    for (int t = 0; t < NT; t++) {
         float ss = 0.f;
         for (int w = 0; w < 8; w++) ss += part[t][w];
         inv[t] = rsqrtf(ss / K + eps);
@@ -51,93 +52,123 @@ __device__ __forceinline__ void mv_norm_scales(const float* x, int x_stride, int
     __syncthreads();  // part[] is reused by the next token chunk
 }
 
-// A warp's share of one row: groups part, part + wpr, ... (in units of 32 lanes x 8 weights).
-template <int T>
-__device__ __forceinline__ void mv_accumulate(const uint8_t* row, const float* x, int x_stride, int K, int nt,
-                                              const float* norm_w, const float* inv, float* acc, int part, int wpr) {
+// A warp's share of R rows: groups part, part + wpr, ... (units of 32 lanes x 8 weights). The
+// input x (normalized when a norm is fused) is loaded once per group and applied to all R rows,
+// which divides the x traffic through L1 by R: for quantized weights x is the larger stream.
+template <int T, int R, int NT>
+__device__ __forceinline__ void mv_accumulate(const uint8_t* const* rows, const float* x, int x_stride, int K, int nt,
+                                              const float* norm_w, const float* inv, float (*acc)[NT], int part,
+                                              int wpr) {
     int lane = threadIdx.x & 31;
     for (int g = lane + RX_WARP * part; g < K / 8; g += RX_WARP * wpr) {
-        float w[8];
-        dequant8<T>(row, g, w);
+        float xv[NT][8];
+        float4 na = make_float4(1.f, 1.f, 1.f, 1.f), nb = na;
         if (norm_w) {
-            const float4* nw = reinterpret_cast<const float4*>(norm_w + 8 * g);
-            float4 a = nw[0], b = nw[1];
-            w[0] *= a.x, w[1] *= a.y, w[2] *= a.z, w[3] *= a.w, w[4] *= b.x, w[5] *= b.y, w[6] *= b.z, w[7] *= b.w;
+            na = reinterpret_cast<const float4*>(norm_w + 8 * g)[0];
+            nb = reinterpret_cast<const float4*>(norm_w + 8 * g)[1];
         }
 #pragma unroll
-        for (int t = 0; t < MV_TOK; t++) {
+        for (int t = 0; t < NT; t++) {
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
             if (t < nt) {
                 const float4* xp = reinterpret_cast<const float4*>(x + (long)t * x_stride + 8 * g);
-                float4 a = xp[0], b = xp[1];
-                acc[t] += inv[t] * (w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
-                                    w[6] * b.z + w[7] * b.w);
+                a = xp[0], b = xp[1];
             }
+            float s = inv[t];
+            xv[t][0] = a.x * na.x * s, xv[t][1] = a.y * na.y * s, xv[t][2] = a.z * na.z * s, xv[t][3] = a.w * na.w * s;
+            xv[t][4] = b.x * nb.x * s, xv[t][5] = b.y * nb.y * s, xv[t][6] = b.z * nb.z * s, xv[t][7] = b.w * nb.w * s;
+        }
+#pragma unroll
+        for (int rr = 0; rr < R; rr++) {
+            float w[8];
+            dequant8<T>(rows[rr], g, w);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[rr][t] += w[0] * xv[t][0] + w[1] * xv[t][1] + w[2] * xv[t][2] + w[3] * xv[t][3] + w[4] * xv[t][4] +
+                              w[5] * xv[t][5] + w[6] * xv[t][6] + w[7] * xv[t][7];
         }
     }
 }
 
-// Sum the wpr warps' partial dot products of each row; true for the lane that holds the total.
-__device__ __forceinline__ bool mv_reduce(float* acc, int wpr) {
-    __shared__ float red[8][MV_TOK];
+// Sum each row's dot product over its lanes and (wpr > 1) its warps; true for the lane that
+// holds the totals. With one warp per row there is no shared memory and no barrier.
+template <int R, int NT>
+__device__ __forceinline__ bool mv_reduce(float (*acc)[NT], int wpr) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int t = 0; t < MV_TOK; t++) {
-        acc[t] = warp_sum(acc[t]);
-        if (lane == 0) red[warp][t] = acc[t];
-    }
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[rr][t] = warp_sum(acc[rr][t]);
+    if (wpr == 1) return lane == 0;
+    __shared__ float red[MV_WARPS][R * NT];
+    if (lane == 0)
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][rr * NT + t] = acc[rr][t];
     __syncthreads();
     bool owner = lane == 0 && warp % wpr == 0;
-    if (owner && wpr > 1) {
+    if (owner)
 #pragma unroll
-        for (int t = 0; t < MV_TOK; t++) {
-            float v = 0.f;
-            for (int w = warp; w < warp + wpr; w++) v += red[w][t];
-            acc[t] = v;
-        }
-    }
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = 0.f;
+                for (int w = warp; w < warp + wpr; w++) v += red[w][rr * NT + t];
+                acc[rr][t] = v;
+            }
     __syncthreads();  // red[] is reused by the next token chunk
     return owner;
 }
 
-template <int T>
+// Rows r0 .. r0 + R - 1 of one segment (the host keeps every segment's rows a multiple of R).
+template <int T, int R, int NT>
 __device__ void mv_body(MvSegs segs, long row_bytes, const float* x, int x_stride, int K, int n_tok, int accumulate,
                         const float* norm_w, float eps, int wpr) {
     int warp = threadIdx.x >> 5;
-    int r = blockIdx.x * (MV_WARPS / wpr) + warp / wpr, part = warp % wpr;
+    int r0 = (blockIdx.x * (MV_WARPS / wpr) + warp / wpr) * R, part = warp % wpr;
     // Which segment: select with constant indices (a dynamic index would copy the struct to local memory).
     const uint8_t* w = segs.w[0];
     float* y = segs.y[0];
     int y_stride = segs.rows[0];
-    if (r >= segs.rows[0]) {
-        r -= segs.rows[0];
+    if (r0 >= segs.rows[0]) {
+        r0 -= segs.rows[0];
         w = segs.w[1], y = segs.y[1], y_stride = segs.rows[1];
-        if (r >= segs.rows[1]) {
-            r -= segs.rows[1];
+        if (r0 >= segs.rows[1]) {
+            r0 -= segs.rows[1];
             w = segs.w[2], y = segs.y[2], y_stride = segs.rows[2];
         }
     }
-    bool live = r < y_stride;  // no early return: the block synchronizes below
-    const uint8_t* row = w + (long)(live ? r : 0) * row_bytes;
-    for (int t0 = 0; t0 < n_tok; t0 += MV_TOK) {
-        int nt = min(MV_TOK, n_tok - t0);
-        float inv[MV_TOK], acc[MV_TOK] = {0.f, 0.f, 0.f, 0.f};
-        const float* xt = x + (long)t0 * x_stride;
-        mv_norm_scales(xt, x_stride, K, nt, norm_w, eps, inv);
-        if (live) mv_accumulate<T>(row, xt, x_stride, K, nt, norm_w, inv, acc, part, wpr);
-        if (mv_reduce(acc, wpr) && live) {
+    bool live = r0 < y_stride;  // no early return: blocks with wpr > 1 synchronize below
+    const uint8_t* rows[R];
 #pragma unroll
-            for (int t = 0; t < MV_TOK; t++) {
-                if (t < nt) {
-                    float* dst = y + (long)(t0 + t) * y_stride + r;
-                    *dst = accumulate ? *dst + acc[t] : acc[t];
+    for (int rr = 0; rr < R; rr++) rows[rr] = w + (long)(live ? r0 + rr : 0) * row_bytes;
+    for (int t0 = 0; t0 < n_tok; t0 += NT) {
+        int nt = min(NT, n_tok - t0);
+        float inv[NT], acc[R][NT];
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[rr][t] = 0.f;
+        const float* xt = x + (long)t0 * x_stride;
+        mv_norm_scales<NT>(xt, x_stride, K, nt, norm_w, eps, inv);
+        if (live) mv_accumulate<T, R, NT>(rows, xt, x_stride, K, nt, norm_w, inv, acc, part, wpr);
+        if (mv_reduce<R, NT>(acc, wpr) && live) {
+#pragma unroll
+            for (int rr = 0; rr < R; rr++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t < nt) {
+                        float* dst = y + (long)(t0 + t) * y_stride + r0 + rr;
+                        *dst = accumulate ? *dst + acc[rr][t] : acc[rr][t];
+                    }
                 }
-            }
         }
     }
 }
 
 // Gate and up projections in one pass, writing act(gate) * up (SwiGLU / GeGLU).
-template <int T>
+template <int T, int NT>
 __device__ void mv_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride,
                             float* y, int y_stride, int n_rows, int K, int n_tok, int act, const float* norm_w,
                             float eps, int wpr) {
@@ -145,21 +176,19 @@ __device__ void mv_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes
     int r = blockIdx.x * (MV_WARPS / wpr) + warp / wpr, part = warp % wpr;
     bool live = r < n_rows;
     long off = (long)(live ? r : 0) * row_bytes;
-    for (int t0 = 0; t0 < n_tok; t0 += MV_TOK) {
-        int nt = min(MV_TOK, n_tok - t0);
-        float inv[MV_TOK], ag[MV_TOK] = {0.f, 0.f, 0.f, 0.f}, au[MV_TOK] = {0.f, 0.f, 0.f, 0.f};
-        const float* xt = x + (long)t0 * x_stride;
-        mv_norm_scales(xt, x_stride, K, nt, norm_w, eps, inv);
-        if (live) {
-            mv_accumulate<T>(Wg + off, xt, x_stride, K, nt, norm_w, inv, ag, part, wpr);
-            mv_accumulate<T>(Wu + off, xt, x_stride, K, nt, norm_w, inv, au, part, wpr);
-        }
-        bool owner = mv_reduce(ag, wpr);
-        mv_reduce(au, wpr);
-        if (owner && live) {
+    const uint8_t* rows[2] = {Wg + off, Wu + off};  // gate and up share every x load
+    for (int t0 = 0; t0 < n_tok; t0 += NT) {
+        int nt = min(NT, n_tok - t0);
+        float inv[NT], acc[2][NT];
 #pragma unroll
-            for (int t = 0; t < MV_TOK; t++)
-                if (t < nt) y[(long)(t0 + t) * y_stride + r] = rx_act(ag[t], act) * au[t];
+        for (int t = 0; t < NT; t++) acc[0][t] = acc[1][t] = 0.f;
+        const float* xt = x + (long)t0 * x_stride;
+        mv_norm_scales<NT>(xt, x_stride, K, nt, norm_w, eps, inv);
+        if (live) mv_accumulate<T, 2, NT>(rows, xt, x_stride, K, nt, norm_w, inv, acc, part, wpr);
+        if (mv_reduce<2, NT>(acc, wpr) && live) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if (t < nt) y[(long)(t0 + t) * y_stride + r] = rx_act(acc[0][t], act) * acc[1][t];
         }
     }
 }
@@ -168,13 +197,21 @@ __device__ void mv_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes
     extern "C" __global__ void __launch_bounds__(256) reflex_mv_##name(MvSegs segs, long row_bytes,              \
                                                                        const float* x, int x_stride, int K,      \
                                                                        int n_tok, int accumulate,                \
-                                                                       const float* norm_w, float eps, int wpr) { \
-        mv_body<T>(segs, row_bytes, x, x_stride, K, n_tok, accumulate, norm_w, eps, wpr);                        \
+                                                                       const float* norm_w, float eps, int wpr,  \
+                                                                       int rpw) {                                \
+        if (n_tok > 1) mv_body<T, 1, MV_TOK>(segs, row_bytes, x, x_stride, K, n_tok, accumulate, norm_w, eps, wpr); \
+        else if (rpw == 4) mv_body<T, 4, 1>(segs, row_bytes, x, x_stride, K, 1, accumulate, norm_w, eps, wpr);   \
+        else if (rpw == 2) mv_body<T, 2, 1>(segs, row_bytes, x, x_stride, K, 1, accumulate, norm_w, eps, wpr);   \
+        else mv_body<T, 1, 1>(segs, row_bytes, x, x_stride, K, 1, accumulate, norm_w, eps, wpr);                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256) reflex_mv_glu_##name(                                      \
         const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride, float* y,            \
         int y_stride, int n_rows, int K, int n_tok, int act, const float* norm_w, float eps, int wpr) {          \
-        mv_glu_body<T>(Wg, Wu, row_bytes, x, x_stride, y, y_stride, n_rows, K, n_tok, act, norm_w, eps, wpr);    \
+        if (n_tok > 1)                                                                                           \
+            mv_glu_body<T, MV_TOK>(Wg, Wu, row_bytes, x, x_stride, y, y_stride, n_rows, K, n_tok, act, norm_w,   \
+                                   eps, wpr);                                                                    \
+        else                                                                                                     \
+            mv_glu_body<T, 1>(Wg, Wu, row_bytes, x, x_stride, y, y_stride, n_rows, K, 1, act, norm_w, eps, wpr); \
     }
 
 RX_FOR_EACH_TYPE(RX_MV)

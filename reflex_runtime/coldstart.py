@@ -7,9 +7,10 @@ the timeline too. Its resolution is one clock tick (10 ms at CLK_TCK=100); the r
 Energy comes from NVML's total-energy counter (mJ since the driver loaded), read through ctypes
 on a background thread: the `pynvml` module costs ~0.1 s of GIL-holding import that the cold
 path does not need. The counter only moves every ~100 ms on an H200 (in ~12 J steps), so a
-poller records when it ticks and the energy at a mark is interpolated between the ticks around
-it (the record waits for the tick after the first token, at most one counter period, before it
-is written). Where the counter is missing we integrate sampled power between marks and say so;
+poller times the counter's first tick (the window's start) and, when the record is written, the
+first tick after the first token; the energy at the first token is that tick's value less the
+window's average power times the time since the first token (the record waits at most one
+counter period for it). Where the counter is missing we integrate sampled power between marks and say so;
 with no GPU or no NVML every energy field is null and `energy_error` says why.
 """
 
@@ -90,40 +91,53 @@ class EnergyMeter:
             return None
         return mw.value / 1000.0
 
-    def start_polling(self, clock, period_s: float = 0.002, max_s: float = 120.0) -> None:
-        """Record (time, counter) whenever the counter moves, on a daemon thread."""
+    def start_polling(self, clock) -> None:
+        """Time the counter's first tick (polling every 10 ms on a daemon thread, for at most one
+        counter period): that tick anchors the start of the energy window. Polling NVML any faster
+        or for longer slows cuInit and kernel launches in this process (both contend for the
+        driver), which we measured on the H200, so we poll only at the window's two ends."""
         if self.method != "total_energy_counter":
             return
-        self.ticks: list[tuple[float, int]] = []
         self._clock = clock
+        self.tick0 = None
 
-        def poll():
-            last = self._counter_mj()  # a stale value: it changed at some unknown earlier time
-            end = clock() + max_s
-            while clock() < end and not getattr(self, "_stop", False):
+        def first_tick():
+            last = self._counter_mj()
+            end = clock() + 0.5
+            while clock() < end:
+                time.sleep(0.01)
                 v = self._counter_mj()
                 if v is not None and v != last:
-                    self.ticks.append((clock(), v))  # a real tick, timed within one poll period
-                    last = v
-                time.sleep(period_s)
+                    self.tick0 = (clock(), v)
+                    return
 
-        threading.Thread(target=poll, name="reflex-energy", daemon=True).start()
+        threading.Thread(target=first_tick, name="reflex-energy", daemon=True).start()
 
-    def energy_at(self, t: float, wait_s: float = 0.25) -> tuple[float | None, float | None]:
-        """(mJ, resolution ms) at time t, interpolated between the counter ticks around it;
-        waits up to wait_s for the tick after t."""
-        ticks = getattr(self, "ticks", None)
-        if not ticks:
+    def next_tick(self, wait_s: float = 0.25, period_s: float = 0.002) -> tuple[float, int] | None:
+        """Poll until the counter moves; (time, mJ) of that tick."""
+        last = self._counter_mj()
+        end = self._clock() + wait_s
+        while self._clock() < end:
+            time.sleep(period_s)
+            v = self._counter_mj()
+            if v is not None and v != last:
+                return self._clock(), v
+        return None
+
+    def energy_at(self, t: float) -> tuple[float | None, float | None]:
+        """(mJ at time t, span in ms it was interpolated over): the first tick after we start
+        looking, less the window's average power times the time since t."""
+        t0v0 = getattr(self, "tick0", None)
+        if t0v0 is None:
             return None, None
-        deadline = self._clock() + wait_s
-        while ticks[-1][0] < t and self._clock() < deadline:
-            time.sleep(0.002)
-        before = [k for k in ticks if k[0] <= t]
-        after = [k for k in ticks if k[0] > t]
-        if not before or not after:
+        after = self.next_tick()
+        if after is None:
             return None, None
-        (t0, e0), (t1, e1) = before[-1], after[0]
-        return e0 + (e1 - e0) * (t - t0) / (t1 - t0), round((t1 - t0) * 1000, 3)
+        (t0, v0), (ta, va) = t0v0, after
+        if ta <= t0:
+            return None, None
+        watts_mj = (va - v0) / (ta - t0)
+        return va - watts_mj * (ta - t), round((ta - t) * 1000, 3)
 
     def read(self) -> tuple[int | None, float | None]:
         """(counter mJ, power W) now; the counter is None where the GPU lacks it."""
@@ -232,17 +246,15 @@ class Timeline:
         t_end = end[0]
         window = t_end - t_start
         if m.method == "total_energy_counter":
-            e_end, tick_ms = m.energy_at(t_end)
-            # The window starts at the first tick the poller saw: the value read before it is stale
-            # by up to one counter period, so it cannot anchor a time.
-            ticks = getattr(m, "ticks", [])
-            if e_end is None or not ticks:
-                out["energy_error"] = "energy counter did not tick around the first token"
+            e_end, back_ms = m.energy_at(t_end)
+            tick0 = getattr(m, "tick0", None)
+            if e_end is None or tick0 is None:
+                out["energy_error"] = "energy counter did not tick around the window"
                 return out
-            t_start, c_start = ticks[0]
+            t_start, c_start = tick0
             window = t_end - t_start
             joules = (e_end - c_start) / 1000.0
-            out["energy_counter_period_ms"] = tick_ms
+            out["energy_extrapolated_ms"] = back_ms  # from the tick after the first token back to it
         else:  # trapezoid over the power read at each mark inside the window
             pts = [(t_start, p_start)] + [(t, p) for _, t, _, p in self.marks if t_start < t <= t_end and p is not None]
             joules = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:]))

@@ -9,8 +9,8 @@ For every case it measures idle power just before (after the GPU has settled), t
 child N times. The first token is the first byte the child writes to stdout (reflex streams the
 generated text there; system1 prints its result there), read as it arrives.
 Energy: NVML's total-energy counter only moves every ~100 ms (12 J steps at idle on an H200), so
-a thread polls it every millisecond and records when it ticks; the energy at any instant is
-interpolated between the ticks around it, and a window's joules are E(end) - E(start).
+each run is spawned right after a tick and the energy at the first output and at exit is read
+at the next tick, less the run's average power times the time since the event (EnergyClock).
 net = gross - idle watts x window. A cold start is mostly the GPU idling, so the net figure is
 the one that shows the work; the method is checked on `sleep 1`, which must net ~0 J.
 Page cache "cold" drops the model file's pages (posix_fadvise DONTNEED, or drop_caches when
@@ -56,38 +56,33 @@ class Nvml:
         return v.value / 1000
 
 
-class EnergyTrace:
-    """(time, mJ) at every tick of the counter, polled every millisecond on a thread."""
+class EnergyClock:
+    """Windows of the NVML energy counter, timed at its ticks.
+
+    The counter moves every ~100 ms, so a window is aligned to it: the child is spawned right
+    after a tick (E0 known at t0), and for an instant t inside the run we wait for the first tick
+    after t and step back by the run's average power: E(t) = E_a - P (t_a - t). We never poll
+    while a child initialises CUDA: polling NVML during cuInit slowed it several-fold on the H200."""
 
     def __init__(self, nv: Nvml):
         self.nv = nv
-        self.ticks: list[tuple[float, int]] = []
-        self._stop = False
-        threading.Thread(target=self._run, daemon=True).start()
 
-    def _run(self) -> None:
+    def wait_tick(self, max_s: float = 0.35) -> tuple[float, int] | None:
         last = self.nv.energy_mj()
-        while not self._stop:
+        end = time.perf_counter() + max_s
+        while time.perf_counter() < end:
+            time.sleep(0.001)
             v = self.nv.energy_mj()
             if v != last:
-                self.ticks.append((time.perf_counter(), v))
-                last = v
-            time.sleep(0.001)
-
-    def at(self, t: float) -> float | None:
-        """mJ at time t, waiting (up to 0.5 s) for the tick after it."""
-        deadline = time.perf_counter() + 0.5
-        while (not self.ticks or self.ticks[-1][0] < t) and time.perf_counter() < deadline:
-            time.sleep(0.002)
-        ticks = self.ticks
-        for (t0, e0), (t1, e1) in zip(ticks, ticks[1:]):
-            if t0 <= t <= t1:
-                return e0 + (e1 - e0) * (t - t0) / (t1 - t0)
+                return time.perf_counter(), v
         return None
 
-    def joules(self, t0: float, t1: float) -> float | None:
-        a, b = self.at(t0), self.at(t1)
-        return None if a is None or b is None else (b - a) / 1000
+    @staticmethod
+    def at(t: float, start: tuple[float, int], after: tuple[float, int] | None) -> float | None:
+        if after is None or after[0] <= start[0]:
+            return None
+        watts_mj = (after[1] - start[1]) / (after[0] - start[0])
+        return after[1] - watts_mj * (after[0] - t)
 
 
 def counter_resolution(nv: Nvml, seconds: float = 1.0) -> dict:
@@ -105,13 +100,15 @@ def counter_resolution(nv: Nvml, seconds: float = 1.0) -> dict:
             "median_step_mj": statistics.median(steps) if steps else None, "unit": "mJ"}
 
 
-def idle_watts(trace: EnergyTrace, seconds: float, settle_s: float = 1.0) -> float | None:
-    """Average power over `seconds` of nothing, after letting the GPU settle from earlier work."""
+def idle_watts(clock: EnergyClock, seconds: float, settle_s: float = 1.0) -> float | None:
+    """Average power between two counter ticks `seconds` apart, after the GPU settles."""
     time.sleep(settle_s)
-    t0 = time.perf_counter()
+    a = clock.wait_tick()
     time.sleep(seconds)
-    j = trace.joules(t0, time.perf_counter())
-    return None if j is None else j / seconds
+    b = clock.wait_tick()
+    if a is None or b is None:
+        return None
+    return (b[1] - a[1]) / 1000 / (b[0] - a[0])
 
 
 def drop_page_cache(path: str | None) -> str:
@@ -137,10 +134,12 @@ def warm_page_cache(path: str | None) -> None:
                 pass
 
 
-def run_once(cmd: list[str], trace: EnergyTrace | None, env: dict) -> dict:
+def run_once(cmd: list[str], clock: EnergyClock | None, env: dict) -> dict:
+    start = clock.wait_tick() if clock else None  # spawn on a counter tick: E(t0) is known
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     first = None
+    after_first: list = []
     out = bytearray()
     fd = proc.stdout.fileno()
     while True:
@@ -149,6 +148,8 @@ def run_once(cmd: list[str], trace: EnergyTrace | None, env: dict) -> dict:
             break
         if first is None and chunk.strip():
             first = time.perf_counter()
+            if clock:
+                threading.Thread(target=lambda: after_first.append(clock.wait_tick()), daemon=True).start()
         out += chunk
     err = proc.stderr.read()
     proc.wait()
@@ -156,9 +157,16 @@ def run_once(cmd: list[str], trace: EnergyTrace | None, env: dict) -> dict:
     row = {"rc": proc.returncode, "spawn_to_first_output_s": (first - t0) if first else None,
            "spawn_to_exit_s": t_exit - t0, "stdout_head": out[:80].decode(errors="replace"),
            "stderr_tail": err[-300:].decode(errors="replace")}
-    if trace:
-        row["joules_to_first_output"] = trace.joules(t0, first) if first else None
-        row["joules_to_exit"] = trace.joules(t0, t_exit)
+    if clock and start is not None:
+        after_exit = clock.wait_tick()
+        deadline = time.perf_counter() + 0.5
+        while first and not after_first and time.perf_counter() < deadline:
+            time.sleep(0.002)
+        e0 = start[1] + 0.0
+        e_first = clock.at(first, start, after_first[0]) if first and after_first else None
+        e_exit = clock.at(t_exit, start, after_exit)
+        row["joules_to_first_output"] = (e_first - e0) / 1000 if e_first is not None else None
+        row["joules_to_exit"] = (e_exit - e0) / 1000 if e_exit is not None else None
     return row
 
 
@@ -172,10 +180,10 @@ def pct(values, q):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-def run_case(name: str, cmd: list[str], runs: int, trace: EnergyTrace | None, model: str | None, cache: str,
+def run_case(name: str, cmd: list[str], runs: int, clock: EnergyClock | None, model: str | None, cache: str,
              idle_s: float, record_path: str | None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    idle = idle_watts(trace, idle_s) if trace else None
+    idle = idle_watts(clock, idle_s) if clock else None
     rows, method = [], None
     subprocess.run(cmd, capture_output=True, env=env)  # one untimed run: imports and files into page cache
     for _ in range(runs):
@@ -183,7 +191,7 @@ def run_case(name: str, cmd: list[str], runs: int, trace: EnergyTrace | None, mo
             method = drop_page_cache(model)
         else:
             warm_page_cache(model)
-        row = run_once(cmd, trace, env)
+        row = run_once(cmd, clock, env)
         if record_path and os.path.exists(record_path):
             with open(record_path) as f:
                 row["child_record"] = json.load(f)
@@ -203,7 +211,7 @@ def run_case(name: str, cmd: list[str], runs: int, trace: EnergyTrace | None, mo
     summary = {"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "page_cache": cache, "cache_drop_method": method,
                "runs": runs, "failures": len(rows) - len(ok), "idle_watts": idle,
                "spawn_to_first_output_s": stat("spawn_to_first_output_s"), "spawn_to_exit_s": stat("spawn_to_exit_s")}
-    if trace:
+    if clock:
         for k in ("joules_to_first_output", "net_joules_to_first_output", "joules_to_exit", "net_joules_to_exit"):
             summary[k] = stat(k)
     stages = _median_stages([r["child_record"] for r in ok if "child_record" in r])
@@ -277,6 +285,7 @@ def main() -> int:
     ap.add_argument("--cache", default="warm,cold", help="page-cache states to run: warm, cold")
     ap.add_argument("--system1", action="store_true", help="also time `reflex system1` with 3 candidates")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD", help="another command to time the same way")
+    ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--idle-s", type=float, default=2.0)
     ap.add_argument("--out", required=True, help="output folder")
     args = ap.parse_args()
@@ -288,7 +297,7 @@ def main() -> int:
         nv = None
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": nv.name if nv else None,
               "prompt": args.prompt, "python": sys.version.split()[0], "cases": []}
-    trace = EnergyTrace(nv) if nv else None
+    trace = EnergyClock(nv) if nv else None
     if nv:
         result["energy_counter"] = counter_resolution(nv)
         check = run_case("sleep 1 (method check: net must be ~0 J)", ["sleep", "1"], 3, trace, None, "warm", args.idle_s,
@@ -309,7 +318,7 @@ def main() -> int:
                 _print_case(c)
     for peer in args.peer:
         name, _, cmd = peer.partition("=")
-        c = run_case(name, shlex.split(cmd), args.runs, trace, None, "warm", args.idle_s, None)
+        c = run_case(name, shlex.split(cmd), args.peer_runs or args.runs, trace, None, "warm", args.idle_s, None)
         result["cases"].append(c)
         _print_case(c)
     with open(os.path.join(args.out, "results.json"), "w") as f:

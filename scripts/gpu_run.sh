@@ -1,55 +1,60 @@
 #!/usr/bin/env bash
 # One session on a GPU machine with no network: everything the GPU work needs, in one command.
 #
-#   bash scripts/gpu_run.sh [STEPS]      STEPS: comma list of smoke,kernels,engine,real,bench,coldstart
+#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,coldstart,warm
 #
 # Expects, carried from the development machine (all git-ignored):
 #   .whl/                       wheels the machine lacks (../shared/tools/gpu-wheels.sh .whl)
-#   reflex_runtime/_kernels/    the fatbin + manifest (python scripts/build_kernels.py)
+#   reflex_runtime/_kernels/    the fatbin + manifest (python scripts/build_kernels.py; rebuilt here if stale)
 #   .cache/test/llama.cpp-*/    the pinned converter (scripts/llama_cpp_sdist.py, minus models/)
 #   .cache/qwen3-tokenizer/     the real Qwen3 tokenizer files
-# Logs and results go to $OUT (default logs/).
+# Correctness steps may overlap each other; timing steps (bench, coldstart, warm) run alone.
+# Logs and results go to $OUT (default logs/) as run.tgz plus the cold-start waterfall PNG.
 set -uo pipefail
-STEPS=${1:-smoke,kernels,engine,real,bench,coldstart}
+STEPS=${1:-smoke,kernels,engine,real,bench,coldstart,warm}
 OUT=${OUT:-logs}
-mkdir -p "$OUT"
+WORK=$OUT/run
+mkdir -p "$WORK"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
+QUANTS=${QUANTS:-q8_0 q4_k_m}
+REAL=/tmp/real
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 export REFLEX_TEST_CACHE=$PWD/.cache/test REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
-WORK=$OUT/run
-mkdir -p "$WORK"
-REAL=/tmp/real
-QUANTS=${QUANTS:-q8_0 q4_k_m}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw,clocks.sm --format=csv; nproc; } \
   2>&1 | tee "$WORK/machine.txt"
-# The carried fatbin is rebuilt only if kernels/*.cu changed since it was made (nvcc is here too).
-python3 scripts/build_kernels.py 2>&1 | tail -1
+python3 scripts/build_kernels.py 2>&1 | tail -1  # no-op unless kernels/*.cu changed since the carried build
+
+# Qwen3-0.6B shapes with random weights, the real Qwen3 tokenizer, llama.cpp's converter: built in
+# the background (CPU only) while the GPU tests run.
+build_real() {
+  for t in $QUANTS; do
+    [ -f $REAL/qwen3-0.6b-$t.gguf ] || { python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t \
+      --out $REAL/$t > "$WORK/make-$t.log" 2>&1 && cp $REAL/$t/qwen3-$t.gguf $REAL/qwen3-0.6b-$t.gguf; }
+  done
+}
+if has real || has bench || has coldstart || has warm; then build_real & BUILD_PID=$!; fi
 
 if has smoke; then
   timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tee "$WORK/smoke.log"
 fi
 if has kernels; then
-  timeout ${KERNEL_TIMEOUT:-200} python3 -m pytest -m gpu tests/test_gpu_kernels.py -q -p no:cacheprovider --timeout 120 2>&1 \
-    | tee "$WORK/gpu-kernels.log" | tail -40
+  timeout ${KERNEL_TIMEOUT:-200} python3 -m pytest -m gpu tests/test_gpu_kernels.py -q -p no:cacheprovider \
+    --timeout 120 2>&1 | tee "$WORK/gpu-kernels.log" | tail -15
 fi
 if has engine; then
-  timeout ${ENGINE_TIMEOUT:-300} python3 -m pytest -m gpu tests/test_gpu_engine.py -q -p no:cacheprovider -n 8 --timeout 280 2>&1 \
-    | tee "$WORK/gpu-engine.log" | tail -60
+  timeout ${ENGINE_TIMEOUT:-300} python3 -m pytest -m gpu tests/test_gpu_engine.py -q -p no:cacheprovider -n 8 \
+    --timeout 280 -p no:benchmark 2>&1 | tee "$WORK/gpu-engine.log" | tail -25
 fi
-if has real || has bench || has coldstart; then
-  # Qwen3-0.6B shapes with random weights, the real Qwen3 tokenizer, converted by llama.cpp's converter
-  for t in $QUANTS; do
-    [ -f $REAL/qwen3-0.6b-$t.gguf ] || timeout 400 python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t \
-      --out $REAL/$t 2>&1 | tail -2 && cp $REAL/$t/qwen3-$t.gguf $REAL/qwen3-0.6b-$t.gguf
-  done
-  ls -la $REAL | tee -a "$WORK/machine.txt"
-fi
+[ -n "${BUILD_PID:-}" ] && { wait $BUILD_PID; ls -la $REAL | tee -a "$WORK/machine.txt"; }
 if has real; then
   for t in $QUANTS; do
     timeout 300 python3 -m reflex_runtime.cli check $REAL/qwen3-0.6b-$t.gguf --steps 16 --json \
-      > "$WORK/check-qwen3-0.6b-$t.json" 2> "$WORK/check-qwen3-0.6b-$t.err"
+      > "$WORK/check-qwen3-0.6b-$t.json" 2> "$WORK/check-qwen3-0.6b-$t.err" &
+  done
+  wait
+  for t in $QUANTS; do
     python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: v for k, v in r.items() if 'tokens' not in k})" \
       "$WORK/check-qwen3-0.6b-$t.json" || tail -5 "$WORK/check-qwen3-0.6b-$t.err"
   done
@@ -64,8 +69,12 @@ if has coldstart; then
   models=(); for t in $QUANTS; do models+=(--model $REAL/qwen3-0.6b-$t.gguf); done
   peers=(); [ "${PEERS:-1}" = 1 ] && peers+=(--peer "transformers+torch=python3 scripts/peer_transformers.py $REAL/q8_0/hf")
   timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 \
-    --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
+    --peer-runs ${PEER_RUNS:-3} --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
     "${peers[@]}" 2>&1 | tee "$WORK/coldstart.log"
+fi
+if has warm; then
+  timeout 200 python3 scripts/bench_warm.py --model $REAL/qwen3-0.6b-q8_0.gguf --backend cuda -n ${WARM_N:-50} \
+    --out "$WORK/warm.json" 2>&1 | tail -12 | tee "$WORK/warm.log"
 fi
 cp "$WORK"/coldstart/waterfall.png "$OUT"/ 2>/dev/null
 tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$WORK"

@@ -82,10 +82,10 @@ class FakeCounter(EnergyMeter):
         return 150.0
 
 
-def test_energy_is_interpolated_between_counter_ticks():
+def test_energy_is_measured_between_counter_ticks():
     tl = Timeline()
     meter = FakeCounter()
-    meter.start_polling(tl.elapsed, period_s=0.001)
+    meter.start_polling(tl.elapsed)
     tl.meter = meter
     tl._energy_t0 = (tl.elapsed(), meter._counter_mj(), None)
     tl._meter_ready.set()
@@ -94,10 +94,11 @@ def test_energy_is_interpolated_between_counter_ticks():
     rec = tl.record()
     assert rec["energy_error"] is None, rec["energy_error"]
     window_s = rec["process_start_to_first_token_ms"] / 1000 - rec["energy_window_start_ms"] / 1000
-    # 150 W over the window, within a couple of polling periods
-    assert rec["joules_to_first_token"] == pytest.approx(150 * window_s, abs=0.6)
-    assert rec["joules_above_idle_to_first_token"] == pytest.approx(50 * window_s, abs=0.6)
-    assert rec["energy_counter_period_ms"] == pytest.approx(20, abs=5)
+    # 150 W over the window, within a couple of polling periods (the window starts at a tick)
+    assert 0.2 < window_s < 0.31
+    assert rec["joules_to_first_token"] == pytest.approx(150 * window_s, abs=0.8)
+    assert rec["joules_above_idle_to_first_token"] == pytest.approx(50 * window_s, abs=0.8)
+    assert 0 <= rec["energy_extrapolated_ms"] <= 25
 
 
 def test_cli_summary_line_and_json_record_from_a_real_process(tmp_path):

@@ -80,6 +80,22 @@ def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     assert wpr > 1 or rows >= 1500
 
 
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,fused_norm", [(4100, False), (8200, True), (8192, False)])
+def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
+    """Many rows, one token: each warp applies one x load to 2 or 4 rows (the LM head's shape)."""
+    rng = np.random.default_rng([int(qtype), rows, fused_norm])
+    k = 256
+    w, dense = weight(gpu, qtype, rows, k, rng)
+    assert gpu.ops._rpw([rows], 1, gpu.ops._wpr(rows, k)) > 1
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    y = gpu.poisoned((1, rows))
+    gpu.ops.matmul(w, gpu.put(x), y, 1, norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
+    xe = _rms(x, nw, 1e-6).astype(np.float32) if fused_norm else x
+    assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, rtol=2e-4)
+
+
 @pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 6])
 def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
