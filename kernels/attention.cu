@@ -18,6 +18,7 @@
 
 #define ATT_WARPS 4
 #define ATT_MAXV 8  // hd_v / 32
+#define ATT_MIN_KEYS 64  // keys per slice below which more slices do not pay for their merge
 
 // Merge the n_split partials of one (token, head) row. Reads bypass L1 (other blocks wrote them).
 __device__ void attn_merge(const float* part_o, const float* part_ml, float* out, long row, int hd_v, int n_split) {
@@ -53,6 +54,10 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     int my_slot = q_slot[t], my_pos = q_pos[t];
     int lo = seg_lo ? seg_lo[t] : 0;
     int n_vis = min(*n_kv_ptr, my_slot + 1);
+    // Short contexts use fewer slices, one per ATT_MIN_KEYS keys: less to merge. Every block of the
+    // row computes the same count from the same n_kv; surplus blocks leave before any barrier.
+    n_split = min(n_split, max(1, (n_vis + ATT_MIN_KEYS - 1) / ATT_MIN_KEYS));
+    if (split >= n_split) return;
     int chunk = (n_vis + n_split - 1) / n_split;
     int j0 = split * chunk, j1 = min(n_vis, j0 + chunk);
 

@@ -153,6 +153,7 @@ def cmd_generate(args) -> int:
         elif not args.json:
             out.write(ev.text)
             out.flush()
+    engine.persist_index()
     return 0
 
 
@@ -164,6 +165,7 @@ def cmd_system1(args) -> int:
     if args.json:
         print(json.dumps(res), flush=True)
         _write_record(args.record, res["record"])
+        engine.persist_index()
         return 0
     lines = []
     for c in res["candidates"]:
@@ -177,6 +179,7 @@ def cmd_system1(args) -> int:
     print("\n".join(lines), flush=True)
     _eprint("probability is a softmax over these candidates only, not over the vocabulary")
     _write_record(args.record, rec)
+    engine.persist_index()
     return 0
 
 

@@ -100,6 +100,16 @@ class Engine:
         self.requests_served = 0
         self._chat_template = gguf.get("tokenizer.chat_template")
 
+    def persist_index(self) -> bool:
+        """Save the parsed header and tokenizer tables for the next cold start of this file
+        (modelcache.py). Call it after a response has gone out: it is never worth a delay."""
+        if getattr(self, "index_cached", True):
+            return False
+        from . import modelcache
+
+        self.index_cached = modelcache.save(self.gguf.path, self.gguf, self.tokenizer)
+        return self.index_cached
+
     # -- prompts ---------------------------------------------------------------------------
 
     @property

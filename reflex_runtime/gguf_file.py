@@ -157,7 +157,8 @@ def _read_value(cur: _Cursor, vtype: int, depth: int = 0) -> Any:
 class GGUFFile:
     """A parsed GGUF file backed by a read-only mmap. Use as a context manager or call close()."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, index: dict | None = None):
+        """index: a cached parse of this same file (modelcache.py), which skips the parsing."""
         self.path = os.fspath(path)
         try:
             fd = os.open(self.path, os.O_RDONLY)
@@ -178,6 +179,8 @@ class GGUFFile:
         finally:
             os.close(fd)
         try:
+            if index is not None and self._restore(index):
+                return
             self._parse()
         except ModelFileError as e:
             self.close()
@@ -268,6 +271,23 @@ class GGUFFile:
             if b.offset < a.offset + a.nbytes:
                 raise ModelFileError(f"tensors '{a.name[:64]}' and '{b.name[:64]}' overlap in the file")
         self.tensors = tensors
+
+    def _restore(self, index: dict) -> bool:
+        """Adopt a cached parse; False (and parse normally) if it does not fit this file."""
+        from .modelcache import restore_metadata
+
+        try:
+            tensors = {t[0]: TensorInfo(t[0], tuple(t[1]), t[2], t[3], t[4]) for t in index["tensors"]}
+            if any(t.offset + t.nbytes > self.size or t.ggml_type not in GGML_TYPES for t in tensors.values()):
+                return False
+            self.version, self.alignment = index["version"], index["alignment"]
+            self.data_offset = index["data_offset"]
+            self.metadata = restore_metadata(index["metadata"])
+            self.tensors = tensors
+            self.from_index = True
+            return True
+        except (KeyError, TypeError, ValueError, IndexError):
+            return False
 
     # -- access --------------------------------------------------------------------------
 

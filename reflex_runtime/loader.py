@@ -50,12 +50,22 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
         raise ReflexError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     # While several threads bring the model up, a thread that drops the GIL for a driver call
     # or a read must get it back quickly, not after the default 5 ms slice of another thread.
+    # The load creates ~10^6 long-lived objects (vocabulary, tables): collecting them on the way
+    # costs tens of ms for nothing, so the collector pauses, and the survivors are frozen out of
+    # later collections.
+    import gc
+
     switch = sys.getswitchinterval()
     sys.setswitchinterval(0.0002)
+    gc_was_on = gc.isenabled()
+    gc.disable()
     try:
         return _load(model_ref, backend, timeline, max_context, log)
     finally:
         sys.setswitchinterval(switch)
+        gc.freeze()
+        if gc_was_on:
+            gc.enable()
 
 
 def _load(model_ref, backend, timeline, max_context, log):
@@ -77,7 +87,10 @@ def _load(model_ref, backend, timeline, max_context, log):
     if os.path.isfile(path):
         _prefetch(path, tl)
     tl.mark("model_resolved")
-    gguf = GGUFFile(path)
+    from . import modelcache
+
+    index = modelcache.load(path) if os.path.isfile(path) else None
+    gguf = GGUFFile(path, index=index["gguf"] if index else None)
     config = read_config(gguf)
     tl.mark("gguf_open")
 
@@ -99,6 +112,8 @@ def _load(model_ref, backend, timeline, max_context, log):
     from .tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(gguf)
+    if index:
+        tokenizer.adopt_tables(index.get("tokenizer") or {})
     tokenizer.prepare()  # build the lookup tables now, while the weights stream to the GPU
     tl.mark("tokenizer")
 
@@ -126,4 +141,5 @@ def _load(model_ref, backend, timeline, max_context, log):
                 tl.no_energy(fallback_reason or "no GPU in use")
     engine = Engine(gguf, config, tokenizer, runner, timeline=tl, model_ref=model_ref or path)
     engine.fallback_reason = fallback_reason
+    engine.index_cached = index is not None
     return engine

@@ -132,6 +132,20 @@ class Tokenizer:
             chat_template=template if isinstance(template, str) else None,
         )
 
+    def export_tables(self) -> dict:
+        """The lookup tables prepare() builds, for modelcache.py to keep between processes."""
+        self.prepare()
+        return {"token_ids": self._token_ids, "ranks": self._ranks}
+
+    def adopt_tables(self, tables: dict) -> "Tokenizer":
+        """Use tables saved by export_tables() for this same vocabulary (checked by size)."""
+        ids, ranks = tables.get("token_ids"), tables.get("ranks")
+        if isinstance(ids, dict) and len(ids) <= len(self._tokens):
+            self._token_ids = ids
+        if isinstance(ranks, dict) and self._merges is not None and len(ranks) <= len(self._merges):
+            self._ranks = ranks
+        return self
+
     def prepare(self) -> "Tokenizer":
         """Build every lookup table now instead of on first encode. Safe to run in a thread."""
         self._ids()
