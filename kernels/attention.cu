@@ -18,7 +18,7 @@
 
 #define ATT_WARPS 4
 #define ATT_MAXV 8  // hd_v / 32
-#define ATT_MIN_KEYS 64  // keys per slice below which more slices do not pay for their merge
+#define ATT_MIN_KEYS 1  // fewer slices only when there are fewer keys than slices (64 measured slower)
 
 // Merge the n_split partials of one (token, head) row. Reads bypass L1 (other blocks wrote them).
 __device__ void attn_merge(const float* part_o, const float* part_ml, float* out, long row, int hd_v, int n_split) {
@@ -54,8 +54,10 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     int my_slot = q_slot[t], my_pos = q_pos[t];
     int lo = seg_lo ? seg_lo[t] : 0;
     int n_vis = min(*n_kv_ptr, my_slot + 1);
-    // Short contexts use fewer slices, one per ATT_MIN_KEYS keys: less to merge. Every block of the
-    // row computes the same count from the same n_kv; surplus blocks leave before any barrier.
+    // A context shorter than n_split keys uses fewer slices (no empty ones to merge). Every block
+    // of the row computes the same count from the same n_kv; surplus blocks leave before any
+    // barrier. Larger minimum slices (64 keys) made decode slower on the H200: one warp walking
+    // more keys costs more than the merge saves.
     n_split = min(n_split, max(1, (n_vis + ATT_MIN_KEYS - 1) / ATT_MIN_KEYS));
     if (split >= n_split) return;
     int chunk = (n_vis + n_split - 1) / n_split;

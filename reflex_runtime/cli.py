@@ -121,6 +121,10 @@ def _summary_line(rec: dict) -> str:
     return " ".join(f"{k}={'null' if v is None else v}" for k, v in fields.items())
 
 
+def _null(v) -> str:
+    return "null" if v is None else str(v)
+
+
 def _write_record(path: str | None, rec: dict) -> None:
     if path:
         with open(path, "w") as f:
@@ -161,23 +165,24 @@ def cmd_system1(args) -> int:
     from .loader import load_engine
 
     engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx)
-    res = engine.system1(prompt=args.prompt, candidates=list(args.candidate), chat=args.chat)
+
+    def print_scores(res: dict) -> None:  # before the record: its energy reading may wait ~0.1 s
+        lines = [f"REFLEX_SYSTEM1_CANDIDATE idx={c['index']} text={json.dumps(c['text'], ensure_ascii=False)} "
+                 f"token_ids={json.dumps(c['token_ids'])} score={c['score']:.6f} probability={c['probability']:.6f}"
+                 for c in res["candidates"]]
+        print("\n".join(lines), flush=True)
+
+    res = engine.system1(prompt=args.prompt, candidates=list(args.candidate), chat=args.chat,
+                         emit=None if args.json else print_scores)
+    rec = res["record"]
     if args.json:
         print(json.dumps(res), flush=True)
-        _write_record(args.record, res["record"])
-        engine.persist_index()
-        return 0
-    lines = []
-    for c in res["candidates"]:
-        lines.append(f"REFLEX_SYSTEM1_CANDIDATE idx={c['index']} text={json.dumps(c['text'], ensure_ascii=False)} "
-                     f"token_ids={json.dumps(c['token_ids'])} score={c['score']:.6f} probability={c['probability']:.6f}")
-    rec = res["record"]
-    cs = rec.get("coldstart") or {}
-    lines.append(f"REFLEX_SYSTEM1_RESULT best_idx={res['best_index']} best_text={json.dumps(res['best_text'], ensure_ascii=False)} "
-                 f"entropy={res['entropy']:.6f} process_start_to_result_ms={res.get('process_start_to_result_ms')} "
-                 f"joules_to_result={cs.get('joules_to_first_token')} backend={rec['backend']}")
-    print("\n".join(lines), flush=True)
-    _eprint("probability is a softmax over these candidates only, not over the vocabulary")
+    else:
+        cs = rec.get("coldstart") or {}
+        print(f"REFLEX_SYSTEM1_RESULT best_idx={res['best_index']} best_text={json.dumps(res['best_text'], ensure_ascii=False)} "
+              f"entropy={res['entropy']:.6f} process_start_to_result_ms={res.get('process_start_to_result_ms')} "
+              f"joules_to_result={_null(cs.get('joules_to_first_token'))} backend={rec['backend']}", flush=True)
+        _eprint("probability is a softmax over these candidates only, not over the vocabulary")
     _write_record(args.record, rec)
     engine.persist_index()
     return 0

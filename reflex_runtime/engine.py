@@ -248,8 +248,10 @@ class Engine:
     # -- system1 ---------------------------------------------------------------------------
 
     def system1(self, prompt: str | None = None, candidates: list[str] | None = None, messages: list[dict] | None = None,
-                chat: bool = False) -> dict:
-        """Score each candidate continuation: sum of its tokens' log-probabilities after the prompt."""
+                chat: bool = False, emit=None) -> dict:
+        """Score each candidate continuation: sum of its tokens' log-probabilities after the prompt.
+        emit(result) is called with the scores before the request record is built: the record's
+        energy reading waits for the GPU's energy counter to tick (up to ~0.1 s), the answer need not."""
         if not isinstance(candidates, list) or not candidates:
             raise RequestError("'candidates' must be a non-empty list of strings", field="candidates")
         if len(candidates) > self.limits.max_candidates:
@@ -301,10 +303,11 @@ class Engine:
             "entropy": entropy,
             "probability_note": "softmax of the scores over this candidate set only, not a probability over the vocabulary",
         }
-        rec = self._record("system1", ids, 0, t_req, t_end, t_end, SamplingParams(), "scored", tl)
         if tl is not None:
-            result["process_start_to_result_ms"] = rec["coldstart"]["process_start_to_first_token_ms"]
-        result["record"] = rec
+            result["process_start_to_result_ms"] = round(tl.mark_time("first_token") * 1000, 3)
+        if emit is not None:
+            emit(result)
+        result["record"] = self._record("system1", ids, 0, t_req, t_end, t_end, SamplingParams(), "scored", tl)
         return result
 
 
