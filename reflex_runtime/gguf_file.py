@@ -15,6 +15,7 @@ from __future__ import annotations
 import array
 import mmap
 import os
+import stat
 import struct
 from typing import Any, NamedTuple
 
@@ -169,7 +170,12 @@ class GGUFFile:
         except OSError as e:
             raise ModelFileError(f"cannot open model file {self.path}: {e.strerror}") from None
         try:
-            self.size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise ModelFileError(f"model path is a directory, not a GGUF file: {self.path}")
+            if not stat.S_ISREG(st.st_mode):
+                raise ModelFileError(f"model path is not a regular file: {self.path}")
+            self.size = st.st_size
             if self.size < _HEADER.size:
                 raise ModelFileError(f"not a GGUF file (only {self.size} bytes): {self.path}")
             try:
