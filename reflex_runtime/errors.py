@@ -1,5 +1,6 @@
-"""One exception family. The CLI prints `str(err)` as one line and exits with `err.exit_code`;
-the handler and the HTTP server answer with `err.http_status` and a JSON body."""
+"""One exception family. The CLI prints `str(err)` as one line and exits with `err.exit_code`
+(2 is left to argparse's usage errors); the handler and the HTTP server answer with
+`err.http_status` and a JSON body."""
 
 
 class ReflexError(Exception):
@@ -17,7 +18,7 @@ class ReflexError(Exception):
 class ModelFileError(ReflexError):
     """The model file is missing, unreadable, not a GGUF, or malformed."""
 
-    exit_code = 2
+    exit_code = 3
     http_status = 503
     kind = "model_file_error"
 
@@ -25,7 +26,7 @@ class ModelFileError(ReflexError):
 class UnsupportedModelError(ReflexError):
     """A well-formed GGUF that uses an architecture or quantization we do not run."""
 
-    exit_code = 3
+    exit_code = 4
     http_status = 503
     kind = "unsupported_model"
 
@@ -33,7 +34,7 @@ class UnsupportedModelError(ReflexError):
 class DeviceError(ReflexError):
     """A CUDA driver call failed or the kernels are missing for this GPU."""
 
-    exit_code = 4
+    exit_code = 5
     http_status = 503
     kind = "device_error"
 
@@ -41,7 +42,7 @@ class DeviceError(ReflexError):
 class RequestError(ReflexError):
     """The request is malformed or exceeds a limit. `field` names the culprit when known."""
 
-    exit_code = 5
+    exit_code = 6
     http_status = 400
     kind = "invalid_request_error"
 
@@ -53,6 +54,6 @@ class RequestError(ReflexError):
 class HubError(ReflexError):
     """A model reference could not be resolved or downloaded."""
 
-    exit_code = 6
+    exit_code = 7
     http_status = 503
     kind = "model_fetch_error"

@@ -1,0 +1,106 @@
+"""The `reflex` command line: one-line errors with distinct exit codes, doctor, the build fallback."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reflex_runtime.errors import ModelFileError, RequestError, UnsupportedModelError
+
+ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def reflex(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "reflex_runtime.cli", *args], capture_output=True, text=True,
+                          env=ENV, timeout=timeout)
+
+
+def one_line_error(r, code, needle):
+    assert r.returncode == code, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reflex: error: "), r.stderr
+    assert needle in lines[0], lines[0]
+    assert r.stdout == ""
+
+
+def write_gguf(path, arch, tensors):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    for name, (data, raw_type) in tensors.items():
+        if raw_type is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_missing_file(tmp_path):
+    one_line_error(reflex("generate", "hi", "--model", str(tmp_path / "none.gguf"), "--backend", "cpu"),
+                   ModelFileError.exit_code, "not found")
+
+
+def test_not_a_gguf(tmp_path):
+    p = tmp_path / "notes.gguf"
+    p.write_text("this is not a model\n" * 10)
+    one_line_error(reflex("generate", "hi", "--model", str(p), "--backend", "cpu"), ModelFileError.exit_code,
+                   "not a GGUF file")
+
+
+def test_unsupported_architecture_is_named_with_the_supported_list(tmp_path):
+    p = tmp_path / "llama.gguf"
+    write_gguf(p, "llama", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    r = reflex("generate", "hi", "--model", str(p), "--backend", "cpu")
+    one_line_error(r, UnsupportedModelError.exit_code, "unsupported architecture 'llama'")
+    assert "qwen3" in r.stderr and "gemma3" in r.stderr
+
+
+def test_unsupported_quantization_is_named(tmp_path):
+    import gguf
+
+    p = tmp_path / "q2k.gguf"
+    q2k = np.zeros((4, 84), np.uint8)  # 4 rows of one Q2_K block (256 weights, 84 bytes)
+    write_gguf(p, "qwen3", {"token_embd.weight": (q2k, gguf.GGMLQuantizationType.Q2_K)})
+    one_line_error(reflex("generate", "hi", "--model", str(p), "--backend", "cpu"), UnsupportedModelError.exit_code,
+                   "unsupported quantization type Q2_K")
+
+
+def test_bad_request_values(tmp_path):
+    r = reflex("generate", "hi", "--backend", "cpu", "--temperature", "-1")
+    one_line_error(r, RequestError.exit_code, "temperature")
+    r = reflex("generate", "hi", "--backend", "cpu", "--max-tokens", "0")
+    one_line_error(r, RequestError.exit_code, "max_tokens")
+
+
+def test_doctor_reports_without_a_gpu():
+    r = reflex("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    info = json.loads(r.stdout)
+    assert info["python"] and info["backend_auto"] in ("cpu", "cuda")
+    if info["gpu"] is None:
+        assert info["gpu_error"]  # says why
+
+
+def test_install_without_nvcc_warns_and_succeeds(monkeypatch, capsys):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "find_nvcc", lambda: None)
+    build_kernels.build_for_install()
+    err = capsys.readouterr().err
+    assert "WARNING: nvcc not found" in err and "reflex doctor" in err
+    assert err.count("WARNING") == 1
+
+
+@pytest.mark.parametrize("argv", [["generate"], ["system1", "hi"], ["frobnicate"]])
+def test_usage_errors_exit_2(argv):
+    r = reflex(*argv)
+    assert r.returncode == 2 and "usage:" in r.stderr
