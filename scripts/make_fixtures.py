@@ -250,9 +250,16 @@ def build_gemma3(overrides: dict, hf_dir: Path) -> ArchBuild:
     return ArchBuild(cfg, norm_center=0.0)
 
 
+from fixtures_qwen3moe import build_qwen3moe  # noqa: E402
+
 ARCHS: dict[str, Callable[[dict, Path], ArchBuild]] = {
     "qwen3": build_qwen3,
     "gemma3": build_gemma3,
+    "qwen3moe": build_qwen3moe,
+    "qwen35": lambda overrides, hf_dir: __import__("fixtures_qwen35").build_qwen35(overrides, hf_dir),
+    "qwen35moe": lambda overrides, hf_dir: __import__("fixtures_qwen35").build_qwen35moe(overrides, hf_dir),
+    "deepseek_v2": lambda overrides, hf_dir: __import__("fixtures_deepseek").build_deepseek_v2(overrides, hf_dir),
+    "deepseek_v3": lambda overrides, hf_dir: __import__("fixtures_deepseek").build_deepseek_v3(overrides, hf_dir),
 }
 
 # Real model shapes with random weights (for GPU timing and memory work, not for quality).

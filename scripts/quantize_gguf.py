@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-QUANTIZER_VERSION = 2
+QUANTIZER_VERSION = 3
 QK_K = 256
 
 # scheme -> llama_ftype written to general.file_type (gguf.LlamaFileType values).
@@ -254,11 +254,18 @@ def _more_bits(layer: int, n_layers: int) -> bool:
     return layer < eighth or layer >= (7 * n_layers) // 8 or (layer - eighth) % 3 == 2
 
 
+# llama-quantize never quantizes these (llama-quant.cpp): the MoE routers (including the shared
+# expert's gate) and the Gated DeltaNet convolution; real files keep them in their source type.
+_NEVER_QUANTIZED = ("ffn_gate_inp", "ssm_conv1d")
+
+
 def choose_type(name: str, shape: tuple[int, ...], scheme: str, n_layers: int, tied: bool) -> tuple[str, str | None]:
     """(ggml type name, note) for one tensor; shape in ggml order (shape[0] = row length).
     The note says why a tensor did not get the scheme's base type."""
     if len(shape) < 2:
         return "F32", None
+    if any(k in name for k in _NEVER_QUANTIZED):
+        return "F32", "kept in F32 as llama-quantize keeps it (expert routers, the SSM convolution)"
     row = shape[0]
     is_output = name == "output.weight" or (tied and name == "token_embd.weight")
     if scheme == "Q4_K_M":

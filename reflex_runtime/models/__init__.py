@@ -13,6 +13,9 @@ from .config import ModelConfig
 _FAMILIES = {
     "qwen3": "qwen3",
     "gemma3": "gemma3",
+    "qwen35": "qwen35", "qwen35moe": "qwen35",
+    "qwen3moe": "qwen3moe",
+    "deepseek2": "deepseek2",
 }
 
 

@@ -17,6 +17,9 @@ from .base import KVCache, ReferenceModel, Weights
 _MODELS = {
     "qwen3": ("qwen3", "Qwen3"),
     "gemma3": ("gemma3", "Gemma3"),
+    "qwen35": ("qwen35", "Qwen35"), "qwen35moe": ("qwen35", "Qwen35"),
+    "qwen3moe": ("qwen3moe", "Qwen3Moe"),
+    "deepseek2": ("deepseek2", "DeepSeek2"),
 }
 
 

@@ -1,0 +1,101 @@
+"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): configuration from GGUF.
+
+Per layer: RMSNorm -> attention exactly as Qwen3 dense (q/k/v, per-head RMSNorm on q and k, NeoX
+RoPE, causal GQA) -> residual; RMSNorm -> sparse MoE FFN -> residual:
+  router   p = softmax(ffn_gate_inp @ h) over all experts (float32)
+  select   the top `expert_used_count` experts by p; equal p goes to the lower expert id
+  weights  the selected p, divided by their sum (norm_topk_prob), the sum clamped to >= 2^-14
+  experts  expert e: ffn_down_exps[e] @ (silu(ffn_gate_exps[e] @ h) * (ffn_up_exps[e] @ h))
+  output   sum over the selected experts of weight * expert output
+Every layer is sparse (llama.cpp has no dense layers for this architecture). LM head as Qwen3.
+
+Tensors (ggml order, shape[0] contiguous): ffn_gate_inp {n_embd, n_expert}; ffn_gate_exps and
+ffn_up_exps {n_embd, n_ff_exp, n_expert}; ffn_down_exps {n_ff_exp, n_embd, n_expert}: in numpy
+order each is a stack of per-expert (out, in) matrices.
+
+What llama.cpp takes from the file and what it hard-codes (we follow it, so files mean the same):
+- `expert_count`, `expert_used_count` (required), `expert_feed_forward_length` (default
+  feed_forward_length / expert_used_count);
+- the router is always softmax and the top-k weights are always renormalized: the converter
+  writes no norm_topk_prob, and llama.cpp ignores `expert_gating_func`,
+  `expert_weights_norm` and `expert_weights_scale` for qwen3moe (a model trained with
+  norm_topk_prob=False is run renormalized, by llama.cpp and by us).
+"""
+
+from __future__ import annotations
+
+import array
+
+from ..errors import ModelFileError
+from .config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
+
+
+def _uniform_int(gguf, md: MetadataReader, key: str, default: int | None = None) -> int | None:
+    """An integer key that llama.cpp also accepts as a per-layer array: one value for every layer."""
+    v = gguf.arch_get(key)
+    if not isinstance(v, (list, array.array)):  # absent, or a scalar: MetadataReader checks it
+        return md.int(key, default, required=default is None)
+    values = set(v)
+    if len(values) != 1 or not all(isinstance(x, int) and not isinstance(x, bool) for x in values):
+        raise ModelFileError(f"GGUF key '{md.arch}.{key}' should be one integer for every layer, got {v!r}: {gguf.path}")
+    return values.pop()
+
+
+def _check_expert_tensors(gguf, n_layers: int, n_embd: int, n_expert: int, n_ff_exp: int) -> None:
+    want = {
+        "ffn_gate_inp": (n_embd, n_expert),
+        "ffn_gate_exps": (n_embd, n_ff_exp, n_expert),
+        "ffn_up_exps": (n_embd, n_ff_exp, n_expert),
+        "ffn_down_exps": (n_ff_exp, n_embd, n_expert),
+    }
+    for il in range(n_layers):
+        for kind, shape in want.items():
+            ti = gguf.tensor(f"blk.{il}.{kind}.weight")  # ModelFileError naming it when absent
+            if tuple(ti.shape) != shape:
+                raise ModelFileError(
+                    f"GGUF tensor '{ti.name}' has shape {tuple(ti.shape)}, expected {shape} "
+                    f"(n_embd {n_embd}, n_ff_exp {n_ff_exp}, n_expert {n_expert}): {gguf.path}")
+
+
+def config_from_gguf(gguf) -> ModelConfig:
+    check_tensor_types(gguf)
+    md = MetadataReader(gguf)
+    n_layers = md.int("block_count", required=True)
+    n_embd = md.int("embedding_length", required=True)
+    n_head = md.int("attention.head_count", required=True)
+    head_dim = md.int("attention.key_length", n_embd // n_head)
+    n_expert = md.int("expert_count", required=True)
+    n_used = _uniform_int(gguf, md, "expert_used_count")
+    if n_expert <= 0 or not 0 < n_used <= n_expert:
+        raise ModelFileError(
+            f"GGUF has expert_count {n_expert} and expert_used_count {n_used}; need 0 < used <= count: {gguf.path}")
+    n_ff = md.int("feed_forward_length", 0) or 0
+    n_ff_exp = _uniform_int(gguf, md, "expert_feed_forward_length", 0) or n_ff // n_used
+    if n_ff_exp <= 0:
+        raise ModelFileError(f"GGUF has no expert_feed_forward_length (nor feed_forward_length): {gguf.path}")
+    _check_expert_tensors(gguf, n_layers, n_embd, n_expert, n_ff_exp)
+    emb = gguf.tensor("token_embd.weight")
+    return ModelConfig(
+        arch=md.arch,
+        n_layers=n_layers,
+        n_embd=n_embd,
+        n_ff=n_ff or n_ff_exp,
+        n_head=n_head,
+        n_head_kv=md.int("attention.head_count_kv", n_head),
+        head_dim=head_dim,
+        head_dim_v=md.int("attention.value_length", head_dim),
+        vocab_size=emb.shape[1],
+        context_length=md.int("context_length", 40960),
+        rms_eps=md.float("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=md.float("rope.freq_base", 1_000_000.0),
+        rope_dim=md.int("rope.dimension_count", head_dim),
+        tied_embeddings="output.weight" not in gguf.tensors,
+        extra={
+            "n_expert": n_expert,
+            "n_expert_used": n_used,
+            "n_ff_exp": n_ff_exp,
+            "norm_topk_prob": True,  # llama.cpp hard-codes it for qwen3moe (see above)
+        },
+        name=md.str("general.name", "") or "",
+        file_type=file_type_name(gguf),
+    )

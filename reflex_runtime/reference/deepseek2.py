@@ -1,0 +1,152 @@
+"""DeepSeek-V2 / V2-Lite / V3 in numpy (the layer diagram, routing rules and llama.cpp's
+conventions are in reflex_runtime/models/deepseek2.py).
+
+The cache holds, per layer and token, only the latent key row [c | k_pe] (kv_lora_rank +
+qk_rope floats, one MQA head); values are its first kv_lora_rank columns. Attention runs in the
+absorbed form: each head's query is [W_k[h]^T q_nope | q_pe] against that row, and W_v[h] is
+applied to the attended latent."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ops
+from .base import ReferenceModel
+
+_F32 = np.float32
+# llama.cpp clamps the sum of the selected weights to the smallest normal f16 before dividing.
+_MIN_WEIGHT_SUM = _F32(6.103515625e-5)
+
+
+def rope_tables(positions: np.ndarray, e: dict, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin (n, rope/2) for pair i: angle = pos * f_i, f_i = theta^(-2i/rope); YaRN mixes
+    f_i / factor (interpolation) and f_i (extrapolation) with ggml's ramp over the correction
+    dims; cos/sin are multiplied by the rope attention factor. float64, rounded once."""
+    d = e["qk_rope"]
+    freq = float(theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    kind = e["rope_scaling"]
+    if kind == "linear":
+        freq = freq / e["rope_factor"]
+    elif kind == "yarn":
+        def corr_dim(n_rot: float) -> float:
+            return d * np.log(e["yarn_orig_ctx"] / (n_rot * 2 * np.pi)) / (2 * np.log(theta))
+
+        low = max(0.0, np.floor(corr_dim(e["yarn_beta_fast"])))
+        high = min(d - 1.0, np.ceil(corr_dim(e["yarn_beta_slow"])))
+        y = (np.arange(d // 2, dtype=np.float64) - low) / max(0.001, high - low)
+        extrap = 1.0 - np.clip(y, 0.0, 1.0)  # 1: keep f_i, 0: f_i / factor
+        freq = freq / e["rope_factor"] * (1.0 - extrap) + freq * extrap
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * freq[None, :]
+    a = e["rope_attn_factor"]
+    return (np.cos(ang) * a).astype(_F32), (np.sin(ang) * a).astype(_F32)
+
+
+def rope_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) by the angle of pair i; x is (n, heads, rope)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x1 * c + x0 * s
+    return out
+
+
+def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits (n, n_expert) -> (expert ids (n, k) int64, weights (n, k) float32), by the
+    rules in models/deepseek2.py. Stable sorts: equal scores go to the lower id."""
+    z = logits.astype(_F32, copy=False)
+    if e["gating"] == "sigmoid":
+        with np.errstate(over="ignore"):  # exp(-z) = inf for very negative z: probability 0
+            probs = (_F32(1.0) / (_F32(1.0) + np.exp(-z))).astype(_F32, copy=False)
+    else:
+        ez = np.exp(z - z.max(axis=-1, keepdims=True))
+        probs = (ez / ez.sum(axis=-1, keepdims=True)).astype(_F32, copy=False)
+    choice = probs + bias if bias is not None else probs
+    n, n_exp = choice.shape
+    g = e["n_group"]
+    if g > 1:
+        per = choice.reshape(n, g, n_exp // g)
+        if e["group_score"] == "top2":  # V3: the sum of each group's two best
+            top = -np.sort(-per, axis=-1)[..., :min(2, n_exp // g)]
+            group_score = top.sum(axis=-1)
+        else:  # V2 group_limited_greedy: each group's best
+            group_score = per.max(axis=-1)
+        keep = np.argsort(-group_score, axis=-1, kind="stable")[:, :e["n_group_used"]]
+        mask = np.zeros((n, g), dtype=bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        choice = np.where(np.repeat(mask, n_exp // g, axis=-1), choice, _F32(-np.inf))
+    ids = np.argsort(-choice, axis=-1, kind="stable")[:, :e["n_expert_used"]]
+    w = np.take_along_axis(probs, ids, axis=-1)
+    if e["weights_norm"]:
+        w = w / np.maximum(w.sum(axis=-1, keepdims=True), _MIN_WEIGHT_SUM)
+    return ids, (w * _F32(e["weights_scale"])).astype(_F32, copy=False)
+
+
+class DeepSeek2(ReferenceModel):
+    def kv_shapes(self) -> list[tuple[int, int, int]]:
+        e = self.config.extra
+        return [(1, e["kv_lora_rank"] + e["qk_rope"], 0)] * self.config.n_layers  # values are a view of the keys
+
+    def _kv_b(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k_b (H, kv_lora_rank, qk_nope), v_b (H, v_head, kv_lora_rank)) from either layout."""
+        e, p = self.config.extra, f"blk.{il}."
+        if e["kv_b_split"]:
+            return self.w.get(p + "attn_k_b.weight"), self.w.get(p + "attn_v_b.weight")
+        kv = self.w.get(p + "attn_kv_b.weight").reshape(self.config.n_head, e["qk_nope"] + e["v_head_dim"], -1)
+        return kv[:, :e["qk_nope"]].transpose(0, 2, 1), kv[:, e["qk_nope"]:]
+
+    def attention(self, il: int, h: np.ndarray, step) -> np.ndarray:
+        c, e, w, n = self.config, self.config.extra, self.w.get, h.shape[0]
+        p = f"blk.{il}."
+        r, nope, rope = e["kv_lora_rank"], e["qk_nope"], e["qk_rope"]
+        if e["q_lora_rank"]:
+            q = ops.rmsnorm(ops.linear(h, w(p + "attn_q_a.weight")), w(p + "attn_q_a_norm.weight"), c.rms_eps)
+            q = ops.linear(q, w(p + "attn_q_b.weight"))
+        else:
+            q = ops.linear(h, w(p + "attn_q.weight"))
+        q = q.reshape(n, c.n_head, nope + rope)
+        kv = ops.linear(h, w(p + "attn_kv_a_mqa.weight"))
+        latent = ops.rmsnorm(kv[:, :r], w(p + "attn_kv_a_norm.weight"), c.rms_eps)
+        cos, sin = step.memo.get("deepseek2_rope") or step.memo.setdefault(
+            "deepseek2_rope", rope_tables(step.positions, e, c.rope_theta))
+        k_pe = rope_pairs(kv[:, None, r:], cos, sin)
+        q_pe = rope_pairs(q[..., nope:], cos, sin)
+        k_b, v_b = self._kv_b(il)
+        q_abs = np.einsum("nhd,hrd->nhr", q[..., :nope], k_b)  # W_k[h]^T q_nope: (n, H, kv_lora_rank)
+        cache, s = step.cache, step.start
+        keys = cache.k[il]
+        keys[s:s + n, 0, :r] = latent
+        keys[s:s + n, 0, r:] = k_pe[:, 0]
+        t = s + n
+        a = ops.attention(np.concatenate([q_abs, q_pe], axis=-1), keys[:t], keys[:t, :, :r], step.allowed, e["kq_scale"])
+        o = np.einsum("nhr,hvr->nhv", a.reshape(n, c.n_head, r), v_b).reshape(n, -1)
+        return ops.linear(o, w(p + "attn_output.weight"))
+
+    def moe(self, il: int, h: np.ndarray) -> np.ndarray:
+        e, w, p = self.config.extra, self.w.get, f"blk.{il}."
+        bias = w(p + "exp_probs_b.bias") if p + "exp_probs_b.bias" in self.w else None
+        ids, weights = route(ops.linear(h, w(p + "ffn_gate_inp.weight")), e, bias)
+        gate, up, down = w(p + "ffn_gate_exps.weight"), w(p + "ffn_up_exps.weight"), w(p + "ffn_down_exps.weight")
+        out = np.zeros_like(h)
+        for x in np.unique(ids):
+            tok, slot = np.nonzero(ids == x)
+            hx = h[tok]
+            y = ops.linear(ops.swiglu(ops.linear(hx, gate[x]), ops.linear(hx, up[x])), down[x])
+            out[tok] += y * weights[tok, slot][:, None]
+        if e["n_expert_shared"]:
+            f = ops.swiglu(ops.linear(h, w(p + "ffn_gate_shexp.weight")), ops.linear(h, w(p + "ffn_up_shexp.weight")))
+            out = out + ops.linear(f, w(p + "ffn_down_shexp.weight"))
+        return out
+
+    def layer(self, il: int, x: np.ndarray, step) -> np.ndarray:
+        c, w, p = self.config, self.w.get, f"blk.{il}."
+        x = x + self.attention(il, ops.rmsnorm(x, w(p + "attn_norm.weight"), c.rms_eps), step)
+        h = ops.rmsnorm(x, w(p + "ffn_norm.weight"), c.rms_eps)
+        if il < c.extra["n_dense_lead"]:
+            f = ops.swiglu(ops.linear(h, w(p + "ffn_gate.weight")), ops.linear(h, w(p + "ffn_up.weight")))
+            return x + ops.linear(f, w(p + "ffn_down.weight"))
+        return x + self.moe(il, h)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        h = ops.rmsnorm(x, self.w.get("output_norm.weight"), self.config.rms_eps)
+        return self.lm_head(h)
