@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err
 
 from reflex_runtime.errors import RequestError
 
@@ -19,39 +20,8 @@ EXPECTED_TYPES = {
     "f16": {"F16"}, "bf16": {"BF16"}, "q8_0": {"Q8_0"}, "q4_0": {"Q4_0"}, "q5_0": {"Q5_0"},
     "q4_k": {"Q4_K"}, "q5_k": {"Q5_K"}, "q6_k": {"Q6_K"}, "q4_k_m": {"Q4_K", "Q6_K"},
 }
-TOL = 1e-4
 MIN_CORR = {"f16": 0.9999, "bf16": 0.999, "q8_0": 0.999, "q6_k": 0.99, "q5_0": 0.94, "q5_k": 0.94,
             "q4_0": 0.8, "q4_k": 0.8, "q4_k_m": 0.8}
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per row: max|a - b| / max|b|."""
-    a = np.atleast_2d(a)
-    b = np.atleast_2d(b)
-    return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
-
-
-def prompt(vocab: int, n: int, seed: int = 7) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.integers(4, min(vocab, 151643), size=n)
-
-
-def hf_logits(model, ids) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.as_tensor(np.asarray(ids), dtype=torch.long)[None]).logits[0].float().numpy()
-
-
-def greedy_reference(model, ids, n_new: int):
-    cache = model.new_cache(len(ids) + n_new)
-    logits = model.forward(ids, cache)[-1]
-    out, steps = [], []
-    for _ in range(n_new):
-        steps.append(logits)
-        out.append(int(np.argmax(logits)))
-        logits = model.forward([out[-1]], cache)[-1]
-    return out, np.stack(steps)
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -86,7 +56,7 @@ def test_config_matches_transformers(arch, reference_for, hf_for):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_f32_logits_match_transformers(arch, reference_for, hf_for):
     ref = reference_for(arch)
-    ids = prompt(ref.config.vocab_size, 24)  # gemma3's window is 8: the prompt crosses it
+    ids = prompt(24, vocab=ref.config.vocab_size)  # gemma3's window is 8: the prompt crosses it
     got = ref.forward(ids, ref.new_cache(32))
     want = hf_logits(hf_for(arch), ids)
     assert got.dtype == np.float32 and got.shape == want.shape
@@ -96,22 +66,8 @@ def test_f32_logits_match_transformers(arch, reference_for, hf_for):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_decode_matches_generate(arch, reference_for, hf_for):
-    import torch
-    from transformers import GenerationConfig
-
-    ref, hf = reference_for(arch), hf_for(arch)
-    ids = prompt(ref.config.vocab_size, 12, seed=3)
-    n_new = 16
-    tokens, step_logits = greedy_reference(ref, ids, n_new)
-    gen = GenerationConfig(max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=0,
-                           output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        out = hf.generate(torch.as_tensor(ids)[None], generation_config=gen)
-    hf_tokens = out.sequences[0, len(ids):].tolist()
-    assert tokens == hf_tokens
-    hf_steps = torch.cat(out.logits).float().numpy()
-    assert rel_err(step_logits, hf_steps).max() < TOL
-    assert len(set(tokens)) > 1, "the random fixture collapsed to one token: logits are degenerate"
+    ref = reference_for(arch)
+    assert_greedy_matches_generate(ref, hf_for(arch), prompt(12, seed=3, vocab=ref.config.vocab_size), label=arch)
 
 
 @pytest.mark.parametrize("outtype", QUANT_TYPES)
@@ -126,7 +82,7 @@ def test_quantized_file_matches_dequantized_transformers(arch, outtype, fixture_
     ref = load_reference(fx.gguf)
     types = {GGML_TYPES[t.ggml_type].name for t in ref.gguf.tensors.values()}
     assert EXPECTED_TYPES[outtype] <= types, f"{fx.gguf} has {types}"
-    ids = prompt(ref.config.vocab_size, 16, seed=11)
+    ids = prompt(16, seed=11, vocab=ref.config.vocab_size)
     got = ref.forward(ids, ref.new_cache(16))
     want = hf_logits(hf_model_from_gguf(fx.gguf, fx.hf_dir), ids)
     err = rel_err(got, want)
@@ -142,7 +98,7 @@ def test_quantized_file_matches_dequantized_transformers(arch, outtype, fixture_
 def test_untied_output_matches_transformers(fixture_paths, reference_for, hf_for):
     ref = reference_for("qwen3", tie_word_embeddings=False, num_hidden_layers=1)
     assert "output.weight" in ref.gguf.tensors and not ref.config.tied_embeddings
-    ids = prompt(ref.config.vocab_size, 10)
+    ids = prompt(10, vocab=ref.config.vocab_size)
     err = rel_err(ref.forward(ids, ref.new_cache(10)), hf_logits(hf_for("qwen3", tie_word_embeddings=False, num_hidden_layers=1), ids))
     assert err.max() < TOL
 
@@ -150,7 +106,7 @@ def test_untied_output_matches_transformers(fixture_paths, reference_for, hf_for
 def test_gemma3_final_softcap_matches_transformers(reference_for, hf_for):
     ref = reference_for("gemma3", final_logit_softcapping=0.5)
     assert ref.config.extra["final_logit_softcap"] == pytest.approx(0.5)
-    ids = prompt(ref.config.vocab_size, 12)
+    ids = prompt(12, vocab=ref.config.vocab_size)
     got = ref.forward(ids, ref.new_cache(12))
     assert np.abs(got).max() < 0.5
     assert rel_err(got, hf_logits(hf_for("gemma3", final_logit_softcapping=0.5), ids)).max() < TOL
@@ -162,7 +118,7 @@ def test_gemma3_final_softcap_matches_transformers(reference_for, hf_for):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prefill_equals_token_by_token(arch, reference_for):
     ref = reference_for(arch)
-    ids = prompt(ref.config.vocab_size, 20, seed=5)
+    ids = prompt(20, seed=5, vocab=ref.config.vocab_size)
     once = ref.forward(ids, ref.new_cache(20))
     cache = ref.new_cache(20)
     steps = np.concatenate([ref.forward([t], cache) for t in ids])
@@ -177,7 +133,7 @@ def test_prefill_equals_token_by_token(arch, reference_for):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tree_mask_branches_equal_separate_runs(arch, reference_for):
     ref = reference_for(arch)
-    ids = prompt(ref.config.vocab_size, 15, seed=9)
+    ids = prompt(15, seed=9, vocab=ref.config.vocab_size)
     p, a, b = ids[:6], ids[6:11], ids[11:]
     sep_a = ref.forward(np.r_[p, a], ref.new_cache(11))
     sep_b = ref.forward(np.r_[p, b], ref.new_cache(10))
@@ -211,7 +167,7 @@ def test_tree_mask_branches_equal_separate_runs(arch, reference_for):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cache_copy_and_truncate(arch, reference_for):
     ref = reference_for(arch)
-    ids = prompt(ref.config.vocab_size, 14, seed=13)
+    ids = prompt(14, seed=13, vocab=ref.config.vocab_size)
     p, a, b = ids[:6], ids[6:10], ids[10:]
     sep_b = ref.forward(np.r_[p, b], ref.new_cache(10))
 

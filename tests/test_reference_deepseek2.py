@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 import pytest
+from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err
 
-TOL = 1e-4
 
 # name -> (fixture builder, overrides). Together they cover: q path with and without q_lora;
 # softmax routing over all experts (V2-Lite), softmax group-limited routing (V2), sigmoid +
@@ -43,20 +43,10 @@ NAMES = list(CONFIGS)
 QUANT = {"q8_0": ({"Q8_0"}, 0.999), "q4_k_m": ({"Q4_K", "Q6_K"}, 0.8)}
 
 
-def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = np.atleast_2d(a), np.atleast_2d(b)
-    return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
 
 
-def prompt(n: int, seed: int = 7) -> np.ndarray:
-    return np.random.default_rng(seed).integers(4, 151643, size=n)
 
 
-def hf_logits(model, ids) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.as_tensor(np.asarray(ids), dtype=torch.long)[None]).logits[0].float().numpy()
 
 
 @pytest.fixture(scope="module")
@@ -177,26 +167,8 @@ def test_f32_logits_match_transformers(name, ref, hf):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_decode_matches_generate(name, ref, hf):
-    import torch
-    from transformers import GenerationConfig
-
     r, model = ref(name), hf(name)
-    ids = prompt(12, seed=3)
-    n_new = 16
-    cache = r.new_cache(len(ids) + n_new)
-    logits = r.forward(ids, cache)[-1]
-    tokens, steps = [], []
-    for _ in range(n_new):
-        steps.append(logits)
-        tokens.append(int(np.argmax(logits)))
-        logits = r.forward([tokens[-1]], cache)[-1]
-    gen = GenerationConfig(max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=0,
-                           output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        out = model.generate(torch.as_tensor(ids)[None], generation_config=gen)
-    assert tokens == out.sequences[0, len(ids):].tolist()
-    assert rel_err(np.stack(steps), torch.cat(out.logits).float().numpy()).max() < TOL
-    assert len(set(tokens)) > 1, "the random fixture collapsed to one token: logits are degenerate"
+    assert_greedy_matches_generate(r, model, prompt(12, seed=3), label=name)
 
 
 def test_the_fixtures_exercise_each_feature(ref, hf):

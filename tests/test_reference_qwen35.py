@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -21,7 +22,6 @@ pytest.importorskip("transformers")
 from reflex_runtime.errors import RequestError, UnsupportedModelError  # noqa: E402
 from reflex_runtime.reference import delta_net  # noqa: E402
 
-TOL = 1e-4
 PROMPT_LEN = 70  # more than one 64-token chunk of the delta rule (ours and transformers')
 
 # name -> (arch, overrides). The defaults (scripts/fixtures_qwen35.py): hidden 256, 4 layers
@@ -78,20 +78,10 @@ def hf_model(name: str):
     return _HF[name]
 
 
-def rel_err(a, b) -> np.ndarray:
-    a, b = np.atleast_2d(a), np.atleast_2d(b)
-    return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
 
 
-def prompt(n: int, seed: int = 7) -> np.ndarray:
-    return np.random.default_rng(seed).integers(4, 151643, size=n)
 
 
-def hf_logits(model, ids) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.as_tensor(np.asarray(ids), dtype=torch.long)[None]).logits[0].float().numpy()
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -147,27 +137,8 @@ def test_f32_logits_match_transformers(name):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_decode_matches_generate(name):
-    import torch
-    from transformers import GenerationConfig
-
     ref, hf = reference(name), hf_model(name)
-    ids = prompt(12, seed=3)
-    n_new = 16
-    cache = ref.new_cache(len(ids) + n_new)
-    logits = ref.forward(ids, cache)[-1]
-    tokens, steps = [], []
-    for _ in range(n_new):
-        steps.append(logits)
-        tokens.append(int(np.argmax(logits)))
-        logits = ref.forward([tokens[-1]], cache)[-1]
-    gen = GenerationConfig(max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=0,
-                           output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        out = hf.generate(torch.as_tensor(ids)[None], generation_config=gen)
-    assert tokens == out.sequences[0, len(ids):].tolist()
-    err = rel_err(np.stack(steps), torch.cat(out.logits).float().numpy())
-    assert err.max() < TOL, f"{name}: relative error per step {err}"
-    assert len(set(tokens)) > 1, "the random fixture collapsed to one token: logits are degenerate"
+    assert_greedy_matches_generate(ref, hf, prompt(12, seed=3), label=name)
 
 
 # -- the delta rule: chunked prefill == recurrent ------------------------------------------------

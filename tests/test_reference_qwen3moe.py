@@ -14,11 +14,11 @@ import sys
 
 import numpy as np
 import pytest
+from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err
 
 from reflex_runtime.errors import ModelFileError, ReflexError
 
 ARCH = "qwen3moe"
-TOL = 1e-4
 _E16K4 = dict(num_experts=16, num_experts_per_tok=4, num_attention_heads=2, num_key_value_heads=2, head_dim=128,
               moe_intermediate_size=192, tie_word_embeddings=True)
 CONFIGS = {
@@ -42,21 +42,10 @@ QUANTIZED = [
 _HF_RENORMALIZED: dict = {}
 
 
-def rel_err(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = np.atleast_2d(a)
-    b = np.atleast_2d(b)
-    return np.abs(a - b).max(axis=-1) / np.abs(b).max(axis=-1)
 
 
-def prompt(n: int, seed: int = 7) -> np.ndarray:
-    return np.random.default_rng(seed).integers(4, 151643, size=n)
 
 
-def hf_logits(model, ids) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.as_tensor(np.asarray(ids), dtype=torch.long)[None]).logits[0].float().numpy()
 
 
 def hf_model(cfg: str, hf_for, fixture_paths):
@@ -176,26 +165,8 @@ def test_f32_logits_match_transformers(cfg, reference_for, hf_for, fixture_paths
 
 @pytest.mark.parametrize("cfg", list(CONFIGS))
 def test_greedy_decode_matches_generate(cfg, reference_for, hf_for, fixture_paths):
-    import torch
-    from transformers import GenerationConfig
-
     ref, hf = reference_for(ARCH, **CONFIGS[cfg]), hf_model(cfg, hf_for, fixture_paths)
-    ids = prompt(12, seed=3)
-    n_new = 16
-    cache = ref.new_cache(len(ids) + n_new)
-    logits = ref.forward(ids, cache)[-1]
-    tokens, steps = [], []
-    for _ in range(n_new):
-        steps.append(logits)
-        tokens.append(int(np.argmax(logits)))
-        logits = ref.forward([tokens[-1]], cache)[-1]
-    gen = GenerationConfig(max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=0,
-                           output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        out = hf.generate(torch.as_tensor(ids)[None], generation_config=gen)
-    assert tokens == out.sequences[0, len(ids):].tolist()
-    assert rel_err(np.stack(steps), torch.cat(out.logits).float().numpy()).max() < TOL
-    assert len(set(tokens)) > 1, "the random fixture collapsed to one token: logits are degenerate"
+    assert_greedy_matches_generate(ref, hf, prompt(12, seed=3), label=cfg)
 
 
 @pytest.mark.parametrize("cfg,outtype,types,min_corr", QUANTIZED)
