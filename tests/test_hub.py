@@ -244,5 +244,5 @@ def test_pull_command_prints_the_path(env, capsys):
     out, err = capsys.readouterr()
     path = out.strip()
     assert path.endswith("tiny-Q4_K_M.gguf") and open(path, "rb").read(4) == b"GGUF"
-    assert main(["pull", "acme/missing:Q8_0"]) == 6  # HubError's exit code
+    assert main(["pull", "acme/missing:Q8_0"]) == HubError.exit_code
     assert "reflex: error: repository acme/missing not found" in capsys.readouterr().err
