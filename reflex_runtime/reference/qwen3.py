@@ -10,6 +10,18 @@ from .base import ReferenceModel
 
 class Qwen3(ReferenceModel):
     def layer(self, il: int, x: np.ndarray, step) -> np.ndarray:
+        x = self.attention_block(il, x, step)
+        c, w, p = self.config, self.w.get, f"blk.{il}."
+        h = ops.rmsnorm(x, w(p + "ffn_norm.weight"), c.rms_eps)
+        return x + self.ffn(il, h)
+
+    def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
+        w, p = self.w.get, f"blk.{il}."
+        f = ops.swiglu(ops.linear(h, w(p + "ffn_gate.weight")), ops.linear(h, w(p + "ffn_up.weight")))
+        return ops.linear(f, w(p + "ffn_down.weight"))
+
+    def attention_block(self, il: int, x: np.ndarray, step) -> np.ndarray:
+        """x + attention(norm(x)): q/k/v, per-head QK-norm, NeoX RoPE, causal GQA (Qwen3 and Qwen3-MoE)."""
         c, w, n = self.config, self.w.get, x.shape[0]
         p = f"blk.{il}."
         h = ops.rmsnorm(x, w(p + "attn_norm.weight"), c.rms_eps)
@@ -23,10 +35,7 @@ class Qwen3(ReferenceModel):
         q = ops.rope_neox(q, cos, sin)
         k = ops.rope_neox(k, cos, sin)
         a = self.attend(il, q, k, v, step, scale=1.0 / np.sqrt(c.head_dim))
-        x = x + ops.linear(a, w(p + "attn_output.weight"))
-        h = ops.rmsnorm(x, w(p + "ffn_norm.weight"), c.rms_eps)
-        f = ops.swiglu(ops.linear(h, w(p + "ffn_gate.weight")), ops.linear(h, w(p + "ffn_up.weight")))
-        return x + ops.linear(f, w(p + "ffn_down.weight"))
+        return x + ops.linear(a, w(p + "attn_output.weight"))
 
     def head(self, x: np.ndarray) -> np.ndarray:
         h = ops.rmsnorm(x, self.w.get("output_norm.weight"), self.config.rms_eps)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .base import ReferenceModel
+from .qwen3 import Qwen3
 
 _F32 = np.float32
 # llama.cpp clamps the sum of the selected weights to the smallest normal f16 before dividing.
@@ -29,23 +29,11 @@ def route(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.n
     return ids, w.astype(_F32, copy=False)
 
 
-class Qwen3Moe(ReferenceModel):
-    def layer(self, il: int, x: np.ndarray, step) -> np.ndarray:
-        c, w, n = self.config, self.w.get, x.shape[0]
-        p = f"blk.{il}."
-        h = ops.rmsnorm(x, w(p + "attn_norm.weight"), c.rms_eps)
-        q = ops.linear(h, w(p + "attn_q.weight")).reshape(n, c.n_head, c.head_dim)
-        k = ops.linear(h, w(p + "attn_k.weight")).reshape(n, c.n_head_kv, c.head_dim)
-        v = ops.linear(h, w(p + "attn_v.weight")).reshape(n, c.n_head_kv, c.head_dim_v)
-        q = ops.rmsnorm(q, w(p + "attn_q_norm.weight"), c.rms_eps)
-        k = ops.rmsnorm(k, w(p + "attn_k_norm.weight"), c.rms_eps)
-        cos, sin = step.rope(c.rope_dim, c.rope_theta)
-        q = ops.rope_neox(q, cos, sin)
-        k = ops.rope_neox(k, cos, sin)
-        a = self.attend(il, q, k, v, step, scale=1.0 / np.sqrt(c.head_dim))
-        x = x + ops.linear(a, w(p + "attn_output.weight"))
-        h = ops.rmsnorm(x, w(p + "ffn_norm.weight"), c.rms_eps)
-        return x + self.moe(il, h)
+class Qwen3Moe(Qwen3):
+    """Qwen3's attention block; the FFN is the routed experts."""
+
+    def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
+        return self.moe(il, h)
 
     def moe(self, il: int, h: np.ndarray) -> np.ndarray:
         """The sparse FFN: route each token, run each chosen expert on its tokens, sum weighted.
@@ -75,7 +63,3 @@ class Qwen3Moe(ReferenceModel):
         block = raw[xid * n_out:(xid + 1) * n_out]
         arr = self.w._gguf_py.quants.dequantize(np.ascontiguousarray(block), qtype)
         return np.asarray(arr, dtype=_F32).reshape(shape[1:])
-
-    def head(self, x: np.ndarray) -> np.ndarray:
-        h = ops.rmsnorm(x, self.w.get("output_norm.weight"), self.config.rms_eps)
-        return self.lm_head(h)
