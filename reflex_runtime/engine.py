@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 from .coldstart import Timeline
-from .errors import ReflexError, RequestError
+from .errors import RequestError
 from .sampling import SamplingParams
 
 
@@ -319,6 +319,3 @@ def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
             best = i
     return best
 
-
-def is_reflex_error(e: BaseException) -> bool:
-    return isinstance(e, ReflexError)

@@ -20,7 +20,7 @@ import struct
 from typing import Any, NamedTuple
 
 from .errors import ModelFileError
-from .ggml_types import GGML_TYPES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VALUE_TYPES
+from .ggml_types import GGML_TYPES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS

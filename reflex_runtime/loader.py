@@ -97,7 +97,7 @@ def _load(model_ref, backend, timeline, max_context, log):
     runner = None
     fallback_reason = None
     if device is not None:
-        from .gpu.runner import gpu_supports
+        from .gpu.decoder import gpu_supports  # no driver import: an unsupported file falls back cheaply
 
         why_not = gpu_supports(config)
         if why_not is None:
@@ -106,8 +106,7 @@ def _load(model_ref, backend, timeline, max_context, log):
             # Starts the weight upload; it waits for the device thread and runs beside us.
             runner = CudaRunner.start(device, gguf, config, tl, max_context=max_context)
         else:
-            fallback_reason = why_not
-            device.abandon()
+            fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
     from .tokenizer import Tokenizer
 

@@ -57,3 +57,44 @@ def assert_greedy_matches_generate(ref, hf, ids, n_new: int = 16, label: str = "
     err = rel_err(steps, want_logits)
     assert err.max() < TOL, f"{label}: relative error per step {err}"
     assert len(set(tokens)) > 1, "the random fixture collapsed to one token: logits are degenerate"
+
+
+def assert_prefill_equals_steps(ref, ids, split: int = 7) -> None:
+    """One prefill == token by token == two chunks (the second on top of a cache)."""
+    n = len(ids)
+    once = ref.forward(ids, ref.new_cache(n))
+    cache = ref.new_cache(n)
+    steps = np.concatenate([ref.forward([t], cache) for t in ids])
+    assert cache.length == n
+    assert rel_err(steps, once).max() < 1e-5
+    cache = ref.new_cache(n)
+    chunks = np.concatenate([ref.forward(ids[:split], cache), ref.forward(ids[split:], cache)])
+    assert rel_err(chunks, once).max() < 1e-5
+
+
+def tree_6_5_4():
+    """Positions and mask of a 6-token prompt with two branches of 5 and 4 tokens in one batch
+    (how system1 packs candidates): each branch sees the prompt and its own earlier tokens."""
+    n = 15
+    pos = np.r_[np.arange(6), 6 + np.arange(5), 6 + np.arange(4)]
+    mask = np.zeros((n, n), dtype=bool)
+    mask[:6, :6] = np.tril(np.ones((6, 6), dtype=bool))
+    mask[6:11, :6] = True
+    mask[6:11, 6:11] = np.tril(np.ones((5, 5), dtype=bool))
+    mask[11:, :6] = True
+    mask[11:, 11:] = np.tril(np.ones((4, 4), dtype=bool))
+    return pos, mask
+
+
+def assert_copy_is_independent(ref, ids):
+    """Fork a cache after the prompt ids[:6], extend the original with ids[6:10]: the fork then
+    continues with ids[10:] exactly as if it had never seen them. Returns the extended cache."""
+    p, a, b = ids[:6], ids[6:10], ids[10:]
+    sep_b = ref.forward(np.r_[p, b], ref.new_cache(len(p) + len(b)))
+    cache = ref.new_cache(16)
+    ref.forward(p, cache)
+    fork = cache.copy()
+    ref.forward(a, cache)
+    assert (cache.length, fork.length) == (10, 6)
+    assert rel_err(ref.forward(b, fork), sep_b[6:]).max() < 1e-5  # the copy did not see `a`
+    return cache

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err
+from reference_checks import (TOL, assert_copy_is_independent, assert_greedy_matches_generate,
+                              assert_prefill_equals_steps, hf_logits, prompt, rel_err, tree_6_5_4)
 
 from reflex_runtime.errors import RequestError
 
@@ -119,15 +120,7 @@ def test_gemma3_final_softcap_matches_transformers(reference_for, hf_for):
 def test_prefill_equals_token_by_token(arch, reference_for):
     ref = reference_for(arch)
     ids = prompt(20, seed=5, vocab=ref.config.vocab_size)
-    once = ref.forward(ids, ref.new_cache(20))
-    cache = ref.new_cache(20)
-    steps = np.concatenate([ref.forward([t], cache) for t in ids])
-    assert cache.length == 20
-    assert rel_err(steps, once).max() < 1e-5
-    # chunked prefill (7 + 13) on top of a cache, too
-    cache = ref.new_cache(20)
-    chunks = np.concatenate([ref.forward(ids[:7], cache), ref.forward(ids[7:], cache)])
-    assert rel_err(chunks, once).max() < 1e-5
+    assert_prefill_equals_steps(ref, ids)  # chunked prefill (7 + 13) on top of a cache, too
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -152,13 +145,7 @@ def test_tree_mask_branches_equal_separate_runs(arch, reference_for):
 
     # everything in one call on an empty cache (how system1 scores candidates)
     n = 15
-    pos = np.r_[np.arange(6), 6 + np.arange(5), 6 + np.arange(4)]
-    mask = np.zeros((n, n), dtype=bool)
-    mask[:6, :6] = np.tril(np.ones((6, 6), dtype=bool))
-    mask[6:11, :6] = True
-    mask[6:11, 6:11] = np.tril(np.ones((5, 5), dtype=bool))
-    mask[11:, :6] = True
-    mask[11:, 11:] = np.tril(np.ones((4, 4), dtype=bool))
+    pos, mask = tree_6_5_4()
     one = ref.forward(ids, ref.new_cache(n), positions=pos, mask=mask)
     assert rel_err(one[:11], sep_a).max() < 1e-5
     assert rel_err(one[11:], sep_b[6:]).max() < 1e-5
@@ -168,15 +155,9 @@ def test_tree_mask_branches_equal_separate_runs(arch, reference_for):
 def test_cache_copy_and_truncate(arch, reference_for):
     ref = reference_for(arch)
     ids = prompt(14, seed=13, vocab=ref.config.vocab_size)
-    p, a, b = ids[:6], ids[6:10], ids[10:]
+    cache = assert_copy_is_independent(ref, ids)
+    p, b = ids[:6], ids[10:]
     sep_b = ref.forward(np.r_[p, b], ref.new_cache(10))
-
-    cache = ref.new_cache(16)
-    ref.forward(p, cache)
-    fork = cache.copy()
-    ref.forward(a, cache)
-    assert (cache.length, fork.length) == (10, 6)
-    assert rel_err(ref.forward(b, fork), sep_b[6:]).max() < 1e-5  # the copy did not see `a`
 
     cache.truncate(6)
     assert cache.length == 6

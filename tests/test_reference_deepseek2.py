@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err
+from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err, tree_6_5_4
 
 
 # name -> (fixture builder, overrides). Together they cover: q path with and without q_lora;
@@ -310,13 +310,7 @@ def test_tree_mask_and_cache_copy(name, ref):
     sep_a = r.forward(np.r_[p, a], r.new_cache(11))
     sep_b = r.forward(np.r_[p, b], r.new_cache(10))
     n = 15
-    pos = np.r_[np.arange(6), 6 + np.arange(5), 6 + np.arange(4)]
-    mask = np.zeros((n, n), dtype=bool)
-    mask[:6, :6] = np.tril(np.ones((6, 6), dtype=bool))
-    mask[6:11, :6] = True
-    mask[6:11, 6:11] = np.tril(np.ones((5, 5), dtype=bool))
-    mask[11:, :6] = True
-    mask[11:, 11:] = np.tril(np.ones((4, 4), dtype=bool))
+    pos, mask = tree_6_5_4()
     one = r.forward(ids, r.new_cache(n), positions=pos, mask=mask)
     assert rel_err(one[:11], sep_a).max() < 1e-5
     assert rel_err(one[11:], sep_b[6:]).max() < 1e-5

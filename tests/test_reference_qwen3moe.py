@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from reference_checks import TOL, assert_greedy_matches_generate, hf_logits, prompt, rel_err
+from reference_checks import TOL, assert_greedy_matches_generate, assert_prefill_equals_steps, hf_logits, prompt, rel_err
 
 from reflex_runtime.errors import ModelFileError, ReflexError
 
@@ -204,14 +204,7 @@ def test_quantized_file_matches_dequantized_transformers(cfg, outtype, types, mi
 def test_prefill_equals_token_by_token(cfg, reference_for):
     ref = reference_for(ARCH, **CONFIGS[cfg])
     ids = prompt(20, seed=5)
-    once = ref.forward(ids, ref.new_cache(20))
-    cache = ref.new_cache(20)
-    steps = np.concatenate([ref.forward([t], cache) for t in ids])
-    assert cache.length == 20
-    assert rel_err(steps, once).max() < 1e-5
-    cache = ref.new_cache(20)
-    chunks = np.concatenate([ref.forward(ids[:7], cache), ref.forward(ids[7:], cache)])
-    assert rel_err(chunks, once).max() < 1e-5
+    assert_prefill_equals_steps(ref, ids)
 
 
 def test_tree_mask_branches_equal_separate_runs(reference_for):

@@ -67,7 +67,6 @@ class DeviceBootstrap:
         self.energy_started = False
         self._ready = threading.Event()
         self._context_started = threading.Event()
-        self._abandoned = False
 
     @classmethod
     def start(cls, timeline, ordinal: int = 0) -> "DeviceBootstrap":
@@ -147,9 +146,6 @@ class DeviceBootstrap:
         if self.device is not None:
             self.device.make_current()
         return self.device
-
-    def abandon(self) -> None:
-        self._abandoned = True
 
 
 def _no_gpu_reason(e: Exception) -> str:

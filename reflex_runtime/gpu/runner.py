@@ -15,7 +15,7 @@ from typing import Iterator
 from ..errors import DeviceError, RequestError
 from ..sampling import SamplingParams
 from ..tree import tree_layout
-from .decoder import ARGMAX_PARTS, DenseDecoder, gpu_supports  # noqa: F401  (gpu_supports is the loader's check)
+from .decoder import ARGMAX_PARTS, DenseDecoder
 from .driver import RxSampling, RxState
 from .ops import Ops
 from .upload import StagingRing, default_threads, upload_file_range

@@ -13,6 +13,11 @@ from .config import MetadataReader, ModelConfig, check_tensor_types, file_type_n
 def config_from_gguf(gguf) -> ModelConfig:
     check_tensor_types(gguf)
     md = MetadataReader(gguf)
+    return qwen3_config(gguf, md, n_ff=md.int("feed_forward_length", required=True))
+
+
+def qwen3_config(gguf, md: MetadataReader, n_ff: int, extra: dict | None = None) -> ModelConfig:
+    """The fields Qwen3 and Qwen3-MoE files write the same way; `extra` holds family specifics."""
     n_embd = md.int("embedding_length", required=True)
     n_head = md.int("attention.head_count", required=True)
     head_dim = md.int("attention.key_length", n_embd // n_head)
@@ -21,7 +26,7 @@ def config_from_gguf(gguf) -> ModelConfig:
         arch=md.arch,
         n_layers=md.int("block_count", required=True),
         n_embd=n_embd,
-        n_ff=md.int("feed_forward_length", required=True),
+        n_ff=n_ff,
         n_head=n_head,
         n_head_kv=md.int("attention.head_count_kv", n_head),
         head_dim=head_dim,
@@ -32,6 +37,7 @@ def config_from_gguf(gguf) -> ModelConfig:
         rope_theta=md.float("rope.freq_base", 1_000_000.0),
         rope_dim=md.int("rope.dimension_count", head_dim),
         tied_embeddings="output.weight" not in gguf.tensors,
+        extra=dict(extra or {}),
         name=md.str("general.name", "") or "",
         file_type=file_type_name(gguf),
     )

@@ -27,7 +27,8 @@ from __future__ import annotations
 import array
 
 from ..errors import ModelFileError
-from .config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
+from .config import MetadataReader, ModelConfig, check_tensor_types
+from .qwen3 import qwen3_config
 
 
 def _uniform_int(gguf, md: MetadataReader, key: str, default: int | None = None) -> int | None:
@@ -62,8 +63,6 @@ def config_from_gguf(gguf) -> ModelConfig:
     md = MetadataReader(gguf)
     n_layers = md.int("block_count", required=True)
     n_embd = md.int("embedding_length", required=True)
-    n_head = md.int("attention.head_count", required=True)
-    head_dim = md.int("attention.key_length", n_embd // n_head)
     n_expert = md.int("expert_count", required=True)
     n_used = _uniform_int(gguf, md, "expert_used_count")
     if n_expert <= 0 or not 0 < n_used <= n_expert:
@@ -74,28 +73,9 @@ def config_from_gguf(gguf) -> ModelConfig:
     if n_ff_exp <= 0:
         raise ModelFileError(f"GGUF has no expert_feed_forward_length (nor feed_forward_length): {gguf.path}")
     _check_expert_tensors(gguf, n_layers, n_embd, n_expert, n_ff_exp)
-    emb = gguf.tensor("token_embd.weight")
-    return ModelConfig(
-        arch=md.arch,
-        n_layers=n_layers,
-        n_embd=n_embd,
-        n_ff=n_ff or n_ff_exp,
-        n_head=n_head,
-        n_head_kv=md.int("attention.head_count_kv", n_head),
-        head_dim=head_dim,
-        head_dim_v=md.int("attention.value_length", head_dim),
-        vocab_size=emb.shape[1],
-        context_length=md.int("context_length", 40960),
-        rms_eps=md.float("attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=md.float("rope.freq_base", 1_000_000.0),
-        rope_dim=md.int("rope.dimension_count", head_dim),
-        tied_embeddings="output.weight" not in gguf.tensors,
-        extra={
-            "n_expert": n_expert,
-            "n_expert_used": n_used,
-            "n_ff_exp": n_ff_exp,
-            "norm_topk_prob": True,  # llama.cpp hard-codes it for qwen3moe (see above)
-        },
-        name=md.str("general.name", "") or "",
-        file_type=file_type_name(gguf),
-    )
+    return qwen3_config(gguf, md, n_ff=n_ff or n_ff_exp, extra={
+        "n_expert": n_expert,
+        "n_expert_used": n_used,
+        "n_ff_exp": n_ff_exp,
+        "norm_topk_prob": True,  # llama.cpp hard-codes it for qwen3moe (see above)
+    })

@@ -78,7 +78,7 @@ class KVCache:
         self.length = 0
 
     def copy(self) -> "KVCache":
-        new = KVCache.__new__(KVCache)
+        new = type(self).__new__(type(self))  # subclasses (recurrent caches) add their state
         new.capacity = self.capacity
         n = self.length
 

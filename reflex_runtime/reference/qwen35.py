@@ -47,18 +47,8 @@ class HybridCache(KVCache):
         self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def copy(self) -> "HybridCache":
-        new = HybridCache.__new__(HybridCache)
-        new.capacity, new.length, new._state_shapes = self.capacity, self.length, self._state_shapes
-        n = self.length
-
-        def dup(a):
-            b = np.zeros(a.shape, dtype=a.dtype)
-            b[:n] = a[:n]
-            return b
-
-        new.k = [dup(a) for a in self.k]
-        new.v = [dup(a) for a in self.v]
-        new.positions = dup(self.positions)
+        new = super().copy()  # the full-attention layers' K/V
+        new._state_shapes = self._state_shapes
         new.conv = [None if a is None else a.copy() for a in self.conv]
         new.ssm = [None if a is None else a.copy() for a in self.ssm]
         new.pending = {}
