@@ -127,8 +127,11 @@ def _null(v) -> str:
 
 def _write_record(path: str | None, rec: dict) -> None:
     if path:
-        with open(path, "w") as f:
-            json.dump(rec, f)
+        try:
+            with open(path, "w") as f:
+                json.dump(rec, f)
+        except OSError as e:
+            raise RequestError(f"cannot write the record to --record {path}: {e.strerror}") from None
 
 
 def cmd_generate(args) -> int:

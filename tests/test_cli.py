@@ -104,3 +104,12 @@ def test_install_without_nvcc_warns_and_succeeds(monkeypatch, capsys):
 def test_usage_errors_exit_2(argv):
     r = reflex(*argv)
     assert r.returncode == 2 and "usage:" in r.stderr
+
+
+def test_unwritable_record_path_is_one_line_after_the_answer(tmp_path):
+    r = reflex("generate", "The capital of France is", "-n", "1", "--backend", "cpu",
+               "--record", str(tmp_path / "no" / "such" / "dir" / "rec.json"))
+    assert r.returncode == RequestError.exit_code
+    assert r.stdout.strip()  # the answer went out before the record failed: nothing lost
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("reflex: error: cannot write the record to --record")
