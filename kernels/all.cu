@@ -8,3 +8,4 @@
 #include "attention.cu"
 #include "sample.cu"
 #include "logits.cu"
+#include "moe.cu"  // uses matvec.cu and matmul.cu bodies

@@ -9,6 +9,19 @@
 
 #define RX_WARP 32
 
+// Programmatic dependent launch (sm_90+). A kernel captured into the decode graph with the PDL
+// attribute may be scheduled while its predecessor still runs, so its launch latency hides
+// behind the predecessor's tail: every kernel calls this first, before any memory access.
+// `wait` returns once the predecessor grid has finished and its writes are visible; only then
+// do we let our own successor be scheduled, so at most one grid waits ahead. Launched without
+// the attribute (or on older GPUs) both instructions are no-ops.
+__device__ __forceinline__ void rx_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -21,6 +21,7 @@ __device__ void embed_body(const uint8_t* table, long row_bytes, const int* toke
 #define RX_EMBED(name, T)                                                                                         \
     extern "C" __global__ void reflex_embed_##name(const uint8_t* table, long row_bytes, const int* tokens,        \
                                                    float* out, int n_embd, int n_vocab, float scale) {            \
+        rx_pdl_begin();                                                                                           \
         embed_body<T>(table, row_bytes, tokens, out, n_embd, n_vocab, scale);                                     \
     }
 

@@ -18,9 +18,12 @@ using namespace nvcuda;
 #define MM_LD (MM_BK + 8)  // padded leading dimension (halves) against bank conflicts
 #define MM_LDC (MM_BN + 4)
 
+// One 64 x 128 output tile: tokens m0.. of n_tok, weight rows n0.. of n_rows. x_idx / y_idx
+// (NULL: identity) map the tile's token i to its row of x / y, which lets the MoE kernels run an
+// expert over the rows it was routed (gathered x, scattered y) with the same code.
 template <int T>
-__device__ void mm_body(const uint8_t* W, long row_bytes, const float* x, int x_stride, float* y, int y_stride,
-                        int n_rows, int K, int n_tok, int accumulate) {
+__device__ void mm_tile(const uint8_t* W, long row_bytes, const float* x, int x_stride, const int* x_idx, float* y,
+                        int y_stride, const int* y_idx, int n_rows, int K, int n_tok, int m0, int n0, int accumulate) {
     // A (tokens x K) and B (rows x K) tiles; the f32 C tile reuses the same bytes afterwards.
     __shared__ __align__(128) unsigned char smem[(MM_BM + MM_BN) * MM_LD * 2 > MM_BM * MM_LDC * 4
                                                      ? (MM_BM + MM_BN) * MM_LD * 2
@@ -31,7 +34,6 @@ __device__ void mm_body(const uint8_t* W, long row_bytes, const float* x, int x_
 
     int tid = threadIdx.x, warp = tid >> 5;
     int wm = warp >> 2, wn = warp & 3;
-    int m0 = blockIdx.y * MM_BM, n0 = blockIdx.x * MM_BN;
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
 #pragma unroll
@@ -46,7 +48,10 @@ __device__ void mm_body(const uint8_t* W, long row_bytes, const float* x, int x_
             int idx = tid + 256 * i;  // which float4 of the tile (0..1023)
             int row = idx >> 4, col = (idx & 15) * 4;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (m0 + row < n_tok) v = *reinterpret_cast<const float4*>(x + (long)(m0 + row) * x_stride + k0 + col);
+            if (m0 + row < n_tok) {
+                long xr = x_idx ? x_idx[m0 + row] : m0 + row;
+                v = *reinterpret_cast<const float4*>(x + xr * x_stride + k0 + col);
+            }
             half* dst = As + row * MM_LD + col;
             dst[0] = __float2half(v.x);
             dst[1] = __float2half(v.y);
@@ -91,18 +96,21 @@ __device__ void mm_body(const uint8_t* W, long row_bytes, const float* x, int x_
         int row = idx / MM_BN, col = idx % MM_BN;
         int t = m0 + row, r = n0 + col;
         if (t < n_tok && r < n_rows) {
-            float* dst = y + (long)t * y_stride + r;
+            float* dst = y + (long)(y_idx ? y_idx[t] : t) * y_stride + r;
             float v = Cs[row * MM_LDC + col];
             *dst = accumulate ? *dst + v : v;
         }
     }
+    __syncthreads();  // Cs aliases the A/B tiles of a next tile in the same block
 }
 
 #define RX_MM(name, T)                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) reflex_mm_##name(                                     \
         const uint8_t* W, long row_bytes, const float* x, int x_stride, float* y, int y_stride, int n_rows, \
         int K, int n_tok, int accumulate) {                                                                 \
-        mm_body<T>(W, row_bytes, x, x_stride, y, y_stride, n_rows, K, n_tok, accumulate);                   \
+        rx_pdl_begin();                                                                                     \
+        mm_tile<T>(W, row_bytes, x, x_stride, nullptr, y, y_stride, nullptr, n_rows, K, n_tok, blockIdx.y * MM_BM, \
+                   blockIdx.x * MM_BN, accumulate);                                                         \
     }
 
 RX_FOR_EACH_TYPE(RX_MM)

@@ -199,6 +199,7 @@ __device__ void mv_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes
                                                                        int n_tok, int accumulate,                \
                                                                        const float* norm_w, float eps, int wpr,  \
                                                                        int rpw) {                                \
+        rx_pdl_begin();                                                                                          \
         if (n_tok > 1) mv_body<T, 1, MV_TOK>(segs, row_bytes, x, x_stride, K, n_tok, accumulate, norm_w, eps, wpr); \
         else if (rpw == 4) mv_body<T, 4, 1>(segs, row_bytes, x, x_stride, K, 1, accumulate, norm_w, eps, wpr);   \
         else if (rpw == 2) mv_body<T, 2, 1>(segs, row_bytes, x, x_stride, K, 1, accumulate, norm_w, eps, wpr);   \
@@ -207,6 +208,7 @@ __device__ void mv_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes
     extern "C" __global__ void __launch_bounds__(256) reflex_mv_glu_##name(                                      \
         const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride, float* y,            \
         int y_stride, int n_rows, int K, int n_tok, int act, const float* norm_w, float eps, int wpr) {          \
+        rx_pdl_begin();                                                                                          \
         if (n_tok > 1)                                                                                           \
             mv_glu_body<T, MV_TOK>(Wg, Wu, row_bytes, x, x_stride, y, y_stride, n_rows, K, n_tok, act, norm_w,   \
                                    eps, wpr);                                                                    \

@@ -9,6 +9,7 @@
 
 extern "C" __global__ void __launch_bounds__(1024) reflex_rmsnorm(const float* src, const float* w_src, float* resid,
                                                                   const float* w_out, float* out, int n, float eps) {
+    rx_pdl_begin();
     __shared__ float scratch[32];
     long off = (long)blockIdx.x * n;
     const float* s = src + off;
@@ -35,12 +36,14 @@ extern "C" __global__ void __launch_bounds__(1024) reflex_rmsnorm(const float* s
 
 // Elementwise y = act(gate) * up for gated FFNs whose gate and up weights differ in type.
 extern "C" __global__ void reflex_glu(const float* gate, const float* up, float* y, long n, int act) {
+    rx_pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = rx_act(gate[i], act) * up[i];
 }
 
 // Elementwise y = x * scale (Gemma's embedding scale, logit scaling).
 extern "C" __global__ void reflex_scale(float* y, long n, float scale) {
+    rx_pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] *= scale;
 }

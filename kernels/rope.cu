@@ -12,6 +12,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_qk_rope_store(
     float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const int* pos,
     const int* slot, int* kv_pos, half* k_cache, half* v_cache, int n_head, int n_head_kv, int hd, int hd_v, int rope_dim,
     float base, float freq_scale, float eps, int n_ctx) {
+    rx_pdl_begin();
     __shared__ float head[256];
     __shared__ float scratch[32];
     int t = blockIdx.x, h = blockIdx.y;

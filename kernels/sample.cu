@@ -35,6 +35,7 @@ __device__ __forceinline__ bool rx_better(float v, int i, float bv, int bi) {
 // Phase 1: each block finds the best (value, index) of its slice.
 extern "C" __global__ void __launch_bounds__(1024) reflex_argmax_partial(const float* logits, int n, float* part_v,
                                                                          int* part_i) {
+    rx_pdl_begin();
     __shared__ float sv[32];
     __shared__ int si[32];
     int per = (n + gridDim.x - 1) / gridDim.x;
@@ -69,6 +70,7 @@ extern "C" __global__ void __launch_bounds__(1024) reflex_argmax_partial(const f
 
 // Phase 2: one warp reduces the partials and advances the state.
 extern "C" __global__ void reflex_argmax_final(const float* part_v, const int* part_i, int n_part, RxState st, int last) {
+    rx_pdl_begin();
     int lane = threadIdx.x;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -147,6 +149,7 @@ struct RxSampling {
 // One block of 1024 threads over the whole vocabulary.
 extern "C" __global__ void __launch_bounds__(1024) reflex_sample(const float* logits, int n, const RxSampling* sp,
                                                                  RxState st, int last) {
+    rx_pdl_begin();
     float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
     int top_k = sp->top_k;
     unsigned long long seed = sp->seed;

@@ -53,13 +53,37 @@ def _graph_us(dev, stream, enqueue, reps: int = 20, repeats: int = 20) -> float:
     return _events_ms(dev, stream, lambda: graph.launch(stream), repeats) * 1000 / reps
 
 
+def _row(kernel, w, nbytes, us) -> dict:
+    return {"kernel": kernel, "type": w.type_name, "rows": w.rows, "k": w.k, "bytes": nbytes, "us": round(us, 2),
+            "gb_s": round(nbytes / (us / 1e6) / 1e9, 1)}
+
+
+def _spread_experts(runner) -> None:
+    """Route the decode token to k experts spread over the stack (ids 0, n/k, 2n/k, ...)."""
+    moe, dec = runner.dec.moe, runner.dec
+    ids = [i * moe.n_expert // moe.k for i in range(moe.k)]
+    ints = runner._in_view.cast("i")
+    ints[:moe.k] = _ints(ids)
+    runner.dev.htod(dec.p("moe_ids"), runner._in_ptr, 4 * moe.k, runner.stream)
+    runner.dev.memset32(dec.p("moe_w"), 0x3E000000, moe.k, runner.stream)  # 0.125f
+    runner.dev.sync(runner.stream)
+
+
+def _ints(values):
+    import array
+
+    return array.array("i", values)
+
+
 def kernel_bandwidth(runner) -> list[dict]:
-    """Every distinct matrix of a layer (and the LM head), one decode token, in GB/s of weights."""
+    """Every distinct matrix of a layer (and the LM head), one decode token, in GB/s of the
+    weight bytes it reads (for routed experts: the k experts' bytes only)."""
     dec, dev, s, ops = runner.dec, runner.dev, runner.stream, runner.ops
     seen, rows = set(), []
     ly = dec.layers[0]
-    cands = [("attn_q", ly.wq), ("attn_k", ly.wk), ("attn_v", ly.wv), ("attn_output", ly.wo), ("ffn_gate", ly.wg),
-             ("ffn_up", ly.wu), ("ffn_down", ly.wd), ("lm_head", dec.lm_head)]
+    cands = [("attn_q", ly.wq), ("attn_k", ly.wk), ("attn_v", ly.wv), ("attn_output", ly.wo)]
+    cands += [("ffn_router", ly.moe.router)] if ly.moe else [("ffn_gate", ly.wg), ("ffn_up", ly.wu), ("ffn_down", ly.wd)]
+    cands.append(("lm_head", dec.lm_head))
     x, y = dev.alloc(4 * 65536), dev.alloc(4 * max(w.rows for _, w in cands))
     dev.memset32(x, 0x3C23D70A, 65536, s)  # 0.01f: never time on zeros
     for name, w in cands:
@@ -68,9 +92,16 @@ def kernel_bandwidth(runner) -> list[dict]:
             continue
         seen.add(key)
         us = _graph_us(dev, s, lambda w=w: ops.matmul(w, x, y, 1))
-        nbytes = w.rows * w.row_bytes
-        rows.append({"kernel": f"matvec {name}", "type": w.type_name, "rows": w.rows, "k": w.k, "bytes": nbytes,
-                     "us": round(us, 2), "gb_s": round(nbytes / (us / 1e6) / 1e9, 1)})
+        rows.append(_row(f"matvec {name}", w, w.rows * w.row_bytes, us))
+    if ly.moe:
+        m, moe, p = ly.moe, dec.moe, dec.p
+        _spread_experts(runner)
+        us = _graph_us(dev, s, lambda: ops.moe_glu_mv(m.gate, m.up, m.gate_up_stride, p("moe_ids"), moe.k, x,
+                                                      p("moe_act"), 1, moe.n_ff, 0))
+        rows.append(_row(f"experts gate+up ({moe.k} of {moe.n_expert})", m.gate, 2 * moe.k * m.gate_up_stride, us))
+        us = _graph_us(dev, s, lambda: ops.moe_down_mv(m.down, m.down_stride, p("moe_ids"), p("moe_w"), moe.k,
+                                                       p("moe_act"), y, 1, moe.n_embd))
+        rows.append(_row(f"experts down ({moe.k} of {moe.n_expert})", m.down, moe.k * m.down_stride, us))
     dev.free(x)
     dev.free(y)
     return rows
@@ -88,26 +119,55 @@ def step_breakdown(runner, ctx: int = 256) -> list[dict]:
     from .gpu.ops import ATTN_SPLITS_DECODE
 
     last = ctx - 1
-    kinds = {
+
+    def attend():
+        ops.attention(p("q"), ly.k_cache, ly.v_cache, p("kv_pos"), p("pos") + 4 * last, p("slot") + 4 * last, 0, 0,
+                      p("n_kv"), p("att"), p("part_o"), p("part_ml"), p("attn_counters"), 1, c.n_head, c.n_head_kv,
+                      c.head_dim, c.head_dim_v, dec.n_ctx, ly.window, dec.attn_scale, 0.0, ATTN_SPLITS_DECODE)
+
+    def attend_general():
+        ops.decode_attention, was = False, ops.decode_attention
+        try:
+            attend()
+        finally:
+            ops.decode_attention = was
+
+    kinds: dict = {
         "qkv (fused norm)": lambda: dec._qkv(ly, p("x"), p("q"), p("k"), p("v"), 1, ly.attn_norm, c.rms_eps),
         "qk-norm + rope + cache store": lambda: ops.qk_rope_store(
             p("q"), p("k"), p("v"), ly.q_norm, ly.k_norm, p("pos") + 4 * last, p("slot") + 4 * last, p("kv_pos"),
             ly.k_cache, ly.v_cache, 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, ly.rope_base, 1.0,
             c.rms_eps, dec.n_ctx),
-        f"attention (ctx {ctx}, {ATTN_SPLITS_DECODE} splits, merged in-kernel)": lambda: ops.attention(
-            p("q"), ly.k_cache, ly.v_cache, p("kv_pos"), p("pos") + 4 * last, p("slot") + 4 * last, 0, 0, p("n_kv"),
-            p("att"), p("part_o"), p("part_ml"), p("attn_counters"), 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v,
-            dec.n_ctx,
-            ly.window, dec.attn_scale, 0.0, ATTN_SPLITS_DECODE),
+        f"attention (ctx {ctx}, up to {ATTN_SPLITS_DECODE} slices, merged in-kernel)": attend,
+        "attention, general kernel (comparison only)": attend_general,
         "attn output (+residual)": lambda: ops.matmul(ly.wo, p("att"), p("o"), 1),
-        "gate/up + act (fused norm)": lambda: ops.gated_ffn_in(ly.wg, ly.wu, p("x"), p("act"), 1, dec.act, p("g"),
-                                                              p("u"), norm_w=ly.ffn_norm, eps=c.rms_eps),
-        "down (+residual)": lambda: ops.matmul(ly.wd, p("act"), p("o"), 1),
+    }
+    if ly.moe:
+        m, moe = ly.moe, dec.moe
+        _spread_experts(runner)
+        kinds.update({
+            "router (fused norm)": lambda: ops.matmul_segments([m.router], p("x"), [p("moe_logits")], 1,
+                                                               norm_w=ly.ffn_norm, eps=c.rms_eps),
+            f"top-{moe.k} of {moe.n_expert}": lambda: ops.moe_topk(p("moe_logits"), 1, moe.n_expert, moe.k,
+                                                                   moe.normalize, p("moe_pair_tok"), p("moe_pair_id")),
+            "experts gate/up + act (fused norm)": lambda: ops.moe_glu_mv(
+                m.gate, m.up, m.gate_up_stride, p("moe_ids"), moe.k, p("x"), p("moe_act"), 1, moe.n_ff, 0,
+                ly.ffn_norm, c.rms_eps),
+            "experts down (+residual)": lambda: ops.moe_down_mv(m.down, m.down_stride, p("moe_ids"), p("moe_w"),
+                                                                moe.k, p("moe_act"), p("o"), 1, moe.n_embd),
+        })
+    else:
+        kinds.update({
+            "gate/up + act (fused norm)": lambda: ops.gated_ffn_in(ly.wg, ly.wu, p("x"), p("act"), 1, dec.act,
+                                                                  p("g"), p("u"), norm_w=ly.ffn_norm, eps=c.rms_eps),
+            "down (+residual)": lambda: ops.matmul(ly.wd, p("act"), p("o"), 1),
+        })
+    kinds.update({
         "lm head (fused final norm)": lambda: ops.matmul(dec.lm_head, p("x"), p("logits"), 1, norm_w=dec.output_norm,
                                                          eps=c.rms_eps),
         "argmax (2 kernels)": lambda: ops.argmax(p("logits"), c.vocab_size, p("amax_v"), p("amax_i"), ARGMAX_PARTS,
                                                  runner._state, 0),
-    }
+    })
     out = []
     for name, fn in kinds.items():
         before = ops.launches
@@ -158,8 +218,13 @@ def main(args) -> int:
         "weights_bytes": runner.dec.weights_bytes,
     }
     res["copy_gb_s"] = round(copy_bandwidth(dev, runner.stream), 1)
+    if runner.pdl_available():  # the same graph without programmatic dependent launches, for comparison
+        runner.pdl = False
+        res["decode_without_pdl"] = decode_rate(engine, args.decode_tokens, args.repeats)
+        runner.pdl = None
     res["decode"] = decode_rate(engine, args.decode_tokens, args.repeats)
     res["decode_graph_nodes"] = runner.info().get("decode_graph_nodes")
+    res["decode_graph_pdl"] = runner.pdl_available()
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]
     res["kernels"] = kernel_bandwidth(runner)
     res["decode_step_breakdown"] = step_breakdown(runner)
@@ -168,8 +233,9 @@ def main(args) -> int:
         engine.system1(prompt="The capital of France is", candidates=[" Paris", " London", " Berlin"])
     res["system1_warm_ms"] = round((time.perf_counter() - t) / args.repeats * 1000, 3)
     tok_s = res["decode"]["tok_s_median"]
-    res["decode_bytes_per_token"] = runner.dec.weights_bytes
-    res["decode_effective_gb_s"] = round(runner.dec.weights_bytes * tok_s / 1e9, 1) if tok_s else None
+    res["decode_bytes_per_token"] = nbytes = runner.dec.decode_bytes_per_token()
+    res["decode_effective_gb_s"] = round(nbytes * tok_s / 1e9, 1) if tok_s else None
+    res["decode_fraction_of_copy"] = round(res["decode_effective_gb_s"] / res["copy_gb_s"], 3) if tok_s else None
     res["bench_s"] = round(time.perf_counter() - t0, 2)
     if args.out:
         with open(args.out, "w") as f:
@@ -178,8 +244,10 @@ def main(args) -> int:
         print(json.dumps(res))
         return 0
     print(f"{res['date']}  {res['device']}  {res['model']}  ({res['file_type']})")
-    print(f"decode: {tok_s} tok/s (graph of {res['decode_graph_nodes']} nodes; ~{res['decode_effective_gb_s']} GB/s "
-          f"of weights vs copy {res['copy_gb_s']} GB/s)")
+    print(f"decode: {tok_s} tok/s (graph of {res['decode_graph_nodes']} nodes, PDL {'on' if res['decode_graph_pdl'] else 'off'}; "
+          f"{nbytes / 1e6:.1f} MB of weights per token -> {res['decode_effective_gb_s']} GB/s vs copy {res['copy_gb_s']} GB/s)")
+    if "decode_without_pdl" in res:
+        print(f"decode without PDL: {res['decode_without_pdl']['tok_s_median']} tok/s")
     for p in res["prefill"]:
         print(f"prefill {p['tokens']:>5} tokens: {p['ms']:8.3f} ms  {p['tok_s']:>10.1f} tok/s")
     print(f"{'kernel':<24} {'type':<5} {'rows':>7} {'k':>6} {'us':>8} {'GB/s':>8}")

@@ -140,7 +140,7 @@ def cmd_generate(args) -> int:
     from .sampling import SamplingParams
 
     tl = _TIMELINE
-    engine = load_engine(args.model, args.backend, tl, max_context=args.ctx)
+    engine = load_engine(args.model, args.backend, tl, max_context=args.ctx, device=_EARLY_DEVICE)
     req = GenerateRequest(
         prompt=args.prompt, max_tokens=args.max_tokens, chat=args.chat, stop=tuple(args.stop),
         enable_thinking=False if args.no_think else None, ignore_eos=args.ignore_eos,
@@ -167,7 +167,7 @@ def cmd_generate(args) -> int:
 def cmd_system1(args) -> int:
     from .loader import load_engine
 
-    engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx)
+    engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx, device=_EARLY_DEVICE)
 
     def print_scores(res: dict) -> None:  # before the record: its energy reading may wait ~0.1 s
         lines = [f"REFLEX_SYSTEM1_CANDIDATE idx={c['index']} text={json.dumps(c['text'], ensure_ascii=False)} "
@@ -231,9 +231,39 @@ def _dispatch(args) -> int:
     raise RequestError(f"unknown command {cmd}")
 
 
+_EARLY_DEVICE = None  # a DeviceBootstrap started before argument parsing (see _start_device_early)
+
+
+def _start_device_early(argv: list[str]) -> bool:
+    """`reflex generate|system1` on a GPU: start cuInit before argparse and the engine's imports
+    (~30-40 ms of the cold path's critical path, which is cuInit). Skipped for --backend cpu
+    and --help; a usage error then exits at once without waiting for the device threads."""
+    global _EARLY_DEVICE
+    if not argv or argv[0] not in ("generate", "system1") or "-h" in argv or "--help" in argv:
+        return False
+    backend = os.environ.get("REFLEX_BACKEND", "auto")
+    for i, a in enumerate(argv):
+        if a == "--backend" and i + 1 < len(argv):
+            backend = argv[i + 1]
+        elif a.startswith("--backend="):
+            backend = a.split("=", 1)[1]
+    if backend == "cpu":
+        return False
+    from .gpu.bootstrap import DeviceBootstrap
+
+    _EARLY_DEVICE = DeviceBootstrap.start(_TIMELINE)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
+    early = argv is None and _start_device_early(sys.argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        if early:  # do not run interpreter teardown beside a thread inside cuInit
+            fast_exit(e.code if isinstance(e.code, int) else 2)
+        raise
     code = 0
     try:
         code = _dispatch(args)

@@ -44,8 +44,9 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
-                max_context: int | None = None, log=None):
-    """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why)."""
+                max_context: int | None = None, log=None, device=None):
+    """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
+    `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`."""
     if backend not in BACKENDS:
         raise ReflexError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     # While several threads bring the model up, a thread that drops the GIL for a driver call
@@ -60,7 +61,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        return _load(model_ref, backend, timeline, max_context, log)
+        return _load(model_ref, backend, timeline, max_context, log, device)
     finally:
         sys.setswitchinterval(switch)
         gc.freeze()
@@ -68,20 +69,21 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, timeline, max_context, log):
+def _load(model_ref, backend, timeline, max_context, log, device):
+    tl = timeline or Timeline()
+    if backend in ("auto", "cuda"):
+        if device is None:  # first: cuInit is the cold path's longest stage
+            from .gpu.bootstrap import DeviceBootstrap
+
+            device = DeviceBootstrap.start(tl)
+    else:
+        device = None
+        tl.no_energy("backend cpu: the GPU is not used")
     from .engine import Engine
     from .gguf_file import GGUFFile
     from .models import read_config
 
-    tl = timeline or Timeline()
     log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
-    device = None
-    if backend in ("auto", "cuda"):
-        from .gpu.bootstrap import DeviceBootstrap
-
-        device = DeviceBootstrap.start(tl)
-    else:
-        tl.no_energy("backend cpu: the GPU is not used")
 
     path = resolve_model(model_ref)
     if os.path.isfile(path):

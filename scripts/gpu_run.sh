@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One session on a GPU machine with no network: everything the GPU work needs, in one command.
 #
-#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,coldstart,warm
+#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm
 #
 # Expects, carried from the development machine (all git-ignored):
 #   .whl/                       wheels the machine lacks (../shared/tools/gpu-wheels.sh .whl)
@@ -11,13 +11,14 @@
 # Correctness steps may overlap each other; timing steps (bench, coldstart, warm) run alone.
 # Logs and results go to $OUT (default logs/) as run.tgz plus the cold-start waterfall PNG.
 set -uo pipefail
-STEPS=${1:-smoke,kernels,engine,real,bench,coldstart,warm}
+STEPS=${1:-smoke,kernels,engine,real,bench,moe,coldstart,warm}
 OUT=${OUT:-logs}
 WORK=$OUT/run
 mkdir -p "$WORK"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 QUANTS=${QUANTS:-q8_0 q4_k_m}
 REAL=/tmp/real
+MOE_BENCH=$REAL/qwen3moe-30b-a3b-shaped-${MOE_LAYERS:-4}l-q8_0.gguf
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
@@ -33,19 +34,22 @@ build_real() {
     [ -f $REAL/qwen3-0.6b-$t.gguf ] || { python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t \
       --out $REAL/$t > "$WORK/make-$t.log" 2>&1 && cp $REAL/$t/qwen3-$t.gguf $REAL/qwen3-0.6b-$t.gguf; }
   done
+  if has moe && [ ! -f $MOE_BENCH ]; then  # Qwen3-30B-A3B shapes, fewer layers, random Q8_0 blocks
+    python3 scripts/make_moe_bench.py --out $MOE_BENCH --layers ${MOE_LAYERS:-4} > "$WORK/make-moe.log" 2>&1
+  fi
 }
-if has real || has bench || has coldstart || has warm; then build_real & BUILD_PID=$!; fi
+if has real || has bench || has moe || has coldstart || has warm; then build_real & BUILD_PID=$!; fi
 
 if has smoke; then
   timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tee "$WORK/smoke.log"
 fi
 if has kernels; then
-  timeout ${KERNEL_TIMEOUT:-200} python3 -m pytest -m gpu tests/test_gpu_kernels.py -q -p no:cacheprovider \
-    --timeout 120 2>&1 | tee "$WORK/gpu-kernels.log" | tail -15
+  timeout ${KERNEL_TIMEOUT:-200} python3 -m pytest -m gpu tests/test_gpu_kernels.py tests/test_gpu_moe.py -k "not qwen3moe" \
+    -q -p no:cacheprovider --timeout 120 2>&1 | tee "$WORK/gpu-kernels.log" | tail -15
 fi
 if has engine; then
-  timeout ${ENGINE_TIMEOUT:-300} python3 -m pytest -m gpu tests/test_gpu_engine.py -q -p no:cacheprovider -n 8 \
-    --timeout 280 -p no:benchmark 2>&1 | tee "$WORK/gpu-engine.log" | tail -25
+  timeout ${ENGINE_TIMEOUT:-420} python3 -m pytest -m gpu tests/test_gpu_engine.py tests/test_gpu_moe.py -k "not moe or qwen3moe" \
+    -q -p no:cacheprovider -n 10 --timeout 400 -p no:benchmark 2>&1 | tee "$WORK/gpu-engine.log" | tail -25
 fi
 [ -n "${BUILD_PID:-}" ] && { wait $BUILD_PID; ls -la $REAL | tee -a "$WORK/machine.txt"; }
 if has real; then
@@ -65,12 +69,21 @@ if has bench; then
       | tee "$WORK/bench-qwen3-0.6b-$t.log"
   done
 fi
+if has moe; then
+  tail -1 "$WORK/make-moe.log"
+  timeout 300 python3 -m reflex_runtime.cli bench $MOE_BENCH --prefill 16,128,512 --out "$WORK/bench-qwen3moe-30b-a3b-shaped.json" \
+    2>&1 | tee "$WORK/bench-qwen3moe-30b-a3b-shaped.log"
+fi
 if has coldstart; then
   models=(); for t in $QUANTS; do models+=(--model $REAL/qwen3-0.6b-$t.gguf); done
   peers=(); [ "${PEERS:-1}" = 1 ] && peers+=(--peer "transformers+torch=python3 scripts/peer_transformers.py $REAL/q8_0/hf")
   timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 \
     --peer-runs ${PEER_RUNS:-3} --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
     "${peers[@]}" 2>&1 | tee "$WORK/coldstart.log"
+  if [ -n "${NVML_AB:-}" ]; then  # the same, with NVML started after the context (REFLEX_NVML_START)
+    REFLEX_NVML_START=after_context timeout 300 python3 scripts/bench_coldstart.py --model $REAL/qwen3-0.6b-q8_0.gguf \
+      --runs ${RUNS:-10} --system1 --cache warm --out "$WORK/coldstart-nvml-after" 2>&1 | tee "$WORK/coldstart-nvml-after.log"
+  fi
 fi
 if has warm; then
   timeout 200 python3 scripts/bench_warm.py --model $REAL/qwen3-0.6b-q8_0.gguf --backend cuda -n ${WARM_N:-50} \

@@ -1,6 +1,39 @@
 """A thin numpy <-> device bridge for the GPU tests (never used by the package itself)."""
 
 import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from quant_blocks import LAYOUT, random_matrix
+
+TYPE_NAMES = {Q.F32: "F32", Q.F16: "F16", Q.BF16: "BF16", Q.Q8_0: "Q8_0", Q.Q4_0: "Q4_0", Q.Q5_0: "Q5_0",
+              Q.Q4_K: "Q4_K", Q.Q5_K: "Q5_K", Q.Q6_K: "Q6_K"}
+
+
+def random_weight(gpu, qtype, rows, k, rng):
+    """A random rows x k matrix of type qtype on the device (a gpu.ops Weight) and its float32 values."""
+    from reflex_runtime.gpu.ops import Weight
+
+    raw, dense = random_matrix(qtype, rows, k, rng)
+    return Weight(gpu.put(raw), TYPE_NAMES[qtype], rows, k, raw.nbytes // rows), dense
+
+
+def k_for(qtype, multiple_of_64: bool) -> int:
+    """An awkward row length: an odd number of blocks (and of 64s when the tensor-core path needs it)."""
+    if LAYOUT[qtype][0] == 256:
+        return 768
+    return 448 if multiple_of_64 else 416
+
+
+def act_ref(g, act):
+    g = g.astype(np.float64)
+    if act == 0:
+        return g / (1 + np.exp(-g))
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+
+
+def rms_ref(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
 class GpuHarness:

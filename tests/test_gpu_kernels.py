@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from quant_blocks import LAYOUT, random_matrix
+from gpu_harness import TYPE_NAMES, k_for
+from gpu_harness import act_ref as _act
+from gpu_harness import random_weight as weight
+from gpu_harness import rms_ref as _rms
 
 pytestmark = pytest.mark.gpu
 
-TYPE_NAMES = {Q.F32: "F32", Q.F16: "F16", Q.BF16: "BF16", Q.Q8_0: "Q8_0", Q.Q4_0: "Q4_0", Q.Q5_0: "Q5_0",
-              Q.Q4_K: "Q4_K", Q.Q5_K: "Q5_K", Q.Q6_K: "Q6_K"}
 
 
 @pytest.fixture(scope="module")
@@ -25,20 +26,6 @@ def gpu():
     h = GpuHarness()
     yield h
     h.free_all()
-
-
-def weight(gpu, qtype, rows, k, rng):
-    from reflex_runtime.gpu.ops import Weight
-
-    raw, dense = random_matrix(qtype, rows, k, rng)
-    return Weight(gpu.put(raw), TYPE_NAMES[qtype], rows, k, raw.nbytes // rows), dense
-
-
-def k_for(qtype, multiple_of_64: bool) -> int:
-    """An awkward row length: an odd number of blocks (and of 64s when the tensor-core path needs it)."""
-    if LAYOUT[qtype][0] == 256:
-        return 768
-    return 448 if multiple_of_64 else 416
 
 
 def assert_matmul_close(got, x, dense, base=None, rtol=1e-4):
@@ -132,13 +119,6 @@ def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
     assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=2e-3)
 
 
-def _act(g, act):
-    g = g.astype(np.float64)
-    if act == 0:
-        return g / (1 + np.exp(-g))
-    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
-
-
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("n_tok,fused_norm", [(1, False), (5, False), (40, False), (70, False), (1, True), (3, True)])
@@ -179,11 +159,6 @@ def test_embedding_rows(gpu, qtype):
     for i, t in enumerate(toks):
         expect = dense[t] * 1.75 if 0 <= t < vocab else np.zeros(k, np.float32)
         np.testing.assert_allclose(got[i], expect, rtol=1e-6, atol=1e-6)
-
-
-def _rms(x, w, eps):
-    x = x.astype(np.float64)
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
 @pytest.mark.parametrize("n", [640, 1000, 4096 + 40])
@@ -287,13 +262,29 @@ ATTN_CASES = {
     "sliding_window": (4, 2, 64, 23, 60, False, 20, 0.0),
     "tree": (4, 2, 64, 12, 30, True, 0, 0.0),
     "softcap_hd32": (2, 1, 32, 5, 10, False, 0, 30.0),
+    # decode steps the GQA-grouped decode kernel takes (and, below, the general kernel too)
+    "decode_gqa8": (32, 4, 128, 1, 700, False, 0, 0.0),
+    "decode_gqa4_hd256": (4, 1, 256, 1, 333, False, 0, 0.0),
+    "decode_hd96_g2": (6, 3, 96, 1, 77, False, 0, 0.0),
+    "decode_first_token": (4, 2, 64, 1, 0, False, 0, 0.0),
+    "decode_window": (4, 2, 64, 1, 90, False, 20, 0.0),
+    "decode_softcap_hd32": (2, 1, 32, 1, 45, False, 0, 30.0),
 }
+DECODE_CASES = [c for c, v in ATTN_CASES.items() if v[3] == 1]
 
 
-@pytest.mark.parametrize("case", list(ATTN_CASES))
-def test_attention(gpu, case):
+@pytest.mark.parametrize("case,general", [(c, False) for c in ATTN_CASES] + [(c, True) for c in DECODE_CASES])
+def test_attention(gpu, case, general):
     from reflex_runtime.gpu.ops import ATTN_SPLITS_DECODE
 
+    gpu.ops.decode_attention = not general
+    try:
+        _attention_case(gpu, case, ATTN_SPLITS_DECODE)
+    finally:
+        gpu.ops.decode_attention = True
+
+
+def _attention_case(gpu, case, ATTN_SPLITS_DECODE):
     n_head, n_kvh, hd, n_tok, first, tree, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = max(200, first + n_tok + 1)

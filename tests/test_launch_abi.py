@@ -9,6 +9,7 @@ shape, or a kernel missing from the table fails here instead of on the GPU.
 """
 
 import ctypes
+import glob
 import os
 import re
 import subprocess
@@ -61,7 +62,7 @@ class FakeKernel:
     def __init__(self, name, dev):
         self.name, self.dev = name, dev
 
-    def launch(self, grid, block, args, stream, shmem=0):
+    def launch(self, grid, block, args, stream, shmem=0, pdl=False):
         want = self.dev.params[self.name]
         got = [ctypes.sizeof(a) for a in args]
         assert got == want, f"{self.name}: passed sizes {got}, kernel takes {want}"
@@ -101,21 +102,21 @@ def _decoder(arch, params):
     from make_fixtures import make_fixture
 
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.gpu.decoder import DenseDecoder, gpu_supports
+    from reflex_runtime.gpu.decoder import Decoder, gpu_supports
     from reflex_runtime.gpu.ops import Ops
     from reflex_runtime.models import read_config
 
     g = GGUFFile(make_fixture(arch, "q4_k_m").gguf)
     cfg = read_config(g)
     assert gpu_supports(cfg) is None
-    dec = DenseDecoder(cfg, g, max_batch=64, n_ctx=256, max_new=256)
+    dec = Decoder(cfg, g, max_batch=64, n_ctx=256, max_new=256)
     dev = FakeDevice(params)
     base = dev.alloc(dec.arena_bytes)
     dec.bind(base, Ops(dev, stream=None))
     return dec, dev
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe"])
 def test_forward_launches_match_kernel_abi(ptx_params, arch):
     from reflex_runtime.gpu.decoder import ARGMAX_PARTS
     from reflex_runtime.gpu.driver import RxState
@@ -136,6 +137,24 @@ def test_forward_launches_match_kernel_abi(ptx_params, arch):
     assert "reflex_attn" in names
     if arch == "gemma3":
         assert any(n.startswith("reflex_mv_glu_") for n in names)
+    if arch == "qwen3moe":  # both expert paths: per-pair matrix-vector, and grouped tensor cores
+        for kind in ("reflex_moe_topk", "reflex_moe_mv_glu_", "reflex_moe_mv_down_", "reflex_moe_group",
+                     "reflex_moe_mm_", "reflex_moe_combine"):
+            assert any(n.startswith(kind) for n in names), kind
+
+
+def test_every_kernel_waits_for_its_predecessor_first():
+    """The decode graph chains kernels as programmatic dependent launches: a kernel may start
+    while the previous one runs, so each must call rx_pdl_begin() before touching memory."""
+    checked = declared = 0
+    for path in sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu"))):
+        src = open(path).read()
+        declared += src.count("__global__")
+        for m in re.finditer(r"__global__[^{]*?\b(reflex_\w+)[^{]*\{", src):
+            body = src[m.end():m.end() + 200].lstrip(" \\\n")
+            assert body.startswith("rx_pdl_begin();"), f"{os.path.basename(path)}: {m.group(1)} does not start with rx_pdl_begin()"
+            checked += 1
+    assert checked == declared > 20, (checked, declared)
 
 
 def test_no_runtime_compilation_in_the_package():

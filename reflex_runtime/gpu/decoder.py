@@ -6,8 +6,9 @@ Qwen3, per layer:  h = norm(x); q,k,v = W h; qk-norm + RoPE + cache store; a = a
 Gemma 3, per layer: the same with post-norms (x += norm(Wo a), x += norm(Wd ...)), GELU,
                    a sqrt(n_embd) embedding scale, local (sliding-window) layers with their own
                    RoPE base, and optional final logit soft-capping.
+Qwen3-MoE: Qwen3's attention; the FFN is the routed experts of gpu/moe.py.
 Residual adds are fused into the matrix kernels (Qwen3) or the norm kernel (Gemma 3), so a
-decode step is ~10 launches per layer, captured once into a CUDA graph by gpu/runner.py.
+decode step is 6-8 launches per layer, captured once into a CUDA graph by gpu/runner.py.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
+from .moe import MoeFFN, MoeWeights, moe_unsupported
 from .ops import ATTN_SPLITS_DECODE, MM_MIN_TOKENS, Ops, Weight, weight_from_tensor
 
-GPU_FAMILIES = ("qwen3", "gemma3")
+GPU_FAMILIES = ("qwen3", "qwen3moe", "gemma3")
 ARGMAX_PARTS = 128
 
 
@@ -30,6 +32,10 @@ def gpu_supports(config) -> str | None:
         return f"head sizes {config.head_dim}/{config.head_dim_v} are outside what the attention kernel handles"
     if config.n_head % config.n_head_kv:
         return f"{config.n_head} query heads do not divide into {config.n_head_kv} KV heads"
+    if config.arch == "qwen3moe":
+        if config.n_embd % 32:
+            return "hidden sizes must be multiples of 32"
+        return moe_unsupported(config)
     if config.n_embd % 32 or config.n_ff % 32:
         return "hidden sizes must be multiples of 32"
     return None
@@ -62,18 +68,19 @@ class Layer:
     q_norm: int
     k_norm: int
     ffn_norm: int
-    wg: Weight
-    wu: Weight
-    wd: Weight
+    wg: Weight | None  # None in an MoE layer
+    wu: Weight | None
+    wd: Weight | None
     post_attn_norm: int
     post_ffn_norm: int
     rope_base: float
     window: int
     k_cache: int
     v_cache: int
+    moe: MoeWeights | None = None
 
 
-class DenseDecoder:
+class Decoder:
     """Sizes everything from the config, then runs forward passes for batches of tokens whose
     ids, positions and cache slots are already in the device state arrays."""
 
@@ -90,6 +97,8 @@ class DenseDecoder:
         self.attn_scale = float(ex.get("query_scale", 1.0 / math.sqrt(config.head_dim)))
         self.softcap = float(ex.get("final_logit_softcap") or 0.0)
         self.weights_bytes = gguf.size - gguf.data_offset
+        self.moe = MoeFFN(config, max_batch) if config.arch == "qwen3moe" else None
+        n_ff = 0 if self.moe else config.n_ff
         c = config
         e, t = c.n_embd, max_batch
         a = Arena()
@@ -99,10 +108,12 @@ class DenseDecoder:
             a.reserve(f"kv{i}", kv_bytes)
         qd, kd, vd, ad = c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v, c.n_head * c.head_dim_v
         for name, n in (("x", t * e), ("h", t * e), ("o", t * e), ("q", t * qd), ("k", t * kd), ("v", t * vd),
-                        ("att", t * ad), ("g", t * c.n_ff), ("u", t * c.n_ff), ("act", t * c.n_ff),
+                        ("att", t * ad), ("g", t * n_ff), ("u", t * n_ff), ("act", t * n_ff),
                         ("logits", c.vocab_size), ("part_o", c.n_head * ATTN_SPLITS_DECODE * c.head_dim_v),
                         ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2), ("attn_counters", c.n_head),
                         ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)):
+            a.reserve(name, 4 * n)
+        for name, n in self.moe.buffers() if self.moe else ():
             a.reserve(name, 4 * n)
         nt = max(t, n_ctx)  # per-token inputs cover a whole prompt, prefilled in chunks
         for name, n in (("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
@@ -149,8 +160,9 @@ class DenseDecoder:
                 attn_norm=vec(p + "attn_norm.weight"), wq=w(p + "attn_q.weight"), wk=w(p + "attn_k.weight"),
                 wv=w(p + "attn_v.weight"), wo=w(p + "attn_output.weight"),
                 q_norm=vec(p + "attn_q_norm.weight", False), k_norm=vec(p + "attn_k_norm.weight", False),
-                ffn_norm=vec(p + "ffn_norm.weight"), wg=w(p + "ffn_gate.weight"), wu=w(p + "ffn_up.weight"),
-                wd=w(p + "ffn_down.weight"),
+                ffn_norm=vec(p + "ffn_norm.weight"),
+                wg=None if self.moe else w(p + "ffn_gate.weight"), wu=None if self.moe else w(p + "ffn_up.weight"),
+                wd=None if self.moe else w(p + "ffn_down.weight"), moe=self.moe.bind(w, p) if self.moe else None,
                 post_attn_norm=vec(p + "post_attention_norm.weight", False) if self.is_gemma else 0,
                 post_ffn_norm=vec(p + "post_ffw_norm.weight", False) if self.is_gemma else 0,
                 rope_base=float(ex.get("rope_theta_local", c.rope_theta)) if is_local else c.rope_theta,
@@ -165,6 +177,18 @@ class DenseDecoder:
 
     def p(self, name: str) -> int:
         return self.arena.ptr(name)
+
+    def decode_bytes_per_token(self) -> int:
+        """Weight bytes one decode step reads: the file's tensors less the embedding rows it
+        skips (untied LM head) and the experts the router did not pick."""
+        unread = 0
+        if self.lm_head is not self.tok_embd:
+            unread += self.tok_embd.rows * self.tok_embd.row_bytes - self.tok_embd.row_bytes
+        for ly in self.layers:
+            if ly.moe:
+                m, n_exp = ly.moe, ly.moe.router.rows
+                unread += (n_exp - self.moe.k) * (2 * m.gate_up_stride + m.down_stride)
+        return self.weights_bytes - unread
 
     # -- the forward pass ---------------------------------------------------------------------
 
@@ -206,7 +230,9 @@ class DenseDecoder:
                 ops.gated_ffn_in(ly.wg, ly.wu, h, self.p("act"), n, self.act, self.p("g"), self.p("u"))
             else:
                 ops.matmul(ly.wo, att, x, n, accumulate=True)
-                if fuse:
+                if ly.moe:
+                    self.moe.forward(ops, self.p, ly.moe, x, h, n, self.act, ly.ffn_norm, eps)
+                elif fuse:
                     ops.gated_ffn_in(ly.wg, ly.wu, x, self.p("act"), n, self.act, self.p("g"), self.p("u"),
                                      norm_w=ly.ffn_norm, eps=eps)
                 else:
@@ -217,7 +243,8 @@ class DenseDecoder:
                 ops.matmul(ly.wd, self.p("act"), o, n)
                 ops.rmsnorm(o, nxt, h if nxt else 0, n, E, eps, resid=x, w_src=ly.post_ffn_norm)
             else:
-                ops.matmul(ly.wd, self.p("act"), x, n, accumulate=True)
+                if not ly.moe:
+                    ops.matmul(ly.wd, self.p("act"), x, n, accumulate=True)
                 if nxt and not small:
                     ops.rmsnorm(x, nxt, h, n, E, eps)
         if logit_rows <= 0:

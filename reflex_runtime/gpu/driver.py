@@ -43,13 +43,34 @@ class Kernel:
     def __init__(self, name: str, func):
         self.name, self.func = name, func
 
-    def launch(self, grid, block, args, stream, shmem: int = 0) -> None:
-        """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order."""
+    def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False) -> None:
+        """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order.
+        pdl: launch as a programmatic dependent of the previous kernel on the stream (sm_90+;
+        the kernels wait for it in rx_pdl_begin). Used while capturing the decode graph only:
+        building the launch config costs Python time an eager launch should not pay."""
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
-        err = cu.cuLaunchKernel(self.func, gx, gy, gz, block, 1, 1, shmem, stream, ctypes.addressof(ptrs), 0)[0]
+        if pdl:
+            err = cu.cuLaunchKernelEx(_pdl_config(gx, gy, gz, block, shmem, stream), self.func,
+                                      ctypes.addressof(ptrs), 0)[0]
+        else:
+            err = cu.cuLaunchKernel(self.func, gx, gy, gz, block, 1, 1, shmem, stream, ctypes.addressof(ptrs), 0)[0]
         if err != _SUCCESS:
             raise DeviceError(f"cuLaunchKernel({self.name}, grid={grid}, block={block}) failed ({_error_text(err)})")
+
+
+def _pdl_config(gx: int, gy: int, gz: int, block: int, shmem: int, stream):
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
+    cfg.sharedMemBytes = shmem
+    cfg.hStream = stream
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
 
 
 class Device:

@@ -5,6 +5,7 @@ Every method only enqueues work on the ops' stream (so it can be captured into a
 
 from __future__ import annotations
 
+import os
 from ctypes import Structure, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
@@ -17,6 +18,13 @@ from .kernels import WEIGHT_TYPES
 # tensor-core kernel (too few tiles to fill the GPU), and 16/4 weight passes cost ~3 ms.
 MM_MIN_TOKENS = 64
 ATTN_SPLITS_DECODE = 16
+
+
+def decode_attention_fits(n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
+    """kernels/attention.cu reflex_attn_decode: 16-byte K loads, <= 8 query heads per KV head,
+    and their q rows and per-warp V sums in its shared memory."""
+    g = n_head // n_head_kv
+    return hd % 8 == 0 and hd_v % 32 == 0 and g <= 8 and g * max(hd, hd_v) <= 1024 and hd_v <= 256
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,9 @@ class Ops:
         self.dev = device
         self.stream = stream
         self.launches = 0  # counted so tests can assert how many passes a request made
+        self.pdl = False  # programmatic dependent launches (set while capturing the decode graph)
+        # the GQA-grouped decode attention kernel (REFLEX_ATTN_DECODE=0: the general one, to compare)
+        self.decode_attention = os.environ.get("REFLEX_ATTN_DECODE", "1") != "0"
         self._k = device.kernel
         # Warps the matrix-vector kernels aim to keep in flight: 32 per SM hides the load latency.
         self._target_warps = 32 * getattr(device, "sm_count", 132)
@@ -81,7 +92,7 @@ class Ops:
         return 1
 
     def _go(self, name, grid, block, args) -> None:
-        self._k(name).launch(grid, block, args, self.stream)
+        self._k(name).launch(grid, block, args, self.stream, pdl=self.pdl)
         self.launches += 1
 
     # -- elementwise and norms -------------------------------------------------------------
@@ -152,6 +163,48 @@ class Ops:
         self.matmul(wu, x, u_buf, n_tok, norm_w=norm_w, eps=eps)
         self.glu(g_buf, u_buf, out, n_tok * wg.rows, act)
 
+    # -- routed experts (kernels/moe.cu) -----------------------------------------------------
+
+    def moe_topk(self, logits: int, n_tok: int, n_expert: int, k: int, normalize: bool, ids: int, weights: int) -> None:
+        self._go("reflex_moe_topk", n_tok, 256, [c_void_p(logits), c_int(n_expert), c_int(k), c_int(int(normalize)),
+                                                  c_void_p(ids), c_void_p(weights)])
+
+    def moe_glu_mv(self, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_tok: int,
+                   n_ff: int, act: int, norm_w: int = 0, eps: float = 0.0) -> None:
+        """out[t*k+s] = act(gate_e x'[t]) * (up_e x'[t]) for expert e = ids[t*k+s], one launch."""
+        wpr = self._wpr(n_ff * n_tok * k, wg.k)
+        per_block = 8 // wpr
+        self._go(f"reflex_moe_mv_glu_{wg.suffix}", ((n_ff + per_block - 1) // per_block, n_tok * k, 1), 256,
+                 [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(ids), c_int(k),
+                  c_void_p(x), c_int(wg.k), c_void_p(out), c_int(n_ff), c_int(wg.k), c_int(act), c_void_p(norm_w or None),
+                  c_float(eps), c_int(wpr)])
+
+    def moe_down_mv(self, wd: Weight, expert_bytes: int, ids: int, weights: int, k: int, act: int, x: int, n_tok: int,
+                    n_embd: int) -> None:
+        """x[t] += sum over t's k slots of weight * down_e act[t*k+s] (the residual add fused)."""
+        wpr = self._wpr(n_embd * n_tok, wd.k)
+        per_block = 8 // wpr
+        self._go(f"reflex_moe_mv_down_{wd.suffix}", ((n_embd + per_block - 1) // per_block, n_tok, 1), 256,
+                 [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(ids), c_void_p(weights), c_int(k),
+                  c_void_p(act), c_int(wd.k), c_void_p(x), c_int(n_embd), c_int(wpr)])
+
+    def moe_group(self, ids: int, n_pairs: int, n_expert: int, k: int, counts: int, offsets: int, pair_tok: int,
+                  pair_id: int) -> None:
+        self._go("reflex_moe_group", 1, 1024, [c_void_p(ids), c_int(n_pairs), c_int(n_expert), c_int(k), c_void_p(counts),
+                                               c_void_p(offsets), c_void_p(pair_tok), c_void_p(pair_id)])
+
+    def moe_mm(self, w: Weight, expert_bytes: int, n_expert: int, n_rows: int, counts: int, offsets: int, x_idx: int,
+               y_idx: int, x: int, y: int) -> None:
+        """y[y_idx[i]] = W_e x[x_idx[i]] for the rows i of every expert's group, on tensor cores."""
+        self._go(f"reflex_moe_mm_{w.suffix}", ((n_rows + 127) // 128, n_expert, 1), 256,
+                 [c_void_p(w.ptr), c_long(w.row_bytes), c_long(expert_bytes), c_void_p(counts), c_void_p(offsets),
+                  c_void_p(x_idx), c_void_p(y_idx), c_void_p(x), c_int(w.k), c_void_p(y), c_int(n_rows), c_int(n_rows),
+                  c_int(w.k)])
+
+    def moe_combine(self, y: int, weights: int, k: int, x: int, n_embd: int, n_tok: int) -> None:
+        self._go("reflex_moe_combine", (n_tok * n_embd + 255) // 256, 256,
+                 [c_void_p(y), c_void_p(weights), c_int(k), c_void_p(x), c_int(n_embd), c_int(n_tok)])
+
     # -- attention -------------------------------------------------------------------------
 
     def qk_rope_store(self, q, k, v, q_norm, k_norm, pos, slot, kv_pos, k_cache, v_cache, n_tok, n_head, n_head_kv,
@@ -163,7 +216,16 @@ class Ops:
 
     def attention(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, out, part_o, part_ml,
                   counters, n_tok, n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, n_split) -> None:
-        """counters: n_tok * n_head zeroed ints (n_split > 1 only); the kernel leaves them zeroed."""
+        """counters: n_tok * n_head zeroed ints (n_split > 1 only); the kernel leaves them zeroed.
+        A decode step (one token, n_split > 1) goes to reflex_attn_decode when its shape allows."""
+        if n_tok == 1 and n_split > 1 and not seg_lo and self.decode_attention and decode_attention_fits(
+                n_head, n_head_kv, hd, hd_v):
+            self._go("reflex_attn_decode", (n_head_kv, n_split, 1), 128,
+                     [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos),
+                      c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters),
+                      c_int(n_head), c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window),
+                      c_float(scale), c_float(softcap)])
+            return
         self._go("reflex_attn", (n_tok, n_head, n_split), 128,
                  [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
                   c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None),

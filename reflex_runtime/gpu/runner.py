@@ -9,13 +9,14 @@ host only queues graph launches and reads back one int per token, one step behin
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Iterator
 
 from ..errors import DeviceError, RequestError
 from ..sampling import SamplingParams
 from ..tree import tree_layout
-from .decoder import ARGMAX_PARTS, DenseDecoder
+from .decoder import ARGMAX_PARTS, Decoder
 from .driver import RxSampling, RxState
 from .ops import Ops
 from .upload import StagingRing, default_threads, upload_file_range
@@ -36,13 +37,14 @@ class CudaRunner:
         self.tl = timeline
         n_ctx = max_context or min(config.context_length, 4096)
         self.max_context = n_ctx
-        self.dec = DenseDecoder(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
+        self.dec = Decoder(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
         self.error: str | None = None
         self.dev = None
-        self._graphs: dict[bool, object] = {}
+        self._graphs: dict[tuple[bool, bool], object] = {}  # (greedy, pdl) -> decode graph
         self._big_logits = (0, 0)  # (ptr, rows)
         self.upload_stats: dict = {}
         self.forward_passes = 0
+        self.pdl: bool | None = None  # None: chain the decode graph's kernels (PDL) where the GPU can
 
     @classmethod
     def start(cls, boot, gguf, config, timeline, max_context: int | None = None) -> "CudaRunner":
@@ -102,9 +104,9 @@ class CudaRunner:
                "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev else None,
                "kernel_format": self.boot.kernel_format, "context": self.max_context}
         out.update(self.upload_stats)
-        g = self._graphs.get(True) or self._graphs.get(False)
-        if g is not None:
+        for (greedy, pdl), g in self._graphs.items():
             out["decode_graph_nodes"] = g.n_nodes
+            out["decode_graph_pdl"] = pdl
         return out
 
     # -- inputs ------------------------------------------------------------------------------
@@ -151,18 +153,29 @@ class CudaRunner:
         else:
             self.ops.sample(d.p("logits"), self.config.vocab_size, d.p("sampling"), self._state, last)
 
-    def _decode_graph(self, greedy: bool):
-        g = self._graphs.get(greedy)
+    def _decode_graph(self, greedy: bool, pdl: bool | None = None):
+        """The decode step as one CUDA graph (captured on first use). Its kernels are chained
+        as programmatic dependent launches where the GPU has them (sm_90+): each one's launch
+        then overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares)."""
+        pdl = self.pdl_available() if pdl is None else pdl
+        g = self._graphs.get((greedy, pdl))
         if g is None:
             dev, s = self.dev, self.stream
             dev.begin_capture(s)
+            self.ops.pdl = pdl
             try:
                 self.dec.forward(1, first=0)
                 self._pick(greedy, 0)
             finally:
+                self.ops.pdl = False
                 g = dev.end_capture(s)
-            self._graphs[greedy] = g
+            self._graphs[(greedy, pdl)] = g
         return g
+
+    def pdl_available(self) -> bool:
+        if self.pdl is not None:
+            return self.pdl
+        return self.dev.cc >= (9, 0) and os.environ.get("REFLEX_PDL", "1") != "0"
 
     def _readback(self, step: int) -> None:
         """Queue the copy of the current token into read-back slot step % READBACK_SLOTS."""

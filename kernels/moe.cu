@@ -1,0 +1,173 @@
+// moe.cu: the routed-expert FFN (Qwen3-MoE), reading the experts straight out of the stacked
+// GGUF tensors: expert e's matrix is rows [e * n_rows, (e + 1) * n_rows) of the stack, so it
+// starts expert_bytes = n_rows * row_bytes after expert 0. Only routed experts are ever read.
+//
+// Routing: reflex_moe_topk turns router logits into k (expert id, weight) pairs per token.
+// Pair p = t * k + s is token t's s-th choice (in decreasing probability).
+// Small batches (decode, system1, short prompts), weights read per pair:
+//   reflex_moe_mv_glu_*   act[p] = act(gate_e x'[t]) * (up_e x'[t]), RMS norm of x fused
+//   reflex_moe_mv_down_*  x[t] += sum_s w[p] * down_e act[p]   (slot order: deterministic; residual fused)
+// Prefill, weights read once per 64 routed tokens of each expert:
+//   reflex_moe_group      the pairs sorted by expert, in token order inside each expert (stable)
+//   reflex_moe_mm_*       tensor-core tiles per (expert, 128 rows) over that expert's gathered rows
+//   reflex_moe_combine    x[t] += sum_s w[p] * y[p]
+// Bound by the routed experts' weight bytes: k * 3 * n_ff * n_embd weights per decode token.
+#include "common.cuh"
+
+#define MOE_MAX_EXPERTS 1024
+
+// Block-wide argmax of p[0..n) with ties to the lower index; every thread gets (value, index).
+__device__ __forceinline__ void moe_block_argmax(const float* p, int n, float* best_v, int* best_i) {
+    __shared__ float wv[32];
+    __shared__ int wi[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = threadIdx.x; e < n; e += blockDim.x)
+        if (p[e] > bv) bv = p[e], bi = e;  // e increases per thread: ">" keeps the lower index
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    __syncthreads();  // wv/wi may still be read by a previous call
+    if (lane == 0) wv[warp] = bv, wi[warp] = bi;
+    __syncthreads();
+    bv = lane < n_warps ? wv[lane] : -INFINITY;
+    bi = lane < n_warps ? wi[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    *best_v = bv, *best_i = bi;
+}
+
+// One block per token: p = softmax(logits) in float32, the k largest p (equal p: lower expert
+// id first, like a stable sort), optionally divided by their sum clamped to >= 2^-14.
+extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* logits, int n_expert, int k, int normalize,
+                                                                   int* ids, float* weights) {
+    rx_pdl_begin();
+    __shared__ float p[MOE_MAX_EXPERTS];
+    __shared__ float scratch[32];
+    const float* z = logits + (long)blockIdx.x * n_expert;
+    float m = -INFINITY;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) m = fmaxf(m, z[e]);
+    m = block_max(m, scratch);
+    float s = 0.f;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        p[e] = expf(z[e] - m);
+        s += p[e];
+    }
+    s = block_sum(s, scratch);
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) p[e] = p[e] / s;
+    __syncthreads();
+    int* my_ids = ids + (long)blockIdx.x * k;
+    float* my_w = weights + (long)blockIdx.x * k;
+    float total = 0.f;
+    for (int j = 0; j < k; j++) {
+        float v;
+        int e;
+        moe_block_argmax(p, n_expert, &v, &e);
+        total += v;
+        if (threadIdx.x == 0) my_ids[j] = e, my_w[j] = v, p[e] = -1.f;  // probabilities are >= 0
+        __syncthreads();
+    }
+    if (normalize && threadIdx.x < k) my_w[threadIdx.x] = my_w[threadIdx.x] / fmaxf(total, 6.103515625e-5f);
+}
+
+template <int T>
+__device__ void moe_down_body(const uint8_t* Wd, long row_bytes, long expert_bytes, const int* ids, const float* wts,
+                              int k, const float* act, int K, float* x, int n_rows, int wpr) {
+    int warp = threadIdx.x >> 5;
+    int r = blockIdx.x * (MV_WARPS / wpr) + warp / wpr, part = warp % wpr;
+    int t = blockIdx.y;
+    bool live = r < n_rows;
+    const float one[1] = {1.f};
+    float total[1][1] = {{0.f}};
+    for (int s = 0; s < k; s++) {
+        long p = (long)t * k + s;
+        const uint8_t* rows[1] = {Wd + ids[p] * expert_bytes + (long)(live ? r : 0) * row_bytes};
+        float acc[1][1] = {{0.f}};
+        if (live) mv_accumulate<T, 1, 1>(rows, act + p * K, K, K, 1, nullptr, one, acc, part, wpr);
+        total[0][0] += wts[p] * acc[0][0];  // lane partials: the weighted sum commutes with the reduction
+    }
+    if (mv_reduce<1, 1>(total, wpr) && live) x[(long)t * n_rows + r] += total[0][0];
+}
+
+#define RX_MOE(name, T)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) reflex_moe_mv_glu_##name(                                     \
+        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids, int k,              \
+        const float* x, int x_stride, float* y, int n_rows, int K, int act, const float* norm_w, float eps, int wpr) { \
+        rx_pdl_begin();                                                                                             \
+        long p = blockIdx.y, off = ids[p] * expert_bytes;                                                           \
+        mv_glu_body<T, 1>(Wg + off, Wu + off, row_bytes, x + (p / k) * x_stride, x_stride, y + p * n_rows, n_rows,  \
+                          n_rows, K, 1, act, norm_w, eps, wpr);                                                     \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(256) reflex_moe_mv_down_##name(                                    \
+        const uint8_t* Wd, long row_bytes, long expert_bytes, const int* ids, const float* wts, int k,              \
+        const float* act, int K, float* x, int n_rows, int wpr) {                                                   \
+        rx_pdl_begin();                                                                                             \
+        moe_down_body<T>(Wd, row_bytes, expert_bytes, ids, wts, k, act, K, x, n_rows, wpr);                         \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(256) reflex_moe_mm_##name(                                         \
+        const uint8_t* W, long row_bytes, long expert_bytes, const int* counts, const int* offsets,                 \
+        const int* x_idx, const int* y_idx, const float* x, int x_stride, float* y, int y_stride, int n_rows,       \
+        int K) {                                                                                                    \
+        rx_pdl_begin();                                                                                             \
+        int e = blockIdx.y, cnt = counts[e], off = offsets[e];                                                      \
+        for (int m0 = 0; m0 < cnt; m0 += MM_BM)                                                                     \
+            mm_tile<T>(W + e * expert_bytes, row_bytes, x, x_stride, x_idx + off, y, y_stride, y_idx + off, n_rows,  \
+                       K, cnt, m0, blockIdx.x * MM_BN, 0);                                                          \
+    }
+
+RX_FOR_EACH_TYPE(RX_MOE)
+
+// One block: counts per expert, their exclusive prefix sums, then each warp lists the pairs of
+// experts warp, warp + n_warps, ... in pair order (ballot + popc), so every list is in token
+// order and the result does not depend on scheduling. pair_tok[i] = the pair's token.
+extern "C" __global__ void __launch_bounds__(1024) reflex_moe_group(const int* ids, int n_pairs, int n_expert, int k,
+                                                                    int* counts, int* offsets, int* pair_tok,
+                                                                    int* pair_id) {
+    rx_pdl_begin();
+    __shared__ int cnt[MOE_MAX_EXPERTS], off[MOE_MAX_EXPERTS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (int e = 0; e < n_expert; e++) off[e] = s, s += cnt[e];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) counts[e] = cnt[e], offsets[e] = off[e];
+    for (int e = warp; e < n_expert; e += n_warps) {
+        if (cnt[e] == 0) continue;
+        int at = off[e];
+        for (int i0 = 0; i0 < n_pairs; i0 += RX_WARP) {
+            int i = i0 + lane;
+            bool hit = i < n_pairs && ids[i] == e;
+            unsigned m = __ballot_sync(0xffffffffu, hit);
+            if (hit) {
+                int dst = at + __popc(m & ((1u << lane) - 1));
+                pair_id[dst] = i;
+                pair_tok[dst] = i / k;
+            }
+            at += __popc(m);
+        }
+    }
+}
+
+// x[t, c] += sum_s w[t * k + s] * y[t * k + s, c], slots in order.
+extern "C" __global__ void reflex_moe_combine(const float* y, const float* wts, int k, float* x, int n_embd, int n_tok) {
+    rx_pdl_begin();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)n_tok * n_embd) return;
+    long t = i / n_embd, c = i % n_embd;
+    float s = 0.f;
+    for (int j = 0; j < k; j++) s += wts[t * k + j] * y[(t * k + j) * n_embd + c];
+    x[i] += s;
+}

@@ -1,0 +1,215 @@
+"""Qwen3-MoE on the GPU: the router and expert kernels against numpy on fresh random inputs
+(awkward sizes, NaN-poisoned outputs, ties in router scores), then the engine against the numpy
+reference on tiny converter-made fixtures of every weight type.
+
+Run on a GPU machine: pytest -m gpu tests/test_gpu_moe.py
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from gpu_harness import act_ref, k_for, random_weight, rms_ref
+
+pytestmark = pytest.mark.gpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+MOE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"]
+PROMPT = "The capital of France is the city of"
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from gpu_harness import GpuHarness
+
+    h = GpuHarness()
+    yield h
+    h.free_all()
+
+
+def _route(logits, k, normalize):
+    from reflex_runtime.reference.qwen3moe import route
+
+    return route(logits, k, normalize)
+
+
+# -- router ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_expert,k", [(4, 1), (4, 2), (8, 8), (60, 5), (128, 8), (257, 3), (1024, 8)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_router_topk_matches_reference_with_ties(gpu, n_expert, k, normalize):
+    rng = np.random.default_rng([n_expert, k, normalize])
+    n_tok = 9
+    logits = (rng.standard_normal((n_tok, n_expert)) * 2).astype(np.float32)
+    # ties the reference breaks toward the lower expert id: a tied maximum, a tie across the
+    # k-th place, every score equal, and ties between ids far apart
+    logits[1, :] = logits[1, 0]
+    logits[2, [n_expert - 1, 0]] = logits[2].max() + 1
+    order = np.argsort(-logits[3], kind="stable")
+    logits[3, order[min(k, n_expert - 1)]] = logits[3, order[k - 1]]
+    logits[4, ::3] = 0.5
+    ids, w = gpu.poisoned((n_tok, k), np.int32), gpu.poisoned((n_tok, k))
+    gpu.ops.moe_topk(gpu.put(logits), n_tok, n_expert, k, normalize, ids, w)
+    want_ids, want_w = _route(logits, k, normalize)
+    got_ids = gpu.get(ids, (n_tok, k), np.int32)
+    assert (got_ids == want_ids).all(), (got_ids, want_ids)
+    np.testing.assert_allclose(gpu.get(w, (n_tok, k)), want_w, rtol=2e-6, atol=1e-7)
+
+
+# -- experts, small batches --------------------------------------------------------------------
+
+def _experts(gpu, qtype, n_expert, n_embd, n_ff, rng):
+    """Stacked gate, up (n_expert * n_ff, n_embd) and down (n_expert * n_embd, n_ff) weights."""
+    wg, dg = random_weight(gpu, qtype, n_expert * n_ff, n_embd, rng)
+    wu, du = random_weight(gpu, qtype, n_expert * n_ff, n_embd, rng)
+    wd, dd = random_weight(gpu, qtype, n_expert * n_embd, n_ff, rng)
+    dense = (dg.reshape(n_expert, n_ff, n_embd), du.reshape(n_expert, n_ff, n_embd), dd.reshape(n_expert, n_embd, n_ff))
+    return (wg, wu, wd), dense
+
+
+def _ff_for(qtype, multiple_of_64):
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        return 256
+    return 192 if multiple_of_64 else 96
+
+
+def _bound(x, w):
+    return np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,n_expert,k", [(1, 8, 2), (1, 6, 6), (5, 12, 3), (3, 40, 8)])
+def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
+    rng = np.random.default_rng([int(qtype), n_tok, n_expert, k])
+    E, F = k_for(qtype, False), _ff_for(qtype, False)
+    (wg, wu, wd), (dg, du, dd) = _experts(gpu, qtype, n_expert, E, F, rng)
+    x = (rng.standard_normal((n_tok, E)) * 0.5).astype(np.float32)
+    nw = (rng.random(E) + 0.5).astype(np.float32)
+    ids, w = _route(rng.standard_normal((n_tok, n_expert)).astype(np.float32), k, True)
+    ids_d, w_d = gpu.put(ids.astype(np.int32)), gpu.put(w)
+    act = gpu.poisoned((n_tok * k, F))
+    gpu.ops.moe_glu_mv(wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, n_tok, F, 0, gpu.put(nw), 1e-6)
+    got_act = gpu.get(act, (n_tok * k, F))
+    xn = rms_ref(x, nw, 1e-6)
+    assert not np.isnan(got_act).any(), "the kernel left poisoned outputs"
+    for p in range(n_tok * k):
+        t, e = p // k, ids.flat[p]
+        g, u = xn[t] @ dg[e].T, xn[t] @ du[e].T
+        tol = 3e-4 * _bound(xn[t:t + 1], dg[e])[0] * _bound(xn[t:t + 1], du[e])[0] + 1e-5
+        assert (np.abs(got_act[p] - act_ref(g, 0) * u) <= tol).all(), (p, np.abs(got_act[p] - act_ref(g, 0) * u).max())
+    # down, summed over each token's slots into the residual (the GPU's act as its input)
+    base = rng.standard_normal((n_tok, E)).astype(np.float32)
+    xd = gpu.put(base)
+    gpu.ops.moe_down_mv(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, n_tok, E)
+    expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-5)
+    for p in range(n_tok * k):
+        t, e = p // k, ids.flat[p]
+        expect[t] += w.flat[p] * (got_act[p].astype(np.float64) @ dd[e].T)
+        tol[t] += 1e-4 * w.flat[p] * _bound(got_act[p:p + 1], dd[e])[0]
+    got = gpu.get(xd, (n_tok, E))
+    assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+
+
+# -- experts, grouped prefill -------------------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,n_expert,k,skewed", [(70, 8, 3, False), (130, 5, 2, True), (64, 16, 8, False)])
+def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
+    rng = np.random.default_rng([int(qtype), n_tok, n_expert, k, skewed])
+    E, F = k_for(qtype, True), _ff_for(qtype, True)
+    (wg, wu, wd), (dg, du, dd) = _experts(gpu, qtype, n_expert, E, F, rng)
+    logits = rng.standard_normal((n_tok, n_expert)).astype(np.float32)
+    if skewed:  # every token's first choice is expert 3: one group of n_tok > 2 * 64 rows
+        logits[:, 3] = 10
+    ids, w = _route(logits, k, True)
+    ids = ids.astype(np.int32)
+    h = (rng.standard_normal((n_tok, E)) * 0.5).astype(np.float32)
+    pairs = n_tok * k
+    counts, offsets = gpu.poisoned((n_expert,), np.int32), gpu.poisoned((n_expert,), np.int32)
+    pair_tok, pair_id = gpu.poisoned((pairs,), np.int32), gpu.poisoned((pairs,), np.int32)
+    ids_d = gpu.put(ids)
+    gpu.ops.moe_group(ids_d, pairs, n_expert, k, counts, offsets, pair_tok, pair_id)
+    want_id = np.argsort(ids.reshape(-1), kind="stable")  # by expert, then pair order
+    want_counts = np.bincount(ids.reshape(-1), minlength=n_expert)
+    assert (gpu.get(counts, (n_expert,), np.int32) == want_counts).all()
+    assert (gpu.get(offsets, (n_expert,), np.int32) == np.concatenate([[0], np.cumsum(want_counts)[:-1]])).all()
+    assert (gpu.get(pair_id, (pairs,), np.int32) == want_id).all()
+    assert (gpu.get(pair_tok, (pairs,), np.int32) == want_id // k).all()
+
+    g, u = gpu.poisoned((pairs, F)), gpu.poisoned((pairs, F))
+    h_d = gpu.put(h)
+    for wt, out in ((wg, g), (wu, u)):
+        gpu.ops.moe_mm(wt, F * wt.row_bytes, n_expert, F, counts, offsets, pair_tok, pair_id, h_d, out)
+    got_g, got_u = gpu.get(g, (pairs, F)), gpu.get(u, (pairs, F))
+    assert not np.isnan(got_g).any() and not np.isnan(got_u).any(), "a routed row was left unwritten"
+    for p in range(pairs):
+        t, e = p // k, ids.flat[p]
+        for got, dense in ((got_g, dg), (got_u, du)):
+            tol = 2e-3 * _bound(h[t:t + 1], dense[e])[0] + 1e-5  # f16 tensor-core inputs
+            assert (np.abs(got[p] - h[t].astype(np.float64) @ dense[e].T) <= tol).all(), (p, e)
+    act = gpu.poisoned((pairs, F))
+    gpu.ops.glu(g, u, act, pairs * F, 0)
+    got_act = gpu.get(act, (pairs, F))
+    y = gpu.poisoned((pairs, E))
+    gpu.ops.moe_mm(wd, E * wd.row_bytes, n_expert, E, counts, offsets, pair_id, pair_id, act, y)
+    base = rng.standard_normal((n_tok, E)).astype(np.float32)
+    x = gpu.put(base)
+    gpu.ops.moe_combine(y, gpu.put(w), k, x, E, n_tok)
+    expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-4)
+    for p in range(pairs):
+        t, e = p // k, ids.flat[p]
+        expect[t] += w.flat[p] * (got_act[p].astype(np.float64) @ dd[e].T)
+        tol[t] += 2e-3 * w.flat[p] * _bound(got_act[p:p + 1], dd[e])[0]
+    got = gpu.get(x, (n_tok, E))
+    assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+
+
+# -- the engine on tiny Qwen3-MoE fixtures ------------------------------------------------------
+
+def _engine(outtype):
+    from make_fixtures import make_fixture
+
+    from reflex_runtime.loader import load_engine
+    from reflex_runtime.reference import load_reference
+
+    eng = load_engine(str(make_fixture("qwen3moe", outtype).gguf), "cuda")
+    return eng, load_reference(eng.gguf, eng.config)
+
+
+@pytest.mark.parametrize("outtype", MOE_TYPES)
+def test_check_passes_qwen3moe(outtype):
+    from reflex_runtime.check import run_check
+
+    eng, ref = _engine(outtype)
+    assert eng.runner.name == "cuda"
+    res = run_check(eng, ref, PROMPT, 8)
+    print(res["weight_type"], res["max_rel_err_prompt"], res["max_rel_err_decode"])
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
+def test_qwen3moe_long_prompt_grouped_prefill_and_greedy_32():
+    """A > 512-token prompt runs the grouped (tensor-core) expert path in two chunks; then 32
+    greedy tokens from the decode graph (routing on the GPU) equal the reference's."""
+    from reflex_runtime.check import run_check
+    from reflex_runtime.sampling import SamplingParams
+
+    eng, ref = _engine("q8_0")
+    long_prompt = " ".join(["Once upon a time there was a small village by the sea, and"] * 55)
+    res = run_check(eng, ref, long_prompt, 4)
+    assert res["prompt_tokens"] > 512 and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+    ids = eng.prompt_ids(PROMPT)
+    cache = ref.new_cache(len(ids) + 33)
+    logits = ref.forward(ids, cache)[-1]
+    expect = []
+    for _ in range(32):
+        tok = int(np.argmax(logits))
+        expect.append(tok)
+        logits = ref.forward([tok], cache)[0]
+    assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect
+    assert eng.runner.info()["decode_graph_nodes"] > 0  # the whole step was one captured graph
+    assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect  # replayed warm
