@@ -41,12 +41,13 @@ def copy_bandwidth(dev, stream, nbytes: int = 1 << 30) -> float:
 
 
 def _graph_us(dev, stream, enqueue, reps: int = 20, repeats: int = 20) -> float:
-    """Median GPU time of one `enqueue()`, measured as a CUDA graph of `reps` copies so that
-    Python's launch overhead (~8 us) is not in the figure."""
+    """Median GPU time of one `enqueue(i)`, measured as a CUDA graph of `reps` calls (i = 0..reps-1)
+    so that Python's launch overhead (~8 us) is not in the figure. Callers use i to cycle over the
+    layers: repeating one layer's weights would time reads from the 50 MB L2, not from memory."""
     dev.begin_capture(stream)
     try:
-        for _ in range(reps):
-            enqueue()
+        for i in range(reps):
+            enqueue(i)
     finally:
         graph = dev.end_capture(stream)
     graph.launch(stream)
@@ -76,32 +77,37 @@ def _ints(values):
 
 
 def kernel_bandwidth(runner) -> list[dict]:
-    """Every distinct matrix of a layer (and the LM head), one decode token, in GB/s of the
-    weight bytes it reads (for routed experts: the k experts' bytes only)."""
+    """Every distinct matrix kind of a layer (and the LM head), one decode token, in GB/s of the
+    weight bytes it reads (for routed experts: the k experts' bytes only), cycling over layers."""
     dec, dev, s, ops = runner.dec, runner.dev, runner.stream, runner.ops
-    seen, rows = set(), []
-    ly = dec.layers[0]
-    cands = [("attn_q", ly.wq), ("attn_k", ly.wk), ("attn_v", ly.wv), ("attn_output", ly.wo)]
-    cands += [("ffn_router", ly.moe.router)] if ly.moe else [("ffn_gate", ly.wg), ("ffn_up", ly.wu), ("ffn_down", ly.wd)]
-    cands.append(("lm_head", dec.lm_head))
-    x, y = dev.alloc(4 * 65536), dev.alloc(4 * max(w.rows for _, w in cands))
+    L = dec.layers
+    rows = []
+    kinds = [("attn_q", "wq"), ("attn_k", "wk"), ("attn_v", "wv"), ("attn_output", "wo")]
+    kinds += [("ffn_gate", "wg"), ("ffn_up", "wu"), ("ffn_down", "wd")] if not L[0].moe else []
+    x, y = dev.alloc(4 * 65536), dev.alloc(4 * dec.lm_head.rows)
     dev.memset32(x, 0x3C23D70A, 65536, s)  # 0.01f: never time on zeros
-    for name, w in cands:
-        key = (w.type_name, w.rows, w.k)
-        if key in seen:
+    seen = set()
+    for name, attr in kinds:
+        w = getattr(L[0], attr)
+        if (w.type_name, w.rows, w.k) in seen:
             continue
-        seen.add(key)
-        us = _graph_us(dev, s, lambda w=w: ops.matmul(w, x, y, 1))
+        seen.add((w.type_name, w.rows, w.k))
+        us = _graph_us(dev, s, lambda i, attr=attr: ops.matmul(getattr(L[i % len(L)], attr), x, y, 1))
         rows.append(_row(f"matvec {name}", w, w.rows * w.row_bytes, us))
-    if ly.moe:
-        m, moe, p = ly.moe, dec.moe, dec.p
+    us = _graph_us(dev, s, lambda i: ops.matmul(dec.lm_head, x, y, 1), reps=5)
+    rows.append(_row("matvec lm_head", dec.lm_head, dec.lm_head.rows * dec.lm_head.row_bytes, us))
+    if L[0].moe:
+        moe, p = dec.moe, dec.p
         _spread_experts(runner)
-        us = _graph_us(dev, s, lambda: ops.moe_glu_mv(m.gate, m.up, m.gate_up_stride, p("moe_ids"), moe.k, x,
-                                                      p("moe_act"), 1, moe.n_ff, 0))
-        rows.append(_row(f"experts gate+up ({moe.k} of {moe.n_expert})", m.gate, 2 * moe.k * m.gate_up_stride, us))
-        us = _graph_us(dev, s, lambda: ops.moe_down_mv(m.down, m.down_stride, p("moe_ids"), p("moe_w"), moe.k,
-                                                       p("moe_act"), y, 1, moe.n_embd))
-        rows.append(_row(f"experts down ({moe.k} of {moe.n_expert})", m.down, moe.k * m.down_stride, us))
+        m0 = L[0].moe
+        us = _graph_us(dev, s, lambda i: ops.matmul_segments([L[i % len(L)].moe.router], x, [p("moe_logits")], 1))
+        rows.append(_row("matvec ffn_router", m0.router, m0.router.rows * m0.router.row_bytes, us))
+        us = _graph_us(dev, s, lambda i: ops.moe_glu_mv(L[i % len(L)].moe.gate, L[i % len(L)].moe.up, m0.gate_up_stride,
+                                                         p("moe_ids"), moe.k, x, p("moe_act"), 1, moe.n_ff, 0))
+        rows.append(_row(f"experts gate+up ({moe.k} of {moe.n_expert})", m0.gate, 2 * moe.k * m0.gate_up_stride, us))
+        us = _graph_us(dev, s, lambda i: ops.moe_down_mv(L[i % len(L)].moe.down, m0.down_stride, p("moe_ids"),
+                                                          p("moe_w"), moe.k, p("moe_act"), y, 1, moe.n_embd))
+        rows.append(_row(f"experts down ({moe.k} of {moe.n_expert})", m0.down, moe.k * m0.down_stride, us))
     dev.free(x)
     dev.free(y)
     return rows
@@ -114,67 +120,58 @@ def step_breakdown(runner, ctx: int = 256) -> list[dict]:
     pos = list(range(ctx))
     runner._write_inputs(ids, pos, pos, n_kv=ctx)
     dev.sync(s)
-    ly = dec.layers[0]
-    p = dec.p
+    L, p = dec.layers, dec.p
     from .gpu.ops import ATTN_SPLITS_DECODE
 
     last = ctx - 1
-
-    def attend():
-        ops.attention(p("q"), ly.k_cache, ly.v_cache, p("kv_pos"), p("pos") + 4 * last, p("slot") + 4 * last, 0, 0,
-                      p("n_kv"), p("att"), p("part_o"), p("part_ml"), p("attn_counters"), 1, c.n_head, c.n_head_kv,
-                      c.head_dim, c.head_dim_v, dec.n_ctx, ly.window, dec.attn_scale, 0.0, ATTN_SPLITS_DECODE)
-
-    def attend_general():
-        ops.decode_attention, was = False, ops.decode_attention
-        try:
-            attend()
-        finally:
-            ops.decode_attention = was
-
+    # each entry enqueues its launches for layer ly; timed cycling over the layers (see _graph_us)
     kinds: dict = {
-        "qkv (fused norm)": lambda: dec._qkv(ly, p("x"), p("q"), p("k"), p("v"), 1, ly.attn_norm, c.rms_eps),
-        "qk-norm + rope + cache store": lambda: ops.qk_rope_store(
+        "qkv (fused norm)": lambda ly: dec._qkv(ly, p("x"), p("q"), p("k"), p("v"), 1, ly.attn_norm, c.rms_eps),
+        "qk-norm + rope + cache store": lambda ly: ops.qk_rope_store(
             p("q"), p("k"), p("v"), ly.q_norm, ly.k_norm, p("pos") + 4 * last, p("slot") + 4 * last, p("kv_pos"),
             ly.k_cache, ly.v_cache, 1, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, ly.rope_base, 1.0,
             c.rms_eps, dec.n_ctx),
-        f"attention (ctx {ctx}, up to {ATTN_SPLITS_DECODE} slices, merged in-kernel)": attend,
-        "attention, general kernel (comparison only)": attend_general,
-        "attn output (+residual)": lambda: ops.matmul(ly.wo, p("att"), p("o"), 1),
+        f"attention (ctx {ctx}, up to {ATTN_SPLITS_DECODE} slices, merged in-kernel)": lambda ly: ops.attention(
+            p("q"), ly.k_cache, ly.v_cache, p("kv_pos"), p("pos") + 4 * last, p("slot") + 4 * last, 0, 0, p("n_kv"),
+            p("att"), p("part_o"), p("part_ml"), p("attn_counters"), 1, c.n_head, c.n_head_kv, c.head_dim,
+            c.head_dim_v, dec.n_ctx, ly.window, dec.attn_scale, 0.0, ATTN_SPLITS_DECODE),
+        "attn output (+residual)": lambda ly: ops.matmul(ly.wo, p("att"), p("o"), 1),
     }
-    if ly.moe:
-        m, moe = ly.moe, dec.moe
+    if L[0].moe:
+        moe = dec.moe
         _spread_experts(runner)
         kinds.update({
-            "router (fused norm)": lambda: ops.matmul_segments([m.router], p("x"), [p("moe_logits")], 1,
-                                                               norm_w=ly.ffn_norm, eps=c.rms_eps),
-            f"top-{moe.k} of {moe.n_expert}": lambda: ops.moe_topk(p("moe_logits"), 1, moe.n_expert, moe.k,
-                                                                   moe.normalize, p("moe_pair_tok"), p("moe_pair_id")),
-            "experts gate/up + act (fused norm)": lambda: ops.moe_glu_mv(
-                m.gate, m.up, m.gate_up_stride, p("moe_ids"), moe.k, p("x"), p("moe_act"), 1, moe.n_ff, 0,
-                ly.ffn_norm, c.rms_eps),
-            "experts down (+residual)": lambda: ops.moe_down_mv(m.down, m.down_stride, p("moe_ids"), p("moe_w"),
-                                                                moe.k, p("moe_act"), p("o"), 1, moe.n_embd),
+            "router (fused norm)": lambda ly: ops.matmul_segments([ly.moe.router], p("x"), [p("moe_logits")], 1,
+                                                                  norm_w=ly.ffn_norm, eps=c.rms_eps),
+            f"top-{moe.k} of {moe.n_expert}": lambda ly: ops.moe_topk(p("moe_logits"), 1, moe.n_expert, moe.k,
+                                                                      moe.normalize, p("moe_pair_tok"), p("moe_pair_id")),
+            "experts gate/up + act (fused norm)": lambda ly: ops.moe_glu_mv(
+                ly.moe.gate, ly.moe.up, ly.moe.gate_up_stride, p("moe_ids"), moe.k, p("x"), p("moe_act"), 1, moe.n_ff,
+                0, ly.ffn_norm, c.rms_eps),
+            "experts down (+residual)": lambda ly: ops.moe_down_mv(ly.moe.down, ly.moe.down_stride, p("moe_ids"),
+                                                                   p("moe_w"), moe.k, p("moe_act"), p("o"), 1,
+                                                                   moe.n_embd),
         })
     else:
         kinds.update({
-            "gate/up + act (fused norm)": lambda: ops.gated_ffn_in(ly.wg, ly.wu, p("x"), p("act"), 1, dec.act,
-                                                                  p("g"), p("u"), norm_w=ly.ffn_norm, eps=c.rms_eps),
-            "down (+residual)": lambda: ops.matmul(ly.wd, p("act"), p("o"), 1),
+            "gate/up + act (fused norm)": lambda ly: ops.gated_ffn_in(ly.wg, ly.wu, p("x"), p("act"), 1, dec.act,
+                                                                     p("g"), p("u"), norm_w=ly.ffn_norm, eps=c.rms_eps),
+            "down (+residual)": lambda ly: ops.matmul(ly.wd, p("act"), p("o"), 1),
         })
     kinds.update({
-        "lm head (fused final norm)": lambda: ops.matmul(dec.lm_head, p("x"), p("logits"), 1, norm_w=dec.output_norm,
-                                                         eps=c.rms_eps),
-        "argmax (2 kernels)": lambda: ops.argmax(p("logits"), c.vocab_size, p("amax_v"), p("amax_i"), ARGMAX_PARTS,
-                                                 runner._state, 0),
+        "lm head (fused final norm)": lambda ly: ops.matmul(dec.lm_head, p("x"), p("logits"), 1,
+                                                            norm_w=dec.output_norm, eps=c.rms_eps),
+        "argmax (2 kernels)": lambda ly: ops.argmax(p("logits"), c.vocab_size, p("amax_v"), p("amax_i"), ARGMAX_PARTS,
+                                                    runner._state, 0),
     })
     out = []
     for name, fn in kinds.items():
         before = ops.launches
-        fn()
+        fn(L[0])
         n_launch = ops.launches - before
         dev.sync(s)
-        out.append({"kernel": name, "launches": n_launch, "us": round(_graph_us(dev, s, fn, reps=10), 2)})
+        us = _graph_us(dev, s, lambda i, fn=fn: fn(L[i % len(L)]), reps=2 * len(L))
+        out.append({"kernel": name, "launches": n_launch, "us": round(us, 2)})
     return out
 
 

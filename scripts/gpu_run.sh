@@ -80,9 +80,9 @@ if has coldstart; then
   timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 \
     --peer-runs ${PEER_RUNS:-3} --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
     "${peers[@]}" 2>&1 | tee "$WORK/coldstart.log"
-  if [ -n "${NVML_AB:-}" ]; then  # the same, with NVML started after the context (REFLEX_NVML_START)
-    REFLEX_NVML_START=after_context timeout 300 python3 scripts/bench_coldstart.py --model $REAL/qwen3-0.6b-q8_0.gguf \
-      --runs ${RUNS:-10} --system1 --cache warm --out "$WORK/coldstart-nvml-after" 2>&1 | tee "$WORK/coldstart-nvml-after.log"
+  if [ -n "${NVML_AB:-}" ]; then  # the same, with NVML started beside cuInit (REFLEX_NVML_START)
+    REFLEX_NVML_START=early timeout 300 python3 scripts/bench_coldstart.py --model $REAL/qwen3-0.6b-q8_0.gguf \
+      --runs ${RUNS:-10} --system1 --cache warm --out "$WORK/coldstart-nvml-early" 2>&1 | tee "$WORK/coldstart-nvml-early.log"
   fi
 fi
 if has warm; then

@@ -15,7 +15,7 @@ _PER_TYPE = ("reflex_embed_{}", "reflex_mv_{}", "reflex_mv_glu_{}", "reflex_mm_{
              "reflex_moe_mv_down_{}", "reflex_moe_mm_{}")
 
 _SINGLE = (
-    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn", "reflex_attn_decode",
+    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn",
     "reflex_argmax_partial", "reflex_argmax_final", "reflex_sample", "reflex_logprob_rows", "reflex_softcap",
     "reflex_smoke_axpb", "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine",
 )

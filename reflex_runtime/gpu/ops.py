@@ -5,7 +5,6 @@ Every method only enqueues work on the ops' stream (so it can be captured into a
 
 from __future__ import annotations
 
-import os
 from ctypes import Structure, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
@@ -18,13 +17,6 @@ from .kernels import WEIGHT_TYPES
 # tensor-core kernel (too few tiles to fill the GPU), and 16/4 weight passes cost ~3 ms.
 MM_MIN_TOKENS = 64
 ATTN_SPLITS_DECODE = 16
-
-
-def decode_attention_fits(n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
-    """kernels/attention.cu reflex_attn_decode: 16-byte K loads, <= 8 query heads per KV head,
-    and their q rows and per-warp V sums in its shared memory."""
-    g = n_head // n_head_kv
-    return hd % 8 == 0 and hd_v % 32 == 0 and g <= 8 and g * max(hd, hd_v) <= 1024 and hd_v <= 256
 
 
 @dataclass(frozen=True)
@@ -65,8 +57,6 @@ class Ops:
         self.stream = stream
         self.launches = 0  # counted so tests can assert how many passes a request made
         self.pdl = False  # programmatic dependent launches (set while capturing the decode graph)
-        # the GQA-grouped decode attention kernel (REFLEX_ATTN_DECODE=0: the general one, to compare)
-        self.decode_attention = os.environ.get("REFLEX_ATTN_DECODE", "1") != "0"
         self._k = device.kernel
         # Warps the matrix-vector kernels aim to keep in flight: 32 per SM hides the load latency.
         self._target_warps = 32 * getattr(device, "sm_count", 132)
@@ -216,16 +206,7 @@ class Ops:
 
     def attention(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, out, part_o, part_ml,
                   counters, n_tok, n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, n_split) -> None:
-        """counters: n_tok * n_head zeroed ints (n_split > 1 only); the kernel leaves them zeroed.
-        A decode step (one token, n_split > 1) goes to reflex_attn_decode when its shape allows."""
-        if n_tok == 1 and n_split > 1 and not seg_lo and self.decode_attention and decode_attention_fits(
-                n_head, n_head_kv, hd, hd_v):
-            self._go("reflex_attn_decode", (n_head_kv, n_split, 1), 128,
-                     [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos),
-                      c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters),
-                      c_int(n_head), c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window),
-                      c_float(scale), c_float(softcap)])
-            return
+        """counters: n_tok * n_head zeroed ints (n_split > 1 only); the kernel leaves them zeroed."""
         self._go("reflex_attn", (n_tok, n_head, n_split), 128,
                  [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
                   c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None),
