@@ -45,11 +45,11 @@ if has smoke; then
 fi
 if has kernels; then
   timeout ${KERNEL_TIMEOUT:-200} python3 -m pytest -m gpu tests/test_gpu_kernels.py tests/test_gpu_moe.py -k "not qwen3moe" \
-    -q -p no:cacheprovider --timeout 120 2>&1 | tee "$WORK/gpu-kernels.log" | tail -15
+    -q -rA -p no:cacheprovider --timeout 120 2>&1 | tee "$WORK/gpu-kernels.log" | tail -3
 fi
 if has engine; then
   timeout ${ENGINE_TIMEOUT:-420} python3 -m pytest -m gpu tests/test_gpu_engine.py tests/test_gpu_moe.py -k "not moe or qwen3moe" \
-    -q -p no:cacheprovider -n 10 --timeout 400 -p no:benchmark 2>&1 | tee "$WORK/gpu-engine.log" | tail -25
+    -q -rA -p no:cacheprovider -n 10 --timeout 400 -p no:benchmark 2>&1 | tee "$WORK/gpu-engine.log" | grep -v "^PASSED" | tail -8
 fi
 [ -n "${BUILD_PID:-}" ] && { wait $BUILD_PID; ls -la $REAL | tee -a "$WORK/machine.txt"; }
 if has real; then
@@ -80,9 +80,11 @@ if has coldstart; then
   timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 \
     --peer-runs ${PEER_RUNS:-3} --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
     "${peers[@]}" 2>&1 | tee "$WORK/coldstart.log"
-  if [ -n "${NVML_AB:-}" ]; then  # the same, with NVML started beside cuInit (REFLEX_NVML_START)
-    REFLEX_NVML_START=early timeout 300 python3 scripts/bench_coldstart.py --model $REAL/qwen3-0.6b-q8_0.gguf \
-      --runs ${RUNS:-10} --system1 --cache warm --out "$WORK/coldstart-nvml-early" 2>&1 | tee "$WORK/coldstart-nvml-early.log"
+  if [ -n "${NVML_AB:-}" ]; then  # Q8_0 again with NVML started before / after the context (REFLEX_NVML_START)
+    for mode in before_context after_context; do
+      REFLEX_NVML_START=$mode timeout 200 python3 scripts/bench_coldstart.py --model $REAL/qwen3-0.6b-q8_0.gguf \
+        --runs ${RUNS:-10} --system1 --cache warm --out "$WORK/coldstart-nvml-$mode" 2>&1 | tee "$WORK/coldstart-nvml-$mode.log"
+    done
   fi
 fi
 if has warm; then

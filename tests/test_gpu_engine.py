@@ -104,7 +104,8 @@ def test_seeded_sampling_is_deterministic(qwen3_q8):
     assert all(0 <= t < eng.config.vocab_size for t in a)
 
 
-@pytest.mark.parametrize("arch,outtype", [("qwen3", "q8_0"), ("qwen3", "q4_k_m"), ("gemma3", "f32")])
+@pytest.mark.parametrize("arch,outtype", [("qwen3", "q8_0"), ("qwen3", "q4_k_m"), ("gemma3", "f32"), ("qwen3moe", "q8_0"),
+                                         ("qwen3moe", "q4_k_m")])
 def test_system1_scores_match_reference_in_one_pass(arch, outtype):
     from reflex_runtime.reference import load_reference
     from reflex_runtime.reference.runner import ReferenceRunner

@@ -1,7 +1,7 @@
 """Bring the GPU up on background threads from the first moments of the process.
 
-cuInit and primary-context creation take ~0.25-0.34 s and release the GIL, so they run beside
-the main thread's GGUF parsing and tokenizer construction; NVML starts right after them.
+cuInit and primary-context creation take ~0.25-0.34 s and release the GIL, and so does NVML
+start-up, so they run beside the main thread's GGUF parsing and tokenizer construction.
 The device thread also reads the fatbin, loads it with one cuModuleLoadData and resolves every
 kernel in the table. Each step is a span on the timeline; any failure becomes `error` (one
 line) and the caller falls back to the CPU reference (or fails, with --backend cuda).
@@ -80,6 +80,8 @@ class DeviceBootstrap:
         """cuInit and the primary context straight through libcuda with ctypes, so the ~0.3 s they
         take (GIL released) overlaps the import of cuda.bindings on the device thread; the
         bindings' own cuInit and context retain then return at once."""
+        if nvml_start_mode() == "before_context":
+            self._start_energy()
         t = self.tl.elapsed()
         try:
             lib = ctypes.CDLL("libcuda.so.1")
@@ -94,13 +96,19 @@ class DeviceBootstrap:
             self._context_started.set()
 
     def _energy(self) -> None:
-        # NVML starts once the context exists: its start-up and cuInit both go through the kernel
-        # driver, and beside it cuInit took 335 ms instead of 276 ms on the H200 (2026-11-30,
-        # first token p50 469 -> 430 ms). The energy counter only moves at ~100 ms ticks, so the
-        # record extrapolates the window's start either way (coldstart.EnergyMeter).
-        # REFLEX_NVML_START=early restores the side-by-side start, to compare.
-        if os.environ.get("REFLEX_NVML_START") != "early":
+        """NVML beside cuInit (the default): the energy counter is read from the first moments.
+        REFLEX_NVML_START (measured against each other in results/2026-11-30-h200):
+          before_context  NVML first, then cuInit, on the context thread (both touch the driver);
+          after_context   NVML once the context exists: cuInit alone, but a request answered in
+                          under ~0.45 s may finish before the meter starts (energy then null)."""
+        mode = nvml_start_mode()
+        if mode == "before_context":
+            return  # _early_context starts it
+        if mode == "after_context":
             self._context_started.wait()
+        self._start_energy()
+
+    def _start_energy(self) -> None:
         self.tl.start_energy(self.ordinal)
         self.energy_started = True
 
@@ -153,6 +161,11 @@ class DeviceBootstrap:
         if self.device is not None:
             self.device.make_current()
         return self.device
+
+
+def nvml_start_mode() -> str:
+    mode = os.environ.get("REFLEX_NVML_START", "early")
+    return mode if mode in ("early", "before_context", "after_context") else "early"
 
 
 def _no_gpu_reason(e: Exception) -> str:
