@@ -180,6 +180,20 @@ def pct(values, q):
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def _measured_row(cmd, clock, env, idle, record_path) -> dict:
+    row = run_once(cmd, clock, env)
+    if record_path and os.path.exists(record_path):
+        with open(record_path) as f:
+            row["child_record"] = json.load(f)
+        os.unlink(record_path)
+    if idle is not None:
+        if row.get("joules_to_first_output") is not None:
+            row["net_joules_to_first_output"] = row["joules_to_first_output"] - idle * row["spawn_to_first_output_s"]
+        if row.get("joules_to_exit") is not None:
+            row["net_joules_to_exit"] = row["joules_to_exit"] - idle * row["spawn_to_exit_s"]
+    return row
+
+
 def run_case(name: str, cmd: list[str], runs: int, clock: EnergyClock | None, model: str | None, cache: str,
              idle_s: float, record_path: str | None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -191,17 +205,34 @@ def run_case(name: str, cmd: list[str], runs: int, clock: EnergyClock | None, mo
             method = drop_page_cache(model)
         else:
             warm_page_cache(model)
-        row = run_once(cmd, clock, env)
-        if record_path and os.path.exists(record_path):
-            with open(record_path) as f:
-                row["child_record"] = json.load(f)
-            os.unlink(record_path)
-        if idle is not None:
-            if row.get("joules_to_first_output") is not None:
-                row["net_joules_to_first_output"] = row["joules_to_first_output"] - idle * row["spawn_to_first_output_s"]
-            if row.get("joules_to_exit") is not None:
-                row["net_joules_to_exit"] = row["joules_to_exit"] - idle * row["spawn_to_exit_s"]
-        rows.append(row)
+        rows.append(_measured_row(cmd, clock, env, idle, record_path))
+    return _summarize(name, cmd, rows, cache, method, idle, clock)
+
+
+def run_paired(cases: list[tuple[str, list[str]]], runs: int, clock: EnergyClock | None, model: str, idle_s: float,
+               record_path: str | None) -> tuple[list[dict], dict]:
+    """Two commands run alternately (A B A B ...), page cache warm: whatever drifts on the machine
+    during the benchmark then affects both alike, so the per-pair difference of their first-output
+    times compares them more fairly than two cases run one after the other."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    idle = idle_watts(clock, idle_s) if clock else None
+    for _, cmd in cases:
+        subprocess.run(cmd, capture_output=True, env=env)
+    rows: dict[str, list] = {name: [] for name, _ in cases}
+    for _ in range(runs):
+        for name, cmd in cases:
+            warm_page_cache(model)
+            rows[name].append(_measured_row(cmd, clock, env, idle, record_path))
+    (a, _), (b, _) = cases
+    diffs = [(y["spawn_to_first_output_s"] - x["spawn_to_first_output_s"]) * 1000 for x, y in zip(rows[a], rows[b])
+             if x["rc"] == 0 and y["rc"] == 0 and x["spawn_to_first_output_s"] and y["spawn_to_first_output_s"]]
+    pair = {"first": a, "second": b, "pairs": len(diffs),
+            "second_minus_first_ms": {"p50": pct(diffs, 0.5), "mean": statistics.mean(diffs) if diffs else None,
+                                      "p05": pct(diffs, 0.05), "p95": pct(diffs, 0.95)}}
+    return [_summarize(f"{name} (paired)", cmd, rows[name], "warm", None, idle, clock) for name, cmd in cases], pair
+
+
+def _summarize(name, cmd, rows, cache, method, idle, clock) -> dict:
     ok = [r for r in rows if r["rc"] == 0]
 
     def stat(key):
@@ -209,7 +240,7 @@ def run_case(name: str, cmd: list[str], runs: int, clock: EnergyClock | None, mo
         return {"p50": pct(vals, 0.5), "p95": pct(vals, 0.95), "min": pct(vals, 0.0)}
 
     summary = {"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "page_cache": cache, "cache_drop_method": method,
-               "runs": runs, "failures": len(rows) - len(ok), "idle_watts": idle,
+               "runs": len(rows), "failures": len(rows) - len(ok), "idle_watts": idle,
                "spawn_to_first_output_s": stat("spawn_to_first_output_s"), "spawn_to_exit_s": stat("spawn_to_exit_s")}
     if clock:
         for k in ("joules_to_first_output", "net_joules_to_first_output", "joules_to_exit", "net_joules_to_exit"):
@@ -284,6 +315,9 @@ def main() -> int:
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--cache", default="warm,cold", help="page-cache states to run: warm, cold")
     ap.add_argument("--system1", action="store_true", help="also time `reflex system1` with 3 candidates")
+    ap.add_argument("--paired", action="store_true",
+                    help="with --system1: run generate and system1 alternately for the warm-cache case and report "
+                         "the per-pair difference of their first-output times")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD", help="another command to time the same way")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--idle-s", type=float, default=2.0)
@@ -311,11 +345,27 @@ def main() -> int:
         if args.system1:
             cases.append(("system1", base + ["system1", args.prompt, "-c", " Paris", "-c", " London", "-c", " Berlin",
                                              "--backend", "cuda", "--model", model, "--record", rec]))
+        paired = args.paired and len(cases) == 2 and "warm" in args.cache.split(",")
         for what, cmd in cases:
             for cache in args.cache.split(","):
+                if cache == "warm" and paired:
+                    continue  # measured below, alternating with the other command
                 c = run_case(f"reflex {what} {tag}", cmd, args.runs, trace, model, cache, args.idle_s, rec)
                 result["cases"].append(c)
                 _print_case(c)
+        if paired:
+            pcases, pair = run_paired([(f"reflex {w} {tag}", cmd) for w, cmd in cases], args.runs, trace, model,
+                                      args.idle_s, rec)
+            result["cases"] += pcases
+            result.setdefault("paired", []).append(pair)
+            for c in pcases:
+                _print_case(c)
+            d = pair["second_minus_first_ms"]
+            if pair["pairs"]:
+                print(f"    paired, {pair['pairs']} pairs: system1 - generate first output p50 {d['p50']:+.1f} ms, "
+                      f"mean {d['mean']:+.1f} ms (p05 {d['p05']:+.1f}, p95 {d['p95']:+.1f})", flush=True)
+            else:
+                print("    paired: no pair where both runs succeeded", flush=True)
     for peer in args.peer:
         name, _, cmd = peer.partition("=")
         c = run_case(name, shlex.split(cmd), args.peer_runs or args.runs, trace, None, "warm", args.idle_s, None)

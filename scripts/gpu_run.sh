@@ -77,7 +77,7 @@ fi
 if has coldstart; then
   models=(); for t in $QUANTS; do models+=(--model $REAL/qwen3-0.6b-$t.gguf); done
   peers=(); [ "${PEERS:-1}" = 1 ] && peers+=(--peer "transformers+torch=python3 scripts/peer_transformers.py $REAL/q8_0/hf")
-  timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 \
+  timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 ${PAIRED:+--paired} \
     --peer-runs ${PEER_RUNS:-3} --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
     "${peers[@]}" 2>&1 | tee "$WORK/coldstart.log"
   if [ -n "${NVML_AB:-}" ]; then  # Q8_0 again with NVML started before / after the context (REFLEX_NVML_START)
