@@ -74,3 +74,13 @@ def hf_for(fixture_paths):
         return _HF[key]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """A device, its stream and launchers (tests/gpu_harness.py), for one GPU test module."""
+    from gpu_harness import GpuHarness
+
+    h = GpuHarness()
+    yield h
+    h.free_all()

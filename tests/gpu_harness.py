@@ -5,6 +5,23 @@ from gguf import GGMLQuantizationType as Q
 
 from quant_blocks import LAYOUT, random_matrix
 
+# The weight types every tiny fixture is made in (Q4_K_M is the mixed file), and the prompt
+# the engine tests use.
+FIXTURE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"]
+PROMPT = "The capital of France is the city of"
+
+
+def reference_greedy(ref, ids, n):
+    """The numpy reference's n greedy tokens after prompt ids (token by token through its cache)."""
+    cache = ref.new_cache(len(ids) + n + 1)
+    logits = ref.forward(ids, cache)[-1]
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = ref.forward([out[-1]], cache)[0]
+    return out
+
+
 TYPE_NAMES = {Q.F32: "F32", Q.F16: "F16", Q.BF16: "BF16", Q.Q8_0: "Q8_0", Q.Q4_0: "Q4_0", Q.Q5_0: "Q5_0",
               Q.Q4_K: "Q4_K", Q.Q5_K: "Q5_K", Q.Q6_K: "Q6_K"}
 

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.gpu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-QWEN3_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"]
-PROMPT = "The capital of France is the city of"
+from gpu_harness import FIXTURE_TYPES as QWEN3_TYPES
+from gpu_harness import PROMPT, reference_greedy
 LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea, and"] * 55)  # > 512 tokens
 
 
@@ -77,13 +77,7 @@ def test_greedy_generate_equals_reference_for_32_tokens(qwen3_q8):
 
     eng, ref = qwen3_q8
     ids = eng.prompt_ids(PROMPT)
-    cache = ref.new_cache(len(ids) + 33)
-    logits = ref.forward(ids, cache)[-1]
-    expect = []
-    for _ in range(32):
-        tok = int(np.argmax(logits))
-        expect.append(tok)
-        logits = ref.forward([tok], cache)[0]
+    expect = reference_greedy(ref, ids, 32)
     got = list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset()))
     assert got == expect
     again = list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset()))  # graph replay, warm

@@ -18,16 +18,6 @@ from gpu_harness import rms_ref as _rms
 pytestmark = pytest.mark.gpu
 
 
-
-@pytest.fixture(scope="module")
-def gpu():
-    from gpu_harness import GpuHarness
-
-    h = GpuHarness()
-    yield h
-    h.free_all()
-
-
 def assert_matmul_close(got, x, dense, base=None, rtol=1e-4):
     expect = x.astype(np.float64) @ dense.T.astype(np.float64)
     if base is not None:

@@ -5,31 +5,13 @@ reference on tiny converter-made fixtures of every weight type.
 Run on a GPU machine: pytest -m gpu tests/test_gpu_moe.py
 """
 
-import os
-import sys
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from gpu_harness import act_ref, k_for, random_weight, rms_ref
+from gpu_harness import FIXTURE_TYPES, PROMPT, act_ref, k_for, random_weight, reference_greedy, rms_ref
 
 pytestmark = pytest.mark.gpu
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-MOE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"]
-PROMPT = "The capital of France is the city of"
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    from gpu_harness import GpuHarness
-
-    h = GpuHarness()
-    yield h
-    h.free_all()
 
 
 def _route(logits, k, normalize):
@@ -183,7 +165,7 @@ def _engine(outtype):
     return eng, load_reference(eng.gguf, eng.config)
 
 
-@pytest.mark.parametrize("outtype", MOE_TYPES)
+@pytest.mark.parametrize("outtype", FIXTURE_TYPES)
 def test_check_passes_qwen3moe(outtype):
     from reflex_runtime.check import run_check
 
@@ -205,13 +187,7 @@ def test_qwen3moe_long_prompt_grouped_prefill_and_greedy_32():
     res = run_check(eng, ref, long_prompt, 4)
     assert res["prompt_tokens"] > 512 and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
     ids = eng.prompt_ids(PROMPT)
-    cache = ref.new_cache(len(ids) + 33)
-    logits = ref.forward(ids, cache)[-1]
-    expect = []
-    for _ in range(32):
-        tok = int(np.argmax(logits))
-        expect.append(tok)
-        logits = ref.forward([tok], cache)[0]
+    expect = reference_greedy(ref, ids, 32)
     assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect
     assert eng.runner.info()["decode_graph_nodes"] > 0  # the whole step was one captured graph
     assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect  # replayed warm
