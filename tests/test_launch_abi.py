@@ -143,6 +143,20 @@ def test_forward_launches_match_kernel_abi(ptx_params, arch):
             assert any(n.startswith(kind) for n in names), kind
 
 
+def test_moe_shapes_the_cuda_engine_refuses():
+    from types import SimpleNamespace
+
+    from reflex_runtime.gpu.moe import moe_unsupported
+
+    def cfg(**kw):
+        return SimpleNamespace(extra=dict(dict(n_expert=128, n_expert_used=8, n_ff_exp=768), **kw))
+
+    assert moe_unsupported(cfg()) is None  # Qwen3-30B-A3B
+    assert "2048 experts" in moe_unsupported(cfg(n_expert=2048))
+    assert "65 experts per token" in moe_unsupported(cfg(n_expert_used=65))
+    assert "multiple of 32" in moe_unsupported(cfg(n_ff_exp=100))
+
+
 def test_every_kernel_waits_for_its_predecessor_first():
     """The decode graph chains kernels as programmatic dependent launches: a kernel may start
     while the previous one runs, so each must call rx_pdl_begin() before touching memory."""

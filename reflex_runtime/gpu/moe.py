@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from .ops import MM_MIN_TOKENS, Ops, Weight
 
 MAX_EXPERTS = 1024  # kernels/moe.cu MOE_MAX_EXPERTS (router probabilities live in shared memory)
+MAX_USED = 64  # experts per token: the top-k block normalizes k weights with one thread each, and
+# the per-pair kernels put tokens x k in gridDim.y (< 65536 for a 512-token batch)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ def moe_unsupported(config) -> str | None:
     ex = config.extra
     if ex["n_expert"] > MAX_EXPERTS:
         return f"{ex['n_expert']} experts exceed the router kernel's {MAX_EXPERTS}"
+    if ex["n_expert_used"] > MAX_USED:
+        return f"{ex['n_expert_used']} experts per token exceed the CUDA engine's {MAX_USED}"
     if ex["n_ff_exp"] % 32:
         return "the expert FFN size must be a multiple of 32"
     return None
