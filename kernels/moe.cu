@@ -71,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* l
         float v;
         int e;
         moe_block_argmax(p, n_expert, &v, &e);
+        if (e >= n_expert) e = 0, v = 0.f;  // all scores NaN: keep the id in range (the output is NaN anyway)
         total += v;
         if (threadIdx.x == 0) my_ids[j] = e, my_w[j] = v, p[e] = -1.f;  // probabilities are >= 0
         __syncthreads();

@@ -43,7 +43,9 @@ def copy_bandwidth(dev, stream, nbytes: int = 1 << 30) -> float:
 def _graph_us(dev, stream, enqueue, reps: int = 20, repeats: int = 20) -> float:
     """Median GPU time of one `enqueue(i)`, measured as a CUDA graph of `reps` calls (i = 0..reps-1)
     so that Python's launch overhead (~8 us) is not in the figure. Callers use i to cycle over the
-    layers: repeating one layer's weights would time reads from the 50 MB L2, not from memory."""
+    layers: repeating one layer's weights would time reads from the 50 MB L2, not from memory.
+    Cycling helps only as far as the layers' matrices together outgrow the L2: a 28-layer model's
+    1-4 MB matrices (28-120 MB in all) are partly, a 4-layer file's attention fully, L2-served."""
     dev.begin_capture(stream)
     try:
         for i in range(reps):
@@ -92,7 +94,8 @@ def kernel_bandwidth(runner) -> list[dict]:
         if (w.type_name, w.rows, w.k) in seen:
             continue
         seen.add((w.type_name, w.rows, w.k))
-        us = _graph_us(dev, s, lambda i, attr=attr: ops.matmul(getattr(L[i % len(L)], attr), x, y, 1))
+        us = _graph_us(dev, s, lambda i, attr=attr: ops.matmul(getattr(L[i % len(L)], attr), x, y, 1),
+                       reps=max(20, 2 * len(L)))
         rows.append(_row(f"matvec {name}", w, w.rows * w.row_bytes, us))
     us = _graph_us(dev, s, lambda i: ops.matmul(dec.lm_head, x, y, 1), reps=5)
     rows.append(_row("matvec lm_head", dec.lm_head, dec.lm_head.rows * dec.lm_head.row_bytes, us))

@@ -234,6 +234,16 @@ def _dispatch(args) -> int:
 _EARLY_DEVICE = None  # a DeviceBootstrap started before argument parsing (see _start_device_early)
 
 
+def _backend_in_argv(argv: list[str]) -> str:
+    """--backend as argparse will read it (the last one wins; any unique prefix such as --back)."""
+    backend = os.environ.get("REFLEX_BACKEND", "auto")
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if len(name) >= 3 and "--backend".startswith(name):
+            backend = value if eq else (argv[i + 1] if i + 1 < len(argv) else backend)
+    return backend
+
+
 def _start_device_early(argv: list[str]) -> bool:
     """`reflex generate|system1` on a GPU: start cuInit before argparse and the engine's imports
     (~30-40 ms of the cold path's critical path, which is cuInit). Skipped for --backend cpu
@@ -241,13 +251,7 @@ def _start_device_early(argv: list[str]) -> bool:
     global _EARLY_DEVICE
     if not argv or argv[0] not in ("generate", "system1") or "-h" in argv or "--help" in argv:
         return False
-    backend = os.environ.get("REFLEX_BACKEND", "auto")
-    for i, a in enumerate(argv):
-        if a == "--backend" and i + 1 < len(argv):
-            backend = argv[i + 1]
-        elif a.startswith("--backend="):
-            backend = a.split("=", 1)[1]
-    if backend == "cpu":
+    if _backend_in_argv(argv) == "cpu":
         return False
     from .gpu.bootstrap import DeviceBootstrap
 

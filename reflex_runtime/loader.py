@@ -101,7 +101,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     if device is not None:
         from .gpu.decoder import gpu_supports  # no driver import: an unsupported file falls back cheaply
 
-        why_not = gpu_supports(config)
+        why_not = gpu_supports(config, gguf)
         if why_not is None:
             from .gpu.runner import CudaRunner
 

@@ -211,7 +211,7 @@ def run_case(name: str, cmd: list[str], runs: int, clock: EnergyClock | None, mo
 
 def run_paired(cases: list[tuple[str, list[str]]], runs: int, clock: EnergyClock | None, model: str, idle_s: float,
                record_path: str | None) -> tuple[list[dict], dict]:
-    """Two commands run alternately (A B A B ...), page cache warm: whatever drifts on the machine
+    """Two commands run alternately (A B B A A B ...), page cache warm: whatever drifts on the machine
     during the benchmark then affects both alike, so the per-pair difference of their first-output
     times compares them more fairly than two cases run one after the other."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -219,8 +219,8 @@ def run_paired(cases: list[tuple[str, list[str]]], runs: int, clock: EnergyClock
     for _, cmd in cases:
         subprocess.run(cmd, capture_output=True, env=env)
     rows: dict[str, list] = {name: [] for name, _ in cases}
-    for _ in range(runs):
-        for name, cmd in cases:
+    for r in range(runs):
+        for name, cmd in cases if r % 2 == 0 else cases[::-1]:  # A B, B A, ...: neither always goes first
             warm_page_cache(model)
             rows[name].append(_measured_row(cmd, clock, env, idle, record_path))
     (a, _), (b, _) = cases

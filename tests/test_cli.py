@@ -113,3 +113,18 @@ def test_unwritable_record_path_is_one_line_after_the_answer(tmp_path):
     assert r.stdout.strip()  # the answer went out before the record failed: nothing lost
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("reflex: error: cannot write the record to --record")
+
+
+def test_early_device_start_reads_backend_like_argparse(monkeypatch):
+    """generate/system1 start cuInit before argparse runs, so the CLI reads --backend itself:
+    every spelling argparse accepts must keep a CPU run off the GPU."""
+    from reflex_runtime.cli import _backend_in_argv, build_parser
+
+    monkeypatch.delenv("REFLEX_BACKEND", raising=False)
+    for argv in (["generate", "p", "--backend", "cpu"], ["generate", "p", "--backend=cpu"], ["generate", "p", "--back", "cpu"],
+                 ["system1", "p", "-c", "x", "--b=cpu"], ["generate", "p", "--backend", "cuda", "--backend", "cpu"]):
+        assert _backend_in_argv(argv) == "cpu", argv
+        assert build_parser().parse_args(argv).backend == "cpu", argv
+    assert _backend_in_argv(["generate", "p"]) == "auto"
+    monkeypatch.setenv("REFLEX_BACKEND", "cpu")
+    assert _backend_in_argv(["generate", "p"]) == "cpu"

@@ -149,12 +149,18 @@ def test_moe_shapes_the_cuda_engine_refuses():
     from reflex_runtime.gpu.moe import moe_unsupported
 
     def cfg(**kw):
-        return SimpleNamespace(extra=dict(dict(n_expert=128, n_expert_used=8, n_ff_exp=768), **kw))
+        return SimpleNamespace(n_layers=2, extra=dict(dict(n_expert=128, n_expert_used=8, n_ff_exp=768), **kw))
 
     assert moe_unsupported(cfg()) is None  # Qwen3-30B-A3B
     assert "2048 experts" in moe_unsupported(cfg(n_expert=2048))
     assert "65 experts per token" in moe_unsupported(cfg(n_expert_used=65))
     assert "multiple of 32" in moe_unsupported(cfg(n_ff_exp=100))
+
+    class File:  # a GGUF whose layer 1 stores gate and up experts in different types
+        def tensor(self, name):
+            return SimpleNamespace(type_name="Q6_K" if name == "blk.1.ffn_up_exps.weight" else "Q4_K")
+
+    assert "layer 1 stores its expert gate as Q4_K and up as Q6_K" in moe_unsupported(cfg(), File())
 
 
 def test_every_kernel_waits_for_its_predecessor_first():

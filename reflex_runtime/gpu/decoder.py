@@ -24,8 +24,9 @@ GPU_FAMILIES = ("qwen3", "qwen3moe", "gemma3")
 ARGMAX_PARTS = 128
 
 
-def gpu_supports(config) -> str | None:
-    """None if the CUDA engine runs this model, else the one-line reason it does not."""
+def gpu_supports(config, gguf=None) -> str | None:
+    """None if the CUDA engine runs this model, else the one-line reason it does not (with the
+    file at hand, its tensor types are checked too)."""
     if config.arch not in GPU_FAMILIES:
         return f"the CUDA engine does not run '{config.arch}' yet (it runs {', '.join(GPU_FAMILIES)})"
     if config.head_dim > 256 or config.head_dim_v > 256 or config.head_dim_v % 32 or config.head_dim % 2:
@@ -35,7 +36,7 @@ def gpu_supports(config) -> str | None:
     if config.arch == "qwen3moe":
         if config.n_embd % 32:
             return "hidden sizes must be multiples of 32"
-        return moe_unsupported(config)
+        return moe_unsupported(config, gguf)
     if config.n_embd % 32 or config.n_ff % 32:
         return "hidden sizes must be multiples of 32"
     return None

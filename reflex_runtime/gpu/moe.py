@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UnsupportedModelError
 from .ops import MM_MIN_TOKENS, Ops, Weight
 
 MAX_EXPERTS = 1024  # kernels/moe.cu MOE_MAX_EXPERTS (router probabilities live in shared memory)
-MAX_USED = 64  # experts per token: the top-k block normalizes k weights with one thread each, and
-# the per-pair kernels put tokens x k in gridDim.y (< 65536 for a 512-token batch)
+# Experts per token. A policy with headroom (real models use 8-10): the hard limits are 256 (the
+# top-k block normalizes with one thread per weight) and 127 (tokens x k in gridDim.y < 65536 for
+# a 512-token batch on the per-pair kernels).
+MAX_USED = 64
 
 
 @dataclass(frozen=True)
@@ -37,14 +40,18 @@ class MoeWeights:
         return self.down.row_bytes * (self.down.rows // self.router.rows)
 
 
-def moe_unsupported(config) -> str | None:
+def moe_unsupported(config, gguf=None) -> str | None:
     ex = config.extra
     if ex["n_expert"] > MAX_EXPERTS:
         return f"{ex['n_expert']} experts exceed the router kernel's {MAX_EXPERTS}"
-    if ex["n_expert_used"] > MAX_USED:
+    if ex["n_expert_used"] > min(MAX_USED, ex["n_expert"]):
         return f"{ex['n_expert_used']} experts per token exceed the CUDA engine's {MAX_USED}"
     if ex["n_ff_exp"] % 32:
         return "the expert FFN size must be a multiple of 32"
+    for il in range(config.n_layers if gguf is not None else 0):
+        gate, up = (gguf.tensor(f"blk.{il}.ffn_{k}_exps.weight").type_name for k in ("gate", "up"))
+        if gate != up:  # one expert kernel decodes gate and up rows with the same type and stride
+            return f"layer {il} stores its expert gate as {gate} and up as {up}; the CUDA engine needs them alike"
     return None
 
 
@@ -67,12 +74,17 @@ class MoeFFN:
 
     @staticmethod
     def bind(w, prefix: str) -> MoeWeights:
-        return MoeWeights(w(prefix + "ffn_gate_inp.weight"), w(prefix + "ffn_gate_exps.weight"),
-                          w(prefix + "ffn_up_exps.weight"), w(prefix + "ffn_down_exps.weight"))
+        m = MoeWeights(w(prefix + "ffn_gate_inp.weight"), w(prefix + "ffn_gate_exps.weight"),
+                       w(prefix + "ffn_up_exps.weight"), w(prefix + "ffn_down_exps.weight"))
+        if (m.gate.type_name, m.gate.row_bytes) != (m.up.type_name, m.up.row_bytes):
+            # one expert kernel decodes gate and up rows with the same type and stride
+            raise UnsupportedModelError(f"{prefix}ffn_gate_exps is {m.gate.type_name} but ffn_up_exps is "
+                                        f"{m.up.type_name}; the CUDA engine needs them alike")
+        return m
 
     def grouped(self, m: MoeWeights) -> bool:
         """The tensor-core path needs rows of a multiple of 64 weights on both sides."""
-        return m.gate.k % 64 == 0 and m.down.k % 64 == 0 and m.gate.type_name == m.up.type_name
+        return m.gate.k % 64 == 0 and m.down.k % 64 == 0
 
     def forward(self, ops: Ops, p, m: MoeWeights, x: int, h: int, n: int, act: int, norm_w: int, eps: float) -> None:
         """x += MoE(norm(x)) for n tokens. Small batches normalize on the fly (h unused); larger
