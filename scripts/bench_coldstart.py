@@ -323,6 +323,8 @@ def main() -> int:
     ap.add_argument("--idle-s", type=float, default=2.0)
     ap.add_argument("--out", required=True, help="output folder")
     args = ap.parse_args()
+    if args.paired and not args.system1:
+        ap.error("--paired compares generate with system1: give --system1 too")
     os.makedirs(args.out, exist_ok=True)
     try:
         nv = Nvml()

@@ -207,12 +207,19 @@ def active_bytes_per_token(path: str | os.PathLike) -> int:
 
 
 def _parse_set(items: list[str]) -> dict:
+    """--set KEY=VALUE items -> shape overrides; ValueError (one line) on a bad one."""
     out = {}
     for item in items:
         key, sep, val = item.partition("=")
         if not sep or key not in DEFAULT_SHAPE:
-            raise SystemExit(f"--set wants KEY=VALUE with KEY one of {', '.join(DEFAULT_SHAPE)}; got {item!r}")
-        out[key] = float(val) if key in _FLOAT_KEYS else int(val)
+            raise ValueError(f"--set wants KEY=VALUE with KEY one of {', '.join(DEFAULT_SHAPE)}; got {item!r}")
+        try:
+            out[key] = float(val) if key in _FLOAT_KEYS else int(val)
+        except ValueError:
+            raise ValueError(f"--set {key} wants a {'number' if key in _FLOAT_KEYS else 'whole number'}; "
+                             f"got {val!r}") from None
+        if out[key] <= 0:
+            raise ValueError(f"--set {key} must be positive; got {val!r}")
     return out
 
 
@@ -225,8 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"shape override; keys: {', '.join(f'{k}={v:g}' for k, v in DEFAULT_SHAPE.items())}")
     a = p.parse_args(argv)
+    if a.layers < 1:
+        p.error(f"--layers must be at least 1; got {a.layers}")
+    try:
+        shape = _parse_set(a.set)
+    except ValueError as e:
+        p.error(str(e))
     t0 = time.perf_counter()
-    path = write_moe_bench(a.out, a.layers, a.template, a.seed, **_parse_set(a.set))
+    path = write_moe_bench(a.out, a.layers, a.template, a.seed, **shape)
     secs = time.perf_counter() - t0
     active = active_bytes_per_token(path)
     print(f"{path} {path.stat().st_size / 1e9:.3f} GB in {secs:.1f} s; "

@@ -5,6 +5,7 @@ numpy reference, and report the bytes one decode token reads."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -110,3 +111,18 @@ def test_active_bytes_per_token(bench):
     per_layer = attn + norms + router + experts
     want = LAYERS * per_layer + q8((e, 1)) + q8((e, vocab)) + 4 * e  # token row, LM head, output_norm
     assert active_bytes_per_token(path) == want
+
+
+def test_cli_rejects_bad_values_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "make_moe_bench.py")
+    for args, says in ((["--set", "hidden=abc"], "--set hidden wants a whole number"),
+                       (["--set", "experts=0"], "--set experts must be positive"),
+                       (["--set", "foo=1"], "--set wants KEY=VALUE"),
+                       (["--layers", "0"], "--layers must be at least 1")):
+        out = tmp_path / "x.gguf"
+        r = subprocess.run([sys.executable, script, "--out", str(out), *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert not out.exists()
