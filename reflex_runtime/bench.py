@@ -16,6 +16,7 @@ import statistics
 import time
 
 from .gpu.decoder import ARGMAX_PARTS
+from .gpu.runner import _int_array
 
 
 def _events_ms(dev, stream, fn, repeats: int) -> float:
@@ -66,16 +67,10 @@ def _spread_experts(runner) -> None:
     moe, dec = runner.dec.moe, runner.dec
     ids = [i * moe.n_expert // moe.k for i in range(moe.k)]
     ints = runner._in_view.cast("i")
-    ints[:moe.k] = _ints(ids)
+    ints[:moe.k] = _int_array(ids)
     runner.dev.htod(dec.p("moe_ids"), runner._in_ptr, 4 * moe.k, runner.stream)
     runner.dev.memset32(dec.p("moe_w"), 0x3E000000, moe.k, runner.stream)  # 0.125f
     runner.dev.sync(runner.stream)
-
-
-def _ints(values):
-    import array
-
-    return array.array("i", values)
 
 
 def kernel_bandwidth(runner) -> list[dict]:

@@ -111,7 +111,3 @@ class MoeFFN:
         ops.moe_mm(m.down, m.down_stride, self.n_expert, E, counts, offsets, pair_id, pair_id, p("moe_act"),
                    p("moe_out"))
         ops.moe_combine(p("moe_out"), wts, k, x, E, n)
-
-    def active_bytes(self, m: MoeWeights) -> int:
-        """Weight bytes one decode token reads from this layer's FFN: router + k experts."""
-        return m.router.rows * m.router.row_bytes + self.k * (2 * m.gate_up_stride + m.down_stride)

@@ -16,15 +16,18 @@ def config_from_gguf(gguf) -> ModelConfig:
     return qwen3_config(gguf, md, n_ff=md.int("feed_forward_length", required=True))
 
 
-def qwen3_config(gguf, md: MetadataReader, n_ff: int, extra: dict | None = None) -> ModelConfig:
-    """The fields Qwen3 and Qwen3-MoE files write the same way; `extra` holds family specifics."""
+def qwen3_config(gguf, md: MetadataReader, n_ff: int, extra: dict | None = None, *, n_layers: int | None = None,
+                 context_default: int = 40960, rope_theta_default: float = 1_000_000.0,
+                 rope_dim_divisor: int = 1) -> ModelConfig:
+    """The fields the Qwen3 family (dense, MoE, Qwen3.5) writes the same way; `extra` holds family
+    specifics. Qwen3.5 passes its own layer count (MTP blocks excluded) and defaults."""
     n_embd = md.int("embedding_length", required=True)
     n_head = md.int("attention.head_count", required=True)
     head_dim = md.int("attention.key_length", n_embd // n_head)
     emb = gguf.tensor("token_embd.weight")
     return ModelConfig(
         arch=md.arch,
-        n_layers=md.int("block_count", required=True),
+        n_layers=md.int("block_count", required=True) if n_layers is None else n_layers,
         n_embd=n_embd,
         n_ff=n_ff,
         n_head=n_head,
@@ -32,10 +35,10 @@ def qwen3_config(gguf, md: MetadataReader, n_ff: int, extra: dict | None = None)
         head_dim=head_dim,
         head_dim_v=md.int("attention.value_length", head_dim),
         vocab_size=emb.shape[1],
-        context_length=md.int("context_length", 40960),
+        context_length=md.int("context_length", context_default),
         rms_eps=md.float("attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=md.float("rope.freq_base", 1_000_000.0),
-        rope_dim=md.int("rope.dimension_count", head_dim),
+        rope_theta=md.float("rope.freq_base", rope_theta_default),
+        rope_dim=md.int("rope.dimension_count", head_dim // rope_dim_divisor),
         tied_embeddings="output.weight" not in gguf.tensors,
         extra=dict(extra or {}),
         name=md.str("general.name", "") or "",

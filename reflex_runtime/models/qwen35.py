@@ -34,7 +34,8 @@ _LinearAttentionVReorderBase; checked by tests/test_reference_qwen35.py on conve
 from __future__ import annotations
 
 from ..errors import ModelFileError, UnsupportedModelError
-from .config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
+from .config import MetadataReader, ModelConfig, check_tensor_types
+from .qwen3 import qwen3_config
 
 DEFAULT_FULL_ATTENTION_INTERVAL = 4
 
@@ -74,9 +75,6 @@ def config_from_gguf(gguf) -> ModelConfig:
     if nextn < 0 or n_layers <= 0 or "blk.0.attn_norm.weight" not in gguf.tensors:
         raise UnsupportedModelError(
             f"{gguf.path} holds only a multi-token-prediction draft block (converted with --mtp), not a model to run")
-    n_embd = md.int("embedding_length", required=True)
-    n_head = md.int("attention.head_count", required=True)
-    head_dim = md.int("attention.key_length", n_embd // n_head)
     n_k_heads = md.int("ssm.group_count", required=True)
     n_v_heads = md.int("ssm.time_step_rank", required=True)
     head_k_dim = md.int("ssm.state_size", required=True)
@@ -108,26 +106,8 @@ def config_from_gguf(gguf) -> ModelConfig:
         n_ff = md.int("feed_forward_length", extra["n_ff_exp"][0])
     else:
         n_ff = md.int("feed_forward_length", required=True)
-    emb = gguf.tensor("token_embd.weight")
-    config = ModelConfig(
-        arch=md.arch,
-        n_layers=n_layers,
-        n_embd=n_embd,
-        n_ff=n_ff,
-        n_head=n_head,
-        n_head_kv=md.int("attention.head_count_kv", n_head),
-        head_dim=head_dim,
-        head_dim_v=md.int("attention.value_length", head_dim),
-        vocab_size=emb.shape[1],
-        context_length=md.int("context_length", 262144),
-        rms_eps=md.float("attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=md.float("rope.freq_base", 10_000_000.0),
-        rope_dim=md.int("rope.dimension_count", head_dim // 4),
-        tied_embeddings="output.weight" not in gguf.tensors,
-        extra=extra,
-        name=md.str("general.name", "") or "",
-        file_type=file_type_name(gguf),
-    )
+    config = qwen3_config(gguf, md, n_ff, extra, n_layers=n_layers, context_default=262144,
+                          rope_theta_default=10_000_000.0, rope_dim_divisor=4)
     check_shapes(gguf, config)
     return config
 
