@@ -93,7 +93,7 @@ def _greedy():
 
 def main(args) -> int:
     from .loader import load_engine
-    from .reference import load_reference
+    from .families import load_reference
 
     engine = load_engine(args.model, "cuda")
     if args.golden:

@@ -81,7 +81,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
         tl.no_energy("backend cpu: the GPU is not used")
     from .engine import Engine
     from .gguf_file import GGUFFile
-    from .models import read_config
+    from .families import read_config
 
     log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
 
@@ -99,14 +99,14 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     runner = None
     fallback_reason = None
     if device is not None:
-        from .gpu.decoder import gpu_supports  # no driver import: an unsupported file falls back cheaply
+        from .families import gpu_model_class, gpu_unsupported  # no driver import: an unsupported file falls back cheaply
 
-        why_not = gpu_supports(config, gguf)
+        why_not = gpu_unsupported(config, gguf)
         if why_not is None:
             from .gpu.runner import CudaRunner
 
             # Starts the weight upload; it waits for the device thread and runs beside us.
-            runner = CudaRunner.start(device, gguf, config, tl, max_context=max_context)
+            runner = CudaRunner.start(device, gguf, config, tl, gpu_model_class(config), max_context=max_context)
         else:
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
@@ -132,7 +132,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
             raise DeviceError(f"the CUDA backend cannot run this model: {fallback_reason}")
         if backend == "auto" and fallback_reason:
             log(f"using the CPU reference backend: {fallback_reason}")
-        from .reference import load_reference
+        from .families import load_reference
         from .reference.runner import ReferenceRunner
 
         runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context)

@@ -43,7 +43,7 @@ def reference_for(fixture_paths):
     def get(arch: str, outtype: str = "f32", **overrides):
         key = (arch, outtype, tuple(sorted(overrides.items())))
         if key not in _REF:
-            from reflex_runtime.reference import load_reference
+            from reflex_runtime.families import load_reference
 
             _REF[key] = load_reference(fixture_paths(arch, outtype, **overrides).gguf)
         return _REF[key]

@@ -27,8 +27,8 @@ TYPE_NAMES = {Q.F32: "F32", Q.F16: "F16", Q.BF16: "BF16", Q.Q8_0: "Q8_0", Q.Q4_0
 
 
 def random_weight(gpu, qtype, rows, k, rng):
-    """A random rows x k matrix of type qtype on the device (a gpu.ops Weight) and its float32 values."""
-    from reflex_runtime.gpu.ops import Weight
+    """A random rows x k matrix of type qtype on the device (a gpu.launch Weight) and its float32 values."""
+    from reflex_runtime.gpu.launch import Weight
 
     raw, dense = random_matrix(qtype, rows, k, rng)
     return Weight(gpu.put(raw), TYPE_NAMES[qtype], rows, k, raw.nbytes // rows), dense
@@ -57,13 +57,13 @@ class GpuHarness:
     def __init__(self):
         from reflex_runtime.coldstart import Timeline
         from reflex_runtime.gpu.bootstrap import DeviceBootstrap
-        from reflex_runtime.gpu.ops import Ops
+        from reflex_runtime.gpu.launch import Launcher
 
         boot = DeviceBootstrap.start(Timeline())
         dev = boot.wait()
         assert dev is not None, boot.error
         self.dev, self.stream = dev, boot.stream
-        self.ops = Ops(dev, boot.stream)
+        self.launch = Launcher(dev, boot.stream)
         self._allocs = []
 
     def _check(self, result, what):
@@ -72,13 +72,14 @@ class GpuHarness:
         return check(result, what)
 
     def put(self, arr) -> int:
-        from cuda.bindings import driver as cu
-
+        """A device copy of arr, complete before anything later on the kernels' stream runs.
+        (A plain cuMemcpyHtoD from pageable memory runs on the legacy stream and may return
+        before its DMA lands; our stream is non-blocking, so kernels could read stale memory.)"""
         arr = np.ascontiguousarray(arr)
         ptr = self.dev.alloc(arr.nbytes)
         self._allocs.append(ptr)
-        self.dev.sync(self.stream)
-        self._check(cu.cuMemcpyHtoD(ptr, arr.ctypes.data, arr.nbytes), "cuMemcpyHtoD")
+        self.dev.htod(ptr, arr.ctypes.data, arr.nbytes, self.stream)
+        self.sync()  # arr may be freed by the caller as soon as this returns
         return ptr
 
     def poisoned(self, shape, dtype=np.float32) -> int:

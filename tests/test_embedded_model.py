@@ -70,7 +70,7 @@ def prompt_ids(embedded):
 
 @pytest.fixture(scope="module")
 def reference_run(embedded, prompt_ids):
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     _, g = embedded
     t0 = time.perf_counter()

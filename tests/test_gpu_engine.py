@@ -36,7 +36,7 @@ def engine_for(path, **kw):
 @pytest.fixture(scope="module")
 def qwen3_q8():
     eng = engine_for(fixture("qwen3", "q8_0"))
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     return eng, load_reference(eng.gguf, eng.config)
 
@@ -44,7 +44,7 @@ def qwen3_q8():
 @pytest.mark.parametrize("outtype", QWEN3_TYPES)
 def test_check_passes_qwen3(outtype):
     from reflex_runtime.check import run_check
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture("qwen3", outtype))
     res = run_check(eng, load_reference(eng.gguf, eng.config), PROMPT, 8)
@@ -55,7 +55,7 @@ def test_check_passes_qwen3(outtype):
 @pytest.mark.parametrize("outtype", ["f32", "q4_k_m"])
 def test_check_passes_gemma3(outtype):
     from reflex_runtime.check import run_check
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture("gemma3", outtype))
     # long enough to cross the fixture's sliding window of 8
@@ -101,7 +101,7 @@ def test_seeded_sampling_is_deterministic(qwen3_q8):
 @pytest.mark.parametrize("arch,outtype", [("qwen3", "q8_0"), ("qwen3", "q4_k_m"), ("gemma3", "f32"), ("qwen3moe", "q8_0"),
                                          ("qwen3moe", "q4_k_m")])
 def test_system1_scores_match_reference_in_one_pass(arch, outtype):
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
     from reflex_runtime.reference.runner import ReferenceRunner
 
     eng = engine_for(fixture(arch, outtype))

@@ -38,7 +38,7 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     base = rng.standard_normal((n_tok, rows)).astype(np.float32) if accumulate else None
     y = gpu.put(base) if accumulate else gpu.poisoned((n_tok, rows))
-    gpu.ops.matmul(w, gpu.put(x), y, n_tok, accumulate=accumulate)
+    gpu.launch.matmul(w, gpu.put(x), y, n_tok, accumulate=accumulate)
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, base)
 
 
@@ -46,13 +46,13 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
 @pytest.mark.parametrize("rows,k", [(64, 3072), (96, 1024), (1500, 2048)])
 def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     """Few rows and long rows: several warps share each row (the decode shapes of a real model)."""
-    wpr = gpu.ops._wpr(rows, k)
+    wpr = gpu.launch._wpr(rows, k)
     rng = np.random.default_rng([int(qtype), rows, k])
     w, dense = weight(gpu, qtype, rows, k, rng)
     for n_tok in (1, 3):
         x = rng.standard_normal((n_tok, k)).astype(np.float32)
         y = gpu.poisoned((n_tok, rows))
-        gpu.ops.matmul(w, gpu.put(x), y, n_tok)
+        gpu.launch.matmul(w, gpu.put(x), y, n_tok)
         assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense)
     assert (wpr > 1) == (k >= 2048)  # the split only pays for rows of 2048+ weights
 
@@ -64,11 +64,11 @@ def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     rng = np.random.default_rng([int(qtype), rows, fused_norm])
     k = 256
     w, dense = weight(gpu, qtype, rows, k, rng)
-    assert gpu.ops._rpw([rows], 1, gpu.ops._wpr(rows, k)) > 1
+    assert gpu.launch._rpw([rows], 1, gpu.launch._wpr(rows, k)) > 1
     x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)
     y = gpu.poisoned((1, rows))
-    gpu.ops.matmul(w, gpu.put(x), y, 1, norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
+    gpu.launch.matmul(w, gpu.put(x), y, 1, norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
     xe = _rms(x, nw, 1e-6).astype(np.float32) if fused_norm else x
     assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, rtol=2e-4)
 
@@ -83,7 +83,7 @@ def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
     x = (rng.standard_normal((n_tok, k)) * 4).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)
     ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
-    gpu.ops.matmul_segments([w for w, _ in mats], gpu.put(x), ys, n_tok, norm_w=gpu.put(nw), eps=eps)
+    gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, n_tok, norm_w=gpu.put(nw), eps=eps)
     xn = _rms(x, nw, eps).astype(np.float32)
     for (w, dense), y in zip(mats, ys):
         assert_matmul_close(gpu.get(y, (n_tok, w.rows)), xn, dense, rtol=2e-4)
@@ -92,7 +92,7 @@ def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
 @pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,n_tok", [(130, 64), (257, 70), (64, 130)])
 def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
-    from reflex_runtime.gpu.ops import MM_MIN_TOKENS
+    from reflex_runtime.gpu.launch import MM_MIN_TOKENS
 
     assert n_tok >= MM_MIN_TOKENS  # these sizes take the tensor-core kernel
     rng = np.random.default_rng([int(qtype), rows, n_tok])
@@ -100,12 +100,12 @@ def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
     w, dense = weight(gpu, qtype, rows, k, rng)
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     y = gpu.poisoned((n_tok, rows))
-    gpu.ops.matmul(w, gpu.put(x), y, n_tok)
+    gpu.launch.matmul(w, gpu.put(x), y, n_tok)
     # inputs are rounded to f16 for the tensor cores: ~2^-11 relative per product
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, rtol=2e-3)
     base = rng.standard_normal((n_tok, rows)).astype(np.float32)
     y2 = gpu.put(base)
-    gpu.ops.matmul(w, gpu.put(x), y2, n_tok, accumulate=True)
+    gpu.launch.matmul(w, gpu.put(x), y2, n_tok, accumulate=True)
     assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=2e-3)
 
 
@@ -122,14 +122,14 @@ def test_gated_ffn_input(gpu, qtype, act, n_tok, fused_norm):
     x = _rms(x_in, nw, 1e-6).astype(np.float32) if fused_norm else x_in
     out = gpu.poisoned((n_tok, rows))
     g_buf, u_buf = gpu.poisoned((n_tok, rows)), gpu.poisoned((n_tok, rows))
-    gpu.ops.gated_ffn_in(wg, wu, gpu.put(x_in), out, n_tok, act, g_buf, u_buf,
+    gpu.launch.gated_ffn_in(wg, wu, gpu.put(x_in), out, n_tok, act, g_buf, u_buf,
                          norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
     got = gpu.get(out, (n_tok, rows))
     g = x.astype(np.float64) @ dg.T
     u = x.astype(np.float64) @ du.T
     with np.errstate(over="ignore"):
         expect = _act(g, act) * u
-    from reflex_runtime.gpu.ops import MM_MIN_TOKENS
+    from reflex_runtime.gpu.launch import MM_MIN_TOKENS
 
     rtol = 2e-3 if n_tok >= MM_MIN_TOKENS else 1e-4  # f16 tensor-core inputs vs f32 matrix-vector
     tol = 3 * rtol * (np.abs(x) @ np.abs(dg).T) * (np.abs(x) @ np.abs(du).T) + 1e-5
@@ -144,7 +144,7 @@ def test_embedding_rows(gpu, qtype):
     w, dense = weight(gpu, qtype, vocab, k, rng)
     toks = np.array([0, 300, 17, 17, -1, 301, 150], dtype=np.int32)  # repeats and two out-of-range ids
     out = gpu.poisoned((len(toks), k))
-    gpu.ops.embed(w, gpu.put(toks), out, len(toks), 1.75)
+    gpu.launch.embed(w, gpu.put(toks), out, len(toks), 1.75)
     got = gpu.get(out, (len(toks), k))
     for i, t in enumerate(toks):
         expect = dense[t] * 1.75 if 0 <= t < vocab else np.zeros(k, np.float32)
@@ -160,18 +160,18 @@ def test_rmsnorm_modes(gpu, n):
     w_src, w_out = (rng.random(n) + 0.5).astype(np.float32), (rng.random(n) + 0.5).astype(np.float32)
     # plain
     out = gpu.poisoned((rows, n))
-    gpu.ops.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps)
+    gpu.launch.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps)
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(src, w_out, eps), rtol=1e-5, atol=1e-5)
     # residual add then norm
     r = gpu.put(resid)
     out = gpu.poisoned((rows, n))
-    gpu.ops.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r)
+    gpu.launch.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r)
     np.testing.assert_allclose(gpu.get(r, (rows, n)), resid + src, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(resid + src, w_out, eps), rtol=1e-5, atol=1e-5)
     # Gemma: post-norm of src into the residual, then the next pre-norm
     r = gpu.put(resid)
     out = gpu.poisoned((rows, n))
-    gpu.ops.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r, w_src=gpu.put(w_src))
+    gpu.launch.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r, w_src=gpu.put(w_src))
     new_resid = resid + _rms(src, w_src, eps)
     np.testing.assert_allclose(gpu.get(r, (rows, n)), new_resid, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(new_resid, w_out, eps), rtol=1e-5, atol=1e-5)
@@ -203,7 +203,7 @@ def test_qk_norm_rope_and_cache_store(gpu, hd, rope_dim, norm):
     dq = gpu.put(q)
     kc, vc = gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16)), gpu.put(np.zeros((n_kv, n_ctx, hd_v), np.float16))
     kv_pos = gpu.put(np.full(n_ctx, -1, np.int32))
-    gpu.ops.qk_rope_store(dq, gpu.put(k), gpu.put(v), gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
+    gpu.launch.qk_rope_store(dq, gpu.put(k), gpu.put(v), gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
                           gpu.put(pos), gpu.put(slot), kv_pos, kc, vc, n_tok, n_head, n_kv, hd, hd_v, rope_dim, base, 1.0,
                           eps, n_ctx)
     qe = _rms(q, qn, eps) if norm else q.astype(np.float64)
@@ -264,7 +264,7 @@ ATTN_CASES = {
 
 @pytest.mark.parametrize("case", list(ATTN_CASES))
 def test_attention(gpu, case):
-    from reflex_runtime.gpu.ops import ATTN_SPLITS_DECODE
+    from reflex_runtime.gpu.launch import ATTN_SPLITS_DECODE
 
     n_head, n_kvh, hd, n_tok, first, tree, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
@@ -294,7 +294,7 @@ def test_attention(gpu, case):
     expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap)
     for replay in range(2):  # the split path must leave its counters ready for the next replay
         out = gpu.poisoned((n_tok, n_head, hd))
-        gpu.ops.attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
+        gpu.launch.attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
                           gpu.put(seg_lo) if tree else 0, prefix_len, gpu.put(np.array([n_kv], np.int32)), out, part_o,
                           part_ml, counters, n_tok, n_head, n_kvh, hd, hd, n_ctx, window, scale, softcap, n_split)
         np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
@@ -332,9 +332,9 @@ def test_argmax_ties_nan_and_state(gpu, vocab):
     logits[a] = hi  # a tie: the lower id must win
     logits[rng.integers(vocab)] = np.nan
     st, bufs = _state(gpu, 4, 41, 44)
-    from reflex_runtime.gpu.decoder import ARGMAX_PARTS
+    from reflex_runtime.gpu.model import ARGMAX_PARTS
 
-    gpu.ops.argmax(gpu.put(logits), vocab, gpu.poisoned((ARGMAX_PARTS,)), gpu.poisoned((ARGMAX_PARTS,), np.int32),
+    gpu.launch.argmax(gpu.put(logits), vocab, gpu.poisoned((ARGMAX_PARTS,)), gpu.poisoned((ARGMAX_PARTS,), np.int32),
                    ARGMAX_PARTS, st, 3)
     _check_advanced(gpu, bufs, int(a), 41, 44)
 
@@ -365,7 +365,7 @@ def test_sampler_matches_reference(gpu, case):
         sp = RxSampling(params.temperature, params.top_k, params.top_p, params.min_p, seed)
         d_sp = gpu.put(np.frombuffer(bytes(sp), dtype=np.uint8))
         st, bufs = _state(gpu, 1, 9, 9)
-        gpu.ops.sample(d_logits, vocab, d_sp, st, 0)
+        gpu.launch.sample(d_logits, vocab, d_sp, st, 0)
         got = int(gpu.get(bufs["tokens"], (1,), np.int32)[0])
         expect = sample(logits, params, 3)  # the kernel reads step 3 from the state
         agree += got == expect
@@ -381,7 +381,7 @@ def test_logprob_rows(gpu):
     pick = np.array([6, 0, 3, 3], np.int32)
     toks = rng.integers(0, vocab, size=4).astype(np.int32)
     out = gpu.poisoned((4,))
-    gpu.ops.logprob_rows(gpu.put(logits), vocab, gpu.put(pick), gpu.put(toks), out, 4)
+    gpu.launch.logprob_rows(gpu.put(logits), vocab, gpu.put(pick), gpu.put(toks), out, 4)
     x = logits.astype(np.float64)
     lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
     np.testing.assert_allclose(gpu.get(out, (4,)), x[pick, toks] - lse[pick], rtol=1e-5, atol=1e-4)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _route(logits, k, normalize):
-    from reflex_runtime.reference.qwen3moe import route
+    from reflex_runtime.reference.blocks import softmax_topk as route
 
     return route(logits, k, normalize)
 
@@ -36,7 +36,7 @@ def test_router_topk_matches_reference_with_ties(gpu, n_expert, k, normalize):
     logits[3, order[min(k, n_expert - 1)]] = logits[3, order[k - 1]]
     logits[4, ::3] = 0.5
     ids, w = gpu.poisoned((n_tok, k), np.int32), gpu.poisoned((n_tok, k))
-    gpu.ops.moe_topk(gpu.put(logits), n_tok, n_expert, k, normalize, ids, w)
+    gpu.launch.moe_topk(gpu.put(logits), n_tok, n_expert, k, normalize, ids, w)
     want_ids, want_w = _route(logits, k, normalize)
     got_ids = gpu.get(ids, (n_tok, k), np.int32)
     assert (got_ids == want_ids).all(), (got_ids, want_ids)
@@ -75,7 +75,7 @@ def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
     ids, w = _route(rng.standard_normal((n_tok, n_expert)).astype(np.float32), k, True)
     ids_d, w_d = gpu.put(ids.astype(np.int32)), gpu.put(w)
     act = gpu.poisoned((n_tok * k, F))
-    gpu.ops.moe_glu_mv(wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, n_tok, F, 0, gpu.put(nw), 1e-6)
+    gpu.launch.moe_glu_mv(wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, n_tok, F, 0, gpu.put(nw), 1e-6)
     got_act = gpu.get(act, (n_tok * k, F))
     xn = rms_ref(x, nw, 1e-6)
     assert not np.isnan(got_act).any(), "the kernel left poisoned outputs"
@@ -87,7 +87,7 @@ def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
     # down, summed over each token's slots into the residual (the GPU's act as its input)
     base = rng.standard_normal((n_tok, E)).astype(np.float32)
     xd = gpu.put(base)
-    gpu.ops.moe_down_mv(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, n_tok, E)
+    gpu.launch.moe_down_mv(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, n_tok, E)
     expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-5)
     for p in range(n_tok * k):
         t, e = p // k, ids.flat[p]
@@ -117,7 +117,7 @@ def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
     counts, offsets = gpu.poisoned((n_expert,), np.int32), gpu.poisoned((n_expert,), np.int32)
     pair_tok, pair_id = gpu.poisoned((pairs,), np.int32), gpu.poisoned((pairs,), np.int32)
     ids_d = gpu.put(ids)
-    gpu.ops.moe_group(ids_d, pairs, n_expert, k, counts, offsets, pair_tok, pair_id)
+    gpu.launch.moe_group(ids_d, pairs, n_expert, k, counts, offsets, pair_tok, pair_id)
     want_id = np.argsort(ids.reshape(-1), kind="stable")  # by expert, then pair order
     want_counts = np.bincount(ids.reshape(-1), minlength=n_expert)
     assert (gpu.get(counts, (n_expert,), np.int32) == want_counts).all()
@@ -128,7 +128,7 @@ def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
     g, u = gpu.poisoned((pairs, F)), gpu.poisoned((pairs, F))
     h_d = gpu.put(h)
     for wt, out in ((wg, g), (wu, u)):
-        gpu.ops.moe_mm(wt, F * wt.row_bytes, n_expert, F, counts, offsets, pair_tok, pair_id, h_d, out)
+        gpu.launch.moe_mm(wt, F * wt.row_bytes, n_expert, F, counts, offsets, pair_tok, pair_id, h_d, out)
     got_g, got_u = gpu.get(g, (pairs, F)), gpu.get(u, (pairs, F))
     assert not np.isnan(got_g).any() and not np.isnan(got_u).any(), "a routed row was left unwritten"
     for p in range(pairs):
@@ -137,13 +137,13 @@ def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
             tol = 2e-3 * _bound(h[t:t + 1], dense[e])[0] + 1e-5  # f16 tensor-core inputs
             assert (np.abs(got[p] - h[t].astype(np.float64) @ dense[e].T) <= tol).all(), (p, e)
     act = gpu.poisoned((pairs, F))
-    gpu.ops.glu(g, u, act, pairs * F, 0)
+    gpu.launch.glu(g, u, act, pairs * F, 0)
     got_act = gpu.get(act, (pairs, F))
     y = gpu.poisoned((pairs, E))
-    gpu.ops.moe_mm(wd, E * wd.row_bytes, n_expert, E, counts, offsets, pair_id, pair_id, act, y)
+    gpu.launch.moe_mm(wd, E * wd.row_bytes, n_expert, E, counts, offsets, pair_id, pair_id, act, y)
     base = rng.standard_normal((n_tok, E)).astype(np.float32)
     x = gpu.put(base)
-    gpu.ops.moe_combine(y, gpu.put(w), k, x, E, n_tok)
+    gpu.launch.moe_combine(y, gpu.put(w), k, x, E, n_tok)
     expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-4)
     for p in range(pairs):
         t, e = p // k, ids.flat[p]
@@ -159,7 +159,7 @@ def _engine(outtype):
     from make_fixtures import make_fixture
 
     from reflex_runtime.loader import load_engine
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     eng = load_engine(str(make_fixture("qwen3moe", outtype).gguf), "cuda")
     return eng, load_reference(eng.gguf, eng.config)

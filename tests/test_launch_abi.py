@@ -76,17 +76,27 @@ class FakeKernel:
 
 
 class FakeDevice:
-    """Just enough of gpu.driver.Device for the forward code; memory is address ranges only."""
+    """gpu.driver.Device's whole interface with no GPU behind it: memory is address ranges,
+    copies and memsets check their ranges, launches check their argument packs (FakeKernel)."""
+
+    name, cc, sm_count, total_mem, driver_version = "fake", (9, 0), 132, 80 << 30, 13000
 
     def __init__(self, params):
         self.params = params
         self.launches = []
+        self.copies = []
         self._next = 1 << 32
         self._ranges = []
         self.kernels = {n: FakeKernel(n, self) for n in params}
 
+    def make_current(self):
+        pass
+
     def kernel(self, name):
         return self.kernels[name]
+
+    def resolve_all(self, names):
+        return [n for n in names if n not in self.kernels]
 
     def alloc(self, nbytes):
         p = self._next
@@ -94,34 +104,97 @@ class FakeDevice:
         self._next += -(-nbytes // 4096) * 4096 + 4096
         return p
 
-    def owns(self, ptr):
-        return any(a <= ptr < b for a, b in self._ranges)
+    def free(self, ptr):
+        assert any(a == ptr for a, _ in self._ranges), f"free of {ptr:#x}, which was never allocated"
+
+    def alloc_pinned(self, nbytes):
+        buf = (ctypes.c_char * nbytes)()
+        self._pinned = getattr(self, "_pinned", []) + [buf]
+        return ctypes.addressof(buf), memoryview(buf).cast("B")
+
+    def owns(self, ptr, nbytes=1):
+        return any(a <= ptr and ptr + nbytes <= b for a, b in self._ranges)
+
+    def _device_range(self, ptr, nbytes, what):
+        assert self.owns(ptr, nbytes), f"{what}: [{ptr:#x}, +{nbytes}) is outside every allocation"
+        self.copies.append((what, ptr, nbytes))
+
+    def memset32(self, ptr, value, count, stream):
+        self._device_range(ptr, 4 * count, "memset32")
+
+    def memset8(self, ptr, value, count, stream):
+        self._device_range(ptr, count, "memset8")
+
+    def htod(self, dst, src_ptr, nbytes, stream):
+        self._device_range(dst, nbytes, "htod")
+
+    def dtoh(self, dst_ptr, src, nbytes, stream):
+        self._device_range(src, nbytes, "dtoh")
+
+    def dtod(self, dst, src, nbytes, stream):
+        self._device_range(dst, nbytes, "dtod")
+        self._device_range(src, nbytes, "dtod")
+
+    def mem_info(self):
+        return self.total_mem, self.total_mem
+
+    def stream(self):
+        return object()
+
+    def sync(self, stream):
+        pass
+
+    def event(self, timing=False):
+        return object()
+
+    def record(self, event, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def elapsed_ms(self, start, end):
+        return 0.0
+
+    def begin_capture(self, stream):
+        pass
+
+    def end_capture(self, stream):
+        return None
 
 
-def _decoder(arch, params):
+def test_fake_device_has_the_whole_device_interface():
+    """The fake stands in for gpu.driver.Device: it must offer every public method and attribute."""
+    from reflex_runtime.gpu.driver import Device
+
+    public = {n for n in dir(Device) if not n.startswith("_")}
+    missing = {n for n in public if not hasattr(FakeDevice, n)} - {"load_fatbin"}
+    assert not missing, missing
+
+
+def _model(arch, params):
     from make_fixtures import make_fixture
 
+    from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.gpu.decoder import Decoder, gpu_supports
-    from reflex_runtime.gpu.ops import Ops
-    from reflex_runtime.models import read_config
+    from reflex_runtime.gpu.launch import Launcher
 
     g = GGUFFile(make_fixture(arch, "q4_k_m").gguf)
     cfg = read_config(g)
-    assert gpu_supports(cfg) is None
-    dec = Decoder(cfg, g, max_batch=64, n_ctx=256, max_new=256)
+    assert gpu_unsupported(cfg, g) is None
+    model = gpu_model_class(cfg)(cfg, g, max_batch=64, n_ctx=256, max_new=256)
     dev = FakeDevice(params)
-    base = dev.alloc(dec.arena_bytes)
-    dec.bind(base, Ops(dev, stream=None))
-    return dec, dev
+    base = dev.alloc(model.arena_bytes)
+    model.bind(base, Launcher(dev, stream=None))
+    return model, dev
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe"])
 def test_forward_launches_match_kernel_abi(ptx_params, arch):
-    from reflex_runtime.gpu.decoder import ARGMAX_PARTS
     from reflex_runtime.gpu.driver import RxState
+    from reflex_runtime.gpu.model import ARGMAX_PARTS
 
-    dec, dev = _decoder(arch, ptx_params)
+    dec, dev = _model(arch, ptx_params)
     cfg = dec.cfg
     dec.forward(1)  # a decode step
     per_layer = len(dev.launches)
@@ -129,9 +202,9 @@ def test_forward_launches_match_kernel_abi(ptx_params, arch):
     dec.forward(20, first=3)  # a short prefill: matrix-vector path
     dec.forward(64, tree=True, prefix_len=10, logit_row=9, logit_rows=55, logits=dev.alloc(4 * 55 * cfg.vocab_size))
     st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
-    dec.ops.argmax(dec.p("logits"), cfg.vocab_size, dec.p("amax_v"), dec.p("amax_i"), ARGMAX_PARTS, st, 0)
-    dec.ops.sample(dec.p("logits"), cfg.vocab_size, dec.p("sampling"), st, 0)
-    dec.ops.logprob_rows(dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("att"), 3)
+    dec.launch.argmax(dec.p("logits"), cfg.vocab_size, dec.p("amax_v"), dec.p("amax_i"), ARGMAX_PARTS, st, 0)
+    dec.launch.sample(dec.p("logits"), cfg.vocab_size, dec.p("sampling"), st, 0)
+    dec.launch.logprob_rows(dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("att"), 3)
     names = {n for n, _, _ in dev.launches}
     assert any(n.startswith("reflex_mm_") for n in names), "64 tokens should use the tensor-core kernel"
     assert "reflex_attn" in names

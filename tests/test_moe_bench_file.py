@@ -31,7 +31,7 @@ def q8(shape):  # Q8_0 bytes of a ggml shape
 
 def test_config_and_tensor_types(bench):
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.models import read_config
+    from reflex_runtime.families import read_config
 
     path, template = bench
     with GGUFFile(path) as g, GGUFFile(template) as t:
@@ -85,7 +85,7 @@ def test_weight_scale_and_norms(bench):
 
 
 def test_reference_forward_is_finite(bench):
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     path, _ = bench
     model = load_reference(str(path))

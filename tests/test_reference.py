@@ -77,7 +77,7 @@ def test_quantized_file_matches_dequantized_transformers(arch, outtype, fixture_
     from make_fixtures import hf_model_from_gguf
 
     from reflex_runtime.ggml_types import GGML_TYPES
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     fx = fixture_paths(arch, outtype)
     ref = load_reference(fx.gguf)
@@ -183,7 +183,7 @@ def test_unsupported_architecture_is_named(reference_for):
     from dataclasses import replace
 
     from reflex_runtime.errors import UnsupportedModelError
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     ref = reference_for("gemma3")
     with pytest.raises(UnsupportedModelError, match="llama"):

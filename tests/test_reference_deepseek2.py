@@ -118,7 +118,7 @@ def test_config_reads_the_file_not_the_layer_count(ref):
     import copy
 
     from reflex_runtime.errors import ModelFileError, UnsupportedModelError
-    from reflex_runtime.models import read_config
+    from reflex_runtime.families import read_config
 
     def edited(name, drop_keys=(), drop_tensors=(), **keys):
         g = copy.copy(ref(name).gguf)
@@ -178,7 +178,7 @@ def test_the_fixtures_exercise_each_feature(ref, hf):
     import math
     from dataclasses import replace
 
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     ids = prompt(32)
 
@@ -215,6 +215,10 @@ class _Hidden:
         assert name not in self.hide
         return self.w.get(name)
 
+    def expert(self, name, xid):
+        assert name not in self.hide
+        return self.w.expert(name, xid)
+
     def rows(self, name, ids):
         return self.w.rows(name, ids)
 
@@ -226,7 +230,7 @@ def test_legacy_kv_b_file_matches_split_file_and_transformers(fx, ref, hf, tmp_p
     from fixtures_deepseek import hf_deepseek_from_gguf, write_legacy_kv_b
 
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     name = "v3_noq"  # tied: the smallest file
     legacy = tmp_path / "legacy.gguf"
@@ -263,7 +267,7 @@ def test_quantized_file_matches_dequantized_transformers(outtype, fx, ref):
     from fixtures_deepseek import hf_deepseek_from_gguf
 
     from reflex_runtime.ggml_types import GGML_TYPES
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     name = "v3"
     f = fx(name, outtype)

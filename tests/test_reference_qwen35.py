@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from reflex_runtime.errors import RequestError, UnsupportedModelError  # noqa: E402
-from reflex_runtime.reference import delta_net  # noqa: E402
+from reflex_runtime.families.qwen35 import delta_net  # noqa: E402
 
 PROMPT_LEN = 70  # more than one 64-token chunk of the delta rule (ours and transformers')
 
@@ -63,7 +63,7 @@ def fixture(name: str, outtype: str = "f32"):
 def reference(name: str, outtype: str = "f32"):
     key = (name, outtype)
     if key not in _REF:
-        from reflex_runtime.reference import load_reference
+        from reflex_runtime.families import load_reference
 
         _REF[key] = load_reference(fixture(name, outtype).gguf)
     return _REF[key]
@@ -223,7 +223,7 @@ def test_prefill_equals_token_by_token(name):
 def test_files_with_and_without_mtp_blocks(name):
     from fixtures_qwen35 import convert_variant
 
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     fx = fixture(name)
     with_mtp = reference(name)
@@ -248,7 +248,7 @@ def test_fused_tensor_files(name, flag):
     """The converter's optional fusions (attn_qkv on full-attention layers; ffn_gate_up_exps)."""
     from fixtures_qwen35 import convert_variant
 
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     fused = load_reference(convert_variant(fixture(name), "f32", flag))
     want = "blk.3.attn_qkv.weight" if flag == "--fuse-qkv" else "blk.0.ffn_gate_up_exps.weight"

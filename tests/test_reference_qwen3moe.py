@@ -68,7 +68,7 @@ def hf_model(cfg: str, hf_for, fixture_paths):
 
 
 def test_route_ties_go_to_the_lower_expert_id():
-    from reflex_runtime.reference.qwen3moe import route
+    from reflex_runtime.reference.blocks import softmax_topk as route
 
     logits = np.array([[1.0, 3.0, 3.0, 0.0, 3.0],
                        [2.0, 2.0, 2.0, 2.0, 2.0],
@@ -94,7 +94,7 @@ def test_route_ties_go_to_the_lower_expert_id():
 def test_route_matches_torch_topk_without_ties():
     import torch
 
-    from reflex_runtime.reference.qwen3moe import route
+    from reflex_runtime.reference.blocks import softmax_topk as route
 
     logits = np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32)
     for k, norm in [(1, True), (4, True), (4, False), (16, True)]:
@@ -174,7 +174,7 @@ def test_quantized_file_matches_dequantized_transformers(cfg, outtype, types, mi
     from fixtures_qwen3moe import hf_qwen3moe_from_gguf
 
     from reflex_runtime.ggml_types import GGML_TYPES
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
 
     fx = fixture_paths(ARCH, outtype, **CONFIGS[cfg])
     ref = load_reference(fx.gguf)
@@ -278,7 +278,7 @@ def _write_moe_gguf(path, *, n_layers=1, n_embd=32, n_ff=16, n_expert=4, used=2,
 ])
 def test_bad_files_get_one_line_errors(tmp_path, kwargs, needle):
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.models import read_config
+    from reflex_runtime.families import read_config
 
     path = _write_moe_gguf(tmp_path / "bad.gguf", **kwargs)
     with pytest.raises(ModelFileError) as e:
@@ -289,7 +289,7 @@ def test_bad_files_get_one_line_errors(tmp_path, kwargs, needle):
 
 def test_well_formed_small_file_and_per_layer_counts(tmp_path):
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.models import read_config
+    from reflex_runtime.families import read_config
 
     c = read_config(GGUFFile(_write_moe_gguf(tmp_path / "ok.gguf", n_layers=2, used=[3, 3])))
     assert (c.extra["n_expert"], c.extra["n_expert_used"], c.extra["n_ff_exp"]) == (4, 3, 16)

@@ -58,7 +58,7 @@ def test_scores_equal_transformers_summed_logprobs(arch, fixture_paths, hf_for):
 
 def test_tree_batch_equals_separate_runs(fixture_paths):
     """One pass over prompt + all candidates (tree mask) equals scoring each candidate alone."""
-    from reflex_runtime.reference import load_reference
+    from reflex_runtime.families import load_reference
     from reflex_runtime.reference.runner import ReferenceRunner, log_softmax_rows
 
     ref = load_reference(fixture_paths("qwen3", "f32").gguf)

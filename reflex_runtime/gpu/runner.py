@@ -16,9 +16,9 @@ from typing import Iterator
 from ..errors import DeviceError, RequestError
 from ..sampling import SamplingParams
 from ..tree import tree_layout
-from .decoder import ARGMAX_PARTS, Decoder
 from .driver import RxSampling, RxState
-from .ops import Ops
+from .launch import Launcher
+from .model import ARGMAX_PARTS
 from .upload import StagingRing, default_threads, upload_file_range
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
@@ -30,14 +30,14 @@ MAX_SCORED = 8192  # candidate tokens per system1 call (the engine's limits are 
 class CudaRunner:
     name = "cuda"
 
-    def __init__(self, boot, gguf, config, timeline, max_context: int | None = None):
+    def __init__(self, boot, gguf, config, timeline, model_cls, max_context: int | None = None):
         self.boot = boot
         self.gguf = gguf
         self.config = config
         self.tl = timeline
         n_ctx = max_context or min(config.context_length, 4096)
         self.max_context = n_ctx
-        self.dec = Decoder(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
+        self.model = model_cls(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)  # a family's gpu.model.GpuModel
         self.error: str | None = None
         self.dev = None
         self._graphs: dict[tuple[bool, bool], object] = {}  # (greedy, pdl) -> decode graph
@@ -47,8 +47,8 @@ class CudaRunner:
         self.pdl: bool | None = None  # None: chain the decode graph's kernels (PDL) where the GPU can
 
     @classmethod
-    def start(cls, boot, gguf, config, timeline, max_context: int | None = None) -> "CudaRunner":
-        r = cls(boot, gguf, config, timeline, max_context)
+    def start(cls, boot, gguf, config, timeline, model_cls, max_context: int | None = None) -> "CudaRunner":
+        r = cls(boot, gguf, config, timeline, model_cls, max_context)
         r._thread = threading.Thread(target=r._load, name="reflex-upload", daemon=True)
         r._thread.start()
         return r
@@ -63,27 +63,27 @@ class CudaRunner:
                 return
             tl = self.tl
             t = tl.elapsed()
-            base = dev.alloc(self.dec.arena_bytes)
+            base = dev.alloc(self.model.arena_bytes)
             ring = StagingRing(dev, default_threads())
             tl.span("device_alloc", t, tl.elapsed())
             t = tl.elapsed()
-            dst = base + self.dec.arena.offsets["weights"]
-            upload_file_range(dev, ring, self.gguf.path, self.gguf.data_offset, self.dec.weights_bytes, dst)
+            dst = base + self.model.arena.offsets["weights"]
+            upload_file_range(dev, ring, self.gguf.path, self.gguf.data_offset, self.model.weights_bytes, dst)
             t_end = tl.elapsed()
             tl.span("weights_upload", t, t_end)
-            self.upload_stats = {"weights_bytes": self.dec.weights_bytes, "upload_ms": round((t_end - t) * 1000, 3),
-                                 "upload_gb_s": round(self.dec.weights_bytes / max(t_end - t, 1e-9) / 1e9, 2),
+            self.upload_stats = {"weights_bytes": self.model.weights_bytes, "upload_ms": round((t_end - t) * 1000, 3),
+                                 "upload_gb_s": round(self.model.weights_bytes / max(t_end - t, 1e-9) / 1e9, 2),
                                  "upload_threads": ring.n_threads}
             self.stream = self.boot.stream
-            self.ops = Ops(dev, self.stream)
-            self.dec.bind(base, self.ops)
+            self.launch = Launcher(dev, self.stream)
+            self.model.bind(base, self.launch)
             # Small pinned buffers for request inputs and token read-back. Layout in ints:
             # tokens | pos | slot | seg_lo (cap each) | n_kv, step, pad, pad | sampling (8) | scoring
             self._cap = max(self.max_context, MAX_BATCH)
             self._in_ptr, self._in_view = dev.alloc_pinned(4 * (4 * self._cap + 16 + 3 * MAX_SCORED))
             self._rb_ptr, self._rb_view = dev.alloc_pinned(4 * READBACK_SLOTS)
             self._rb_events = [dev.event() for _ in range(READBACK_SLOTS)]
-            d = self.dec
+            d = self.model
             self._state = RxState(d.p("tokens"), d.p("pos"), d.p("slot"), d.p("n_kv"), d.p("step"), d.p("out_tokens"))
             self.dev = dev
         except DeviceError as e:
@@ -118,7 +118,7 @@ class CudaRunner:
         cap = self._cap
         if n > cap:
             raise RequestError(f"{n} tokens exceed the context of {self.max_context}")
-        d, dev, s = self.dec, self.dev, self.stream
+        d, dev, s = self.model, self.dev, self.stream
         for k, arr in enumerate((tokens, pos, slot, seg_lo or ())):
             ints[k * cap:k * cap + len(arr)] = _int_array(arr)
         scalars = 4 * cap  # n_kv, step
@@ -141,17 +141,17 @@ class CudaRunner:
         for c0 in range(0, n, MAX_BATCH):
             m = min(MAX_BATCH, n - c0)
             last = c0 + m >= n
-            self.dec.forward(m, first=c0, logit_rows=logit_rows if last else 0, logits=logits,
+            self.model.forward(m, first=c0, logit_rows=logit_rows if last else 0, logits=logits,
                              logit_row=(logit_row - c0 if logit_row >= 0 else -1))
             self.forward_passes += 1
 
     def _pick(self, greedy: bool, last: int) -> None:
-        d = self.dec
+        d = self.model
         if greedy:
-            self.ops.argmax(d.p("logits"), self.config.vocab_size, d.p("amax_v"), d.p("amax_i"), ARGMAX_PARTS,
+            self.launch.argmax(d.p("logits"), self.config.vocab_size, d.p("amax_v"), d.p("amax_i"), ARGMAX_PARTS,
                             self._state, last)
         else:
-            self.ops.sample(d.p("logits"), self.config.vocab_size, d.p("sampling"), self._state, last)
+            self.launch.sample(d.p("logits"), self.config.vocab_size, d.p("sampling"), self._state, last)
 
     def _decode_graph(self, greedy: bool, pdl: bool | None = None):
         """The decode step as one CUDA graph (captured on first use). Its kernels are chained
@@ -162,12 +162,12 @@ class CudaRunner:
         if g is None:
             dev, s = self.dev, self.stream
             dev.begin_capture(s)
-            self.ops.pdl = pdl
+            self.launch.pdl = pdl
             try:
-                self.dec.forward(1, first=0)
+                self.model.forward(1, first=0)
                 self._pick(greedy, 0)
             finally:
-                self.ops.pdl = False
+                self.launch.pdl = False
                 g = dev.end_capture(s)
             self._graphs[(greedy, pdl)] = g
         return g
@@ -180,7 +180,7 @@ class CudaRunner:
     def _readback(self, step: int) -> None:
         """Queue the copy of the current token into read-back slot step % READBACK_SLOTS."""
         k = step % READBACK_SLOTS
-        self.dev.dtoh(self._rb_ptr + 4 * k, self.dec.p("tokens"), 4, self.stream)
+        self.dev.dtoh(self._rb_ptr + 4 * k, self.model.p("tokens"), 4, self.stream)
         self.dev.record(self._rb_events[k], self.stream)
 
     def _token(self, step: int) -> int:
@@ -225,7 +225,7 @@ class CudaRunner:
         self._write_inputs(ids, positions, slots, seg_lo=seg_lo, n_kv=n)
         rows = n - n_p + 1  # logits for the last prompt row and every candidate row
         logits = self._logits_buffer(rows)
-        self.dec.forward(n, tree=True, prefix_len=n_p, logit_row=n_p - 1, logit_rows=rows, logits=logits)
+        self.model.forward(n, tree=True, prefix_len=n_p, logit_row=n_p - 1, logit_rows=rows, logits=logits)
         self.forward_passes += 1
         flat_rows = [r - (n_p - 1) for rs in predictors for r in rs]
         flat_toks = [t for c in candidates for t in c]
@@ -256,7 +256,7 @@ class CudaRunner:
         ints[base + m:base + 2 * m] = _int_array(toks)
         tmp = self._scratch(3 * m)
         dev.htod(tmp, self._in_ptr + 4 * base, 8 * m, s)
-        self.ops.logprob_rows(logits, self.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
+        self.launch.logprob_rows(logits, self.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
         dev.dtoh(self._in_ptr + 4 * base, tmp + 8 * m, 4 * m, s)
         dev.sync(s)
         vals = list(self._in_view.cast("f")[base:base + m])
@@ -282,6 +282,39 @@ class CudaRunner:
             self._big_logits = (ptr, rows)
         return ptr
 
+    # -- for `reflex bench` (warm measurements, not the serving path) ----------------------------
+
+    def prefill(self, ids) -> None:
+        """Enqueue the prefill of `ids` and the greedy pick of the next token."""
+        n = len(ids)
+        pos = list(range(n))
+        self._write_inputs(ids, pos, pos, n_kv=n)
+        self._prefill(n)
+        self._pick(True, n - 1)
+
+    def decode_step_launches(self, context: int) -> list:
+        """Prefill `context` tokens, then run one greedy decode step recording its launches
+        (gpu.launch.Launch: kernel, grid, arguments, the role its block gave it, weight bytes),
+        so a benchmark can replay each role over every layer on its own."""
+        self.prefill([(7 * i + 11) % min(self.config.vocab_size, 1000) + 1 for i in range(context)])
+        with self.launch.record() as launches:
+            self.model.forward(1)
+            with self.launch.role("pick (argmax)"):
+                self._pick(True, 0)
+        self.dev.sync(self.stream)
+        return launches
+
+    def graph_of(self, launches):
+        """A CUDA graph replaying recorded launches in order (no Python in the timed path)."""
+        dev, s = self.dev, self.stream
+        dev.begin_capture(s)
+        try:
+            for ln in launches:
+                ln.kernel.launch(ln.grid, ln.block, ln.args, s)
+        finally:
+            graph = dev.end_capture(s)
+        return graph
+
     # -- for `reflex check` and the GPU tests (numpy is fine here: not the cold path) -----------
 
     def prompt_logits(self, ids):
@@ -294,7 +327,7 @@ class CudaRunner:
         logits = self._logits_buffer(n)
         for c0 in range(0, n, MAX_BATCH):
             m = min(MAX_BATCH, n - c0)
-            self.dec.forward(m, first=c0, logit_row=0, logit_rows=m, logits=logits + 4 * c0 * self.config.vocab_size)
+            self.model.forward(m, first=c0, logit_row=0, logit_rows=m, logits=logits + 4 * c0 * self.config.vocab_size)
         return self._fetch(logits, (n, self.config.vocab_size), np)
 
     def decode_logits(self, ids, forced):
@@ -306,12 +339,12 @@ class CudaRunner:
         pos = list(range(n))
         self._write_inputs(ids, pos, pos, n_kv=n)
         self._prefill(n)
-        out = [self._fetch(self.dec.p("logits"), (self.config.vocab_size,), np)]
+        out = [self._fetch(self.model.p("logits"), (self.config.vocab_size,), np)]
         for j, tok in enumerate(forced):
             p = n + j
             self._write_inputs([tok], [p], [p], n_kv=p + 1)
-            self.dec.forward(1, first=0)
-            out.append(self._fetch(self.dec.p("logits"), (self.config.vocab_size,), np))
+            self.model.forward(1, first=0)
+            out.append(self._fetch(self.model.p("logits"), (self.config.vocab_size,), np))
         return out
 
     def _fetch(self, dptr, shape, np):

@@ -26,7 +26,7 @@ def known_answers(dev, stream) -> list[str]:
     """Run the known-answer kernels; return a list of failures (empty when all pass)."""
     from ctypes import c_float, c_int, c_void_p
 
-    from .ops import Ops, Weight
+    from .launch import Launcher, Weight
 
     failures = []
     n = 1000  # not a multiple of the block size
@@ -58,7 +58,7 @@ def known_answers(dev, stream) -> list[str]:
     dev.sync(stream)
     ctypes.memmove(host_ptr, struct.pack(f"<{k}f", *xv), 4 * k)
     dev.htod(dxv, host_ptr, 4 * k, stream)
-    ops = Ops(dev, stream)
+    ops = Launcher(dev, stream)
     ops.matmul(Weight(dw, "Q8_0", rows, k, len(blob) // rows), dxv, dyv, 1)
     dev.dtoh(host_ptr + 4 * n, dyv, 4 * rows, stream)
     dev.sync(stream)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import tensor_names as T
 from ..errors import RequestError
-from . import ops
+from . import layers
+from .blocks import lm_head
 
 _F32 = np.float32
 
@@ -57,6 +59,18 @@ class Weights:
         out = self._gguf_py.quants.dequantize(np.ascontiguousarray(raw[ids]), qtype)
         return np.asarray(out, dtype=_F32).reshape(len(ids), shape[-1])
 
+    def expert(self, name: str, xid: int) -> np.ndarray:
+        """Expert xid's (out, in) matrix of a stacked expert tensor. Without kept weights only
+        that expert's rows are dequantized (a real MoE file holds far more experts than a
+        forward uses)."""
+        if self.keep:
+            return self.get(name)[xid]
+        raw, qtype, shape = self._raw(name)  # raw: (n_expert * out, row_bytes)
+        n_out = shape[1]
+        block = raw[xid * n_out:(xid + 1) * n_out]
+        arr = self._gguf_py.quants.dequantize(np.ascontiguousarray(block), qtype)
+        return np.asarray(arr, dtype=_F32).reshape(shape[1:])
+
     def nbytes_held(self) -> int:
         """Bytes of the arrays kept (f32 tensors may be views of the file mapping)."""
         return sum(a.nbytes for a in self._cache.values())
@@ -100,7 +114,8 @@ class KVCache:
 
 
 class ReferenceModel:
-    """A decoder-only transformer in numpy float32. Subclasses define `embed`, `layer`, `head`."""
+    """A decoder-only transformer in numpy float32. Families define `layer` (and `embed` or
+    `head` where theirs differ), built from reference/blocks.py."""
 
     supports_tree_mask = True
 
@@ -163,20 +178,16 @@ class ReferenceModel:
         allowed = step.allowed
         if window > 0:
             allowed = allowed & ((step.positions[:, None] - step.key_pos[None, :]) < window)
-        return ops.attention(q, cache.k[il][:s + n], cache.v[il][:s + n], allowed, scale)
-
-    def lm_head(self, h: np.ndarray) -> np.ndarray:
-        name = "output.weight" if "output.weight" in self.w else "token_embd.weight"
-        return ops.linear(h, self.w.get(name))
+        return layers.attention(q, cache.k[il][:s + n], cache.v[il][:s + n], allowed, scale)
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
-        return self.w.rows("token_embd.weight", ids)
+        return self.w.rows(T.TOKEN_EMBD, ids)
 
     def layer(self, il: int, x: np.ndarray, step: "_Step") -> np.ndarray:
         raise NotImplementedError
 
     def head(self, x: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        return lm_head(self, x)
 
 
 class _Step:
@@ -193,5 +204,5 @@ class _Step:
         key = (rope_dim, theta)
         cs = self.memo.get(key)
         if cs is None:
-            cs = self.memo[key] = ops.rope_cos_sin(self.positions, rope_dim, theta)
+            cs = self.memo[key] = layers.rope_cos_sin(self.positions, rope_dim, theta)
         return cs

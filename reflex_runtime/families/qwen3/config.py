@@ -7,7 +7,7 @@ causal GQA) -> residual; RMSNorm -> SwiGLU FFN -> residual. LM head is `output.w
 
 from __future__ import annotations
 
-from .config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
+from ..config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
 
 
 def config_from_gguf(gguf) -> ModelConfig:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ModelFileError
-from .config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
+from ...errors import ModelFileError
+from ..config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
 
 DEFAULT_SWA_PERIOD = 6
 DEFAULT_LOCAL_ROPE_BASE = 10_000.0

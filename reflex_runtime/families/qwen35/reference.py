@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import RequestError
-from . import delta_net, ops
-from .base import KVCache, ReferenceModel
+from ... import tensor_names as T
+from ...errors import RequestError
+from ...reference import blocks, layers
+from ...reference.base import KVCache, ReferenceModel
+from . import delta_net
 
 _F32 = np.float32
 
@@ -93,23 +95,24 @@ class Qwen35(ReferenceModel):
 
     def layer(self, il: int, x: np.ndarray, step) -> np.ndarray:
         c, w = self.config, self.w.get
-        p = f"blk.{il}."
-        h = ops.rmsnorm(x, w(p + "attn_norm.weight"), c.rms_eps)
+        h = layers.rmsnorm(x, w(T.blk(il, T.ATTN_NORM)), c.rms_eps)
         if c.extra["recurrent_layers"][il]:
             x = x + self.linear_attention(il, h, step)
         else:
             x = x + self.full_attention(il, h, step)
-        h = ops.rmsnorm(x, w(p + "post_attention_norm.weight"), c.rms_eps)
-        return x + (self.moe(il, h) if c.arch == "qwen35moe" else self.ffn(il, h))
+        h = layers.rmsnorm(x, w(T.blk(il, T.POST_ATTN_NORM)), c.rms_eps)
+        return x + (self.moe(il, h) if c.arch == "qwen35moe" else blocks.gated_ffn(self, il, h))
 
     def linear_attention(self, il: int, h: np.ndarray, step) -> np.ndarray:
-        c, e, w, n = self.config, self.config.extra, self.w.get, h.shape[0]
-        p = f"blk.{il}."
+        c, e, n = self.config, self.config.extra, h.shape[0]
+
+        def w(name):
+            return self.w.get(T.blk(il, name))
+
         nk, nv, dk, dv = e["n_k_heads"], e["n_v_heads"], e["head_k_dim"], e["head_v_dim"]
         cache = step.cache
-        mixed, conv_state = delta_net.causal_conv1d(ops.linear(h, w(p + "attn_qkv.weight")), cache.conv[il],
-                                                    w(p + "ssm_conv1d.weight"))
-        mixed = ops.silu(mixed)
+        mixed, conv_state = delta_net.causal_conv1d(layers.linear(h, w(T.ATTN_QKV)), cache.conv[il], w(T.SSM_CONV1D))
+        mixed = layers.silu(mixed)
         q = mixed[:, :nk * dk].reshape(n, nk, dk)
         k = mixed[:, nk * dk:2 * nk * dk].reshape(n, nk, dk)
         v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
@@ -118,74 +121,64 @@ class Qwen35(ReferenceModel):
         if nv != nk:  # value head j reads key head j % nk (the converter's tiled order)
             q = np.tile(q, (1, nv // nk, 1))
             k = np.tile(k, (1, nv // nk, 1))
-        beta = sigmoid(ops.linear(h, w(p + "ssm_beta.weight")))
-        g = w(p + "ssm_a") * softplus(ops.linear(h, w(p + "ssm_alpha.weight")) + w(p + "ssm_dt.bias"))
+        beta = sigmoid(layers.linear(h, w(T.SSM_BETA)))
+        g = w(T.SSM_A) * softplus(layers.linear(h, w(T.SSM_ALPHA)) + w(T.SSM_DT_BIAS))
         if n == 1:
             o, state = delta_net.delta_rule_recurrent(q, k, v, g, beta, cache.ssm[il])
         else:
             o, state = delta_net.delta_rule_chunked(q, k, v, g, beta, cache.ssm[il], self.chunk)
         cache.pending[il] = (conv_state, state)
-        z = ops.linear(h, w(p + "attn_gate.weight")).reshape(n, nv, dv)
-        o = ops.rmsnorm(o, w(p + "ssm_norm.weight"), c.rms_eps) * ops.silu(z)
-        return ops.linear(o.reshape(n, nv * dv), w(p + "ssm_out.weight"))
+        z = layers.linear(h, w(T.ATTN_GATE)).reshape(n, nv, dv)
+        o = layers.rmsnorm(o, w(T.SSM_NORM), c.rms_eps) * layers.silu(z)
+        return layers.linear(o.reshape(n, nv * dv), w(T.SSM_OUT))
 
     def full_attention(self, il: int, h: np.ndarray, step) -> np.ndarray:
-        c, w, n = self.config, self.w.get, h.shape[0]
-        p = f"blk.{il}."
+        c, n = self.config, h.shape[0]
+
+        def w(name):
+            return self.w.get(T.blk(il, name))
+
         hd = c.head_dim
-        if p + "attn_q.weight" in self.w:
-            qg = ops.linear(h, w(p + "attn_q.weight"))
-            k = ops.linear(h, w(p + "attn_k.weight"))
-            v = ops.linear(h, w(p + "attn_v.weight"))
+        if T.blk(il, T.ATTN_Q) in self.w:
+            qg = layers.linear(h, w(T.ATTN_Q))
+            k = layers.linear(h, w(T.ATTN_K))
+            v = layers.linear(h, w(T.ATTN_V))
         else:  # converted with --fuse-qkv: rows [query+gate | k | v]
-            qkv = ops.linear(h, w(p + "attn_qkv.weight"))
+            qkv = layers.linear(h, w(T.ATTN_QKV))
             nq, nkv = 2 * c.n_head * hd, c.n_head_kv * hd
             qg, k, v = qkv[:, :nq], qkv[:, nq:nq + nkv], qkv[:, nq + nkv:]
         qg = qg.reshape(n, c.n_head, 2 * hd)  # per head: [query | gate]
         gate = qg[:, :, hd:].reshape(n, c.n_head * hd)
-        q = ops.rmsnorm(qg[:, :, :hd], w(p + "attn_q_norm.weight"), c.rms_eps)
-        k = ops.rmsnorm(k.reshape(n, c.n_head_kv, hd), w(p + "attn_k_norm.weight"), c.rms_eps)
+        q = layers.rmsnorm(qg[:, :, :hd], w(T.ATTN_Q_NORM), c.rms_eps)
+        k = layers.rmsnorm(k.reshape(n, c.n_head_kv, hd), w(T.ATTN_K_NORM), c.rms_eps)
         v = v.reshape(n, c.n_head_kv, c.head_dim_v)
         cos, sin = step.rope(c.rope_dim, c.rope_theta)
-        q = ops.rope_neox(q, cos, sin)
-        k = ops.rope_neox(k, cos, sin)
+        q = layers.rope_neox(q, cos, sin)
+        k = layers.rope_neox(k, cos, sin)
         a = self.attend(il, q, k, v, step, scale=1.0 / np.sqrt(hd)) * sigmoid(gate)
-        return ops.linear(a, w(p + "attn_output.weight"))
-
-    def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
-        w, p = self.w.get, f"blk.{il}."
-        f = ops.swiglu(ops.linear(h, w(p + "ffn_gate.weight")), ops.linear(h, w(p + "ffn_up.weight")))
-        return ops.linear(f, w(p + "ffn_down.weight"))
+        return layers.linear(a, w(T.ATTN_OUT))
 
     def moe(self, il: int, h: np.ndarray) -> np.ndarray:
         """Softmax over all experts, the top k (ties to the lower id), weights renormalized over
         those k; plus the shared expert times sigmoid(h . ffn_gate_inp_shexp)."""
-        e, w, p = self.config.extra, self.w.get, f"blk.{il}."
-        logits = ops.linear(h, w(p + "ffn_gate_inp.weight"))
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
-        top = np.argsort(-probs, axis=-1, kind="stable")[:, :e["n_expert_used"][il]]
-        weights = np.take_along_axis(probs, top, axis=-1)
-        weights /= weights.sum(axis=-1, keepdims=True)
-        if p + "ffn_gate_up_exps.weight" in self.w:  # converted with --fuse-gate-up-exps
-            gate_up = w(p + "ffn_gate_up_exps.weight")  # (E, 2F, D): [gate | up] rows
-            f = gate_up.shape[1] // 2
-            gate_w, up_w = gate_up[:, :f], gate_up[:, f:]
-        else:
-            gate_w, up_w = w(p + "ffn_gate_exps.weight"), w(p + "ffn_up_exps.weight")  # (E, F, D)
-        down_w = w(p + "ffn_down_exps.weight")  # (E, D, F)
-        out = np.zeros_like(h)
-        for x in np.unique(top):
-            rows, slot = np.nonzero(top == x)
-            hx = h[rows]
-            y = ops.linear(ops.swiglu(ops.linear(hx, gate_w[x]), ops.linear(hx, up_w[x])), down_w[x])
-            out[rows] += y * weights[rows, slot][:, None]
-        if p + "ffn_up_shexp.weight" in self.w:
-            s = ops.swiglu(ops.linear(h, w(p + "ffn_gate_shexp.weight")), ops.linear(h, w(p + "ffn_up_shexp.weight")))
-            s = ops.linear(s, w(p + "ffn_down_shexp.weight"))
-            out += s * sigmoid(ops.linear(h, w(p + "ffn_gate_inp_shexp.weight").reshape(1, -1)))
-        return out
+        e = self.config.extra
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        h = ops.rmsnorm(x, self.w.get("output_norm.weight"), self.config.rms_eps)
-        return self.lm_head(h)
+        def w(name):
+            return self.w.get(T.blk(il, name))
+
+        ids, weights = blocks.softmax_topk(layers.linear(h, w(T.FFN_ROUTER)), e["n_expert_used"][il])
+        if T.blk(il, T.FFN_GATE_UP_EXPS) in self.w:  # converted with --fuse-gate-up-exps: [gate | up] rows
+            gate_up = w(T.FFN_GATE_UP_EXPS)  # (E, 2F, D)
+            f = gate_up.shape[1] // 2
+            down = w(T.FFN_DOWN_EXPS)
+
+            def expert(xid: int, hx: np.ndarray) -> np.ndarray:
+                a = layers.swiglu(layers.linear(hx, gate_up[xid, :f]), layers.linear(hx, gate_up[xid, f:]))
+                return layers.linear(a, down[xid])
+        else:
+            expert = blocks.swiglu_expert(self, il)
+        out = blocks.routed_experts(h, ids, weights, expert)
+        if T.blk(il, T.FFN_UP_SHEXP) in self.w:
+            s = blocks.gated_ffn(self, il, h, gate=T.FFN_GATE_SHEXP, up=T.FFN_UP_SHEXP, down=T.FFN_DOWN_SHEXP)
+            out += s * sigmoid(layers.linear(h, w(T.FFN_ROUTER_SHEXP).reshape(1, -1)))
+        return out

@@ -59,8 +59,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ModelFileError, UnsupportedModelError
-from .config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
+from ...errors import ModelFileError, UnsupportedModelError
+from ..config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
 
 GATING = {1: "softmax", 2: "sigmoid"}  # gguf ExpertGatingFuncType (llama_expert_gating_func_type)
 

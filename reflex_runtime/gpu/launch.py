@@ -1,10 +1,13 @@
 """Typed launchers for the kernels in kernels/*.cu: one method per op, argument packs in the
-kernel's parameter order, and the choice between the matrix-vector and tensor-core paths.
-Every method only enqueues work on the ops' stream (so it can be captured into a graph).
+kernel's parameter order, and the one place that chooses between the matrix-vector and the
+tensor-core paths (`matvec_path`). Every method only enqueues work on the launcher's stream (so it
+can be captured into a graph). `record()` keeps each launch with the role the calling block gave
+it and the weight bytes it reads, which is how `reflex bench` times a decode step kind by kind.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from ctypes import Structure, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
@@ -19,6 +22,25 @@ MM_MIN_TOKENS = 64
 ATTN_SPLITS_DECODE = 16
 
 
+def matvec_path(n_tok: int) -> bool:
+    """True when a batch of n_tok tokens runs the matrix-vector kernels (which can fold an RMS
+    norm of their input in); False when it runs the tensor-core kernels. Blocks ask this; no
+    other code compares against MM_MIN_TOKENS."""
+    return n_tok < MM_MIN_TOKENS
+
+
+@dataclass
+class Launch:
+    """One recorded launch: enough to replay it (its argument pack is kept alive here)."""
+
+    kernel: object
+    grid: tuple
+    block: int
+    args: list
+    role: str
+    weight_bytes: int
+
+
 @dataclass(frozen=True)
 class Weight:
     ptr: int
@@ -30,6 +52,10 @@ class Weight:
     @property
     def suffix(self) -> str:
         return WEIGHT_TYPES[self.type_name]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
 
 
 class MvSegs(Structure):
@@ -51,7 +77,7 @@ def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
     return Weight(base + ti.offset - data_offset, t.name, rows, k, k // t.block_size * t.type_size)
 
 
-class Ops:
+class Launcher:
     def __init__(self, device, stream):
         self.dev = device
         self.stream = stream
@@ -59,7 +85,29 @@ class Ops:
         self.pdl = False  # programmatic dependent launches (set while capturing the decode graph)
         self._k = device.kernel
         # Warps the matrix-vector kernels aim to keep in flight: 32 per SM hides the load latency.
-        self._target_warps = 32 * getattr(device, "sm_count", 132)
+        self._target_warps = 32 * device.sm_count
+        self._recorded: list[Launch] | None = None
+        self._role = ""
+        self._bytes = 0
+
+    @contextmanager
+    def record(self):
+        """Keep every launch made inside the block (still enqueued as usual): yields the list."""
+        self._recorded = out = []
+        try:
+            yield out
+        finally:
+            self._recorded = None
+
+    @contextmanager
+    def role(self, name: str, weight_bytes: int = 0):
+        """Tag the launches made inside with what they do (and the weight bytes they read)."""
+        prev = self._role, self._bytes
+        self._role, self._bytes = name, weight_bytes
+        try:
+            yield
+        finally:
+            self._role, self._bytes = prev
 
     def _wpr(self, rows: int, k: int) -> int:
         """Warps per output row: split K across warps when there are too few rows to fill the GPU
@@ -82,8 +130,12 @@ class Ops:
         return 1
 
     def _go(self, name, grid, block, args) -> None:
-        self._k(name).launch(grid, block, args, self.stream, pdl=self.pdl)
+        kernel = self._k(name)
+        kernel.launch(grid, block, args, self.stream, pdl=self.pdl)
         self.launches += 1
+        if self._recorded is not None:
+            g = grid if isinstance(grid, tuple) else (grid, 1, 1)
+            self._recorded.append(Launch(kernel, g, block, args, self._role or name, self._bytes))
 
     # -- elementwise and norms -------------------------------------------------------------
 
@@ -114,7 +166,7 @@ class Ops:
         """y[t, :] (+)= W x'[t, :] for t < n_tok, with y rows of w.rows floats. x' = x, or x RMS-normalized
         with weights norm_w (the matrix-vector path fuses it; pass norm_w only for small batches)."""
         x_stride = x_stride or w.k
-        if n_tok >= MM_MIN_TOKENS and w.k % 64 == 0 and not norm_w:
+        if not matvec_path(n_tok) and w.k % 64 == 0 and not norm_w:
             self._go(f"reflex_mm_{w.suffix}", ((w.rows + 127) // 128, (n_tok + 63) // 64, 1), 256,
                      [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_int(x_stride), c_void_p(y), c_int(w.rows),
                       c_int(w.rows), c_int(w.k), c_int(n_tok), c_int(int(accumulate))])
@@ -141,7 +193,7 @@ class Ops:
                      norm_w: int = 0, eps: float = 0.0) -> None:
         """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and the batch is
         small (x' normalized on the fly when norm_w is given; large batches must pass a normalized x)."""
-        if wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and n_tok < MM_MIN_TOKENS:
+        if wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and matvec_path(n_tok):
             wpr = self._wpr(2 * wg.rows, wg.k)
             per_block = 8 // wpr
             self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + per_block - 1) // per_block, 256,

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import array
 
-from ..errors import ModelFileError
-from .config import MetadataReader, ModelConfig, check_tensor_types
-from .qwen3 import qwen3_config
+from ...errors import ModelFileError
+from ..config import MetadataReader, ModelConfig, check_tensor_types
+from ..qwen3.config import qwen3_config
 
 
 def _uniform_int(gguf, md: MetadataReader, key: str, default: int | None = None) -> int | None:

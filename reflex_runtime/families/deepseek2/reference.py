@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import ops
-from .base import ReferenceModel
+from ... import tensor_names as T
+from ...reference import blocks, layers
+from ...reference.base import ReferenceModel
 
 _F32 = np.float32
-# llama.cpp clamps the sum of the selected weights to the smallest normal f16 before dividing.
-_MIN_WEIGHT_SUM = _F32(6.103515625e-5)
 
 
 def rope_tables(positions: np.ndarray, e: dict, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +77,7 @@ def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndar
     ids = np.argsort(-choice, axis=-1, kind="stable")[:, :e["n_expert_used"]]
     w = np.take_along_axis(probs, ids, axis=-1)
     if e["weights_norm"]:
-        w = w / np.maximum(w.sum(axis=-1, keepdims=True), _MIN_WEIGHT_SUM)
+        w = blocks.normalize_weights(w)
     return ids, (w * _F32(e["weights_scale"])).astype(_F32, copy=False)
 
 
@@ -89,24 +88,27 @@ class DeepSeek2(ReferenceModel):
 
     def _kv_b(self, il: int) -> tuple[np.ndarray, np.ndarray]:
         """(k_b (H, kv_lora_rank, qk_nope), v_b (H, v_head, kv_lora_rank)) from either layout."""
-        e, p = self.config.extra, f"blk.{il}."
+        e = self.config.extra
         if e["kv_b_split"]:
-            return self.w.get(p + "attn_k_b.weight"), self.w.get(p + "attn_v_b.weight")
-        kv = self.w.get(p + "attn_kv_b.weight").reshape(self.config.n_head, e["qk_nope"] + e["v_head_dim"], -1)
+            return self.w.get(T.blk(il, T.ATTN_K_B)), self.w.get(T.blk(il, T.ATTN_V_B))
+        kv = self.w.get(T.blk(il, T.ATTN_KV_B)).reshape(self.config.n_head, e["qk_nope"] + e["v_head_dim"], -1)
         return kv[:, :e["qk_nope"]].transpose(0, 2, 1), kv[:, e["qk_nope"]:]
 
     def attention(self, il: int, h: np.ndarray, step) -> np.ndarray:
-        c, e, w, n = self.config, self.config.extra, self.w.get, h.shape[0]
-        p = f"blk.{il}."
+        c, e, n = self.config, self.config.extra, h.shape[0]
+
+        def w(name):
+            return self.w.get(T.blk(il, name))
+
         r, nope, rope = e["kv_lora_rank"], e["qk_nope"], e["qk_rope"]
         if e["q_lora_rank"]:
-            q = ops.rmsnorm(ops.linear(h, w(p + "attn_q_a.weight")), w(p + "attn_q_a_norm.weight"), c.rms_eps)
-            q = ops.linear(q, w(p + "attn_q_b.weight"))
+            q = layers.rmsnorm(layers.linear(h, w(T.ATTN_Q_A)), w(T.ATTN_Q_A_NORM), c.rms_eps)
+            q = layers.linear(q, w(T.ATTN_Q_B))
         else:
-            q = ops.linear(h, w(p + "attn_q.weight"))
+            q = layers.linear(h, w(T.ATTN_Q))
         q = q.reshape(n, c.n_head, nope + rope)
-        kv = ops.linear(h, w(p + "attn_kv_a_mqa.weight"))
-        latent = ops.rmsnorm(kv[:, :r], w(p + "attn_kv_a_norm.weight"), c.rms_eps)
+        kv = layers.linear(h, w(T.ATTN_KV_A_MQA))
+        latent = layers.rmsnorm(kv[:, :r], w(T.ATTN_KV_A_NORM), c.rms_eps)
         cos, sin = step.memo.get("deepseek2_rope") or step.memo.setdefault(
             "deepseek2_rope", rope_tables(step.positions, e, c.rope_theta))
         k_pe = rope_pairs(kv[:, None, r:], cos, sin)
@@ -118,35 +120,24 @@ class DeepSeek2(ReferenceModel):
         keys[s:s + n, 0, :r] = latent
         keys[s:s + n, 0, r:] = k_pe[:, 0]
         t = s + n
-        a = ops.attention(np.concatenate([q_abs, q_pe], axis=-1), keys[:t], keys[:t, :, :r], step.allowed, e["kq_scale"])
+        a = layers.attention(np.concatenate([q_abs, q_pe], axis=-1), keys[:t], keys[:t, :, :r], step.allowed,
+                             e["kq_scale"])
         o = np.einsum("nhr,hvr->nhv", a.reshape(n, c.n_head, r), v_b).reshape(n, -1)
-        return ops.linear(o, w(p + "attn_output.weight"))
+        return layers.linear(o, w(T.ATTN_OUT))
 
     def moe(self, il: int, h: np.ndarray) -> np.ndarray:
-        e, w, p = self.config.extra, self.w.get, f"blk.{il}."
-        bias = w(p + "exp_probs_b.bias") if p + "exp_probs_b.bias" in self.w else None
-        ids, weights = route(ops.linear(h, w(p + "ffn_gate_inp.weight")), e, bias)
-        gate, up, down = w(p + "ffn_gate_exps.weight"), w(p + "ffn_up_exps.weight"), w(p + "ffn_down_exps.weight")
-        out = np.zeros_like(h)
-        for x in np.unique(ids):
-            tok, slot = np.nonzero(ids == x)
-            hx = h[tok]
-            y = ops.linear(ops.swiglu(ops.linear(hx, gate[x]), ops.linear(hx, up[x])), down[x])
-            out[tok] += y * weights[tok, slot][:, None]
+        e, bias_name = self.config.extra, T.blk(il, T.FFN_EXP_PROBS_B)
+        bias = self.w.get(bias_name) if bias_name in self.w else None
+        ids, weights = route(layers.linear(h, self.w.get(T.blk(il, T.FFN_ROUTER))), e, bias)
+        out = blocks.routed_experts(h, ids, weights, blocks.swiglu_expert(self, il))
         if e["n_expert_shared"]:
-            f = ops.swiglu(ops.linear(h, w(p + "ffn_gate_shexp.weight")), ops.linear(h, w(p + "ffn_up_shexp.weight")))
-            out = out + ops.linear(f, w(p + "ffn_down_shexp.weight"))
+            out = out + blocks.gated_ffn(self, il, h, gate=T.FFN_GATE_SHEXP, up=T.FFN_UP_SHEXP, down=T.FFN_DOWN_SHEXP)
         return out
 
     def layer(self, il: int, x: np.ndarray, step) -> np.ndarray:
-        c, w, p = self.config, self.w.get, f"blk.{il}."
-        x = x + self.attention(il, ops.rmsnorm(x, w(p + "attn_norm.weight"), c.rms_eps), step)
-        h = ops.rmsnorm(x, w(p + "ffn_norm.weight"), c.rms_eps)
+        c, w = self.config, self.w.get
+        x = x + self.attention(il, layers.rmsnorm(x, w(T.blk(il, T.ATTN_NORM)), c.rms_eps), step)
+        h = layers.rmsnorm(x, w(T.blk(il, T.FFN_NORM)), c.rms_eps)
         if il < c.extra["n_dense_lead"]:
-            f = ops.swiglu(ops.linear(h, w(p + "ffn_gate.weight")), ops.linear(h, w(p + "ffn_up.weight")))
-            return x + ops.linear(f, w(p + "ffn_down.weight"))
+            return x + blocks.gated_ffn(self, il, h)
         return x + self.moe(il, h)
-
-    def head(self, x: np.ndarray) -> np.ndarray:
-        h = ops.rmsnorm(x, self.w.get("output_norm.weight"), self.config.rms_eps)
-        return self.lm_head(h)

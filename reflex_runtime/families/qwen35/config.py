@@ -33,9 +33,9 @@ _LinearAttentionVReorderBase; checked by tests/test_reference_qwen35.py on conve
 
 from __future__ import annotations
 
-from ..errors import ModelFileError, UnsupportedModelError
-from .config import MetadataReader, ModelConfig, check_tensor_types
-from .qwen3 import qwen3_config
+from ...errors import ModelFileError, UnsupportedModelError
+from ..config import MetadataReader, ModelConfig, check_tensor_types
+from ..qwen3.config import qwen3_config
 
 DEFAULT_FULL_ATTENTION_INTERVAL = 4
 

@@ -1,0 +1,253 @@
+"""The GPU blocks families build their forward from: the residual stream and its norms, attention
+over the KV cache, the gated FFN, the LM head. Each block holds its weights (as they sit in the
+arena), says which activation buffers it needs, and picks its kernels for the batch at hand,
+including whether an RMS norm folds into the matrix kernels: that choice is made here, from
+`launch.matvec_path`, and nowhere in a family's forward.
+
+Weights are read in place from the GGUF data region: `TensorReader.matrix(name)` is a `Weight`
+whose pointer is `arena weights + (tensor offset - data offset)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import UnsupportedModelError
+from .. import tensor_names as T
+from .launch import ATTN_SPLITS_DECODE, Launcher, Weight, matvec_path, weight_from_tensor
+
+
+class TensorReader:
+    """Device views of a GGUF's tensors once its data region sits at `weights_ptr`."""
+
+    def __init__(self, gguf, weights_ptr: int):
+        self.gguf, self.base = gguf, weights_ptr
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def matrix(self, name: str) -> Weight:
+        return weight_from_tensor(self.gguf.tensor(name), self.base, self.gguf.data_offset)
+
+    def vector(self, name: str, required: bool = True) -> int:
+        """An F32 vector (norm weights, biases): its device pointer, or 0 when optional and absent."""
+        ti = self.gguf.tensors.get(name)
+        if ti is None:
+            if required:
+                raise UnsupportedModelError(f"GGUF has no tensor '{name}'")
+            return 0
+        if ti.type_name != "F32":
+            raise UnsupportedModelError(f"tensor '{name}' is {ti.type_name}; the CUDA engine expects F32 vectors")
+        return self.base + ti.offset - self.gguf.data_offset
+
+
+@dataclass
+class Batch:
+    """One forward pass: n tokens whose ids, positions and cache slots sit in the device state
+    arrays from index `first`; `tree` passes system1's segment starts to attention."""
+
+    n: int
+    tokens: int
+    pos: int
+    slot: int
+    seg_lo: int  # 0: plain causal attention
+    prefix_len: int
+    n_kv: int  # device int: visible cache slots
+
+    @property
+    def matvec(self) -> bool:
+        return matvec_path(self.n)
+
+
+@dataclass(frozen=True)
+class Input:
+    """What a block's matrices read: `ptr`, RMS-normalized on the fly with `norm_w` when that is
+    non-zero (matrix-vector path only)."""
+
+    ptr: int
+    norm_w: int = 0
+
+
+class Residual:
+    """The residual stream x (n x n_embd floats) and h, where a normalized copy of x is kept when
+    the tensor-core path needs one. `normed(b, w)` is a block's pre-norm: folded into the matrix
+    kernels for small batches, else one norm kernel into h (skipped when h already holds it)."""
+
+    BUFFERS = ("x", "h", "o")
+
+    def __init__(self, launch: Launcher, x: int, h: int, o: int, n_embd: int, eps: float):
+        self.launch, self.x, self.h, self.o, self.n_embd, self.eps = launch, x, h, o, n_embd, eps
+        self.h_holds = 0  # the norm weight h was last normalized with (0: h is stale)
+
+    def normed(self, b: Batch, norm_w: int) -> Input:
+        if self.h_holds == norm_w:
+            return Input(self.h, 0)
+        if b.matvec:
+            return Input(self.x, norm_w)
+        self.launch.rmsnorm(self.x, norm_w, self.h, b.n, self.n_embd, self.eps)
+        self.h_holds = norm_w
+        return Input(self.h, 0)
+
+    def added(self) -> None:
+        """x changed (a block accumulated into it): h no longer holds its norm."""
+        self.h_holds = 0
+
+    def add_normed(self, b: Batch, src: int, post_w: int, next_w: int = 0) -> None:
+        """x += norm(src) * post_w (a post-norm, as Gemma's); with next_w, the same kernel also
+        leaves norm(x) * next_w in h for the next block (free here, unlike folding it later)."""
+        out = self.h if next_w else 0
+        self.launch.rmsnorm(src, next_w, out, b.n, self.n_embd, self.eps, resid=self.x, w_src=post_w)
+        self.h_holds = next_w
+
+
+@dataclass
+class AttnWeights:
+    q: Weight
+    k: Weight
+    v: Weight
+    o: Weight
+    q_norm: int  # per-head RMS norm weights (0: none)
+    k_norm: int
+
+    @classmethod
+    def read(cls, r: TensorReader, il: int) -> "AttnWeights":
+        return cls(r.matrix(T.blk(il, T.ATTN_Q)), r.matrix(T.blk(il, T.ATTN_K)), r.matrix(T.blk(il, T.ATTN_V)),
+                   r.matrix(T.blk(il, T.ATTN_OUT)), r.vector(T.blk(il, T.ATTN_Q_NORM), False),
+                   r.vector(T.blk(il, T.ATTN_K_NORM), False))
+
+
+class Attention:
+    """Multi-head attention of one layer: q/k/v projections, per-head q/k norms + NeoX RoPE +
+    the f16 cache store in one kernel, attention over the cache (split across blocks for a
+    single decode token), and the output projection. Its KV cache is a piece of the arena."""
+
+    def __init__(self, model, il: int, rope_base: float, window: int = 0, scale: float | None = None):
+        c = model.cfg
+        self.cfg, self.il, self.n_ctx = c, il, model.n_ctx
+        self.rope_base, self.window = rope_base, window
+        self.scale = 1.0 / math.sqrt(c.head_dim) if scale is None else scale
+        self.eps = c.rms_eps
+        k_bytes = c.n_head_kv * model.n_ctx * c.head_dim * 2
+        v_bytes = c.n_head_kv * model.n_ctx * c.head_dim_v * 2
+        model.arena.reserve(f"kv{il}", k_bytes + v_bytes)
+        self._k_bytes = k_bytes
+        self.w: AttnWeights | None = None
+
+    @staticmethod
+    def unsupported(c) -> str | None:
+        if c.head_dim > 256 or c.head_dim_v > 256 or c.head_dim_v % 32 or c.head_dim % 2:
+            return f"head sizes {c.head_dim}/{c.head_dim_v} are outside what the attention kernel handles"
+        if c.n_head % c.n_head_kv:
+            return f"{c.n_head} query heads do not divide into {c.n_head_kv} KV heads"
+        return None
+
+    @staticmethod
+    def buffers(c, t: int) -> list[tuple[str, int]]:
+        return [("q", t * c.n_head * c.head_dim), ("k", t * c.n_head_kv * c.head_dim),
+                ("v", t * c.n_head_kv * c.head_dim_v), ("att", t * c.n_head * c.head_dim_v),
+                ("part_o", c.n_head * ATTN_SPLITS_DECODE * c.head_dim_v), ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2),
+                ("attn_counters", c.n_head)]
+
+    def bind(self, model, weights: AttnWeights) -> None:
+        self.w, self.p, self.launch = weights, model.p, model.launch
+        self.k_cache = model.p(f"kv{self.il}")
+        self.v_cache = self.k_cache + self._k_bytes
+
+    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
+        """out (+)= Wo attention(q, k, v of the input)."""
+        c, L, p, w = self.cfg, self.launch, self.p, self.w
+        q, k, v, att = p("q"), p("k"), p("v"), p("att")
+        self._qkv(b, inp, q, k, v)
+        with L.role("qk-norm + rope + cache store"):
+            L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache, b.n,
+                            c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base, 1.0, self.eps,
+                            self.n_ctx)
+        n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
+        with L.role("attention"):
+            L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att,
+                        p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
+                        c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
+        with L.role("attn output", w.o.nbytes):
+            L.matmul(w.o, att, out, b.n, accumulate=accumulate)
+
+    def _qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
+        """q, k, v projections: one launch when the three share a type (most files), else three."""
+        ws = (self.w.q, self.w.k, self.w.v)
+        with self.launch.role("qkv", sum(w.nbytes for w in ws)):
+            if b.matvec and len({(w.type_name, w.k) for w in ws}) == 1:
+                self.launch.matmul_segments(list(ws), inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
+                return
+            for w, y in zip(ws, (q, k, v)):
+                self.launch.matmul(w, inp.ptr, y, b.n, norm_w=inp.norm_w, eps=self.eps)
+
+
+@dataclass
+class FfnWeights:
+    gate: Weight
+    up: Weight
+    down: Weight
+
+    @classmethod
+    def read(cls, r: TensorReader, il: int) -> "FfnWeights":
+        return cls(r.matrix(T.blk(il, T.FFN_GATE)), r.matrix(T.blk(il, T.FFN_UP)), r.matrix(T.blk(il, T.FFN_DOWN)))
+
+
+class GatedFFN:
+    """down(act(gate x) * up x), act SiLU (SwiGLU) or GELU-tanh (GeGLU): gate and up in one
+    launch where they share a type (the activation fused), then down."""
+
+    SILU, GELU = 0, 1
+
+    def __init__(self, model, n_ff: int, act: int):
+        self.n_ff, self.act, self.eps = n_ff, act, model.cfg.rms_eps
+        self.w: FfnWeights | None = None
+
+    @staticmethod
+    def unsupported(c) -> str | None:
+        if c.n_embd % 32 or c.n_ff % 32:
+            return "hidden sizes must be multiples of 32"
+        return None
+
+    @staticmethod
+    def buffers(t: int, n_ff: int) -> list[tuple[str, int]]:
+        return [("g", t * n_ff), ("u", t * n_ff), ("act", t * n_ff)]
+
+    def bind(self, model, weights: FfnWeights) -> None:
+        self.w, self.p, self.launch = weights, model.p, model.launch
+
+    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
+        L, p, w = self.launch, self.p, self.w
+        with L.role("ffn gate/up + act", w.gate.nbytes + w.up.nbytes):
+            L.gated_ffn_in(w.gate, w.up, inp.ptr, p("act"), b.n, self.act, p("g"), p("u"), norm_w=inp.norm_w,
+                           eps=self.eps)
+        with L.role("ffn down", w.down.nbytes):
+            L.matmul(w.down, p("act"), out, b.n, accumulate=accumulate)
+
+
+class LmHead:
+    """logits = W_out norm(x) for chosen rows, the norm folded into the matrix-vector kernel for
+    a few rows; optional soft-capping (Gemma)."""
+
+    def __init__(self, model, softcap: float = 0.0):
+        self.cfg, self.softcap = model.cfg, softcap
+
+    def bind(self, model, r: TensorReader, embedding: Weight) -> None:
+        c = self.cfg
+        self.launch, self.p = model.launch, model.p
+        self.norm_w = r.vector(T.OUTPUT_NORM)
+        self.w = r.matrix(T.OUTPUT) if r.has(T.OUTPUT) else embedding
+        if embedding.k != c.n_embd or self.w.rows != c.vocab_size:
+            raise UnsupportedModelError("token embedding / output shapes do not match the config")
+
+    def __call__(self, x_rows: int, n_rows: int, out: int) -> None:
+        """out[i] = logits of row i of x_rows (n_rows rows of n_embd floats)."""
+        c, L = self.cfg, self.launch
+        with L.role("lm head", self.w.nbytes):
+            if matvec_path(n_rows):
+                L.matmul(self.w, x_rows, out, n_rows, norm_w=self.norm_w, eps=c.rms_eps)
+            else:
+                L.rmsnorm(x_rows, self.norm_w, self.p("h"), n_rows, c.n_embd, c.rms_eps)
+                L.matmul(self.w, self.p("h"), out, n_rows)
+        if self.softcap > 0:
+            L.softcap(out, n_rows * c.vocab_size, self.softcap)

@@ -1,0 +1,115 @@
+"""What every family's GPU forward shares: the arena plan (weights, caches, activations, the
+device-side decode state), binding weights in place once they are uploaded, and the forward pass
+around the family's layers (embedding in, LM head out).
+
+A family subclasses GpuModel (families/<name>/gpu.py) and writes three things:
+  plan()          build its per-layer blocks (which reserve their caches), name the
+                  activation buffers they need (`self.need(...)`), set embed_scale / softcap
+  bind_weights()  read each layer's tensors through `self.tensors` into its blocks
+  layer(il, b)    one layer's forward, from the blocks, reading like the architecture diagram
+The runner (gpu/runner.py) sees only this base class.
+"""
+
+from __future__ import annotations
+
+from .. import tensor_names as T
+from .arena import Arena
+from .blocks import Batch, LmHead, Residual, TensorReader
+from .launch import Launcher
+
+ARGMAX_PARTS = 128
+
+
+class GpuModel:
+    """Sizes everything from the config, then runs forward passes for batches of tokens whose
+    ids, positions and cache slots are already in the device state arrays."""
+
+    embed_scale = 1.0
+    softcap = 0.0
+
+    def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int):
+        self.cfg, self.gguf = config, gguf
+        self.max_batch, self.n_ctx, self.max_new = max_batch, n_ctx, max_new
+        self.weights_bytes = gguf.size - gguf.data_offset
+        self.arena = Arena()
+        self.arena.reserve("weights", self.weights_bytes)
+        self._needs: dict[str, int] = {}
+        c, t = config, max_batch
+        self.need([(name, t * c.n_embd) for name in Residual.BUFFERS])
+        self.need([("logits", c.vocab_size), ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)])
+        self.plan()
+        self.head = LmHead(self, self.softcap)
+        self.arena.reserve_f32(self._needs.items())
+        nt = max(t, n_ctx)  # per-token inputs cover a whole prompt, prefilled in chunks
+        self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
+                                ("out_tokens", max_new + 1), ("kv_pos", n_ctx)])
+        self.arena.reserve("sampling", 64)
+
+    # -- for families ---------------------------------------------------------------------
+
+    def need(self, pieces) -> None:
+        """Activation buffers (name, 4-byte element count); blocks that share a name share it."""
+        for name, count in pieces:
+            self._needs[name] = max(self._needs.get(name, 0), count)
+
+    def plan(self) -> None:
+        raise NotImplementedError
+
+    def bind_weights(self) -> None:
+        raise NotImplementedError
+
+    def layer(self, il: int, b: Batch) -> None:
+        raise NotImplementedError
+
+    def unread_bytes_per_token(self) -> int:
+        """Weight bytes a decode step does not read beyond the embedding rows (routed experts
+        not chosen); for decode_bytes_per_token."""
+        return 0
+
+    # -- binding (after the arena exists and the weights are uploaded) ----------------------
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.arena.size
+
+    def p(self, name: str) -> int:
+        return self.arena.ptr(name)
+
+    def bind(self, base: int, launch: Launcher) -> None:
+        self.arena.base = base
+        self.launch = launch
+        if "attn_counters" in self.arena.offsets:  # the split-attention counters start (and stay) at zero
+            launch.dev.memset32(self.p("attn_counters"), 0, self.cfg.n_head, launch.stream)
+        self.tensors = TensorReader(self.gguf, self.p("weights"))
+        self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
+        self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)
+        self.bind_weights()
+        self.head.bind(self, self.tensors, self.embedding)
+
+    def decode_bytes_per_token(self) -> int:
+        """Weight bytes one decode step reads: the file's tensors less the embedding rows it
+        skips (untied LM head) and what the family says it does not read."""
+        unread = self.unread_bytes_per_token()
+        if self.head.w is not self.embedding:
+            unread += self.embedding.nbytes - self.embedding.row_bytes
+        return self.weights_bytes - unread
+
+    # -- the forward pass ---------------------------------------------------------------------
+
+    def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
+                logit_row: int = -1, logit_rows: int = 1, logits: int = 0) -> None:
+        """Run n tokens (state arrays from index `first`) through every layer, then the LM head
+        for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
+        one-row logits buffer). logit_rows = 0 skips the head."""
+        p, E = self.p, self.cfg.n_embd
+        b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
+                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"))
+        with self.launch.role("embedding", n * self.embedding.row_bytes):
+            self.launch.embed(self.embedding, b.tokens, self.res.x, n, self.embed_scale)
+        self.res.added()
+        for il in range(self.cfg.n_layers):
+            self.layer(il, b)
+        if logit_rows <= 0:
+            return
+        row = (n - 1) if logit_row < 0 else logit_row
+        self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"))
