@@ -4,8 +4,10 @@ A family package (`families/<name>/`) owns everything that is that family's:
   config.py     `config_from_gguf(gguf) -> ModelConfig`: metadata and tensor checks (no numpy)
   reference.py  the numpy float32 forward (a `reference.base.ReferenceModel`)
   gpu.py        the CUDA forward (a `gpu.model.GpuModel`), when the family runs on the GPU
-and its `__init__.py` exposes them lazily (`config_from_gguf`, `reference_model`, `gpu_model`,
-`gpu_unsupported`), so opening a file never imports numpy or the driver bindings.
+Its `__init__.py` names them without importing them, so opening a file never imports numpy or
+the driver bindings: `config_from_gguf`, `REFERENCE = "reference:Class"`, `GPU = "gpu:Class"`
+(or None), and optionally `gpu_unsupported(config, gguf) -> reason | None` (default: the dense
+attention + gated FFN limits).
 Adding a family: write its package, then add its architecture names to FAMILIES.
 """
 
@@ -44,6 +46,11 @@ def read_config(gguf) -> ModelConfig:
     return family(gguf.architecture, gguf.path).config_from_gguf(gguf)
 
 
+def _class(fam, spec: str):
+    module, cls = spec.split(":")
+    return getattr(importlib.import_module(f"{fam.__name__}.{module}"), cls)
+
+
 def load_reference(gguf, config: ModelConfig | None = None, keep_weights: bool = True):
     """The numpy reference model of an open GGUFFile (or a path). Weights are dequantized lazily,
     the first time a forward needs them, and kept unless keep_weights=False."""
@@ -52,22 +59,29 @@ def load_reference(gguf, config: ModelConfig | None = None, keep_weights: bool =
 
         gguf = GGUFFile(gguf)
     config = config or read_config(gguf)
-    return family(config.arch).reference_model(gguf, config, keep_weights=keep_weights)
+    fam = family(config.arch)
+    return _class(fam, fam.REFERENCE)(gguf, config, keep_weights=keep_weights)
 
 
 def gpu_unsupported(config: ModelConfig, gguf=None) -> str | None:
     """None if the CUDA engine runs this model, else the one-line reason it does not (with the
     file at hand, its tensor types are checked too). Imports no driver bindings."""
     fam = family(config.arch)
-    if getattr(fam, "gpu_model", None) is None:
-        gpu = sorted(a for a in FAMILIES if getattr(family(a), "gpu_model", None) is not None)
+    if fam.GPU is None:
+        gpu = sorted(a for a in FAMILIES if family(a).GPU is not None)
         return f"the CUDA engine does not run '{config.arch}' yet (it runs {', '.join(gpu)})"
-    return fam.gpu_unsupported(config, gguf)
+    check = getattr(fam, "gpu_unsupported", None)
+    if check is not None:
+        return check(config, gguf)
+    from ..gpu.blocks import Attention, GatedFFN
+
+    return Attention.unsupported(config) or GatedFFN.unsupported(config)
 
 
 def gpu_model_class(config: ModelConfig):
     """The family's GpuModel subclass (imports the GPU forward; call after gpu_unsupported)."""
-    return family(config.arch).gpu_model()
+    fam = family(config.arch)
+    return _class(fam, fam.GPU)
 
 
 __all__ = ["FAMILIES", "ModelConfig", "family", "gpu_model_class", "gpu_unsupported", "load_reference", "read_config",

@@ -3,23 +3,7 @@ gpu.py (CUDA)."""
 
 from .config import config_from_gguf
 
+REFERENCE = "reference:Gemma3"  # module:class of the numpy forward
+GPU = "gpu:Gemma3Gpu"  # module:class of the CUDA forward
 
-def reference_model(gguf, config, keep_weights: bool = True):
-    from .reference import Gemma3
-
-    return Gemma3(gguf, config, keep_weights=keep_weights)
-
-
-def gpu_unsupported(config, gguf=None) -> str | None:
-    from ...gpu.blocks import Attention, GatedFFN
-
-    return Attention.unsupported(config) or GatedFFN.unsupported(config)
-
-
-def gpu_model():
-    from .gpu import Gemma3Gpu
-
-    return Gemma3Gpu
-
-
-__all__ = ["config_from_gguf", "gpu_model", "gpu_unsupported", "reference_model"]
+__all__ = ["GPU", "REFERENCE", "config_from_gguf"]

@@ -2,23 +2,7 @@
 
 from .config import config_from_gguf
 
+REFERENCE = "reference:Qwen3"  # module:class of the numpy forward
+GPU = "gpu:Qwen3Gpu"  # module:class of the CUDA forward
 
-def reference_model(gguf, config, keep_weights: bool = True):
-    from .reference import Qwen3
-
-    return Qwen3(gguf, config, keep_weights=keep_weights)
-
-
-def gpu_unsupported(config, gguf=None) -> str | None:
-    from ...gpu.blocks import Attention, GatedFFN
-
-    return Attention.unsupported(config) or GatedFFN.unsupported(config)
-
-
-def gpu_model():
-    from .gpu import Qwen3Gpu
-
-    return Qwen3Gpu
-
-
-__all__ = ["config_from_gguf", "gpu_model", "gpu_unsupported", "reference_model"]
+__all__ = ["GPU", "REFERENCE", "config_from_gguf"]

@@ -1,16 +1,10 @@
 """Qwen3.5 hybrid (`qwen35`, `qwen35moe`): Gated DeltaNet and gated full-attention layers.
 config.py (metadata, the converter's conventions), reference.py + delta_net.py (numpy). No GPU
-forward yet: `gpu_model` is None, so `--backend auto` serves it from the reference."""
+forward yet (GPU is None), so `--backend auto` serves it from the reference."""
 
 from .config import config_from_gguf
 
-gpu_model = None
+REFERENCE = "reference:Qwen35"  # module:class of the numpy forward
+GPU = None  # module:class of the CUDA forward (None: the CUDA engine does not run it yet)
 
-
-def reference_model(gguf, config, keep_weights: bool = True):
-    from .reference import Qwen35
-
-    return Qwen35(gguf, config, keep_weights=keep_weights)
-
-
-__all__ = ["config_from_gguf", "gpu_model", "reference_model"]
+__all__ = ["GPU", "REFERENCE", "config_from_gguf"]

@@ -3,11 +3,8 @@ rule), reference.py (numpy), gpu.py (CUDA)."""
 
 from .config import config_from_gguf
 
-
-def reference_model(gguf, config, keep_weights: bool = True):
-    from .reference import Qwen3Moe
-
-    return Qwen3Moe(gguf, config, keep_weights=keep_weights)
+REFERENCE = "reference:Qwen3Moe"  # module:class of the numpy forward
+GPU = "gpu:Qwen3MoeGpu"  # module:class of the CUDA forward
 
 
 def gpu_unsupported(config, gguf=None) -> str | None:
@@ -19,10 +16,4 @@ def gpu_unsupported(config, gguf=None) -> str | None:
     return Attention.unsupported(config) or moe_unsupported(config, gguf)
 
 
-def gpu_model():
-    from .gpu import Qwen3MoeGpu
-
-    return Qwen3MoeGpu
-
-
-__all__ = ["config_from_gguf", "gpu_model", "gpu_unsupported", "reference_model"]
+__all__ = ["GPU", "REFERENCE", "config_from_gguf", "gpu_unsupported"]
