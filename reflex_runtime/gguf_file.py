@@ -1,9 +1,19 @@
 """Open a GGUF file: header, metadata, tensor directory, and zero-copy views of tensor data.
 
 Pure Python with no numpy, because this runs on the cold path while the CUDA context comes up
-in another thread. Every count and length is checked against the bytes that remain before it is
-used, so a truncated or hostile file raises ModelFileError (one line) instead of reading out of
-bounds, hanging, or allocating more than the file could hold.
+in another thread. Every count and length is checked before it is used: against the bytes that
+remain (a truncated file), and against what a real model needs (the bounds below), so a
+truncated or hostile file raises ModelFileError (one line) instead of reading out of bounds,
+hanging, or allocating more than the bounds allow. docs/INTERNALS.md states the bounds and the
+memory they allow.
+
+Memory: the metadata becomes Python objects whose size is charged, before they are made, against
+METADATA_BUDGET at a conservative per-object cost (a string of b UTF-8 bytes costs at most
+4 b + 80 bytes as a str, whatever its characters), so a file of millions of tiny keys or strings
+is refused instead of growing the process by gigabytes. Tensor data is never read through the
+mapping by the runtime: `read_tensor` copies it with pread (a file truncated under a running
+process then gives a ModelFileError, not a SIGBUS), and `release_mapping()` drops the map once
+the header is parsed and nothing else needs it.
 
 Layout (v2/v3, little-endian): magic "GGUF", u32 version, u64 n_tensors, u64 n_kv, then n_kv
 (key, type, value) entries, then n_tensors (name, n_dims, dims[n_dims], type, offset) entries,
@@ -25,6 +35,19 @@ from .ggml_types import GGML_TYPES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS
 
+# Bounds: what the largest real models need, with room (real figures in brackets).
+MAX_KV = 1 << 14  # metadata keys [< 100]
+MAX_KEY_BYTES = (1 << 16) - 1  # one key's name (the GGUF spec's limit) [< 64]
+MAX_STRING_BYTES = 1 << 24  # one string value, 16 MiB [chat templates: tens of KB]
+MAX_ARRAY = 1 << 21  # elements of one array [vocabularies <= 262,144 tokens, ~500k merges]
+MAX_TENSORS = 1 << 16  # tensor infos [DeepSeek-V3: ~1,100; unfused-expert MoE files: ~10^4]
+MAX_TENSOR_NAME_BYTES = 63  # llama.cpp refuses names of GGML_MAX_NAME (64) bytes or more
+METADATA_BUDGET = 256 << 20  # bytes the metadata may cost as Python objects [Qwen3: ~45 MiB]
+# Conservative per-object costs (CPython, 64-bit) charged against METADATA_BUDGET:
+_STR_COST = 104  # a str's header (<= 80) + allocator rounding + its list slot; plus 4 per byte
+_KEY_COST = 232  # the key's str + a dict entry with growth slack + a scalar value object
+_ARRAY_COST = 96  # an array.array's header and allocation; plus its items
+
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HEADER = struct.Struct("<IIQQ")
@@ -44,7 +67,24 @@ _SCALARS = {
 }
 _ARRAY_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
-_MAX_ARRAY_NESTING = 4
+
+
+def printable(text: Any, limit: int = 64) -> str:
+    """`text` cut to `limit` characters, safe in a one-line error message on any transport: stray
+    bytes (surrogate escapes), other lone surrogates and control characters as escapes."""
+    if not isinstance(text, str):
+        text = repr(text)
+    cut = text[:limit]
+    if cut.isascii() and cut.isprintable():
+        return cut + ("..." if len(text) > limit else "")
+    out = "".join(c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF else ascii(c)[1:-1] for c in cut)
+    return out + ("..." if len(text) > limit else "")
+
+
+def _short_repr(value: Any) -> str:
+    if isinstance(value, (list, array.array)):
+        return f"an array of {len(value)}"
+    return printable(repr(value), 40)
 
 
 class TensorInfo(NamedTuple):
@@ -67,13 +107,21 @@ class TensorInfo(NamedTuple):
 
 
 class _Cursor:
-    """Bounds-checked reader over the file buffer."""
+    """Bounds-checked reader over the file buffer, with the metadata's memory budget."""
 
-    __slots__ = ("buf", "pos", "end", "what")
+    __slots__ = ("buf", "view", "pos", "end", "what", "budget")
 
-    def __init__(self, buf, pos: int, end: int):
+    def __init__(self, buf, pos: int, end: int, view=None):
         self.buf, self.pos, self.end = buf, pos, end
+        self.view = view if view is not None else memoryview(buf)  # zero-copy slices for arrays
         self.what = "header"
+        self.budget = METADATA_BUDGET
+
+    def charge(self, cost: int) -> None:
+        if cost > self.budget:
+            raise ModelFileError(f"GGUF metadata would take more than {METADATA_BUDGET >> 20} MiB of memory "
+                                 f"({self.what}, at offset {self.pos}); no real model needs that much")
+        self.budget -= cost
 
     def need(self, n: int) -> None:
         if n < 0 or self.pos + n > self.end:
@@ -91,23 +139,36 @@ class _Cursor:
         self.pos += 8
         return v
 
-    def string(self) -> str:
+    def string(self, max_len: int = MAX_STRING_BYTES, cost: int = 0) -> str:
+        """A length-prefixed string; its memory (cost + 4 per byte) is charged before it is made."""
         n = self.u64()
+        if n > max_len:
+            raise ModelFileError(f"GGUF {self.what} is {n} bytes long (at most {max_len} allowed) at offset {self.pos}")
         self.need(n)
+        if cost:
+            self.charge(cost + 4 * n)
         s = self.buf[self.pos : self.pos + n]
         self.pos += n
         # GGUF strings are UTF-8; keep stray bytes (some vocabularies carry them) losslessly.
         return s.decode("utf-8", "surrogateescape")
 
-    def count(self, n: int, min_item: int, what: str) -> int:
-        # A count is believable only if that many items of at least min_item bytes fit in the file.
+    def count(self, n: int, min_item: int, what: str, most: int) -> int:
+        # A count is believable only if it is one a real model needs and that many items of at
+        # least min_item bytes fit in the file.
+        if n > most:
+            raise ModelFileError(f"GGUF {what} count {n} exceeds the limit of {most} at offset {self.pos}")
         if n * min_item > self.end - self.pos:
             raise ModelFileError(f"GGUF {what} count {n} cannot fit in the {self.end - self.pos} bytes left at offset {self.pos}")
         return n
 
 
 def _read_string_array(cur: _Cursor, n: int) -> list[str]:
+    # The strings' memory is charged before they are made: _STR_COST each now, and 4 per byte
+    # through `lim`, the end of the file region whose strings the remaining budget can hold.
+    cur.charge(n * _STR_COST)
     buf, pos, end = cur.buf, cur.pos, cur.end
+    start = pos
+    lim = min(end, pos + 8 * n + cur.budget // 4)
     unpack = _U64.unpack_from
     out = [""] * n
     for i in range(n):
@@ -116,16 +177,18 @@ def _read_string_array(cur: _Cursor, n: int) -> list[str]:
             cur.need(8)
         (length,) = unpack(buf, pos)
         pos += 8
-        if length > end - pos:
+        if length > lim - pos:
             cur.pos = pos
-            cur.need(length)
+            cur.need(length)  # truncated file, else over budget:
+            cur.charge(cur.budget + 1)
         out[i] = buf[pos : pos + length].decode("utf-8", "surrogateescape")
         pos += length
     cur.pos = pos
+    cur.budget -= 4 * (pos - start - 8 * n)
     return out
 
 
-def _read_value(cur: _Cursor, vtype: int, depth: int = 0) -> Any:
+def _read_value(cur: _Cursor, vtype: int) -> Any:
     scalar = _SCALARS.get(vtype)
     if scalar is not None:
         cur.need(scalar.size)
@@ -133,24 +196,22 @@ def _read_value(cur: _Cursor, vtype: int, depth: int = 0) -> Any:
         cur.pos += scalar.size
         return v
     if vtype == _STRING:
-        return cur.string()
+        return cur.string(MAX_STRING_BYTES, _STR_COST)
     if vtype == _ARRAY:
-        if depth >= _MAX_ARRAY_NESTING:
-            raise ModelFileError(f"GGUF array nested deeper than {_MAX_ARRAY_NESTING} at offset {cur.pos}")
         etype = cur.u32()
         n = cur.u64()
         if etype in _SCALARS:
             size = _SCALARS[etype].size
-            cur.count(n, size, "array")
+            cur.count(n, size, "array", MAX_ARRAY)
+            cur.charge(_ARRAY_COST + n * size)
             arr = array.array(_ARRAY_CODES[etype])
-            arr.frombytes(cur.buf[cur.pos : cur.pos + n * size])
+            arr.frombytes(cur.view[cur.pos : cur.pos + n * size])
             cur.pos += n * size
             return arr
         if etype == _STRING:
-            return _read_string_array(cur, cur.count(n, 8, "string array"))
-        if etype == _ARRAY:
-            cur.count(n, 12, "nested array")
-            return [_read_value(cur, _ARRAY, depth + 1) for _ in range(n)]
+            return _read_string_array(cur, cur.count(n, 8, "string array", MAX_ARRAY))
+        if etype == _ARRAY:  # llama.cpp's loader refuses them too, so no real file has them
+            raise ModelFileError(f"GGUF nested arrays are not supported (at offset {cur.pos})")
         raise ModelFileError(f"GGUF unknown array element type {etype} at offset {cur.pos}")
     raise ModelFileError(f"GGUF unknown metadata value type {vtype} at offset {cur.pos}")
 
@@ -161,39 +222,47 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike, index: dict | None = None):
         """index: a cached parse of this same file (modelcache.py), which skips the parsing."""
         self.path = os.fspath(path)
+        where = printable(self.path, 1024)
+        self._fd = -1
+        self._mmap = None
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            # O_NONBLOCK: opening a FIFO (or a tty) must not wait for a writer; it is refused below.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
-            raise ModelFileError(f"model file not found: {self.path}") from None
+            raise ModelFileError(f"model file not found: {where}") from None
         except IsADirectoryError:
-            raise ModelFileError(f"model path is a directory, not a GGUF file: {self.path}") from None
+            raise ModelFileError(f"model path is a directory, not a GGUF file: {where}") from None
         except OSError as e:
-            raise ModelFileError(f"cannot open model file {self.path}: {e.strerror}") from None
+            raise ModelFileError(f"cannot open model file {where}: {e.strerror}") from None
+        except ValueError:  # an embedded NUL
+            raise ModelFileError(f"model path is not a valid file name: {where}") from None
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
-                raise ModelFileError(f"model path is a directory, not a GGUF file: {self.path}")
+                raise ModelFileError(f"model path is a directory, not a GGUF file: {where}")
             if not stat.S_ISREG(st.st_mode):
-                raise ModelFileError(f"model path is not a regular file: {self.path}")
+                raise ModelFileError(f"model path is not a regular file: {where}")
             self.size = st.st_size
             if self.size < _HEADER.size:
-                raise ModelFileError(f"not a GGUF file (only {self.size} bytes): {self.path}")
+                raise ModelFileError(f"not a GGUF file (only {self.size} bytes): {where}")
             try:
                 self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError) as e:
-                raise ModelFileError(f"cannot map model file {self.path}: {e}") from None
-        finally:
+                raise ModelFileError(f"cannot map model file {where}: {e}") from None
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd  # kept for read_tensor (pread); closed by close()
         try:
             if index is not None and self._restore(index):
                 return
             self._parse()
         except ModelFileError as e:
             self.close()
-            raise ModelFileError(f"{e} ({self.path})") from None
+            raise ModelFileError(f"{e} ({where})") from None
         except (struct.error, MemoryError, OverflowError) as e:  # belt and braces: still one line
             self.close()
-            raise ModelFileError(f"malformed GGUF ({type(e).__name__}: {e}): {self.path}") from None
+            raise ModelFileError(f"malformed GGUF ({type(e).__name__}: {e}): {where}") from None
 
     # -- parsing -------------------------------------------------------------------------
 
@@ -207,40 +276,46 @@ class GGUFFile:
                 raise ModelFileError("big-endian GGUF files are not supported")
             raise ModelFileError(f"unsupported GGUF version {version} (supported: 2, 3)")
         self.version = version
-        cur = _Cursor(buf, _HEADER.size, self.size)
+        with memoryview(buf) as view:
+            cur = _Cursor(buf, _HEADER.size, self.size, view)
+            self._parse_sections(cur, n_tensors, n_kv)
+
+    def _parse_sections(self, cur: _Cursor, n_tensors: int, n_kv: int) -> None:
         # Each KV needs >= 8 (key len) + 4 (type) + 1 bytes; each tensor >= 8 + 4 + 8 + 4 + 8.
-        cur.count(n_kv, 13, "metadata")
-        cur.count(n_tensors, 32, "tensor")
+        cur.count(n_kv, 13, "metadata", MAX_KV)
+        cur.count(n_tensors, 32, "tensor", MAX_TENSORS)
 
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             cur.what = "metadata key"
-            key = cur.string()
-            cur.what = f"metadata '{key[:64]}'"
+            key = cur.string(MAX_KEY_BYTES, _KEY_COST)
+            cur.what = f"metadata '{printable(key)}'"
             vtype = cur.u32()
             if key in metadata:
-                raise ModelFileError(f"GGUF duplicate metadata key '{key[:64]}'")
+                raise ModelFileError(f"GGUF duplicate metadata key '{printable(key)}'")
             metadata[key] = _read_value(cur, vtype)
         self.metadata = metadata
+        self.metadata_cost = METADATA_BUDGET - cur.budget  # the bytes charged (an upper bound)
 
         alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise ModelFileError(f"GGUF general.alignment must be a power of two, got {alignment!r}")
+        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1) or alignment > 1 << 30:
+            raise ModelFileError(f"GGUF general.alignment must be a power of two up to 2^30, got {_short_repr(alignment)}")
         self.alignment = alignment
 
         raw = []
         for _ in range(n_tensors):
-            cur.what = "tensor info"
-            name = cur.string()
-            cur.what = f"tensor '{name[:64]}'"
+            cur.what = "tensor name"
+            name = cur.string(MAX_TENSOR_NAME_BYTES)
+            cur.what = f"tensor '{printable(name)}'"
             n_dims = cur.u32()
             if not 1 <= n_dims <= MAX_DIMS:
-                raise ModelFileError(f"tensor '{name[:64]}' has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+                raise ModelFileError(f"tensor '{printable(name)}' has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
             shape = tuple(cur.u64() for _ in range(n_dims))
             ggml_type = cur.u32()
             rel_offset = cur.u64()
             raw.append((name, shape, ggml_type, rel_offset))
 
+        buf = cur.buf
         data_start = -(-cur.pos // alignment) * alignment
         if data_start > self.size and n_tensors:
             raise ModelFileError(f"GGUF truncated: tensor data would start at {data_start}, file has {self.size} bytes")
@@ -251,31 +326,31 @@ class GGUFFile:
         for name, shape, ggml_type, rel_offset in raw:
             t = GGML_TYPES.get(ggml_type)
             if t is None:
-                raise ModelFileError(f"tensor '{name[:64]}' has unknown ggml type id {ggml_type}")
+                raise ModelFileError(f"tensor '{printable(name)}' has unknown ggml type id {ggml_type}")
             n_el = 1
             for d in shape:
                 if d <= 0 or d > data_len * t.block_size:
-                    raise ModelFileError(f"tensor '{name[:64]}' has impossible dimension {d}")
+                    raise ModelFileError(f"tensor '{printable(name)}' has impossible dimension {d}")
                 n_el *= d
             if shape[0] % t.block_size:
                 raise ModelFileError(
-                    f"tensor '{name[:64]}' row of {shape[0]} is not a multiple of the {t.name} block size {t.block_size}"
+                    f"tensor '{printable(name)}' row of {shape[0]} is not a multiple of the {t.name} block size {t.block_size}"
                 )
             nbytes = n_el // t.block_size * t.type_size
             if rel_offset % alignment:
-                raise ModelFileError(f"tensor '{name[:64]}' offset {rel_offset} is not aligned to {alignment}")
+                raise ModelFileError(f"tensor '{printable(name)}' offset {rel_offset} is not aligned to {alignment}")
             if rel_offset + nbytes > data_len:
                 raise ModelFileError(
-                    f"tensor '{name[:64]}' data ({nbytes} bytes at {rel_offset}) runs past the end of the file"
+                    f"tensor '{printable(name)}' data ({nbytes} bytes at {rel_offset}) runs past the end of the file"
                 )
             if name in tensors:
-                raise ModelFileError(f"GGUF duplicate tensor name '{name[:64]}'")
+                raise ModelFileError(f"GGUF duplicate tensor name '{printable(name)}'")
             tensors[name] = TensorInfo(name, shape, ggml_type, data_start + rel_offset, nbytes)
 
         ordered = sorted(tensors.values(), key=lambda ti: ti.offset)
         for a, b in zip(ordered, ordered[1:]):
             if b.offset < a.offset + a.nbytes:
-                raise ModelFileError(f"tensors '{a.name[:64]}' and '{b.name[:64]}' overlap in the file")
+                raise ModelFileError(f"tensors '{printable(a.name)}' and '{printable(b.name)}' overlap in the file")
         self.tensors = tensors
 
     def _restore(self, index: dict) -> bool:
@@ -301,7 +376,7 @@ class GGUFFile:
     def architecture(self) -> str:
         arch = self.metadata.get("general.architecture")
         if not isinstance(arch, str):
-            raise ModelFileError(f"GGUF has no general.architecture: {self.path}")
+            raise ModelFileError(f"GGUF has no general.architecture string: {printable(self.path, 1024)}")
         return arch
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -315,25 +390,64 @@ class GGUFFile:
         try:
             return self.tensors[name]
         except KeyError:
-            raise ModelFileError(f"GGUF has no tensor '{name}': {self.path}") from None
+            raise ModelFileError(f"GGUF has no tensor '{printable(name)}': {printable(self.path, 1024)}") from None
 
     def tensor_data(self, name: str) -> memoryview:
-        """Zero-copy view of one tensor's bytes in the mapped file."""
+        """Zero-copy view of one tensor's bytes in the mapped file (tools and tests; the runtime
+        reads with read_tensor, see the module docstring)."""
         ti = self.tensor(name)
+        if self._mmap is None:
+            raise ModelFileError(f"the mapping of {printable(self.path, 1024)} was released; read tensors with read_tensor")
         return memoryview(self._mmap)[ti.offset : ti.offset + ti.nbytes]
+
+    def read_tensor(self, name: str, start: int = 0, length: int | None = None, into=None):
+        """A private copy of a tensor's bytes [start, start + length) (default: all of them), read
+        with pread into `into` (a writable buffer of that length) or a new bytearray. A file
+        truncated since it was opened gives ModelFileError, never a SIGBUS."""
+        ti = self.tensor(name)
+        if length is None:
+            length = ti.nbytes - start
+        if start < 0 or length < 0 or start + length > ti.nbytes:
+            raise ValueError(f"bytes [{start}, {start + length}) are outside tensor '{printable(name)}' ({ti.nbytes} bytes)")
+        out = bytearray(length) if into is None else into
+        with memoryview(out) as raw, raw.cast("B") as view:
+            if len(view) != length:
+                raise ValueError(f"read_tensor: the buffer holds {len(view)} bytes, not {length}")
+            done = 0
+            while done < length:
+                try:
+                    got = os.preadv(self._fd, [view[done:]], ti.offset + start + done)
+                except OSError as e:
+                    raise ModelFileError(f"cannot read tensor '{printable(name)}' from {printable(self.path, 1024)}: "
+                                         f"{e.strerror or e}") from None
+                if got <= 0:
+                    raise ModelFileError(
+                        f"model file {printable(self.path, 1024)} is shorter than when it was opened (truncated while "
+                        f"in use?): tensor '{printable(name)}' cannot be read; restart with an intact file")
+                done += got
+        return out
 
     @property
     def buffer(self) -> mmap.mmap:
         return self._mmap
 
-    def close(self) -> None:
-        mm = getattr(self, "_mmap", None)
+    def release_mapping(self) -> None:
+        """Unmap the file (the parsed header stays; read_tensor keeps working). The loader calls
+        this once a model is loaded, so no later access can touch pages of a file that may have
+        been truncated since: that would be a SIGBUS, which no handler can turn into an error."""
+        mm, self._mmap = self._mmap, None
         if mm is not None:
             try:
                 mm.close()
             except BufferError:
-                pass  # views are still alive; the map goes when they do
-            self._mmap = None
+                self._mmap = mm  # views are still alive (tools): keep it
+
+    def close(self) -> None:
+        self.release_mapping()
+        self._mmap = None
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
 
     def __enter__(self) -> "GGUFFile":
         return self
