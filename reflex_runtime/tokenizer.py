@@ -23,8 +23,9 @@ import codecs
 from typing import Any, Iterable, Mapping
 
 from .errors import ModelFileError, RequestError, UnsupportedModelError
+from .gguf_file import printable
 from .merges import bpe_merge, spm_merge
-from .pretokenize import FROM_BYTE_CHARS, PATTERNS, TO_BYTE_CHARS, SpecialTokens, ids_of_types, splitter
+from .pretokenize import BYTE_CHARS, FROM_BYTE_CHARS, PATTERNS, TO_BYTE_CHARS, SpecialTokens, ids_of_types, splitter
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -75,28 +76,38 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, gguf) -> "Tokenizer":
-        return cls.from_metadata(gguf.metadata)
+        """The file's tokenizer; its vocabulary must match the token embedding's rows (as
+        llama.cpp requires), so no token id can fall outside the model."""
+        tokenizer = cls.from_metadata(gguf.metadata)
+        emb = gguf.tensors.get("token_embd.weight")
+        if emb is not None and len(emb.shape) == 2 and emb.shape[1] != tokenizer.vocab_size:
+            raise ModelFileError(f"GGUF vocabulary has {tokenizer.vocab_size} tokens but token_embd.weight has "
+                                 f"{emb.shape[1]} rows: {printable(gguf.path, 1024)}")
+        return tokenizer
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
+        """Validates what it reads: types, lengths, ids (see _number_array, _token_id)."""
         model = metadata.get("tokenizer.ggml.model")
         if not isinstance(model, str):
-            raise ModelFileError("GGUF has no tokenizer (tokenizer.ggml.model is missing)")
+            raise ModelFileError("GGUF has no tokenizer (tokenizer.ggml.model is missing or not a string)")
         if model not in SUPPORTED_MODELS:
             raise UnsupportedModelError(
-                f"unsupported tokenizer model '{model}' (supported: {', '.join(SUPPORTED_MODELS)})"
+                f"unsupported tokenizer model '{printable(model)}' (supported: {', '.join(SUPPORTED_MODELS)})"
             )
         pre = metadata.get("tokenizer.ggml.pre")
+        if pre is not None and not isinstance(pre, str):
+            raise ModelFileError("GGUF tokenizer.ggml.pre should be a string")
         if model == "gpt2" and pre not in PATTERNS:
             raise UnsupportedModelError(
-                f"unsupported BPE pre-tokenizer '{pre if isinstance(pre, str) else 'missing'}' "
+                f"unsupported BPE pre-tokenizer '{printable(pre) if pre is not None else 'missing'}' "
                 f"(supported: {', '.join(sorted(PATTERNS))})"
             )
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens or not isinstance(tokens[0], str):
             raise ModelFileError("GGUF tokenizer.ggml.tokens is missing or not a list of strings")
         n = len(tokens)
-        token_types = _number_array(metadata, "tokenizer.ggml.token_type", n)
+        token_types = _number_array(metadata, "tokenizer.ggml.token_type", n, integers=True)
         scores = _number_array(metadata, "tokenizer.ggml.scores", n)
         merges = metadata.get("tokenizer.ggml.merges")
         if model == "gpt2" and (not isinstance(merges, list) or (merges and not isinstance(merges[0], str))):
@@ -114,6 +125,8 @@ class Tokenizer:
         if add_eos and eos_id is None:
             raise ModelFileError("GGUF asks for an EOS token (add_eos_token) but names no valid eos_token_id")
         template = metadata.get("tokenizer.chat_template")
+        if template is not None and not isinstance(template, str):
+            raise ModelFileError("GGUF tokenizer.chat_template should be a string")
         return cls(
             model=model,
             pre=pre if isinstance(pre, str) else None,
@@ -147,8 +160,14 @@ class Tokenizer:
         return self
 
     def prepare(self) -> "Tokenizer":
-        """Build every lookup table now instead of on first encode. Safe to run in a thread."""
-        self._ids()
+        """Build every lookup table now instead of on first encode. Safe to run in a thread.
+        Byte-level BPE vocabularies must hold all 256 byte symbols (real ones do; llama.cpp fails
+        on the first text that needs a missing one): ModelFileError otherwise."""
+        ids = self._ids()
+        if not self._is_spm:
+            missing = sum(1 for c in BYTE_CHARS if c not in ids)
+            if missing:
+                raise ModelFileError(f"GGUF byte-level BPE vocabulary lacks {missing} of the 256 byte tokens")
         self._special_tokens(True)
         self._special_tokens(False)
         if not self._is_spm:
@@ -424,13 +443,15 @@ def _hex_byte(text: str) -> int | None:
     return None
 
 
-def _number_array(metadata: Mapping[str, Any], key: str, n: int):
+def _number_array(metadata: Mapping[str, Any], key: str, n: int, integers: bool = False):
+    """A numeric array with (at least) one entry per token, cut to n entries."""
     value = metadata.get(key)
     if value is None:
         return None
-    if not hasattr(value, "typecode") or len(value) < n:
-        raise ModelFileError(f"GGUF {key} must be a numeric array with one entry per token ({n})")
-    return value
+    if not hasattr(value, "typecode") or len(value) < n or (integers and value.typecode in "fd"):
+        kind = "an integer" if integers else "a numeric"
+        raise ModelFileError(f"GGUF {key} must be {kind} array with one entry per token ({n})")
+    return value if len(value) == n else value[:n]
 
 
 def _token_id(metadata: Mapping[str, Any], key: str, n: int, default: int | None) -> int | None:

@@ -247,7 +247,12 @@ def _write_moe_gguf(path, *, n_layers=1, n_embd=32, n_ff=16, n_expert=4, used=2,
         if k not in skip_keys:
             add()
     w.add_tensor("token_embd.weight", rng.normal(size=(8, n_embd)).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     for il in range(n_layers):
+        for kind, shape in (("attn_norm", (n_embd,)), ("ffn_norm", (n_embd,)), ("attn_q", (n_embd, n_embd)),
+                            ("attn_k", (n_embd, n_embd)), ("attn_v", (n_embd, n_embd)),
+                            ("attn_output", (n_embd, n_embd))):  # the attention trunk (2 heads of 16)
+            w.add_tensor(f"blk.{il}.{kind}.weight", rng.normal(size=shape).astype(np.float32))
         tensors = {
             "ffn_gate_inp": (n_expert, n_embd),
             "ffn_gate_exps": (n_expert, n_ff, n_embd),
@@ -270,7 +275,7 @@ def _write_moe_gguf(path, *, n_layers=1, n_embd=32, n_ff=16, n_expert=4, used=2,
     (dict(skip_keys=("expert_count",)), "missing required key 'qwen3moe.expert_count'"),
     (dict(skip_keys=("expert_used_count",)), "missing required key 'qwen3moe.expert_used_count'"),
     (dict(n_layers=2, used=[2, 1]), "one integer for every layer"),
-    (dict(used=2.0), "'expert_used_count' should be an integer"),
+    (dict(used=2.0), "'qwen3moe.expert_used_count' should be an integer"),
     (dict(drop=("ffn_gate_inp",)), "no tensor 'blk.0.ffn_gate_inp.weight'"),
     (dict(drop=("ffn_up_exps",)), "no tensor 'blk.0.ffn_up_exps.weight'"),
     (dict(down_transposed=True), "'blk.0.ffn_down_exps.weight' has shape (32, 16, 4), expected (16, 32, 4)"),

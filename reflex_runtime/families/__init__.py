@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib
 
 from ..errors import UnsupportedModelError
-from .config import ModelConfig
+from ..gguf_file import printable
+from .config import ModelConfig, validate
 
 # general.architecture -> family package
 FAMILIES = {
@@ -36,14 +37,16 @@ def family(arch: str, path: str = ""):
     """The family package of an architecture; UnsupportedModelError naming it and the supported ones."""
     name = FAMILIES.get(arch)
     if name is None:
-        where = f" in {path}" if path else ""
+        where = f" in {printable(path, 1024)}" if path else ""
         raise UnsupportedModelError(
-            f"unsupported architecture '{arch}'{where}; supported: {', '.join(supported_architectures())}")
+            f"unsupported architecture '{printable(arch)}'{where}; supported: {', '.join(supported_architectures())}")
     return importlib.import_module(f"{__name__}.{name}")
 
 
 def read_config(gguf) -> ModelConfig:
-    return family(gguf.architecture, gguf.path).config_from_gguf(gguf)
+    """The file's ModelConfig: read, bounded and shape-checked by its family, then checked against
+    the invariants every backend relies on (config.validate)."""
+    return validate(family(gguf.architecture, gguf.path).config_from_gguf(gguf), gguf)
 
 
 def _class(fam, spec: str):

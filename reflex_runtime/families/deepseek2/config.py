@@ -60,7 +60,9 @@ from __future__ import annotations
 import math
 
 from ...errors import ModelFileError, UnsupportedModelError
-from ..config import MetadataReader, ModelConfig, check_tensor_types, file_type_name
+from ...gguf_file import printable
+from ..config import (MAX_EXPERTS, MAX_HEADS, MAX_WIDTH, MetadataReader, ModelConfig, check_tensor_types,
+                      embedding_shape, file_type_name)
 
 GATING = {1: "softmax", 2: "sigmoid"}  # gguf ExpertGatingFuncType (llama_expert_gating_func_type)
 
@@ -71,7 +73,7 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 def _rope_settings(gguf, md: MetadataReader, k_mla: int) -> dict:
     kind = md.str("rope.scaling.type", "none") or "none"
-    factor = md.float("rope.scaling.factor", 0.0) or 0.0
+    factor = md.float("rope.scaling.factor", 0.0, lo=0.0) or 0.0
     out = {"rope_scaling": "none", "rope_attn_factor": 1.0, "kq_scale": 1.0 / math.sqrt(k_mla)}
     if kind == "none" or factor in (0.0, 1.0):
         return out
@@ -80,10 +82,11 @@ def _rope_settings(gguf, md: MetadataReader, k_mla: int) -> dict:
         return out
     if kind != "yarn":
         raise UnsupportedModelError(
-            f"unsupported rope scaling '{kind}' for deepseek2 in {gguf.path}; supported: none, linear, yarn")
-    log_mul = md.float("rope.scaling.yarn_log_multiplier", 0.0) or 0.0
+            f"unsupported rope scaling '{printable(kind)}' for deepseek2 in {printable(gguf.path, 1024)}; "
+            "supported: none, linear, yarn")
+    log_mul = md.float("rope.scaling.yarn_log_multiplier", 0.0, lo=0.0) or 0.0
     mscale_all_dim = log_mul / 0.1
-    attn = md.float("rope.scaling.yarn_attn_factor")
+    attn = md.float("rope.scaling.yarn_attn_factor", lo=0.0)
     if attn is None:
         attn = 1.0 if mscale_all_dim else yarn_mscale(factor)
     m = yarn_mscale(factor, mscale_all_dim) if mscale_all_dim else 1.0
@@ -91,27 +94,33 @@ def _rope_settings(gguf, md: MetadataReader, k_mla: int) -> dict:
         rope_scaling="yarn",
         rope_factor=factor,
         yarn_orig_ctx=md.int("rope.scaling.original_context_length", md.int("context_length", 0)),
-        yarn_beta_fast=md.float("rope.scaling.yarn_beta_fast", 32.0),
-        yarn_beta_slow=md.float("rope.scaling.yarn_beta_slow", 1.0),
+        yarn_beta_fast=md.float("rope.scaling.yarn_beta_fast", 32.0, lo=0.0, lo_open=True),
+        yarn_beta_slow=md.float("rope.scaling.yarn_beta_slow", 1.0, lo=0.0, lo_open=True),
         rope_attn_factor=attn,
         kq_scale=m * m / math.sqrt(k_mla),
     )
     if not out["yarn_orig_ctx"]:
-        raise ModelFileError(f"GGUF uses YaRN but has no rope.scaling.original_context_length: {gguf.path}")
+        raise ModelFileError(f"GGUF uses YaRN but has no rope.scaling.original_context_length: {printable(gguf.path, 1024)}")
     return out
 
 
 def _check_shape(gguf, name: str, shape: tuple[int, ...]) -> None:
     ti = gguf.tensor(name)  # ModelFileError naming it when absent
     if tuple(ti.shape) != shape:
-        raise ModelFileError(f"GGUF tensor '{name}' has shape {tuple(ti.shape)}, expected {shape}: {gguf.path}")
+        raise ModelFileError(f"GGUF tensor '{name}' has shape {tuple(ti.shape)}, expected {shape}: {printable(gguf.path, 1024)}")
 
 
 def _check_tensors(gguf, e: dict, n_layers: int, n_embd: int, n_head: int, n_ff: int) -> None:
     r, nope, rope, v = e["kv_lora_rank"], e["qk_nope"], e["qk_rope"], e["v_head_dim"]
     k_mla = nope + rope
+    _check_shape(gguf, "token_embd.weight", (n_embd, gguf.tensor("token_embd.weight").shape[-1]))
+    _check_shape(gguf, "output_norm.weight", (n_embd,))
+    if "output.weight" in gguf.tensors:
+        _check_shape(gguf, "output.weight", gguf.tensor("token_embd.weight").shape)
     for il in range(n_layers):
         p = f"blk.{il}."
+        _check_shape(gguf, p + "attn_norm.weight", (n_embd,))
+        _check_shape(gguf, p + "ffn_norm.weight", (n_embd,))
         if e["q_lora_rank"]:
             _check_shape(gguf, p + "attn_q_a.weight", (n_embd, e["q_lora_rank"]))
             _check_shape(gguf, p + "attn_q_a_norm.weight", (e["q_lora_rank"],))
@@ -146,53 +155,53 @@ def config_from_gguf(gguf) -> ModelConfig:
     check_tensor_types(gguf)
     md = MetadataReader(gguf)
     # trailing NextN/MTP blocks (GLM-4.7-Flash style files) are not part of the forward
-    n_layers = md.int("block_count", required=True) - (md.int("nextn_predict_layers", 0) or 0)
+    n_layers = md.layers() - (md.int("nextn_predict_layers", 0) or 0)
+    where = printable(gguf.path, 1024)
     if n_layers <= 0:
-        raise ModelFileError(f"GGUF has no trunk layers (block_count minus nextn_predict_layers): {gguf.path}")
+        raise ModelFileError(f"GGUF has no trunk layers (block_count minus nextn_predict_layers): {where}")
     if md.float("attention.temperature_scale", 0.0):
         raise UnsupportedModelError(
-            f"deepseek2 attention temperature scaling (attention.temperature_scale) is not supported: {gguf.path}")
-    n_embd = md.int("embedding_length", required=True)
-    n_head = md.int("attention.head_count", required=True)
-    emb = gguf.tensor("token_embd.weight")
-    vocab = emb.shape[1]
-    kv_lora = md.int("attention.kv_lora_rank", required=True)
-    rope = md.int("rope.dimension_count", required=True)
-    if md.int("attention.key_length_mla") is not None:  # split MLA layout (current converter)
-        k_mla = md.int("attention.key_length_mla", required=True)
-        v_mla = md.int("attention.value_length_mla", required=True)
+            f"deepseek2 attention temperature scaling (attention.temperature_scale) is not supported: {where}")
+    n_embd = md.int("embedding_length", required=True, lo=1, hi=MAX_WIDTH)
+    n_head = md.int("attention.head_count", required=True, lo=1, hi=MAX_HEADS)
+    _, vocab = embedding_shape(gguf)
+    kv_lora = md.int("attention.kv_lora_rank", required=True, lo=1, hi=MAX_WIDTH)
+    rope = md.int("rope.dimension_count", required=True, hi=MAX_WIDTH)
+    if md.int("attention.key_length_mla", hi=MAX_WIDTH) is not None:  # split MLA layout (current converter)
+        k_mla = md.int("attention.key_length_mla", required=True, lo=1, hi=MAX_WIDTH)
+        v_mla = md.int("attention.value_length_mla", required=True, lo=1, hi=MAX_WIDTH)
     else:  # legacy: key/value_length are the per-head sizes
-        k_mla = md.int("attention.key_length", required=True)
-        v_mla = md.int("attention.value_length", required=True)
+        k_mla = md.int("attention.key_length", required=True, lo=1, hi=MAX_WIDTH)
+        v_mla = md.int("attention.value_length", required=True, lo=1, hi=MAX_WIDTH)
     if k_mla <= rope or rope % 2:
         raise ModelFileError(
-            f"GGUF has key length {k_mla} and rope dimension {rope}; need an even rope < key length: {gguf.path}")
-    q_lora = md.int("attention.q_lora_rank", 0) or 0
+            f"GGUF has key length {k_mla} and rope dimension {rope}; need an even rope < key length: {where}")
+    q_lora = md.int("attention.q_lora_rank", 0, hi=MAX_WIDTH) or 0
     split = "blk.0.attn_k_b.weight" in gguf.tensors
     if not split and "blk.0.attn_kv_b.weight" not in gguf.tensors:
-        raise ModelFileError(f"GGUF has neither attn_k_b/attn_v_b nor attn_kv_b tensors: {gguf.path}")
+        raise ModelFileError(f"GGUF has neither attn_k_b/attn_v_b nor attn_kv_b tensors: {where}")
 
     n_dense = md.int("leading_dense_block_count", 0) or 0
-    n_expert = md.int("expert_count", 0) or 0
-    n_used = md.int("expert_used_count", 0) or 0
+    n_expert = md.int("expert_count", 0, hi=MAX_EXPERTS) or 0
+    n_used = md.int("expert_used_count", 0, hi=MAX_EXPERTS) or 0
     gating_id = md.int("expert_gating_func", 0) or 0
     if gating_id == 0:  # llama.cpp's default for files without the key
         gating_id = 2 if n_layers in (47, 48) and vocab == 154880 else 1
     if gating_id not in GATING:
         raise UnsupportedModelError(
-            f"unsupported expert_gating_func {gating_id} in {gguf.path}; supported: 1 (softmax), 2 (sigmoid)")
-    n_group = md.int("expert_group_count", 0) or 0
-    n_group_used = md.int("expert_group_used_count", 0) or 0
+            f"unsupported expert_gating_func {gating_id} in {where}; supported: 1 (softmax), 2 (sigmoid)")
+    n_group = md.int("expert_group_count", 0, hi=MAX_EXPERTS) or 0
+    n_group_used = md.int("expert_group_used_count", 0, hi=MAX_EXPERTS) or 0
     if n_dense < n_layers:
         if not 0 < n_used <= n_expert:
             raise ModelFileError(
-                f"GGUF has expert_count {n_expert} and expert_used_count {n_used}; need 0 < used <= count: {gguf.path}")
+                f"GGUF has expert_count {n_expert} and expert_used_count {n_used}; need 0 < used <= count: {where}")
         if n_group > 1 and (n_expert % n_group or not 0 < n_group_used <= n_group
                             or n_used > n_group_used * (n_expert // n_group)):
             raise ModelFileError(
                 f"GGUF has {n_expert} experts in {n_group} groups, {n_group_used} groups used and {n_used} experts used; "
-                f"need equal groups and used experts that fit the used groups: {gguf.path}")
-    n_ff = md.int("feed_forward_length", 0) or 0
+                f"need equal groups and used experts that fit the used groups: {where}")
+    n_ff = md.int("feed_forward_length", 0, hi=MAX_WIDTH) or 0
     extra = {
         "q_lora_rank": q_lora,
         "kv_lora_rank": kv_lora,
@@ -203,15 +212,15 @@ def config_from_gguf(gguf) -> ModelConfig:
         "n_dense_lead": n_dense,
         "n_expert": n_expert,
         "n_expert_used": n_used,
-        "n_expert_shared": md.int("expert_shared_count", 0) or 0,
-        "n_ff_exp": md.int("expert_feed_forward_length", 0) or 0,
+        "n_expert_shared": md.int("expert_shared_count", 0, hi=MAX_EXPERTS) or 0,
+        "n_ff_exp": md.int("expert_feed_forward_length", 0, hi=MAX_WIDTH) or 0,
         "n_group": n_group,
         "n_group_used": n_group_used,
         "gating": GATING[gating_id],
         # how a group is ranked: V2's max (softmax) or V3's sum of the two best (sigmoid); see above
         "group_score": "top2" if gating_id == 2 else "max",
-        "weights_norm": bool(gguf.arch_get("expert_weights_norm") or False),
-        "weights_scale": md.float("expert_weights_scale", 0.0) or 1.0,
+        "weights_norm": md.flag("expert_weights_norm", False),
+        "weights_scale": md.float("expert_weights_scale", 0.0, lo=0.0) or 1.0,
         **_rope_settings(gguf, md, k_mla),
     }
     _check_tensors(gguf, extra, n_layers, n_embd, n_head, n_ff)
@@ -225,9 +234,9 @@ def config_from_gguf(gguf) -> ModelConfig:
         head_dim=kv_lora + rope,
         head_dim_v=kv_lora,
         vocab_size=vocab,
-        context_length=md.int("context_length", 4096),
-        rms_eps=md.float("attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=md.float("rope.freq_base", 10_000.0),
+        context_length=md.int("context_length", 4096, lo=1),
+        rms_eps=md.float("attention.layer_norm_rms_epsilon", 1e-6, lo=0.0, hi=1.0, lo_open=True),
+        rope_theta=md.float("rope.freq_base", 10_000.0, lo=0.0, lo_open=True),
         rope_dim=rope,
         tied_embeddings="output.weight" not in gguf.tensors,
         extra=extra,

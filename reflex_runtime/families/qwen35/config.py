@@ -33,82 +33,90 @@ _LinearAttentionVReorderBase; checked by tests/test_reference_qwen35.py on conve
 
 from __future__ import annotations
 
+import array
+
 from ...errors import ModelFileError, UnsupportedModelError
-from ..config import MetadataReader, ModelConfig, check_tensor_types
+from ...gguf_file import printable
+from ..config import MAX_EXPERTS, MAX_HEADS, MAX_WIDTH, MetadataReader, ModelConfig, check_shapes, check_tensor_types
 from ..qwen3.config import qwen3_config
 
 DEFAULT_FULL_ATTENTION_INTERVAL = 4
 
 
-def _per_layer_key(gguf, key: str, n_layers: int) -> tuple[int, ...]:
+def _per_layer_key(md: MetadataReader, key: str, n_layers: int, hi: int) -> tuple[int, ...]:
     """An integer key that llama.cpp also accepts as a per-block array."""
-    value = gguf.arch_get(key)
-    if value is None:
-        raise ModelFileError(f"GGUF is missing required key '{gguf.architecture}.{key}': {gguf.path}")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * n_layers
-    if isinstance(value, (str, float, bool)) or len(value) < n_layers:
-        raise ModelFileError(f"GGUF key '{gguf.architecture}.{key}' should be an integer or one per block: {gguf.path}")
-    return tuple(int(v) for v in value)[:n_layers]
+    value = md.gguf.arch_get(key)
+    if isinstance(value, (list, array.array)):
+        return md.ints(key, n_layers, hi=hi)
+    return (md.int(key, required=True, hi=hi),) * n_layers
 
 
-def recurrent_layers(gguf, n_layers: int, n_blocks: int) -> tuple[bool, ...]:
-    flags = gguf.arch_get("attention.recurrent_layers")
+def recurrent_layers(md: MetadataReader, n_layers: int, n_blocks: int) -> tuple[bool, ...]:
+    key = "attention.recurrent_layers"
+    flags = md.gguf.arch_get(key)
     if flags is not None:
-        if isinstance(flags, (int, float, str)) or len(flags) != n_blocks:
-            raise ModelFileError(f"GGUF attention.recurrent_layers should have {n_blocks} entries: {gguf.path}")
-        return tuple(bool(x) for x in flags)[:n_layers]
-    period = gguf.arch_get("full_attention_interval")
-    period = DEFAULT_FULL_ATTENTION_INTERVAL if period is None else int(period)
-    if period <= 0:
-        raise ModelFileError(f"GGUF full_attention_interval must be positive, got {period}: {gguf.path}")
+        if not isinstance(flags, (list, array.array)) or len(flags) != n_blocks:
+            raise md.bad(key, f"one flag per block ({n_blocks})", flags)
+        return tuple(bool(x) for x in md.ints(key, n_blocks, hi=1))[:n_layers]
+    period = md.int("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL, lo=1, hi=MAX_WIDTH)
     return tuple((il + 1) % period != 0 for il in range(n_layers))
+
+
+def _int_array(md: MetadataReader, key: str) -> tuple[int, ...]:
+    value = md.gguf.arch_get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, array.array)):
+        raise md.bad(key, "an array of integers", value)
+    return md.ints(key, len(value))
 
 
 def config_from_gguf(gguf) -> ModelConfig:
     check_tensor_types(gguf)
     md = MetadataReader(gguf)
     moe = md.arch == "qwen35moe"
-    n_blocks = md.int("block_count", required=True)
+    n_blocks = md.layers()
     nextn = md.int("nextn_predict_layers", 0) or 0
     n_layers = n_blocks - nextn
-    if nextn < 0 or n_layers <= 0 or "blk.0.attn_norm.weight" not in gguf.tensors:
+    if n_layers <= 0 or "blk.0.attn_norm.weight" not in gguf.tensors:
         raise UnsupportedModelError(
-            f"{gguf.path} holds only a multi-token-prediction draft block (converted with --mtp), not a model to run")
-    n_k_heads = md.int("ssm.group_count", required=True)
-    n_v_heads = md.int("ssm.time_step_rank", required=True)
-    head_k_dim = md.int("ssm.state_size", required=True)
-    inner = md.int("ssm.inner_size", required=True)
-    if min(n_k_heads, n_v_heads, head_k_dim, inner) <= 0 or n_v_heads % n_k_heads or inner % n_v_heads:
+            f"{printable(gguf.path, 1024)} holds only a multi-token-prediction draft block (converted with --mtp), "
+            "not a model to run")
+    n_k_heads = md.int("ssm.group_count", required=True, lo=1, hi=MAX_HEADS)
+    n_v_heads = md.int("ssm.time_step_rank", required=True, lo=1, hi=MAX_HEADS)
+    head_k_dim = md.int("ssm.state_size", required=True, lo=1, hi=MAX_WIDTH)
+    inner = md.int("ssm.inner_size", required=True, lo=1, hi=MAX_WIDTH)
+    if n_v_heads % n_k_heads or inner % n_v_heads:
         raise ModelFileError(
-            f"GGUF ssm.* keys are inconsistent (group_count {n_k_heads}, time_step_rank {n_v_heads}, inner_size {inner}): {gguf.path}")
+            f"GGUF ssm.* keys are inconsistent (group_count {n_k_heads}, time_step_rank {n_v_heads}, inner_size {inner}): "
+            f"{printable(gguf.path, 1024)}")
     extra = {
         "n_blocks": n_blocks,
         "nextn_predict_layers": nextn,
-        "recurrent_layers": recurrent_layers(gguf, n_layers, n_blocks),
-        "conv_kernel": md.int("ssm.conv_kernel", required=True),
+        "recurrent_layers": recurrent_layers(md, n_layers, n_blocks),
+        "conv_kernel": md.int("ssm.conv_kernel", required=True, lo=1, hi=MAX_WIDTH),
         "n_k_heads": n_k_heads,
         "n_v_heads": n_v_heads,
         "head_k_dim": head_k_dim,
         "head_v_dim": inner // n_v_heads,
-        "rope_sections": tuple(gguf.arch_get("rope.dimension_sections") or ()),
+        "rope_sections": _int_array(md, "rope.dimension_sections"),
     }
     if moe:
-        n_expert = md.int("expert_count", required=True)
+        n_expert = md.int("expert_count", required=True, lo=1, hi=MAX_EXPERTS)
         extra.update({
             "n_expert": n_expert,
-            "n_expert_used": _per_layer_key(gguf, "expert_used_count", n_layers),
-            "n_ff_exp": _per_layer_key(gguf, "expert_feed_forward_length", n_layers),
-            "n_ff_shexp": md.int("expert_shared_feed_forward_length", 0) or 0,
+            "n_expert_used": _per_layer_key(md, "expert_used_count", n_layers, MAX_EXPERTS),
+            "n_ff_exp": _per_layer_key(md, "expert_feed_forward_length", n_layers, MAX_WIDTH),
+            "n_ff_shexp": md.int("expert_shared_feed_forward_length", 0, hi=MAX_WIDTH) or 0,
         })
         if not all(0 < k <= n_expert for k in extra["n_expert_used"]):
-            raise ModelFileError(f"GGUF expert_used_count must be in 1..{n_expert}: {gguf.path}")
-        n_ff = md.int("feed_forward_length", extra["n_ff_exp"][0])
+            raise ModelFileError(f"GGUF expert_used_count must be in 1..{n_expert}: {printable(gguf.path, 1024)}")
+        n_ff = md.int("feed_forward_length", extra["n_ff_exp"][0], hi=MAX_WIDTH)
     else:
-        n_ff = md.int("feed_forward_length", required=True)
+        n_ff = md.int("feed_forward_length", required=True, lo=1, hi=MAX_WIDTH)
     config = qwen3_config(gguf, md, n_ff, extra, n_layers=n_layers, context_default=262144,
                           rope_theta_default=10_000_000.0, rope_dim_divisor=4)
-    check_shapes(gguf, config)
+    check_shapes_qwen35(gguf, config)
     return config
 
 
@@ -147,7 +155,7 @@ def expected_shapes(config: ModelConfig, il: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_shapes(gguf, config: ModelConfig) -> None:
+def check_shapes_qwen35(gguf, config: ModelConfig) -> None:
     """Every tensor the forward reads exists with the shape the metadata implies (trailing 1s
     ignored: the converter writes ffn_gate_inp_shexp as (n_embd, 1))."""
     want = {"token_embd.weight": (config.n_embd, config.vocab_size), "output_norm.weight": (config.n_embd,)}
@@ -168,12 +176,4 @@ def check_shapes(gguf, config: ModelConfig) -> None:
                 shapes.pop(f"blk.{il}.{k}.weight")
             shapes[fused] = (config.n_embd, qkv)
         want.update(shapes)
-    for name, shape in want.items():
-        ti = gguf.tensors.get(name)
-        if ti is None:
-            raise ModelFileError(f"GGUF is missing tensor '{name}' ({config.arch}): {gguf.path}")
-        got = tuple(ti.shape)
-        while len(got) > len(shape) and got[-1] == 1:
-            got = got[:-1]
-        if got != shape:
-            raise ModelFileError(f"GGUF tensor '{name}' has shape {tuple(ti.shape)}, expected {shape}: {gguf.path}")
+    check_shapes(gguf, want, config.arch)

@@ -27,18 +27,20 @@ from __future__ import annotations
 import array
 
 from ...errors import ModelFileError
-from ..config import MetadataReader, ModelConfig, check_tensor_types
+from ...gguf_file import printable
+from ..config import (MAX_EXPERTS, MAX_WIDTH, MetadataReader, ModelConfig, attention_shapes, check_shapes,
+                      check_tensor_types, head_shapes)
 from ..qwen3.config import qwen3_config
 
 
-def _uniform_int(gguf, md: MetadataReader, key: str, default: int | None = None) -> int | None:
+def _uniform_int(md: MetadataReader, key: str, default: int | None = None, *, hi: int) -> int | None:
     """An integer key that llama.cpp also accepts as a per-layer array: one value for every layer."""
-    v = gguf.arch_get(key)
+    v = md.gguf.arch_get(key)
     if not isinstance(v, (list, array.array)):  # absent, or a scalar: MetadataReader checks it
-        return md.int(key, default, required=default is None)
-    values = set(v)
-    if len(values) != 1 or not all(isinstance(x, int) and not isinstance(x, bool) for x in values):
-        raise ModelFileError(f"GGUF key '{md.arch}.{key}' should be one integer for every layer, got {v!r}: {gguf.path}")
+        return md.int(key, default, required=default is None, hi=hi)
+    values = set(md.ints(key, len(v), hi=hi))
+    if len(values) != 1:
+        raise md.bad(key, "one integer for every layer", v)
     return values.pop()
 
 
@@ -55,27 +57,34 @@ def _check_expert_tensors(gguf, n_layers: int, n_embd: int, n_expert: int, n_ff_
             if tuple(ti.shape) != shape:
                 raise ModelFileError(
                     f"GGUF tensor '{ti.name}' has shape {tuple(ti.shape)}, expected {shape} "
-                    f"(n_embd {n_embd}, n_ff_exp {n_ff_exp}, n_expert {n_expert}): {gguf.path}")
+                    f"(n_embd {n_embd}, n_ff_exp {n_ff_exp}, n_expert {n_expert}): {printable(gguf.path, 1024)}")
 
 
 def config_from_gguf(gguf) -> ModelConfig:
     check_tensor_types(gguf)
     md = MetadataReader(gguf)
-    n_layers = md.int("block_count", required=True)
-    n_embd = md.int("embedding_length", required=True)
-    n_expert = md.int("expert_count", required=True)
-    n_used = _uniform_int(gguf, md, "expert_used_count")
-    if n_expert <= 0 or not 0 < n_used <= n_expert:
+    n_layers = md.layers()
+    n_embd = md.int("embedding_length", required=True, lo=1, hi=MAX_WIDTH)
+    n_expert = md.int("expert_count", required=True, lo=1, hi=MAX_EXPERTS)
+    n_used = _uniform_int(md, "expert_used_count", hi=MAX_EXPERTS)
+    if not 0 < n_used <= n_expert:
         raise ModelFileError(
-            f"GGUF has expert_count {n_expert} and expert_used_count {n_used}; need 0 < used <= count: {gguf.path}")
-    n_ff = md.int("feed_forward_length", 0) or 0
-    n_ff_exp = _uniform_int(gguf, md, "expert_feed_forward_length", 0) or n_ff // n_used
+            f"GGUF has expert_count {n_expert} and expert_used_count {n_used}; need 0 < used <= count: "
+            f"{printable(gguf.path, 1024)}")
+    n_ff = md.int("feed_forward_length", 0, hi=MAX_WIDTH) or 0
+    n_ff_exp = _uniform_int(md, "expert_feed_forward_length", 0, hi=MAX_WIDTH) or n_ff // n_used
     if n_ff_exp <= 0:
-        raise ModelFileError(f"GGUF has no expert_feed_forward_length (nor feed_forward_length): {gguf.path}")
+        raise ModelFileError(f"GGUF has no expert_feed_forward_length (nor feed_forward_length): {printable(gguf.path, 1024)}")
     _check_expert_tensors(gguf, n_layers, n_embd, n_expert, n_ff_exp)
-    return qwen3_config(gguf, md, n_ff=n_ff or n_ff_exp, extra={
+    config = qwen3_config(gguf, md, n_ff=n_ff or n_ff_exp, n_layers=n_layers, extra={
         "n_expert": n_expert,
         "n_expert_used": n_used,
         "n_ff_exp": n_ff_exp,
         "norm_topk_prob": True,  # llama.cpp hard-codes it for qwen3moe (see above)
     })
+    want = head_shapes(config)
+    for il in range(n_layers):
+        want.update(attention_shapes(config, il, gguf))
+        want[f"blk.{il}.ffn_norm.weight"] = (n_embd,)
+    check_shapes(gguf, want, config.arch)
+    return config
