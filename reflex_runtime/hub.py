@@ -6,12 +6,18 @@ tag, case-insensitive), or `org/repo` (the repo's only GGUF); `org/repo@REVISION
 branch, tag or commit. Cache: `$REFLEX_CACHE/hf` when REFLEX_CACHE is set, else
 huggingface_hub's own (HF_HUB_CACHE, else HF_HOME/hub). With HF_HUB_OFFLINE=1 only the cache
 is used. Every failure is one HubError line.
+
+Offline: huggingface_hub retries network errors with exponential backoff (~23 s before it gives
+up), so before any request the endpoint (or the proxy that reaches it) is probed once with a
+TCP connect of at most CONNECT_TIMEOUT seconds. Unreachable: the cache answers (as with
+HF_HUB_OFFLINE=1) or the reference fails at once, saying why.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +28,7 @@ _REF_RE = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[^:@\s]+
 _SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 _TAG_RE = re.compile(r"^[A-Za-z0-9][\w.+-]*$")
 _SHOW = 12  # candidates named in an error line
+CONNECT_TIMEOUT = 3.0  # seconds for the reachability probe (DNS + TCP connect)
 
 
 @dataclass
@@ -30,6 +37,11 @@ class ModelRef:
     revision: str | None
     filename: str | None  # an exact path in the repo
     quant: str | None  # a quant tag to look for
+
+
+def looks_like_ref(ref: str) -> bool:
+    """`org/repo`, `org/repo@rev`, optionally `:selector`: the shapes parse_ref accepts."""
+    return isinstance(ref, str) and _REF_RE.match(ref.strip()) is not None
 
 
 def parse_ref(ref: str) -> ModelRef:
@@ -66,6 +78,35 @@ def offline() -> bool:
 
 def _endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def unreachable(endpoint: str | None = None) -> str | None:
+    """Why the Hub endpoint cannot be reached (DNS or TCP connect to it, or to the proxy the
+    environment names for it, within CONNECT_TIMEOUT), or None when it can."""
+    import urllib.parse
+    import urllib.request
+
+    url = urllib.parse.urlsplit(endpoint or _endpoint())
+    host, scheme = url.hostname, url.scheme or "https"
+    try:
+        port = url.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        return f"invalid endpoint {endpoint or _endpoint()!r}"
+    if not host:
+        return f"invalid endpoint {endpoint or _endpoint()!r}"
+    proxy = urllib.request.getproxies().get(scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        try:
+            host, port = p.hostname or host, p.port or (443 if p.scheme == "https" else 80)
+        except ValueError:
+            return f"invalid proxy {proxy!r}"
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT):
+            return None
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or e}" if not isinstance(e, TimeoutError) else \
+            f"{host}:{port}: no answer within {CONNECT_TIMEOUT:g} s"
 
 
 def _short(names: list[str]) -> str:
@@ -114,14 +155,17 @@ def _cached_files(ref: ModelRef) -> list[str] | None:
     return [p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()]
 
 
-def _list_files(ref: ModelRef) -> list[str]:
+def _list_files(ref: ModelRef, down: str | None = None) -> list[str]:
+    """The repo's files; `down`: why the Hub cannot be reached (then only the cache answers)."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     where = f"{ref.repo_id}" + (f"@{ref.revision}" if ref.revision else "")
-    if offline():
+    if offline() or down:
         files = _cached_files(ref)
         if files is None:
+            if down:
+                raise HubError(f"cannot reach {_endpoint()} ({down}) and {where} is not in the cache ({cache_dir()})")
             raise HubError(f"{where} is not in the cache ({cache_dir()}) and HF_HUB_OFFLINE=1 forbids downloading it")
         return files
     try:
@@ -151,7 +195,7 @@ def _reason(e: BaseException) -> str:
     return text if len(text) < 200 else text[:200] + "..."
 
 
-def _download(ref: ModelRef, filename: str) -> str:
+def _download(ref: ModelRef, filename: str, down: str | None = None) -> str:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
@@ -163,8 +207,10 @@ def _download(ref: ModelRef, filename: str) -> str:
     name = f"{ref.repo_id}:{filename}"
     try:
         return hf_hub_download(ref.repo_id, filename, revision=ref.revision, cache_dir=cache_dir(),
-                               endpoint=_endpoint(), local_files_only=offline())
+                               endpoint=_endpoint(), local_files_only=offline() or bool(down))
     except LocalEntryNotFoundError as e:
+        if down:
+            raise HubError(f"cannot reach {_endpoint()} ({down}) and {name} is not in the cache ({cache_dir()})") from None
         if offline():
             raise HubError(f"{name} is not in the cache ({cache_dir()}) and HF_HUB_OFFLINE=1 forbids downloading it") from None
         cause = e.__cause__ or e
@@ -186,8 +232,9 @@ def _download(ref: ModelRef, filename: str) -> str:
 def resolve_model_ref(ref: str) -> str:
     """Local path of the GGUF a Hub ref names, downloading it into the cache if needed."""
     parsed = parse_ref(ref)
-    filename = parsed.filename or pick_file(_list_files(parsed), parsed.quant, parsed.repo_id)
-    return _download(parsed, filename)
+    down = None if offline() else unreachable()
+    filename = parsed.filename or pick_file(_list_files(parsed, down), parsed.quant, parsed.repo_id)
+    return _download(parsed, filename, down)
 
 
 def pull_main(args) -> int:

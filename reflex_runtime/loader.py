@@ -17,19 +17,32 @@ BACKENDS = ("auto", "cuda", "cpu")
 
 
 def resolve_model(ref: str | None) -> str:
-    """A path, `org/repo:file.gguf`, `org/repo:QUANT`, or None for the embedded model."""
+    """A path, `org/repo:file.gguf`, `org/repo:QUANT`, `org/repo`, or None for the embedded model
+    (see is_local_path for how a path is told from a Hub reference)."""
     ref = ref or os.environ.get("REFLEX_MODEL") or None
     if ref is None:
         from .embedded import embedded_model_path
 
         return embedded_model_path()
-    if os.path.exists(ref) or ref.endswith(".gguf") and "/" not in ref.split(":")[0]:
-        return ref
-    if ":" in ref or ref.count("/") == 1:
-        from .hub import resolve_model_ref
+    if is_local_path(ref):
+        return os.path.expanduser(ref)  # GGUFFile says "not found" or "not a regular file"
+    from .hub import resolve_model_ref
 
-        return resolve_model_ref(ref)
-    return ref  # let GGUFFile say it is missing
+    return resolve_model_ref(ref)
+
+
+def is_local_path(ref: str) -> bool:
+    """Whether a model reference names a local file rather than a Hub repo: anything that exists,
+    anything absolute or explicitly relative (`/`, `.`, `~`), a `.gguf` name without a Hub
+    selector (`models/x.gguf`, `x.gguf`: a Hub file is always `org/repo:file.gguf`), and
+    anything that is not a Hub reference at all."""
+    if os.path.lexists(ref) or ref.startswith(("/", ".", "~")):
+        return True
+    if ":" not in ref and ref.lower().endswith(".gguf"):
+        return True
+    from .hub import looks_like_ref
+
+    return not looks_like_ref(ref)
 
 
 def _prefetch(path: str, tl: Timeline) -> None:
@@ -140,6 +153,10 @@ def _load(model_ref, backend, timeline, max_context, log, device):
         if device is None or not getattr(device, "energy_started", False):
             if tl.meter is None:
                 tl.no_energy(fallback_reason or "no GPU in use")
+    # Nothing reads the file mapping from here on (weights went to the GPU through preadv, and the
+    # CPU reference reads with pread): unmap it, so a file truncated under a long-lived process
+    # can only give a ModelFileError on a later read, never a SIGBUS (docs/INTERNALS.md).
+    gguf.release_mapping()
     engine = Engine(gguf, config, tokenizer, runner, timeline=tl, model_ref=model_ref or path)
     engine.fallback_reason = fallback_reason
     engine.index_cached = index is not None

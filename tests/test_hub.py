@@ -246,3 +246,42 @@ def test_pull_command_prints_the_path(env, capsys):
     assert path.endswith("tiny-Q4_K_M.gguf") and open(path, "rb").read(4) == b"GGUF"
     assert main(["pull", "acme/missing:Q8_0"]) == HubError.exit_code
     assert "reflex: error: repository acme/missing not found" in capsys.readouterr().err
+
+
+# -- unreachable Hub: immediate failure, or the cache --------------------------------------------
+
+
+def _dead_endpoint() -> str:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: connect is refused at once
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("ref", ["acme/tiny-GGUF:Q8_0", "acme/tiny-GGUF:tiny-Q8_0.gguf", "acme/tiny-GGUF"])
+def test_unreachable_hub_fails_at_once(env, monkeypatch, ref):
+    """huggingface_hub alone retries a refused connection with backoff for ~23 s."""
+    import time
+
+    monkeypatch.setenv("HF_ENDPOINT", _dead_endpoint())
+    t0 = time.monotonic()
+    with pytest.raises(HubError, match="cannot reach .* and acme/tiny-GGUF.* is not in the cache") as e:
+        hub.resolve_model_ref(ref)
+    assert time.monotonic() - t0 < 2.0 and "\n" not in str(e.value)
+
+
+def test_unreachable_hub_answers_from_the_cache(env, monkeypatch):
+    path = hub.resolve_model_ref("acme/tiny-GGUF:Q4_K_M")
+    monkeypatch.setenv("HF_ENDPOINT", _dead_endpoint())
+    assert hub.resolve_model_ref("acme/tiny-GGUF:Q4_K_M") == path
+    assert hub.resolve_model_ref("acme/tiny-GGUF:tiny-Q4_K_M.gguf") == path
+
+
+def test_unresolvable_host_and_proxy_are_probed(monkeypatch):
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    assert "hub.invalid" in hub.unreachable("https://hub.invalid")  # RFC 2606: never resolves
+    dead = _dead_endpoint()
+    monkeypatch.setenv("https_proxy", dead)  # the probe goes to the proxy, as the client would
+    assert dead.rsplit(":", 1)[1] in hub.unreachable("https://huggingface.co")
