@@ -16,7 +16,8 @@ _F32 = np.float32
 class Weights:
     """Tensors of a GGUF file as float32 numpy arrays in numpy order (ggml shape reversed, so a
     matrix is (out, in)), dequantized with gguf-py's `gguf.quants.dequantize` on first use and
-    kept (set keep=False to dequantize on every use and hold nothing)."""
+    kept (set keep=False to dequantize on every use and hold nothing). Bytes come from
+    GGUFFile.read_tensor (pread copies), never from the file mapping."""
 
     def __init__(self, gguf, keep: bool = True):
         import gguf as gguf_py  # ~0.35 s of imports: only the reference pays it
@@ -29,13 +30,22 @@ class Weights:
     def __contains__(self, name: str) -> bool:
         return name in self.file.tensors
 
-    def _raw(self, name: str) -> tuple[np.ndarray, object, tuple[int, ...]]:
+    def _layout(self, name: str) -> tuple[object, int, tuple[int, ...]]:
         ti = self.file.tensor(name)
         qtype = self._gguf_py.GGMLQuantizationType(ti.ggml_type)
         block, type_size = self._gguf_py.GGML_QUANT_SIZES[qtype]
-        raw = np.frombuffer(self.file.tensor_data(name), dtype=np.uint8)
-        row_bytes = ti.shape[0] // block * type_size
-        return raw.reshape(-1, row_bytes), qtype, tuple(reversed(ti.shape))
+        return qtype, ti.shape[0] // block * type_size, tuple(reversed(ti.shape))
+
+    def _raw(self, name: str, rows: slice | None = None) -> tuple[np.ndarray, object, tuple[int, ...]]:
+        """The tensor's bytes as (rows, row_bytes) uint8, a private copy read with pread (never a
+        view of the file mapping: a file truncated while the process runs must give an error,
+        not a SIGBUS). `rows`: only that contiguous range of rows."""
+        qtype, row_bytes, shape = self._layout(name)
+        start, stop = (0, None) if rows is None else (rows.start, rows.stop)
+        n_rows = self.file.tensor(name).nbytes // row_bytes if stop is None else stop - start
+        raw = np.empty((n_rows, row_bytes), dtype=np.uint8)
+        self.file.read_tensor(name, start * row_bytes, n_rows * row_bytes, into=raw)
+        return raw, qtype, shape
 
     def dequantize(self, name: str) -> np.ndarray:
         raw, qtype, shape = self._raw(name)
@@ -55,8 +65,12 @@ class Weights:
         arr = self._cache.get(name)
         if arr is not None:
             return arr[ids]
-        raw, qtype, shape = self._raw(name)
-        out = self._gguf_py.quants.dequantize(np.ascontiguousarray(raw[ids]), qtype)
+        qtype, row_bytes, shape = self._layout(name)
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        raw = np.empty((len(ids), row_bytes), dtype=np.uint8)
+        for i, row in enumerate(ids.tolist()):
+            self.file.read_tensor(name, row * row_bytes, row_bytes, into=raw[i])
+        out = self._gguf_py.quants.dequantize(raw, qtype)
         return np.asarray(out, dtype=_F32).reshape(len(ids), shape[-1])
 
     def expert(self, name: str, xid: int) -> np.ndarray:
@@ -65,14 +79,13 @@ class Weights:
         forward uses)."""
         if self.keep:
             return self.get(name)[xid]
-        raw, qtype, shape = self._raw(name)  # raw: (n_expert * out, row_bytes)
-        n_out = shape[1]
-        block = raw[xid * n_out:(xid + 1) * n_out]
-        arr = self._gguf_py.quants.dequantize(np.ascontiguousarray(block), qtype)
+        n_out = self._layout(name)[2][1]  # rows: (n_expert * out, row_bytes)
+        block, qtype, shape = self._raw(name, slice(xid * n_out, (xid + 1) * n_out))
+        arr = self._gguf_py.quants.dequantize(block, qtype)
         return np.asarray(arr, dtype=_F32).reshape(shape[1:])
 
     def nbytes_held(self) -> int:
-        """Bytes of the arrays kept (f32 tensors may be views of the file mapping)."""
+        """Bytes of the arrays kept."""
         return sum(a.nbytes for a in self._cache.values())
 
 
