@@ -16,10 +16,22 @@ BOS text here and encode with add_special=False, or pass bos_token="" and let en
 
 jinja2 takes tens of milliseconds to import (26 ms on the dev VM), so it is imported on the first
 templated render, and compiled templates are kept for the life of the process.
+
+Budget: a template comes from the model file, so a hostile one must not hang or balloon a render.
+Every loop iteration and every call a template makes is a step; a render gets MAX_STEPS steps
+and MAX_SECONDS of wall time, else it fails with one line (RequestError). Operators that could
+build a huge value in one step are checked first: `*` and `+` on strings and lists, `~`
+concatenation, `**` on integers, `%` formatting and string methods with a width (ljust, center,
+zfill...) may not make more than MAX_TEXT characters (digits). Templates over MAX_TEMPLATE
+characters are refused. Real templates (Qwen3, Gemma 3, Llama 3, ChatML) use a few hundred steps
+per message and render exactly as before.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+import time
 from typing import Any, Sequence
 
 from .errors import RequestError
@@ -27,8 +39,14 @@ from .errors import RequestError
 GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
+MAX_STEPS = 1_000_000  # loop iterations + calls per render
+MAX_SECONDS = 2.0  # wall time per render
+MAX_TEXT = 1 << 24  # characters (or digits) one operator or method may produce
+MAX_TEMPLATE = 1 << 20  # characters of template source [real templates: < 100 KB]
+
 _environment = None
 _compiled: dict[str, Any] = {}
+_budget = threading.local()  # .steps (left), .deadline: set per render by render_chat
 
 
 def render_chat(template: str | None, messages: Sequence[dict], add_generation_prompt: bool = True,
@@ -57,10 +75,15 @@ def render_chat(template: str | None, messages: Sequence[dict], add_generation_p
     }
     if enable_thinking is not None:
         variables["enable_thinking"] = enable_thinking
+    _budget.steps, _budget.deadline = MAX_STEPS, time.monotonic() + MAX_SECONDS
     try:
         return compiled.render(**variables)
-    except Exception as e:  # the template's own raise_exception, undefined fields, bad types, ...
+    except RecursionError:
+        raise RequestError("chat template failed: it recursed too deeply", field="messages") from None
+    except Exception as e:  # the template's own raise_exception, undefined fields, bad types, budget...
         raise RequestError(f"chat template failed: {_describe(e)}", field="messages") from None
+    finally:
+        _budget.steps = None
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -135,12 +158,16 @@ def _gemma_prompt(messages: list[dict], add_generation_prompt: bool, bos_token: 
 
 
 def _compile(template: str):
+    if not isinstance(template, str):
+        raise RequestError("chat template must be a string")
     compiled = _compiled.get(template)
     if compiled is None:
-        if not isinstance(template, str):
-            raise RequestError("chat template must be a string")
+        if len(template) > MAX_TEMPLATE:
+            raise RequestError(f"chat template is {len(template)} characters long (at most {MAX_TEMPLATE})")
         try:
             compiled = _jinja_environment().from_string(template)
+        except RecursionError:
+            raise RequestError("chat template does not compile: it nests too deeply") from None
         except Exception as e:
             raise RequestError(f"chat template does not compile: {_describe(e)}") from None
         _compiled[template] = compiled
@@ -154,7 +181,9 @@ def _jinja_environment():
     return _environment
 
 
-def _build_environment():
+def _build_environment(budgeted: bool = True):
+    """The rendering environment; budgeted=False gives the same one without the render budget
+    (tests compare the two on real templates)."""
     import json
     from datetime import datetime
 
@@ -215,12 +244,130 @@ def _build_environment():
         def fromkeys(self, *args, **kwargs):
             return dict.fromkeys(*args, **kwargs)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    env_class = _budgeted_environment_class(jinja2, ImmutableSandboxedEnvironment) if budgeted else \
+        ImmutableSandboxedEnvironment
+    env = env_class(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now, namespace=Namespace,
                        dict=DictMaker())
     return env
+
+
+# -- the render budget --------------------------------------------------------------------------
+
+_WIDTH_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
+_PRINTF_WIDTH = re.compile(r"%[-#0 +]*(\d*)(?:\.(\d*))?")
+_FORMAT_WIDTH = re.compile(r"\{[^{}]*?:[^{}]*?(\d+)")
+
+
+def _step(n: int = 1) -> None:
+    """Spend n steps of this render's budget (and check its deadline every 256 steps)."""
+    left = _budget.steps
+    if left is None:  # compile-time constant folding, or a render outside render_chat
+        return
+    left -= n
+    _budget.steps = left
+    if left < 0:
+        raise _BudgetError(f"chat template exceeded its budget of {MAX_STEPS} steps (loop iterations and calls)")
+    if left & 255 == 0 and time.monotonic() > _budget.deadline:
+        raise _BudgetError(f"chat template exceeded its budget of {MAX_SECONDS:g} s")
+
+
+class _BudgetError(Exception):
+    pass
+
+
+def _counted(iterable):
+    """`iterable`, spending one step per item; keeps len() for jinja2's loop.length."""
+    class Counted:
+        __slots__ = ()
+
+        def __iter__(self):
+            for item in iterable:
+                _step()
+                yield item
+
+        def __len__(self):
+            return len(iterable)
+
+    return Counted() if hasattr(iterable, "__len__") else (_step() or item for item in iterable)
+
+
+def _too_big(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > MAX_TEXT
+
+
+def _check_binop(op: str, left, right) -> None:
+    sized = (str, list, tuple)
+    if op == "*":
+        if isinstance(left, sized) and isinstance(right, int) and len(left) * max(right, 0) > MAX_TEXT or \
+                isinstance(right, sized) and isinstance(left, int) and len(right) * max(left, 0) > MAX_TEXT:
+            raise _BudgetError(f"chat template builds a sequence over {MAX_TEXT} items with *")
+    elif op == "+":
+        if isinstance(left, sized) and isinstance(right, sized) and len(left) + len(right) > MAX_TEXT:
+            raise _BudgetError(f"chat template builds a sequence over {MAX_TEXT} items with +")
+    elif op == "**":
+        if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and \
+                right * max(abs(left).bit_length(), 1) > 4 * MAX_TEXT:
+            raise _BudgetError("chat template computes a power too large to print")
+    elif op == "%" and isinstance(left, str):
+        if any(_too_big(int(w)) for m in _PRINTF_WIDTH.findall(left) for w in m if w):
+            raise _BudgetError(f"chat template formats a field wider than {MAX_TEXT}")
+
+
+def _budgeted_environment_class(jinja2, base):
+    """`base` (a sandboxed environment) whose templates spend the render budget: each loop's
+    iterable is wrapped by _counted (the code generator does it), each call and intercepted
+    operator is checked here."""
+    from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator
+    from jinja2.runtime import LoopContext
+
+    class BudgetCodeGenerator(CodeGenerator):
+        def visit_Template(self, node, frame=None):
+            for loop in node.find_all(nodes.For):  # every loop iterates _counted(its iterable)
+                counted = nodes.ImportedName(f"{__name__}._counted", lineno=loop.lineno)
+                loop.iter = nodes.Call(counted, [loop.iter], [], None, None, lineno=loop.lineno)
+            super().visit_Template(node, frame)
+
+        def visit_Concat(self, node, frame):
+            self.write("environment.rx_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class BudgetedEnvironment(base):
+        code_generator_class = BudgetCodeGenerator
+        intercepted_binops = frozenset({"*", "+", "**", "%"})
+
+        @staticmethod
+        def rx_concat(parts):
+            texts = [p if isinstance(p, str) else str(p) for p in parts]
+            if sum(map(len, texts)) > MAX_TEXT:
+                raise _BudgetError(f"chat template builds a string over {MAX_TEXT} characters with ~")
+            return "".join(texts)
+
+        def call_binop(self, context, operator, left, right):
+            _step()
+            _check_binop(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's signature)
+            _step()
+            if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level
+                args = (_counted(args[0]),) + args[1:]
+            # str methods, and str.format as the sandbox wraps it (its __wrapped__)
+            owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+            if isinstance(owner, str):
+                name = getattr(__obj, "__name__", "")
+                if name in _WIDTH_METHODS and any(_too_big(a) for a in (*args, *kwargs.values())):
+                    raise _BudgetError(f"chat template asks for a string wider than {MAX_TEXT}")
+                if name in ("format", "format_map") and any(_too_big(int(w)) for w in _FORMAT_WIDTH.findall(owner)):
+                    raise _BudgetError(f"chat template formats a field wider than {MAX_TEXT}")
+            return super().call(__context, __obj, *args, **kwargs)
+
+    return BudgetedEnvironment
 
 
 def _describe(error: Exception) -> str:

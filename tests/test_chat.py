@@ -292,3 +292,100 @@ def test_jinja2_is_imported_only_for_templates():
         "assert 'jinja2' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- the render budget (hostile templates from a model file) -------------------------------------
+
+HOSTILE_TEMPLATES = {
+    "nested loops": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    "nested loops, no output": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "filtered loops": "{% for i in range(99999) if i >= 0 %}{% for j in range(99999) if j >= 0 %}{% endfor %}{% endfor %}",
+    "loops over a string": "{% set s = 'ab' * 50000 %}{% for c in s %}{% for d in s %}{% endfor %}{% endfor %}",
+    "loop.length and loop.last": "{% for i in range(100000) %}{% for j in range(100000) %}{{ loop.last }}{% endfor %}"
+                                 "{% endfor %}",
+    "recursive loop": "{% for x in range(100000) recursive %}{{ loop(range(100000)) }}{% endfor %}",
+    "exponential macro": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}",
+    "unbounded macro recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "string times a huge count": "{{ 'x' * 1000000000 }}",
+    "list times a huge count": "{{ ([1] * 1000000000) | length }}",
+    "doubling with ~": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "doubling with +": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "a huge power": "{{ 10 ** 100000000 }}",
+    "a huge printf width": "{{ '%01000000000d' % 1 }}",
+    "a huge format width": "{{ '{:>1000000000}'.format(1) }}",
+    "a huge ljust": "{{ 'a'.ljust(1000000000) }}",
+    "deep nesting": "{% if true %}" * 5000 + "x" + "{% endif %}" * 5000,
+    "a huge template": "x" * (2 << 20),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TEMPLATES))
+def test_hostile_templates_fail_fast_in_one_line(name):
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(RequestError) as e:
+        render_chat(HOSTILE_TEMPLATES[name], [{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 3.0  # the budget: 1M steps or 2 s
+    assert "\n" not in str(e.value) and "chat template" in str(e.value)
+
+
+def _real_templates() -> dict[str, str]:
+    """Qwen3 and Gemma 3 (above), the templates llama.cpp's test vocabularies carry (Qwen2/3.5,
+    Phi-3, Command-R and its tool_use/rag variants, Gemma 4), and Llama 3's and SmolLM2's."""
+    import glob
+
+    from reflex_runtime.gguf_file import GGUFFile
+    from llama_cpp_sdist import llama_cpp_dir
+
+    out = {"gemma3": GEMMA3_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "smollm2": SMOLLM2_TEMPLATE}
+    if (QWEN3_DIR / "tokenizer_config.json").exists():
+        out["qwen3"] = json.loads((QWEN3_DIR / "tokenizer_config.json").read_text(encoding="utf-8"))["chat_template"]
+    for path in sorted(glob.glob(str(llama_cpp_dir() / "models" / "ggml-vocab-*.gguf"))):
+        with GGUFFile(path) as g:
+            for key, value in g.metadata.items():
+                if key.startswith("tokenizer.chat_template") and isinstance(value, str):
+                    out[path.rsplit("ggml-vocab-", 1)[1][:-5] + key[len("tokenizer.chat_template"):]] = value
+    return out
+
+
+# Llama 3 Instruct's and SmolLM2 Instruct's templates (tokenizer_config.json), as published.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
+    "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_real_templates_render_as_without_the_budget():
+    """The budget changes nothing a real template renders: every template above, every
+    conversation (and a 1,001-message one), with and without tools, against the same environment
+    without the budget. Templates that refuse a conversation must refuse it the same way."""
+    from reflex_runtime import chat
+
+    plain = chat._build_environment(budgeted=False)
+    long = [m for i in range(500) for m in ({"role": "user", "content": f"question {i}"},
+                                             {"role": "assistant", "content": f"answer {i}"})]
+    conversations = {**CONVERSATIONS, "long": long + [{"role": "user", "content": "last"}]}
+    rendered = 0
+    for name, template in _real_templates().items():
+        for conv, messages in conversations.items():
+            for tools in (None, [WEATHER_TOOL]):
+                kwargs = dict(add_generation_prompt=True, tools=tools, bos_token="<s>", eos_token="</s>")
+                try:
+                    want = plain.from_string(template).render(
+                        messages=chat._normalized(messages), documents=None, **kwargs)
+                except Exception:
+                    with pytest.raises(RequestError):
+                        render_chat(template, messages, **kwargs)
+                    continue
+                assert render_chat(template, messages, **kwargs) == want, (name, conv, tools)
+                rendered += 1
+    assert rendered >= 100
