@@ -449,6 +449,12 @@ class GGUFFile:
         if fd >= 0:
             os.close(fd)
 
+    def __del__(self) -> None:  # the descriptor is ours: do not leak it with the object
+        try:
+            self.close()
+        except Exception:
+            pass
+
     def __enter__(self) -> "GGUFFile":
         return self
 

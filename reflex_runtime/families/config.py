@@ -145,15 +145,16 @@ def embedding_shape(gguf) -> tuple[int, int]:
     return ti.shape[0], ti.shape[1]
 
 
-def check_shapes(gguf, want: dict[str, tuple[int, ...]], arch: str) -> None:
-    """Every tensor in `want` exists with that shape (ggml order; trailing 1s of the file's shape
-    ignored: converters write some vectors as (n, 1))."""
+def check_shapes(gguf, want: dict[str, tuple[int, ...]], arch: str, loose: frozenset[str] = frozenset()) -> None:
+    """Every tensor in `want` exists with exactly that shape (ggml order); for the names in
+    `loose`, trailing 1s of the file's shape are ignored (converters write some vectors as
+    (n, 1), and the forward reading them flattens them)."""
     for name, shape in want.items():
         ti = gguf.tensors.get(name)
         if ti is None:
             raise ModelFileError(f"GGUF is missing tensor '{name}' ({printable(arch)}): {printable(gguf.path, 1024)}")
         got = tuple(ti.shape)
-        while len(got) > len(shape) and got[-1] == 1:
+        while name in loose and len(got) > len(shape) and got[-1] == 1:
             got = got[:-1]
         if got != shape:
             raise ModelFileError(f"GGUF tensor '{name}' has shape {tuple(ti.shape)}, expected {shape}: "
