@@ -277,20 +277,29 @@ class _BudgetError(Exception):
     pass
 
 
+class _Counted:
+    """An iterable with a length that spends one step per item it yields (jinja2's loop.length
+    and loop.last keep using len())."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items):
+        self._items = items
+
+    def __iter__(self):
+        for item in self._items:
+            _step()
+            yield item
+
+    def __len__(self):
+        return len(self._items)
+
+
 def _counted(iterable):
-    """`iterable`, spending one step per item; keeps len() for jinja2's loop.length."""
-    class Counted:
-        __slots__ = ()
-
-        def __iter__(self):
-            for item in iterable:
-                _step()
-                yield item
-
-        def __len__(self):
-            return len(iterable)
-
-    return Counted() if hasattr(iterable, "__len__") else (_step() or item for item in iterable)
+    """What a template loop iterates: `iterable`, spending one step per item."""
+    if hasattr(iterable, "__len__"):
+        return _Counted(iterable)
+    return (_step() or item for item in iterable)
 
 
 def _too_big(n) -> bool:
