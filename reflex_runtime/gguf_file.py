@@ -449,6 +449,15 @@ class GGUFFile:
         if fd >= 0:
             os.close(fd)
 
+    def __copy__(self) -> "GGUFFile":
+        """A shallow copy (tests edit a copy's metadata) with its own descriptor and mapping, so
+        closing either one leaves the other working."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._fd = os.dup(self._fd) if self._fd >= 0 else -1
+        new._mmap = mmap.mmap(new._fd, 0, access=mmap.ACCESS_READ) if self._mmap is not None else None
+        return new
+
     def __del__(self) -> None:  # the descriptor is ours: do not leak it with the object
         try:
             self.close()

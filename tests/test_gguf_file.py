@@ -288,3 +288,19 @@ def test_no_descriptor_outlives_its_file(small_gguf, tmp_path):
         pass
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_copy_owns_its_descriptor(small_gguf, tmp_path):
+    import copy
+    import gc
+
+    p = tmp_path / "ok.gguf"
+    p.write_bytes(small_gguf)
+    g = GGUFFile(p)
+    c = copy.copy(g)
+    c.metadata = {}
+    del c
+    gc.collect()  # the copy's close must not close the original's descriptor or mapping
+    assert bytes(g.read_tensor("one.weight")) == bytes(g.tensor_data("one.weight"))
+    assert "general.name" in g.metadata
+    g.close()
