@@ -315,7 +315,6 @@ class GGUFFile:
             rel_offset = cur.u64()
             raw.append((name, shape, ggml_type, rel_offset))
 
-        buf = cur.buf
         data_start = -(-cur.pos // alignment) * alignment
         if data_start > self.size and n_tensors:
             raise ModelFileError(f"GGUF truncated: tensor data would start at {data_start}, file has {self.size} bytes")
