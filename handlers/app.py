@@ -258,8 +258,8 @@ def _emit_metrics(rec: dict) -> None:
     cs = rec.get("coldstart") or {}
     if cs.get("process_start_to_first_token_ms") is not None:
         metrics.add_metric("ProcessStartToFirstTokenMs", MetricUnit.Milliseconds, cs["process_start_to_first_token_ms"])
-    if cs.get("joules_to_first_token") is not None:
-        metrics.add_metric("JoulesToFirstToken", MetricUnit.NoUnit, cs["joules_to_first_token"])
+    if cs.get("joules_process_start_to_first_token") is not None:
+        metrics.add_metric("JoulesProcessStartToFirstToken", MetricUnit.NoUnit, cs["joules_process_start_to_first_token"])
     metrics.add_metric("PromptTokens", MetricUnit.Count, rec.get("prompt_tokens") or 0)
     metrics.add_metric("GeneratedTokens", MetricUnit.Count, rec.get("generated_tokens") or 0)
     if rec.get("decode_tokens_per_s") is not None:

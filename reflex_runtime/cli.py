@@ -11,10 +11,40 @@ from .coldstart import Timeline, fast_exit
 
 _TIMELINE = Timeline()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+
+
+def _backend_in_argv(argv: list[str]) -> str:
+    """--backend as argparse will read it (the last one wins; any unique prefix such as --back)."""
+    backend = os.environ.get("REFLEX_BACKEND", "auto")
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if len(name) >= 3 and "--backend".startswith(name):
+            backend = value if eq else (argv[i + 1] if i + 1 < len(argv) else backend)
+    return backend
+
+
+def _start_device_early(argv: list[str]):
+    """`reflex generate|system1` on a GPU: start cuInit before this module's own imports,
+    argparse and the engine's imports (cuInit + context is the cold path's critical path).
+    Skipped for --backend cpu and --help; a usage error then exits at once without waiting for
+    the device threads. Returns the DeviceBootstrap, or None."""
+    if not argv or argv[0] not in ("generate", "system1") or "-h" in argv or "--help" in argv:
+        return None
+    if _backend_in_argv(argv) == "cpu":
+        return None
+    from .gpu.bootstrap import DeviceBootstrap
+
+    return DeviceBootstrap.start(_TIMELINE)
+
+
+# As the `reflex` command (not when imported by tests or the handler), the device threads start here.
+_EARLY_DEVICE = (_start_device_early(sys.argv[1:]) if os.path.basename(sys.argv[0]) in ("reflex", "cli.py")
+                 else None)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
 
 from .errors import ReflexError, RequestError  # noqa: E402
 
@@ -111,8 +141,9 @@ def _summary_line(rec: dict) -> str:
     cs = rec.get("coldstart") or {}
     fields = {
         "process_start_to_first_token_ms": cs.get("process_start_to_first_token_ms"),
-        "joules_to_first_token": cs.get("joules_to_first_token"),
-        "joules_above_idle": cs.get("joules_above_idle_to_first_token"),
+        "joules_process_start_to_first_token": cs.get("joules_process_start_to_first_token"),
+        "of_which_estimated": cs.get("energy_estimated_joules"),
+        "joules_above_idle": cs.get("joules_above_idle_process_start_to_first_token"),
         "backend": rec.get("backend"),
         "prompt_tokens": rec.get("prompt_tokens"),
         "generated_tokens": rec.get("generated_tokens"),
@@ -184,7 +215,7 @@ def cmd_system1(args) -> int:
         cs = rec.get("coldstart") or {}
         print(f"REFLEX_SYSTEM1_RESULT best_idx={res['best_index']} best_text={json.dumps(res['best_text'], ensure_ascii=False)} "
               f"entropy={res['entropy']:.6f} process_start_to_result_ms={res.get('process_start_to_result_ms')} "
-              f"joules_to_result={_null(cs.get('joules_to_first_token'))} backend={rec['backend']}", flush=True)
+              f"joules_process_start_to_result={_null(cs.get('joules_process_start_to_first_token'))} backend={rec['backend']}", flush=True)
         _eprint("probability is a softmax over these candidates only, not over the vocabulary")
     _write_record(args.record, rec)
     engine.persist_index()
@@ -231,36 +262,8 @@ def _dispatch(args) -> int:
     raise RequestError(f"unknown command {cmd}")
 
 
-_EARLY_DEVICE = None  # a DeviceBootstrap started before argument parsing (see _start_device_early)
-
-
-def _backend_in_argv(argv: list[str]) -> str:
-    """--backend as argparse will read it (the last one wins; any unique prefix such as --back)."""
-    backend = os.environ.get("REFLEX_BACKEND", "auto")
-    for i, a in enumerate(argv):
-        name, eq, value = a.partition("=")
-        if len(name) >= 3 and "--backend".startswith(name):
-            backend = value if eq else (argv[i + 1] if i + 1 < len(argv) else backend)
-    return backend
-
-
-def _start_device_early(argv: list[str]) -> bool:
-    """`reflex generate|system1` on a GPU: start cuInit before argparse and the engine's imports
-    (~30-40 ms of the cold path's critical path, which is cuInit). Skipped for --backend cpu
-    and --help; a usage error then exits at once without waiting for the device threads."""
-    global _EARLY_DEVICE
-    if not argv or argv[0] not in ("generate", "system1") or "-h" in argv or "--help" in argv:
-        return False
-    if _backend_in_argv(argv) == "cpu":
-        return False
-    from .gpu.bootstrap import DeviceBootstrap
-
-    _EARLY_DEVICE = DeviceBootstrap.start(_TIMELINE)
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
-    early = argv is None and _start_device_early(sys.argv[1:])
+    early = argv is None and _EARLY_DEVICE is not None
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

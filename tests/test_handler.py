@@ -124,7 +124,7 @@ def test_direct_generate_cold_then_warm(load_app, capsys):
     assert m["ProcessStartToFirstTokenMs"] == ([cs["process_start_to_first_token_ms"]], "Milliseconds")
     assert m["GeneratedTokens"] == ([5.0], "Count") and m["PromptTokens"][0] == [float(log["reflex"]["prompt_tokens"])]
     assert m["DecodeTokensPerSecond"][1] == "Count/Second"
-    assert "JoulesToFirstToken" not in m  # no energy reading without a GPU: no made-up number
+    assert "JoulesProcessStartToFirstToken" not in m  # no energy reading without a GPU: no made-up number
 
     r = app.lambda_handler(event("generate", max_tokens=3), CTX)
     assert r["statusCode"] == 200 and r["text"] == REPLY[:3]
