@@ -81,7 +81,7 @@ def fill(skeleton: str, dst: str, seed: int = 0) -> None:
     fd = os.open(tmp, os.O_WRONLY)
     try:
         for ti in g.tensors.values():
-            os.pwrite(fd, _random_data(ti.ggml_type, ti.n_elements, ti.shape[0], rng), g.data_offset + ti.offset)
+            os.pwrite(fd, _random_data(ti.ggml_type, ti.n_elements, ti.shape[0], rng), ti.offset)  # absolute
     finally:
         os.close(fd)
     os.replace(tmp, dst)
