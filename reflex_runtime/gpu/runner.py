@@ -277,6 +277,7 @@ class CudaRunner:
         ptr, have = self._big_logits
         if have < rows:
             if ptr:
+                self.dev.sync(self.stream)  # no kernel queued earlier may still write the old buffer
                 self.dev.free(ptr)
             ptr = self.dev.alloc(4 * rows * self.config.vocab_size)
             self._big_logits = (ptr, rows)
