@@ -383,7 +383,9 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:REFLEX_X=V[,REFLEX_Y=W]",
                     help="also time `reflex generate` with these environment settings (repeatable)")
     ap.add_argument("--llama-simple", default=None, metavar="BIN", help="llama.cpp's llama-simple: timed on the same files")
-    ap.add_argument("--no-embedded", action="store_true", help="(with no --model) do not time the embedded model")
+    ap.add_argument("--embedded", action="store_true",
+                    help="also time `reflex generate` with no --model (the embedded model, or $REFLEX_EMBEDDED_MODEL: "
+                         "what a container image bakes in); llama-simple gets that file")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD", help="another command to time the same way")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--idle-s", type=float, default=2.0)
@@ -391,6 +393,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if not args.model and not args.embedded:
+        ap.error("give --model FILE (repeatable) and/or --embedded")
     variants = [parse_variant(v) for v in args.variant]
     prompt = long_prompt(args.prompt_tokens) if args.prompt_tokens else args.prompt
     os.makedirs(args.out, exist_ok=True)
@@ -411,10 +415,11 @@ def main() -> int:
         result["method_check_sleep_1"] = {k: check[k] for k in ("idle_watts", "joules_to_exit", "net_joules_to_exit")}
     tmp = tempfile.mkdtemp()
     base = [sys.executable, "-m", "reflex_runtime.cli"]
-    models = args.model or ([None] if not args.no_embedded else [])
+    models = args.model + ([None] if args.embedded else [])
     for model in models:
         tag = os.path.basename(model) if model else "embedded model"
         margs = ["--model", model] if model else []
+        peer_file = model or os.environ.get("REFLEX_EMBEDDED_MODEL")
 
         def rec(name):
             return os.path.join(tmp, name.replace(" ", "_") + ".json")
@@ -428,11 +433,11 @@ def main() -> int:
             cases.append(Case(f"reflex system1 {tag}", base + ["system1", prompt, "-c", " Paris", "-c", " London", "-c",
                                                                " Berlin", "--backend", "cuda", *margs, "--record",
                                                                rec("system1")], record_path=rec("system1")))
-        if args.llama_simple and model:
-            cases.append(Case(f"llama-simple {tag}", [args.llama_simple, "-m", model, "-n", "1", "-ngl", "99", prompt]))
+        if args.llama_simple and peer_file:
+            cases.append(Case(f"llama-simple {tag}", [args.llama_simple, "-m", peer_file, "-n", "1", "-ngl", "99", prompt]))
         for cache in args.cache.split(","):
             if cache == "warm":
-                summaries, diffs = run_interleaved(cases, args.runs, trace, model, args.idle_s)
+                summaries, diffs = run_interleaved(cases, args.runs, trace, peer_file, args.idle_s)
                 result["cases"] += summaries
                 result["interleaved"].append(diffs)
                 for c in summaries:
