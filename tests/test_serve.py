@@ -12,7 +12,9 @@ import threading
 import time
 from types import SimpleNamespace
 
-import openai
+import pytest
+
+openai = pytest.importorskip("openai")  # a dev dependency; GPU machines without it still collect this module
 import pytest
 
 from reflex_runtime import serve
