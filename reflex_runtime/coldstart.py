@@ -5,8 +5,8 @@ ticks since boot), compared against CLOCK_BOOTTIME, so interpreter start-up and 
 the timeline too. Its resolution is one clock tick (10 ms at CLK_TCK=100); the record says so.
 
 Energy (energy.py) covers process start -> first token: measured from NVML's counter from the
-tick before NVML's first read, and estimated before that (NVML is not up yet), each part and
-its span in the record. Where the counter is missing we integrate power sampled at the marks;
+counter step before NVML's first read, and estimated before that (NVML is not up yet), each
+part and its span in the record. Where the counter is missing we integrate power sampled at the marks;
 with no GPU or no NVML every energy field is null and `energy_error` says why.
 """
 
@@ -64,13 +64,13 @@ class Timeline:
 
     # -- energy ---------------------------------------------------------------------------
 
+    END_MARKS = ("first_token", "ready")  # the energy window ends at the first of these
+
     def start_energy(self, device_index: int = 0, flags: int = 0) -> None:
-        """Call from the background thread that brings up the GPU: NVML up, then its counter's
-        ticks are logged until the record is written."""
+        """Call from the background thread that brings up the GPU: NVML up, the counter read once."""
         meter = EnergyMeter(device_index)
         t = self.elapsed()
-        meter.start(flags)
-        meter.start_log(self.elapsed)
+        meter.start(self.elapsed, flags)
         self.meter = meter
         self.span("nvml_start", t, self.elapsed())
         self._meter_ready.set()
@@ -95,6 +95,8 @@ class Timeline:
         power = self._power_sample()
         with self._lock:
             self.marks.append((name, t, None, power))
+        if name in self.END_MARKS and self.meter is not None and self._meter_ready.is_set():
+            self.meter.mark_end(self.elapsed, t)  # read the counter now, and again when it steps
         return t
 
     def span(self, name: str, start: float, end: float) -> None:
@@ -116,7 +118,7 @@ class Timeline:
 
     def energy_between(self, end_mark: str) -> dict:
         """GPU joules from process start to `end_mark`: measured and estimated parts (energy.py),
-        gross and above idle, and per stage where the counter's resolution allows."""
+        gross and above idle."""
         self._meter_ready.wait(timeout=5.0)
         m = self.meter
         out = {
@@ -129,7 +131,6 @@ class Timeline:
             "energy_estimated_watts": None,
             "energy_estimated_from": None,
             "energy_counter_period_ms": None,
-            "energy_stage_joules": None,
             "energy_method": m.method if m else None,
             "energy_nvml_start": self.nvml_start,
             "idle_watts": m.idle_watts if m else None,
@@ -143,10 +144,11 @@ class Timeline:
             return out
         if m.method == "power_samples":
             return self._energy_from_power_samples(out, m, t_end)
-        with self._lock:
-            marks = sorted((t, n) for n, t, _, _ in self.marks)
-        stages = [(n, a, b) for (a, _), (b, n) in zip([(0.0, "")] + marks, marks) if b <= t_end]
-        e = window_energy(m.close_window(t_end), t_end, m.idle_watts, stages)
+        end = m.end_window()
+        if not end or abs(end[0][0] - t_end) > 1e-3:
+            out["energy_error"] = f"the energy window closed at another mark than '{end_mark}'"
+            return out
+        e = window_energy(m.start_read, end, m.idle_watts)
         if e["error"]:
             out["energy_error"] = e["error"]
             return out
@@ -160,7 +162,6 @@ class Timeline:
             "energy_estimated_watts": e["estimated_watts"],
             "energy_estimated_from": e["estimated_from"],
             "energy_counter_period_ms": e["counter_period_ms"],
-            "energy_stage_joules": e["stage_joules"],
             "energy_error": None,
         })
         return out

@@ -1,21 +1,21 @@
 """GPU energy from process start to a mark (the first token), from NVML's total-energy counter.
 
 NVML is read through ctypes: the `pynvml` module costs ~0.1 s of GIL-holding import that the cold
-path does not need. The counter (mJ since the driver loaded) does not move continuously: on an
-H200 it steps every ~100 ms, by ~12 J at idle. So what the record can know is:
-
-  measured   from the counter tick just before our first read to the mark. A thread logs the
-             time of every counter change while the window is open; the first change we see
-             dates the tick before it (one counter period earlier), and the energy at the mark
-             is interpolated linearly between the ticks around it (the record waits for the one
-             after it, at most one period).
-  estimated  from process start to the start of the measured window (the GPU cannot be read
-             before NVML is up), at the average power of the first measured counter interval,
-             or the idle power when there is none; the span, the power and where it came from
-             are in the record.
-
-`window_energy` is the arithmetic, a pure function of the logged ticks (tested with a fake
-counter). Where a GPU has no energy counter, power is sampled at each mark instead.
+path does not need. The counter (mJ since the driver loaded) does not move continuously: it steps
+on a fixed period (100 ms on an H200: 99.7-100.2 ms measured in five runs), and a read returns the
+value of the last step. Reading it often costs the cold path (polling every 10 ms while cuInit
+runs slowed cuInit several-fold on the H200), so it is read:
+  - once when NVML is up (time t_n, value V_n: the energy up to the step before t_n);
+  - once at the end mark (the first token: value V_e, up to the step before the mark);
+  - then every 5 ms until it steps (time t_s, value V_s), on a thread: at most one period.
+The step seen after the mark fixes the phase of the counter's grid, which dates V_n's step
+(tau_n, the last grid point <= t_n) and V_e's (tau_e = t_s - period). Then
+  measured   E(mark) - V_n over [tau_n, mark], E(mark) interpolated linearly over [tau_e, t_s];
+  estimated from process start to tau_n (NVML cannot be read earlier) at the idle power NVML
+             reported when it came up;
+and the record carries both parts, their spans and the power of the estimate. `window_energy` is
+that arithmetic, a pure function (tested with fake counters). A GPU without the counter has its
+power sampled at each mark instead (coldstart.py).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import ctypes
 import threading
 import time
 
-NVML_PERIOD_S = 0.1  # the counter period when too few ticks were logged to measure it (H200: ~100 ms)
-POLL_S = 0.01  # how often the logger reads the counter: each read is a driver call
+NVML_PERIOD_S = 0.1  # the H200's energy counter period (measured: see the docstring)
+POLL_S = 0.005  # how often the counter is read while waiting for its step after the end mark
 
 
 class EnergyMeter:
-    """NVML's energy counter and power for one GPU, and a logger of counter ticks."""
+    """NVML's energy counter and power for one GPU, read at the window's two ends."""
 
     def __init__(self, device_index: int = 0):
         self.method: str | None = None  # "total_energy_counter" | "power_samples" | None
@@ -38,15 +38,14 @@ class EnergyMeter:
         self._nvml = None
         self._handle = None
         self._device_index = device_index
-        self.log: list[tuple[float, int]] = []  # (time, mJ): the first read, then every change
-        self._log_until: float | None = None  # stop once a change after this time is logged
-        self._logging = False
-        self._changed = threading.Condition()
+        self.start_read: tuple[float, int] | None = None  # (t_n, V_n)
+        self.end_reads: list[tuple[float, int]] = []  # (t, V) at the end mark, then the step after it
+        self._end_done = threading.Event()
 
     # -- NVML -----------------------------------------------------------------------------
 
-    def start(self, flags: int = 0) -> None:
-        """Load libnvidia-ml, open the device, read the idle power and whether the counter exists."""
+    def start(self, clock, flags: int = 0) -> None:
+        """Load libnvidia-ml, open the device, read the idle power and the counter once."""
         try:
             nvml = ctypes.CDLL("libnvidia-ml.so.1")
         except OSError:
@@ -62,9 +61,15 @@ class EnergyMeter:
             self.error = f"nvmlDeviceGetHandleByIndex({self._device_index}) failed (NVML error {rc})"
             return
         self._nvml, self._handle = nvml, handle
+        self._ready(clock)
+
+    def _ready(self, clock) -> None:
+        """NVML is open: idle power, which method, the first counter read."""
         self.idle_watts = self.power_watts()
-        if self.counter_mj() is not None:
+        v = self.counter_mj()
+        if v is not None:
             self.method = "total_energy_counter"
+            self.start_read = (clock(), v)
         elif self.idle_watts is not None:
             self.method = "power_samples"
         else:
@@ -84,105 +89,67 @@ class EnergyMeter:
             return None
         return mw.value / 1000.0
 
-    # -- the tick log -------------------------------------------------------------------------
+    # -- the end of the window --------------------------------------------------------------
 
-    def start_log(self, clock, max_s: float = 5.0, poll_s: float = POLL_S) -> None:
-        """Log the counter's changes on a daemon thread until `close_window` sees a change after
-        the window's end (or for at most max_s: a warm server does not poll forever)."""
-        if self.method != "total_energy_counter":
+    def mark_end(self, clock, t_end: float, max_wait_s: float = 2.5 * NVML_PERIOD_S) -> None:
+        """At the end mark: read the counter now and, on a thread, again every POLL_S until it
+        steps (at most max_wait_s). Only the first call counts."""
+        if self.method != "total_energy_counter" or self.end_reads or self._end_done.is_set():
             return
-        self.log = [(clock(), self.counter_mj())]
-        self._logging = True
+        self.end_reads = [(t_end, self.counter_mj())]
 
-        def run():
-            last = self.log[0][1]
-            end = clock() + max_s
+        def wait_step():
             try:
-                while clock() < end:
-                    time.sleep(poll_s)
+                first = self.end_reads[0][1]
+                deadline = clock() + max_wait_s
+                while clock() < deadline:
+                    time.sleep(POLL_S)
                     v = self.counter_mj()
-                    if v is None or v == last:
-                        continue
-                    t, last = clock(), v
-                    with self._changed:
-                        self.log.append((t, v))
-                        self._changed.notify_all()
-                        if self._log_until is not None and t > self._log_until:
-                            return
+                    if v is not None and v != first:
+                        self.end_reads.append((clock(), v))
+                        return
             finally:
-                with self._changed:
-                    self._logging = False
-                    self._changed.notify_all()
+                self._end_done.set()
 
-        threading.Thread(target=run, name="reflex-energy", daemon=True).start()
+        threading.Thread(target=wait_step, name="reflex-energy", daemon=True).start()
 
-    def close_window(self, t_end: float, timeout: float = 2.5 * NVML_PERIOD_S) -> list[tuple[float, int]]:
-        """Wait (at most `timeout`) for a counter change after t_end, then stop logging; the log."""
-        with self._changed:
-            self._log_until = t_end
-            deadline = time.monotonic() + timeout
-            while self._logging and not (len(self.log) > 1 and self.log[-1][0] > t_end):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
-            return list(self.log)
+    def end_window(self, timeout: float = 3 * NVML_PERIOD_S) -> list[tuple[float, int]]:
+        """The end reads, once the step after the end mark was seen (or the wait gave up)."""
+        self._end_done.wait(timeout)
+        return list(self.end_reads)
 
 
-def window_energy(log: list[tuple[float, int]], t_end: float, idle_watts: float | None,
-                  stages: list[tuple[str, float, float]] = ()) -> dict:
-    """Joules from process start (t = 0) to t_end, from a tick log [(t_first_read, v0), (t1, v1),
-    ...] (every entry after the first is a counter change, dated when it was seen).
-
-    Returns measured + estimated parts as described in the module docstring, and per-stage
-    joules for `stages` (name, start, end) that lie in the measured window and are at least one
-    counter period long (shorter ones are below the counter's resolution: None)."""
+def window_energy(start: tuple[float, int] | None, end: list[tuple[float, int]], idle_watts: float | None,
+                  period: float = NVML_PERIOD_S, poll: float = POLL_S) -> dict:
+    """Joules from process start (t = 0) to the end mark, from the start read (t_n, V_n) and the
+    end reads [(t_end, V_e), (t_s, V_s)] (see the module docstring)."""
     out = {"joules": None, "measured_joules": None, "measured_from_ms": None, "estimated_joules": None,
-           "estimated_span_ms": None, "estimated_watts": None, "estimated_from": None, "counter_period_ms": None,
-           "end_interpolated_over_ms": None, "stage_joules": {}, "error": None}
-    ticks = log[1:]
-    if not ticks:
-        out["error"] = "the energy counter did not tick while the window was open"
+           "estimated_span_ms": None, "estimated_watts": None, "estimated_from": None,
+           "counter_period_ms": round(period * 1000, 1), "end_interpolated_over_ms": None, "error": None}
+    if start is None:
+        out["error"] = "the energy counter was not read when NVML came up"
         return out
-    gaps = [b[0] - a[0] for a, b in zip(ticks, ticks[1:])]
-    period = sorted(gaps)[len(gaps) // 2] if gaps else NVML_PERIOD_S  # (statistics costs 5 ms of import)
-    # The first read saw the value of the tick before it; ticks are periodic, so that tick was
-    # one period before the first change we saw (never later than the first read itself).
-    t_first_tick = min(ticks[0][0] - period, log[0][0])
-    points = [(t_first_tick, log[0][1])] + ticks  # (time, mJ): the counter, piecewise linear
-
-    def energy_at(t: float) -> float | None:
-        for (ta, va), (tb, vb) in zip(points, points[1:]):
-            if ta <= t <= tb:
-                return va + (vb - va) * (t - ta) / (tb - ta) if tb > ta else float(vb)
-        return None
-
-    e_end = energy_at(t_end)
-    if e_end is None:
-        out["error"] = ("the energy counter did not tick after the end of the window" if t_end > points[-1][0]
-                        else "the window ended before the counter's first tick")
-        if t_end > points[-1][0]:
-            return out
-    t_from = max(t_first_tick, 0.0)
-    first_interval_w = (points[1][1] - points[0][1]) / 1000 / (points[1][0] - points[0][0])
-    if t_end <= t_from:  # ended before the measured window began: all estimated
-        measured, t_from = 0.0, t_end
-    else:
-        measured = (e_end - energy_at(t_from)) / 1000
-    est_w, est_from = (first_interval_w, "first counter interval") if first_interval_w > 0 else (idle_watts, "idle power")
-    estimated = (est_w or 0.0) * t_from
-    before_end = [t for t, _ in points if t <= t_end]
-    after_end = [t for t, _ in points if t >= t_end]
+    if len(end) < 2:
+        out["error"] = "the energy counter did not step after the end of the window"
+        return out
+    (t_n, v_n), ((t_end, v_e), (t_s, v_s)) = start, end[:2]
+    step = t_s - poll / 2  # when the counter stepped: seen at most one poll after it did
+    tau_e = step - period  # the step whose value V_e holds
+    if t_n >= t_end or tau_e > t_end + poll:
+        out["error"] = "the counter reads around the window are out of order"
+        return out
+    tau_n = step - period * max(1, -(-(step - t_n) // period))  # the last grid point <= t_n
+    e_end = v_e + (v_s - v_e) * min(max((t_end - tau_e) / period, 0.0), 1.0)
+    t_from = max(tau_n, 0.0)
+    measured = (e_end - v_n) / 1000
+    if tau_n < 0:  # NVML read the counter less than a period after process start: prorate
+        measured *= (t_end - 0.0) / (t_end - tau_n)
+    estimated = (idle_watts or 0.0) * t_from
     out.update(joules=round(measured + estimated, 3), measured_joules=round(measured, 3),
                measured_from_ms=round(t_from * 1000, 3), estimated_joules=round(estimated, 3),
-               estimated_span_ms=round(t_from * 1000, 3), estimated_watts=round(est_w, 2) if est_w else None,
-               estimated_from=est_from if t_from > 0 else None, counter_period_ms=round(period * 1000, 1),
-               end_interpolated_over_ms=round((min(after_end) - max(before_end)) * 1000, 1) if before_end and after_end
-               else None, error=None)
-    for name, a, b in stages:
-        ea, eb = energy_at(a), energy_at(b)
-        ok = a >= t_first_tick and ea is not None and eb is not None and b - a >= period
-        out["stage_joules"][name] = round((eb - ea) / 1000, 3) if ok else None
+               estimated_span_ms=round(t_from * 1000, 3), estimated_watts=idle_watts if t_from > 0 else None,
+               estimated_from="idle power at NVML start" if t_from > 0 else None,
+               end_interpolated_over_ms=round(period * 1000, 1))
     if idle_watts is not None:
         out["joules_above_idle"] = round(out["joules"] - idle_watts * t_end, 3)
     return out

@@ -224,7 +224,16 @@ def run_case(case: Case, runs: int, clock: EnergyClock | None, model: str | None
         else:
             warm_page_cache(model)
         rows.append(_measured_row(case.cmd, clock, case.env, idle, case.record_path))
+        _progress(case.name, rows[-1])
     return _summarize(case, rows, cache, method, idle, clock)
+
+
+def _progress(name: str, row: dict) -> None:
+    """One line per run as it ends (a long benchmark cut short still shows what it measured)."""
+    f, j = row.get("spawn_to_first_output_s"), row.get("joules_to_first_output")
+    rec = row.get("child_joules_process_start_to_first_token")
+    print(f"  run {name}: rc {row['rc']} first {_ms(f)} exit {_ms(row['spawn_to_exit_s'])} J {_j(j)} record J {_j(rec)}"
+          + ("" if row["rc"] == 0 else f" stderr: {row['stderr_tail'][-160:]!r}"), flush=True)
 
 
 def run_interleaved(cases: list[Case], runs: int, clock: EnergyClock | None, model: str | None,
@@ -241,6 +250,7 @@ def run_interleaved(cases: list[Case], runs: int, clock: EnergyClock | None, mod
         for c in cases[k:] + cases[:k]:
             warm_page_cache(model)
             rows[c.name].append(_measured_row(c.cmd, clock, c.env, idle, c.record_path))
+            _progress(c.name, rows[c.name][-1])
     first = cases[0].name
     diffs = {}
     for c in cases[1:]:
