@@ -143,10 +143,15 @@ def warm_page_cache(path: str | None) -> None:
                 pass
 
 
+CHILD_TIMEOUT_S = 90  # a child still running after this is killed and counted as a failure
+
+
 def run_once(cmd: list[str], clock: EnergyClock | None, env: dict) -> dict:
     start = clock.wait_tick() if clock else None  # spawn on a counter tick: E(t0) is known
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    watchdog = threading.Timer(CHILD_TIMEOUT_S, proc.kill)
+    watchdog.start()
     first = None
     after_first: list = []
     out = bytearray()
@@ -163,6 +168,7 @@ def run_once(cmd: list[str], clock: EnergyClock | None, env: dict) -> dict:
     err = proc.stderr.read()
     proc.wait()
     t_exit = time.perf_counter()
+    watchdog.cancel()
     row = {"rc": proc.returncode, "spawn_to_first_output_s": (first - t0) if first else None,
            "spawn_to_exit_s": t_exit - t0, "stdout_head": out[:80].decode(errors="replace"),
            "stderr_tail": err[-300:].decode(errors="replace")}
@@ -217,7 +223,7 @@ class Case:
 def run_case(case: Case, runs: int, clock: EnergyClock | None, model: str | None, cache: str, idle_s: float) -> dict:
     idle = idle_watts(clock, idle_s) if clock else None
     rows, method = [], None
-    subprocess.run(case.cmd, capture_output=True, env=case.env)  # one untimed run: imports and files into page cache
+    _untimed(case)  # imports and files into the page cache
     for _ in range(runs):
         if cache == "cold":
             method = drop_page_cache(model)
@@ -226,6 +232,14 @@ def run_case(case: Case, runs: int, clock: EnergyClock | None, model: str | None
         rows.append(_measured_row(case.cmd, clock, case.env, idle, case.record_path))
         _progress(case.name, rows[-1])
     return _summarize(case, rows, cache, method, idle, clock)
+
+
+def _untimed(case: Case) -> None:
+    try:
+        r = subprocess.run(case.cmd, capture_output=True, env=case.env, timeout=CHILD_TIMEOUT_S)
+        print(f"  untimed run {case.name}: rc {r.returncode}", flush=True)
+    except subprocess.TimeoutExpired:
+        print(f"  untimed run {case.name}: killed after {CHILD_TIMEOUT_S} s", flush=True)
 
 
 def _progress(name: str, row: dict) -> None:
@@ -243,7 +257,7 @@ def run_interleaved(cases: list[Case], runs: int, clock: EnergyClock | None, mod
     differences of first-output times compare them more fairly than cases run one after another."""
     idle = idle_watts(clock, idle_s) if clock else None
     for c in cases:
-        subprocess.run(c.cmd, capture_output=True, env=c.env)
+        _untimed(c)
     rows: dict[str, list] = {c.name: [] for c in cases}
     for r in range(runs):
         k = r % len(cases)
