@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One session on a GPU machine with no network: everything the GPU work needs, in one command.
 #
-#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm
+#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm,deepseek
+#   (deepseek is not in the default list: its GPU tests, then DeepSeek-V2-Lite-shaped Q8_0 / Q4_K_M
+#   files from scripts/make_deepseek_bench.py, reflex bench and, with LLAMA_BENCH=path, llama-bench)
 #
 # Expects, carried from the development machine (all git-ignored):
 #   .whl/                       wheels the machine lacks (../shared/tools/gpu-wheels.sh .whl)
 #   reflex_runtime/_kernels/    the fatbin + manifest (python scripts/build_kernels.py; rebuilt here if stale)
 #   .cache/test/llama.cpp-*/    the pinned converter (scripts/llama_cpp_sdist.py, minus models/)
 #   .cache/qwen3-tokenizer/     the real Qwen3 tokenizer files
+#   (deepseek step) .cache/test/llama.cpp-*/models/ggml-vocab-deepseek-llm.gguf, the V2 vocabulary (4 MB)
 # Correctness steps may overlap each other; timing steps (bench, coldstart, warm) run alone.
 # Logs and results go to $OUT (default logs/) as run.tgz plus the cold-start waterfall PNG.
 set -uo pipefail
@@ -90,6 +93,18 @@ fi
 if has warm; then
   timeout 200 python3 scripts/bench_warm.py --model $REAL/qwen3-0.6b-q8_0.gguf --backend cuda -n ${WARM_N:-50} \
     --out "$WORK/warm.json" 2>&1 | tail -12 | tee "$WORK/warm.log"
+fi
+if has deepseek; then
+  timeout ${DS_TEST_TIMEOUT:-900} python3 -m pytest -m gpu tests/test_gpu_deepseek2.py -q -rA -p no:cacheprovider -n 10 \
+    --timeout 600 2>&1 | tee "$WORK/gpu-deepseek2.log" | grep -v "^PASSED" | tail -8
+  for t in ${DS_QUANTS:-Q8_0 Q4_K_M}; do
+    f=$REAL/deepseek-v2-lite-shaped-$t.gguf
+    [ -f $f ] || python3 scripts/make_deepseek_bench.py --out $f --type $t 2>&1 | tee -a "$WORK/make-deepseek.log"
+    timeout 300 python3 -m reflex_runtime.cli bench $f --prefill 16,128,512 --out "$WORK/bench-deepseek-v2-lite-$t.json" \
+      2>&1 | tee "$WORK/bench-deepseek-v2-lite-$t.log"
+    [ -n "${LLAMA_BENCH:-}" ] && timeout 300 $LLAMA_BENCH -m $f -p 512 -n 128 -ngl 99 -o json \
+      > "$WORK/llama-bench-deepseek-v2-lite-$t.json" 2> "$WORK/llama-bench-deepseek-v2-lite-$t.err"
+  done
 fi
 cp "$WORK"/coldstart/waterfall.png "$OUT"/ 2>/dev/null
 tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$WORK"
