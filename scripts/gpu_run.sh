@@ -13,8 +13,9 @@
 #              baked-in default model, variants in COLD_VARIANTS, llama-simple when carried
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
-# (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer)
-# and, from a carried skeleton, the Gemma 3 270M Q4_K_M shape (gguf_skeleton.py fill).
+# (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
+# from a carried skeleton the Gemma 3 270M Q4_K_M shape (gguf_skeleton.py fill), and whatever
+# $MAKE_MORE makes (e.g. "python3 scripts/make_deepseek_bench.py --out /tmp/real/ds-q8_0.gguf").
 set -uo pipefail
 STEPS=${1:-smoke,tests,check}
 OUT=${OUT:-logs}
@@ -48,6 +49,7 @@ make_files() {  # CPU only: runs beside the GPU tests
     n=$(basename "$s" .skel.xz)
     xz -dc "$s" > $R/$n.skel && python3 scripts/gguf_skeleton.py fill $R/$n.skel $R/$n-shaped.gguf >> "$W/make-shaped.log" 2>&1
   done
+  [ -n "${MAKE_MORE:-}" ] && bash -c "$MAKE_MORE" > "$W/make-more.log" 2>&1
 }
 make_files & FILES_PID=$!
 

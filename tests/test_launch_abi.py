@@ -172,14 +172,30 @@ def test_fake_device_has_the_whole_device_interface():
     assert not missing, missing
 
 
-def _model(arch, params):
+def _fixture_file(arch, tmp_dir=None):
+    """The q4_k_m file of a fixture: an architecture, or a deepseek GPU config ('deepseek_v3'),
+    or 'deepseek_legacy' (a V3 without q_lora rewritten into the single attn_kv_b layout, f32)."""
     from make_fixtures import make_fixture
 
+    if arch.startswith("deepseek_"):
+        from fixtures_deepseek import GPU_CONFIGS, write_legacy_kv_b
+
+        if arch == "deepseek_legacy":
+            out = os.path.join(tmp_dir, "legacy.gguf")
+            src = make_fixture("deepseek_v3", "f32", q_lora_rank=None, num_hidden_layers=2, qk_rope_head_dim=8)
+            write_legacy_kv_b(src.gguf, out)
+            return out
+        base, overrides = GPU_CONFIGS[arch.removeprefix("deepseek_")]
+        return make_fixture(base, "q4_k_m", **overrides).gguf
+    return make_fixture(arch, "q4_k_m").gguf
+
+
+def _model(arch, params, tmp_dir=None):
     from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
     from reflex_runtime.gguf_file import GGUFFile
     from reflex_runtime.gpu.launch import Launcher
 
-    g = GGUFFile(make_fixture(arch, "q4_k_m").gguf)
+    g = GGUFFile(str(_fixture_file(arch, tmp_dir)))
     cfg = read_config(g)
     assert gpu_unsupported(cfg, g) is None
     model = gpu_model_class(cfg)(cfg, g, max_batch=64, n_ctx=256, max_new=256)
@@ -189,12 +205,13 @@ def _model(arch, params):
     return model, dev
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe"])
-def test_forward_launches_match_kernel_abi(ptx_params, arch):
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe", "deepseek_v2lite", "deepseek_v2", "deepseek_v3",
+                                  "deepseek_legacy"])
+def test_forward_launches_match_kernel_abi(ptx_params, arch, tmp_path):
     from reflex_runtime.gpu.driver import RxState
     from reflex_runtime.gpu.model import ARGMAX_PARTS
 
-    dec, dev = _model(arch, ptx_params)
+    dec, dev = _model(arch, ptx_params, str(tmp_path))
     cfg = dec.cfg
     dec.forward(1)  # a decode step
     per_layer = len(dev.launches)
@@ -204,9 +221,19 @@ def test_forward_launches_match_kernel_abi(ptx_params, arch):
     st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
     dec.launch.argmax(dec.p("logits"), cfg.vocab_size, dec.p("amax_v"), dec.p("amax_i"), ARGMAX_PARTS, st, 0)
     dec.launch.sample(dec.p("logits"), cfg.vocab_size, dec.p("sampling"), st, 0)
-    dec.launch.logprob_rows(dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("att"), 3)
+    dec.launch.logprob_rows(dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("o"), 3)
     names = {n for n, _, _ in dev.launches}
     assert any(n.startswith("reflex_mm_") for n in names), "64 tokens should use the tensor-core kernel"
+    if arch.startswith("deepseek_"):  # latent attention and DeepSeek's routing, no GQA attention
+        kinds = ["reflex_mla_rope_store", "reflex_mla_attn", "reflex_mla_mv_", "reflex_moe_route", "reflex_moe_mv_glu_",
+                 "reflex_moe_group", "reflex_moe_mm_"]
+        kinds += ["reflex_mla_mv_t_"] if arch == "deepseek_legacy" else ["reflex_mla_mm_"]
+        for kind in kinds:
+            assert any(n.startswith(kind) for n in names), kind
+        assert "reflex_attn" not in names and "reflex_moe_topk" not in names
+        split = [g for n, g, _ in dev.launches if n == "reflex_mla_attn" and g[1] > 1]
+        assert split and all(g[0] == 1 for g in split), "only a decode step splits the keys"
+        return
     assert "reflex_attn" in names
     if arch == "gemma3":
         assert any(n.startswith("reflex_mv_glu_") for n in names)

@@ -80,10 +80,11 @@ class Residual:
         self.launch, self.x, self.h, self.o, self.n_embd, self.eps = launch, x, h, o, n_embd, eps
         self.h_holds = 0  # the norm weight h was last normalized with (0: h is stale)
 
-    def normed(self, b: Batch, norm_w: int) -> Input:
+    def normed(self, b: Batch, norm_w: int, fold: bool = True) -> Input:
+        """fold=False: always norm(x) in h, for blocks that read it while others add into x."""
         if self.h_holds == norm_w:
             return Input(self.h, 0)
-        if b.matvec:
+        if b.matvec and fold:
             return Input(self.x, norm_w)
         self.launch.rmsnorm(self.x, norm_w, self.h, b.n, self.n_embd, self.eps)
         self.h_holds = norm_w

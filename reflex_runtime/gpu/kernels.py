@@ -2,7 +2,7 @@
 
 scripts/build_kernels.py writes this list into the manifest beside the fatbin, CI checks with
 cuobjdump that every name is there for every architecture, and `reflex smoke` resolves every
-name on the GPU at hand. Argument packs live with the code that launches them (gpu/ops.py).
+name on the GPU at hand. Argument packs live with the code that launches them (gpu/launch.py).
 """
 
 # ggml type name -> kernel suffix, for the weight types the kernels decode (kernels/quant.cuh)
@@ -12,12 +12,13 @@ WEIGHT_TYPES = {
 }
 
 _PER_TYPE = ("reflex_embed_{}", "reflex_mv_{}", "reflex_mv_glu_{}", "reflex_mm_{}", "reflex_moe_mv_glu_{}",
-             "reflex_moe_mv_down_{}", "reflex_moe_mm_{}")
+             "reflex_moe_mv_down_{}", "reflex_moe_mm_{}", "reflex_mla_mv_{}", "reflex_mla_mm_{}", "reflex_mla_mv_t_{}")
 
 _SINGLE = (
     "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn",
     "reflex_argmax_partial", "reflex_argmax_final", "reflex_sample", "reflex_logprob_rows", "reflex_softcap",
-    "reflex_smoke_axpb", "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine",
+    "reflex_smoke_axpb", "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine", "reflex_moe_route",
+    "reflex_mla_rope_store", "reflex_mla_attn",
 )
 
 KERNEL_NAMES: tuple[str, ...] = tuple(p.format(s) for p in _PER_TYPE for s in WEIGHT_TYPES.values()) + _SINGLE

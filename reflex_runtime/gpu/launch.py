@@ -8,7 +8,7 @@ it and the weight bytes it reads, which is how `reflex bench` times a decode ste
 from __future__ import annotations
 
 from contextlib import contextmanager
-from ctypes import Structure, c_float, c_int, c_long, c_void_p
+from ctypes import Structure, c_double, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
@@ -20,6 +20,11 @@ from .kernels import WEIGHT_TYPES
 # tensor-core kernel (too few tiles to fill the GPU), and 16/4 weight passes cost ~3 ms.
 MM_MIN_TOKENS = 64
 ATTN_SPLITS_DECODE = 16
+# kernels/mla.cu: query heads per latent-attention block, key slices of a decode step (<= 32,
+# attn_merge's limit), rope pairs in the frequency table
+MLA_HEADS = 8
+MLA_SPLITS_DECODE = 32
+MLA_MAX_PAIRS = 64
 
 
 def matvec_path(n_tok: int) -> bool:
@@ -62,6 +67,20 @@ class MvSegs(Structure):
     """Mirror of kernels/matvec.cu's MvSegs: up to three matrices in one launch."""
 
     _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("rows", c_int * 3)]
+
+
+class MlaRope(Structure):
+    """Mirror of kernels/mla.cu's MlaRope: per-pair rotation frequencies (radians per position)."""
+
+    _fields_ = [("freq", c_double * MLA_MAX_PAIRS)]
+
+    @classmethod
+    def of(cls, freqs) -> "MlaRope":
+        assert len(freqs) <= MLA_MAX_PAIRS
+        tab = cls()
+        for i, f in enumerate(freqs):
+            tab.freq[i] = f
+        return tab
 
 
 def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
@@ -247,6 +266,14 @@ class Launcher:
         self._go("reflex_moe_combine", (n_tok * n_embd + 255) // 256, 256,
                  [c_void_p(y), c_void_p(weights), c_int(k), c_void_p(x), c_int(n_embd), c_int(n_tok)])
 
+    def moe_route(self, logits: int, bias: int, n_tok: int, n_expert: int, k: int, sigmoid: bool, n_group: int,
+                  n_group_used: int, group_top2: bool, normalize: bool, scale: float, ids: int, weights: int) -> None:
+        """DeepSeek's routing (kernels/moe_route.cu): ids/weights (n_tok x k) from router logits."""
+        self._go("reflex_moe_route", n_tok, 256,
+                 [c_void_p(logits), c_void_p(bias or None), c_int(n_expert), c_int(k), c_int(int(sigmoid)),
+                  c_int(n_group), c_int(n_group_used), c_int(int(group_top2)), c_int(int(normalize)), c_float(scale),
+                  c_void_p(ids), c_void_p(weights)])
+
     # -- attention -------------------------------------------------------------------------
 
     def qk_rope_store(self, q, k, v, q_norm, k_norm, pos, slot, kv_pos, k_cache, v_cache, n_tok, n_head, n_head_kv,
@@ -264,6 +291,45 @@ class Launcher:
                   c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None),
                   c_void_p(part_ml or None), c_void_p(counters or None), c_int(n_head), c_int(n_head_kv), c_int(hd),
                   c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale), c_float(softcap), c_int(n_split)])
+
+    # -- multi-head latent attention (kernels/mla.cu) ----------------------------------------
+
+    def mla_rope_store(self, q, qm, kv, kv_norm, pos, slot, cache, tab: MlaRope, attn_factor, n_tok, n_head, nope,
+                       rope, r, eps) -> None:
+        self._go("reflex_mla_rope_store", (n_tok, n_head + 1, 1), 128,
+                 [c_void_p(q), c_void_p(qm), c_void_p(kv), c_void_p(kv_norm), c_void_p(pos), c_void_p(slot),
+                  c_void_p(cache), tab, c_float(attn_factor), c_int(n_head), c_int(nope), c_int(rope), c_int(r),
+                  c_float(eps)])
+
+    def mla_heads(self, w: Weight, head_bytes: int, x: int, x_tok: int, x_head: int, y: int, y_tok: int, y_head: int,
+                  n_tok: int, n_head: int) -> None:
+        """y[t, h] = W_h x[t, h] for every head h (W_h: w.rows rows of w.k at w.ptr + h * head_bytes);
+        x and y are strided float rows (tokens, heads). Tensor cores for large batches when K % 64 == 0."""
+        args = [c_void_p(w.ptr), c_long(w.row_bytes), c_long(head_bytes), c_void_p(x), c_int(x_tok), c_int(x_head),
+                c_void_p(y), c_int(y_tok), c_int(y_head), c_int(w.rows), c_int(w.k), c_int(n_tok)]
+        if not matvec_path(n_tok) and w.k % 64 == 0:
+            self._go(f"reflex_mla_mm_{w.suffix}", ((w.rows + 127) // 128, (n_tok + 63) // 64, n_head), 256, args)
+            return
+        wpr = self._wpr(w.rows * n_head, w.k)
+        per_block = 8 // wpr
+        self._go(f"reflex_mla_mv_{w.suffix}", ((w.rows + per_block - 1) // per_block, n_head, 1), 256, args + [c_int(wpr)])
+
+    def mla_heads_t(self, w: Weight, head_bytes: int, x: int, x_tok: int, x_head: int, y: int, y_tok: int,
+                    y_head: int, n_tok: int, n_head: int) -> None:
+        """y[t, h] = W_h^T x[t, h]: W_h is w.rows rows of w.k (<= 2048), y rows of w.k floats."""
+        assert w.k <= 2048
+        self._go(f"reflex_mla_mv_t_{w.suffix}", (n_head, (n_tok + 3) // 4, 1), 256,
+                 [c_void_p(w.ptr), c_long(w.row_bytes), c_long(head_bytes), c_void_p(x), c_int(x_tok), c_int(x_head),
+                  c_void_p(y), c_int(y_tok), c_int(y_head), c_int(w.rows), c_int(w.k), c_int(n_tok)])
+
+    def mla_attention(self, q, cache, q_slot, seg_lo, prefix_len, n_kv, out, part_o, part_ml, counters, n_tok, n_head,
+                      r, d, scale, n_split) -> None:
+        """counters: n_tok * ceil(n_head / MLA_HEADS) zeroed ints (n_split > 1 only); left zeroed."""
+        groups = (n_head + MLA_HEADS - 1) // MLA_HEADS
+        self._go("reflex_mla_attn", (n_tok, n_split, groups), 256,
+                 [c_void_p(q), c_void_p(cache), c_void_p(q_slot), c_void_p(seg_lo or None), c_int(prefix_len),
+                  c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None), c_void_p(part_ml or None),
+                  c_void_p(counters or None), c_int(n_head), c_int(r), c_int(d), c_float(scale), c_int(n_split)])
 
     # -- sampling and scoring --------------------------------------------------------------
 

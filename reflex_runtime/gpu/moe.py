@@ -101,17 +101,23 @@ class MoeFFN:
         m = self.w
         return (self.n_expert - self.k) * (2 * m.gate_up_stride + m.down_stride)
 
+    def route(self, b: Batch, inp: Input, ids: int, wts: int) -> None:
+        """ids/wts (b.n x k): each token's experts and weights. Softmax top-k here (Qwen3-MoE);
+        a family with another rule overrides this and keeps the expert kernels below."""
+        logits = self.p("moe_logits")
+        # float32 router through the matrix-vector kernel at every batch size: the tensor-core
+        # kernel rounds inputs to f16, which could flip a close top-k choice
+        self.launch.matmul_segments([self.w.router], inp.ptr, [logits], b.n, norm_w=inp.norm_w, eps=self.eps)
+        self.launch.moe_topk(logits, b.n, self.n_expert, self.k, self.normalize, ids, wts)
+
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True) -> None:
         """out += MoE(input) for b.n tokens (the kernels add into out: the residual stream)."""
         assert accumulate, "the expert kernels add into their output"
         x = out
         L, p, m, k, E, n = self.launch, self.p, self.w, self.k, self.n_embd, b.n
-        ids, wts, logits = p("moe_ids"), p("moe_w"), p("moe_logits")
+        ids, wts = p("moe_ids"), p("moe_w")
         with L.role("moe router + top-k", m.router.nbytes):
-            # float32 router through the matrix-vector kernel at every batch size: the tensor-core
-            # kernel rounds inputs to f16, which could flip a close top-k choice
-            L.matmul_segments([m.router], inp.ptr, [logits], n, norm_w=inp.norm_w, eps=self.eps)
-            L.moe_topk(logits, n, self.n_expert, k, self.normalize, ids, wts)
+            self.route(b, inp, ids, wts)
         if b.matvec or not self.grouped():
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
                 L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
