@@ -112,13 +112,18 @@ if has peers && [ -n "${PEER:-}" ]; then
       for r in json.load(open(sys.argv[1]))]" "$W/llama-bench-$(basename $f .gguf).json" | tee -a "$W/steps.txt"
   done
 fi
-if has coldstart; then
+if has coldstart; then  # the 0.6B Q8_0 file with variants and system1; then the default (baked-in) model
   step coldstart
   shaped=$(ls $R/*-shaped.gguf 2>/dev/null | head -1)
   variants=(); for v in ${COLD_VARIANTS:-}; do variants+=(--variant "$v"); done
-  REFLEX_EMBEDDED_MODEL=$shaped timeout ${COLD_TIMEOUT:-300} python3 scripts/bench_coldstart.py --model $Q8 ${shaped:+--embedded} \
-    --runs ${RUNS:-10} --cache warm --system1 "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} \
-    ${PROMPT_TOKENS:+--prompt-tokens $PROMPT_TOKENS} --out "$W/coldstart" 2>&1 | tee "$W/coldstart.log" | grep -v "^    child"
+  timeout ${COLD_TIMEOUT:-240} python3 scripts/bench_coldstart.py --model $Q8 --runs ${RUNS:-10} --cache warm --system1 \
+    "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} ${PROMPT_TOKENS:+--prompt-tokens $PROMPT_TOKENS} \
+    --out "$W/coldstart" 2>&1 | tee "$W/coldstart.log" | grep -v "^  run \|^    child\|^  untimed"
+  if [ -n "$shaped" ]; then
+    REFLEX_EMBEDDED_MODEL=$shaped timeout ${COLD_TIMEOUT:-240} python3 scripts/bench_coldstart.py --embedded \
+      --runs ${RUNS:-10} --cache warm ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/coldstart-default-model" 2>&1 \
+      | tee "$W/coldstart-default-model.log" | grep -v "^  run \|^    child\|^  untimed"
+  fi
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
 cp "$W"/coldstart/waterfall.png "$OUT"/ 2>/dev/null
