@@ -203,7 +203,7 @@ def _dispatch(args) -> int:
     if cmd == "doctor":
         from .doctor import main as doctor_main
 
-        return doctor_main(args)
+        return doctor_main(args, _TIMELINE)
     if cmd == "smoke":
         from .gpu.smoke import main as smoke_main
 

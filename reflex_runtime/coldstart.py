@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -147,9 +148,24 @@ class EnergyMeter:
         return counter, (self.power_watts() if self.method == "power_samples" else None)
 
 
+class Mark(NamedTuple):
+    """One point on the timeline: seconds from process start, and the energy reading then."""
+
+    name: str
+    at_s: float
+    energy_mj: int | None
+    power_w: float | None
+
+
 class Timeline:
     """Marks on one clock from process start. Main-path marks make the stages; background
-    work (context creation on a thread) is recorded as spans beside them."""
+    work (context creation on a thread) is recorded as spans beside them.
+
+    The stage API for the code that drives a cold start (loader.py): `begin(stage)` names the
+    stage now running, `mark(name)` records that a point was reached, and `fail()` records that
+    the running stage failed (`failed_stage`), so a front end can report it. Readers use
+    `marks` (Mark records), `marks_ms()`, `mark_time(name)`, `record()` and
+    `wait_for_meter(timeout)`."""
 
     def __init__(self):
         self.t0 = process_start_boottime()
@@ -159,7 +175,9 @@ class Timeline:
             self.t0_source = "first_python_line"
         else:
             self.t0_source = "proc_self_stat_starttime"
-        self.marks: list[tuple[str, float, int | None, float | None]] = []
+        self.marks: list[Mark] = []
+        self.running_stage: str | None = None  # begin()
+        self.failed_stage: str | None = None  # fail()
         self.spans: dict[str, tuple[float, float]] = {}
         self.meter: EnergyMeter | None = None
         self._meter_ready = threading.Event()
@@ -178,11 +196,15 @@ class Timeline:
         meter = EnergyMeter(device_index)
         t = self.elapsed()
         meter.start()
+        self.use_meter(meter, started_at=t)
+        self.span("nvml_start", t, self.elapsed())
+
+    def use_meter(self, meter: EnergyMeter, started_at: float | None = None) -> None:
+        """Take a started meter: its reading now (or at `started_at`) opens the energy window."""
         counter, power = meter.read()
-        self._energy_t0 = (t, counter, power)
+        self._energy_t0 = (self.elapsed() if started_at is None else started_at, counter, power)
         meter.start_polling(self.elapsed)
         self.meter = meter
-        self.span("nvml_start", t, self.elapsed())
         self._meter_ready.set()
 
     def no_energy(self, reason: str) -> None:
@@ -190,6 +212,10 @@ class Timeline:
         meter.error = reason
         self.meter = meter
         self._meter_ready.set()
+
+    def wait_for_meter(self, timeout: float | None) -> bool:
+        """Wait until the energy meter has started (or was declared absent); False on timeout."""
+        return self._meter_ready.wait(timeout)
 
     def _read_energy(self) -> tuple[int | None, float | None]:
         m = self.meter
@@ -203,8 +229,20 @@ class Timeline:
         t = self.elapsed()
         counter, power = self._read_energy()
         with self._lock:
-            self.marks.append((name, t, counter, power))
+            self.marks.append(Mark(name, t, counter, power))
         return t
+
+    def begin(self, stage: str) -> None:
+        """Name the stage that runs from now on (what fail() records)."""
+        self.running_stage = stage
+
+    def fail(self) -> None:
+        """The running stage raised: remember which one."""
+        self.failed_stage = self.running_stage
+
+    def marks_ms(self) -> dict[str, float]:
+        with self._lock:
+            return {m.name: round(m.at_s * 1000, 3) for m in self.marks}
 
     def span(self, name: str, start: float, end: float) -> None:
         with self._lock:
@@ -216,16 +254,13 @@ class Timeline:
         return t
 
     def mark_time(self, name: str) -> float | None:
-        for n, t, _, _ in self.marks:
-            if n == name:
-                return t
-        return None
+        return next((m.at_s for m in self.marks if m.name == name), None)
 
     # -- the record -----------------------------------------------------------------------
 
     def energy_between(self, end_mark: str) -> dict:
         """Joules from the first counter read to `end_mark`, gross and above idle."""
-        self._meter_ready.wait(timeout=5.0)
+        self.wait_for_meter(5.0)
         m = self.meter
         out = {
             "joules_to_first_token": None,
@@ -238,7 +273,7 @@ class Timeline:
         }
         if m is None or m.method is None or self._energy_t0 is None:
             return out
-        end = next(((t, c, p) for n, t, c, p in self.marks if n == end_mark), None)
+        end = next(((m.at_s, m.energy_mj, m.power_w) for m in self.marks if m.name == end_mark), None)
         if end is None:
             out["energy_error"] = f"no '{end_mark}' mark"
             return out
@@ -256,7 +291,8 @@ class Timeline:
             joules = (e_end - c_start) / 1000.0
             out["energy_extrapolated_ms"] = back_ms  # from the tick after the first token back to it
         else:  # trapezoid over the power read at each mark inside the window
-            pts = [(t_start, p_start)] + [(t, p) for _, t, _, p in self.marks if t_start < t <= t_end and p is not None]
+            pts = [(t_start, p_start)] + [(m.at_s, m.power_w) for m in self.marks
+                                          if t_start < m.at_s <= t_end and m.power_w is not None]
             joules = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:]))
         out["joules_to_first_token"] = round(joules, 3)
         if m.idle_watts is not None:
@@ -268,7 +304,7 @@ class Timeline:
     def record(self, first_token_mark: str = "first_token") -> dict:
         """One JSON-able record of the whole timeline."""
         with self._lock:
-            marks = sorted(self.marks, key=lambda m: m[1])
+            marks = sorted(self.marks, key=lambda m: m.at_s)
             spans = dict(self.spans)
         stages = []
         prev = 0.0

@@ -85,10 +85,8 @@ class FakeCounter(EnergyMeter):
 def test_energy_is_measured_between_counter_ticks():
     tl = Timeline()
     meter = FakeCounter()
-    meter.start_polling(tl.elapsed)
-    tl.meter = meter
-    tl._energy_t0 = (tl.elapsed(), meter._counter_mj(), None)
-    tl._meter_ready.set()
+    tl.use_meter(meter)
+    assert tl.wait_for_meter(0)
     time.sleep(0.3)
     tl.mark("first_token")
     rec = tl.record()
