@@ -1,4 +1,4 @@
-"""`reflex serve`: HTTP edges in process (fake engine, see test_ops.py), then the real server as a
+"""`reflex serve`: HTTP edges in process (fake engine, tests/fake_engine.py), then the real server as a
 subprocess on the embedded Gemma 3 270M (CPU backend), driven by the official openai SDK."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from reflex_runtime import serve
 from reflex_runtime.errors import ModelFileError
 
-from test_ops import REPLY, make_engine
+from fake_engine import REPLY, make_engine
 
 KEY = "test-key"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -61,7 +61,7 @@ def fake():
     engine = make_engine()
     s = Server(lambda args, tl: engine)
     s.engine = engine
-    s.srv.state.ready.wait(5)
+    s.srv.state.model.wait_settled(5)
     yield s
     s.close()
 
@@ -97,7 +97,7 @@ def test_load_failure_is_503_with_the_reason():
 
     s = Server(load)
     try:
-        s.srv.state.ready.wait(5)
+        s.srv.state.model.wait_settled(5)
         r, body = s.request("GET", "/healthz", key=None)
         assert r.status == 503 and "not a GGUF" in body["error"]["message"]
         assert body["error"]["type"] == "model_file_error"
