@@ -115,7 +115,7 @@ def _worker(args, timeline, state: State, load, server) -> None:
         engine = load(args, timeline)
     except Exception as e:
         state.model.failed(e, timeline.failed_stage if timeline is not None else None)
-        if getattr(args, "stay_up", True):
+        if getattr(args, "stay_up", False):
             _log(f"model load failed (answering 503, --stay-up): {state.model.failure}")
         else:  # main() reports it as the one error line, then exits
             threading.Thread(target=server.shutdown, daemon=True).start()
@@ -304,7 +304,7 @@ class _Server(ThreadingHTTPServer):
         _log(f"internal error on a connection from {client_address[0]}: {sys.exc_info()[1]!r}")
 
 
-def start(args, timeline, load=_load) -> ThreadingHTTPServer:
+def start(args, timeline, load=None) -> ThreadingHTTPServer:
     """Listen, then load the model on the worker thread; the caller runs serve_forever().
     `load(args, timeline) -> Engine` is replaceable for tests."""
     state = State(args.api_key)
@@ -323,7 +323,7 @@ def start(args, timeline, load=_load) -> ThreadingHTTPServer:
     if not state.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
         _log(f"warning: {args.host} is reachable from other machines and no --api-key is set")
     server.state = state
-    threading.Thread(target=_worker, args=(args, timeline, state, load, server), name="reflex-engine",
+    threading.Thread(target=_worker, args=(args, timeline, state, load or _load, server), name="reflex-engine",
                      daemon=True).start()
     return server
 

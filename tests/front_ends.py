@@ -26,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from reflex_runtime import ipc, serve
+from reflex_runtime.api.json_wire import dumps
 
 from fake_engine import make_engine
 
@@ -66,10 +67,17 @@ def _from_line(obj: dict) -> Outcome:
 class ServeFront:
     name = "serve"
 
-    def __init__(self, engine=None, api_key=KEY):
+    def __init__(self, engine=None, api_key=KEY, load_error: BaseException | None = None):
         self.engine = engine or make_engine()
-        args = SimpleNamespace(host="127.0.0.1", port=0, api_key=api_key, model=None, backend="cpu", ctx=None)
-        self.srv = serve.start(args, None, load=lambda a, tl: self.engine)
+
+        def load(args, timeline):
+            if load_error is not None:
+                raise load_error
+            return self.engine
+
+        args = SimpleNamespace(host="127.0.0.1", port=0, api_key=api_key, model=None, backend="cpu", ctx=None,
+                               stay_up=True)
+        self.srv = serve.start(args, None, load=load)
         self.port = self.srv.server_address[1]
         threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         self.srv.state.model.wait_settled(10)
@@ -97,9 +105,15 @@ class LinesFront:
     def __init__(self, engine=None, api_key=KEY):
         self.engine, self.api_key = engine or make_engine(), api_key
 
-    def line(self, raw: bytes) -> Outcome:
+    def lines(self, raw: bytes) -> list[dict]:
+        """Every line answered to `raw`, through the same encoder the transports write with."""
         out = []
-        ipc.serve_lines(self.engine, io.BytesIO(raw + b"\n").readline, out.append, self.api_key)
+        ipc.serve_lines(self.engine, io.BytesIO(raw + b"\n").readline, lambda obj: out.append(json.loads(dumps(obj))),
+                        self.api_key)
+        return out
+
+    def line(self, raw: bytes) -> Outcome:
+        out = self.lines(raw)
         assert len(out) >= 1, "no answer line"
         return _from_line(out[-1])
 
@@ -113,12 +127,16 @@ class LinesFront:
 class HandlerFront:
     name = "handler"
 
-    def __init__(self, monkeypatch, engine=None, api_key=KEY):
+    def __init__(self, monkeypatch, engine=None, api_key=KEY, load_error: BaseException | None = None):
         import reflex_runtime.loader
 
         self.engine = engine or make_engine()
 
         def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None):
+            if load_error is not None:
+                timeline.begin("open_model")
+                timeline.fail()
+                raise load_error
             self.engine.timeline = timeline
             timeline.no_energy("fake engine: no GPU")
             return self.engine
@@ -150,6 +168,7 @@ class HandlerFront:
 
     def http(self, method: str, path: str, raw: bytes | None, credential: str | None) -> Outcome:
         r = self.app.lambda_handler(self.event(method, path, raw, credential), CTX)
+        r["body"].encode("utf-8")  # what the Function URL / API Gateway must send on
         ct = r["headers"].get("Content-Type")
         return _from_http(r["statusCode"], json.loads(r["body"]) if ct == "application/json" else None, r["headers"])
 
@@ -158,6 +177,7 @@ class HandlerFront:
         if credential is not None:
             ev["authorization"] = credential
         r = self.app.lambda_handler(ev, CTX)
+        json.dumps(r, ensure_ascii=False).encode("utf-8")  # the runtime serializes the result
         status = r.pop("statusCode")
         return _from_http(status, r)
 

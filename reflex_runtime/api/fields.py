@@ -1,7 +1,9 @@
 """Field checkers: each returns the field's value (or its default) or raises RequestError naming
 the field. Shared by the direct shapes (direct_ops.py) and the OpenAI mapping (openai_mapping.py),
 so the same wrong value gets the same message on every transport. Bounds come from
-engine.Limits; nothing here tokenizes (text is bounded in characters first, cheaply)."""
+engine.Limits; nothing here tokenizes (text is bounded in characters first, cheaply). Text that
+reaches the engine is well-formed: a lone surrogate (JSON allows "\udc80") becomes U+FFFD, as the
+tokenizer would read it, so nothing downstream meets a string UTF-8 cannot encode."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 
 from ..engine import Limits
 from ..errors import RequestError
+from .json_wire import well_formed
 
 ROLES = ("system", "developer", "user", "assistant")
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
@@ -86,7 +89,7 @@ def check_stop(d: dict, limits: Limits = DEFAULT_LIMITS, key: str = "stop") -> t
             or not all(isinstance(s, str) and 0 < len(s) <= chars for s in v)):
         raise RequestError(f"'{key}' must be a non-empty string or a list of up to {n} non-empty strings "
                            f"of up to {chars} characters", field=key)
-    return tuple(v)
+    return tuple(well_formed(s) for s in v)
 
 
 def check_text(v, key: str, max_chars: int, what: str = "prompt") -> str:
@@ -95,7 +98,7 @@ def check_text(v, key: str, max_chars: int, what: str = "prompt") -> str:
         raise RequestError(f"'{key}' must be a non-empty string", field=key)
     if len(v) > max_chars:
         raise RequestError(f"{what} has {len(v)} characters, the limit is {max_chars}", field=key)
-    return v
+    return well_formed(v)
 
 
 def _content_text(content, where: str) -> str:
@@ -142,7 +145,7 @@ def check_messages(v, limits: Limits = DEFAULT_LIMITS, key: str = "messages") ->
         chars += len(text)
         if chars > limits.max_prompt_chars:
             raise RequestError(f"messages have more than {limits.max_prompt_chars} characters (the limit)", field=key)
-        out.append({"role": "system" if role == "developer" else role, "content": text})
+        out.append({"role": "system" if role == "developer" else role, "content": well_formed(text)})
     return out
 
 
@@ -157,7 +160,7 @@ def check_candidates(v, limits: Limits = DEFAULT_LIMITS, key: str = "candidates"
         if len(c) > limits.max_candidate_chars:
             raise RequestError(f"candidate {i} has {len(c)} characters, the limit is {limits.max_candidate_chars}",
                                field=key)
-    return list(v)
+    return [well_formed(c) for c in v]
 
 
 def check_keys(d: dict, allowed: frozenset, ignored: frozenset, what: str) -> None:

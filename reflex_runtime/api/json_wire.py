@@ -55,6 +55,8 @@ def parse_object(raw: bytes | str) -> dict:
 
 def well_formed(text: str) -> str:
     """`text` with each lone surrogate replaced by U+FFFD (what the tokenizer reads it as)."""
+    if text.isascii():
+        return text
     try:
         text.encode("utf-8")
         return text
