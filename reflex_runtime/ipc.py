@@ -97,10 +97,14 @@ def serve_lines(engine, readline, write, api_key: str | None = None) -> bool:
         rid = None
         try:
             rid, d = parse_line(line)
-            for obj in answer(engine, d, api_key=api_key, ops=LINE_OPS, deltas=True):
-                write({"id": rid, **obj})
-                if obj.get("op") == "shutdown":
-                    return False
+            replies = answer(engine, d, api_key=api_key, ops=LINE_OPS, deltas=True)
+            try:  # a failed write closes the generation behind the replies at this token
+                for obj in replies:
+                    write({"id": rid, **obj})
+                    if obj.get("op") == "shutdown":
+                        return False
+            finally:
+                replies.close()
         except (ClientGone, Idle):
             raise
         except Exception as e:

@@ -9,8 +9,6 @@ and health (`GET /healthz`, the `ping` op) never needs one. Keys are compared in
 
 from __future__ import annotations
 
-import hmac
-
 from ..errors import RequestError
 
 _BLANKS = " \t"
@@ -35,6 +33,8 @@ def check(value, api_key: str | None) -> None:
     """Raise the 401 RequestError unless `value` carries `api_key` (or no key is configured)."""
     if not api_key:
         return
+    import hmac  # only with a key: the CLI's cold path never needs it
+
     got = bearer_key(value)
     # compare_digest on bytes: any code point encodes (surrogatepass), and the time does not
     # depend on where the strings differ.
