@@ -6,9 +6,9 @@ clients, disconnects and oversized or hostile requests mixed in. It reports:
   mixed replies (an answer that is not the answer to that request: wrong status, a token count
   that does not match the prompt sent, candidates that are not the ones sent, two response ids in
   one stream, a reused id). Both must be 0.
-- latency of a small request (one generated token) sent every PROBE_EVERY seconds by a probe
-  client, split by whether a hostile request (oversized, slow sender, slow reader, long
-  generation) was in flight when it was sent: p50 / p99 / max. Every request reaches the one engine
+- latency of a small request (one generated token) sent by a probe client PROBE_EVERY seconds
+  after its previous answer, split by which hostile requests (oversized, slow sender, slow reader,
+  long generation) were in flight when it was sent: p50 / p99 / max. Every request reaches the one engine
   thread through a FIFO queue, so these include waiting behind the other clients' requests. For
   scale, the probe first runs alone on the idle server for --baseline seconds.
 - the server's RSS every RSS_EVERY seconds (and its thread count): flat means no leak.
@@ -61,6 +61,7 @@ class Tally:
         self.statuses = Counter()
         self.latency: dict[str, list[float]] = {}
         self.hostile_in_flight = 0
+        self.in_flight = Counter()  # hostile kind -> requests of it in flight
         self.ids: set[str] = set()
 
     def add_latency(self, kind: str, s: float) -> None:
@@ -264,14 +265,16 @@ class Soak:
 
     # -- one client ----------------------------------------------------------------------------
 
-    def run(self, deadline: float) -> None:
+    def run(self, deadline: float, think: float) -> None:
         kinds, weights = zip(*MIX.items())
+        time.sleep(self.rng.uniform(0, think))  # clients start spread out, not in one burst
         while time.monotonic() < deadline:
             kind = self.rng.choices(kinds, weights)[0]
             hostile = kind in HOSTILE
             with self.t.lock:
                 self.t.sent[kind] += 1
                 self.t.hostile_in_flight += hostile
+                self.t.in_flight[kind] += hostile
             try:
                 getattr(self, kind)()
                 with self.t.lock:
@@ -282,13 +285,15 @@ class Soak:
             finally:
                 with self.t.lock:
                     self.t.hostile_in_flight -= hostile
+                    self.t.in_flight[kind] -= hostile
+            time.sleep(min(self.rng.expovariate(1 / think), max(0.0, deadline - time.monotonic())) if think else 0)
 
 
 def probe(port: int, tokenizer, tally: Tally, deadline: float, samples: list) -> None:
     s = Soak(port, tokenizer, tally, seed=10_000)
     while time.monotonic() < deadline:
         with tally.lock:
-            hostile = tally.hostile_in_flight > 0
+            hostile = frozenset(k for k, n in tally.in_flight.items() if n > 0)
         t0 = time.perf_counter()
         try:
             s.small(max_tokens=1, kind="probe")
@@ -344,8 +349,12 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=300.0)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--baseline", type=float, default=20.0, help="seconds of the probe alone first")
+    ap.add_argument("--think", type=float, default=10.0,
+                    help="mean seconds a client waits between its requests (exponential; 0: back to back, which "
+                         "saturates the one engine and turns every latency into queueing)")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    ap.add_argument("--log", type=Path, help="the server's stderr (default: /tmp/soak-serve-PORT.log)")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
@@ -358,7 +367,7 @@ def main(argv=None) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", "cpu", "--model", model,
            "--port", str(port), "--api-key", KEY]
-    log_path = (args.out.with_suffix(".serve.log") if args.out else Path(f"/tmp/soak-serve-{port}.log"))
+    log_path = args.log or Path(f"/tmp/soak-serve-{port}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
@@ -369,8 +378,8 @@ def main(argv=None) -> int:
         tally, samples, rss = Tally(), [], []
         t_start = time.monotonic()
         deadline = t_start + args.duration
-        threads = [threading.Thread(target=Soak(port, tokenizer, tally, seed=i).run, args=(deadline,), daemon=True)
-                   for i in range(args.clients)]
+        threads = [threading.Thread(target=Soak(port, tokenizer, tally, seed=i).run, args=(deadline, args.think),
+                                    daemon=True) for i in range(args.clients)]
         threads.append(threading.Thread(target=probe, args=(port, tokenizer, tally, deadline, samples), daemon=True))
         threads.append(threading.Thread(target=rss_sampler, args=(server.pid, t_start, deadline, rss), daemon=True))
         for t in threads:
@@ -392,15 +401,20 @@ def main(argv=None) -> int:
     calm = [s for s, h in samples if not h]
     res = {
         "date": time.strftime("%Y-%m-%d"), "command": " ".join([Path(sys.executable).name] + sys.argv),
-        "server_command": " ".join(cmd[1:]), "model": model, "duration_s": args.duration, "clients": args.clients,
+        "server_command": " ".join(cmd[1:]), "server_log": str(log_path), "model": model, "duration_s": args.duration, "clients": args.clients,
+        "think_s_mean": args.think, "mix": MIX,
         "machine": {"cpus": os.cpu_count(), "note": "shared development VM; the clients run on the same cores"},
         "requests_sent": dict(tally.sent), "requests_answered": dict(tally.answered),
         "requests_total": sum(tally.sent.values()),
         "lost_replies": len(tally.lost), "mixed_replies": len(tally.mixed),
         "lost_examples": tally.lost[:20], "mixed_examples": tally.mixed[:20],
         "client_threads_still_running": alive, "server_alive_at_end": still_up, "healthz_at_end": health,
-        "probe_small_request_latency": {"hostile_in_flight": _lat(hostile), "no_hostile_in_flight": _lat(calm),
-                                        "idle_server_baseline": _lat([s for s, _ in baseline])},
+        "probe_small_request_latency": {
+            "hostile_in_flight": _lat(hostile), "no_hostile_in_flight": _lat(calm),
+            "long_generation_in_flight": _lat([s for s, h in samples if "long" in h]),
+            "hostile_but_no_long_generation_in_flight": _lat([s for s, h in samples if h and "long" not in h]),
+            "oversized_in_flight": _lat([s for s, h in samples if "oversized" in h]),
+            "idle_server_baseline": _lat([s for s, _ in baseline])},
         "latency_by_kind": {k: _lat(v) for k, v in sorted(tally.latency.items())},
         "rss_mb": {"first": rss[0]["rss_mb"] if rss else None, "last": rss[-1]["rss_mb"] if rss else None,
                    "max": max((p["rss_mb"] for p in rss), default=None),
