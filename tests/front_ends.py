@@ -127,7 +127,7 @@ class LinesFront:
 class HandlerFront:
     name = "handler"
 
-    def __init__(self, monkeypatch, engine=None, api_key=KEY, load_error: BaseException | None = None):
+    def __init__(self, monkeypatch, engine=None, api_key=KEY, load_error: BaseException | None = None, **env):
         import reflex_runtime.loader
 
         self.engine = engine or make_engine()
@@ -145,6 +145,8 @@ class HandlerFront:
             monkeypatch.delenv(k, raising=False)
         if api_key:
             monkeypatch.setenv("REFLEX_API_KEY", api_key)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
         monkeypatch.setattr(reflex_runtime.loader, "load_engine", fake_load)
         logging.Logger.manager.loggerDict.pop(os.environ.get("POWERTOOLS_SERVICE_NAME", "reflex"), None)
         sys.modules.pop("handlers.app", None)

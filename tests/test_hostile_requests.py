@@ -356,3 +356,16 @@ def test_base64_bodies_still_work(make_fronts):
     ev = _furl()
     ev["body"], ev["isBase64Encoded"] = base64.b64encode(ev["body"].encode()).decode(), True
     assert app.lambda_handler(ev, CTX)["statusCode"] == 200
+
+
+@pytest.mark.parametrize("env", [{"REFLEX_CTX": "0"}, {"REFLEX_CTX": "-1"}, {"REFLEX_CTX": "1000000000"},
+                                 {"REFLEX_CTX": "lots"}, {"REFLEX_REQUEST_TIMEOUT": "nan"}])
+def test_bad_handler_settings_are_a_503_naming_them(monkeypatch, env):
+    h = HandlerFront(monkeypatch, **env)
+    try:
+        (name,) = env
+        for o in (h.http("GET", "/healthz", None, None), h.direct({"op": "generate", "prompt": "x"}, AUTH)):
+            assert o.status == 503 and o.code == "model_load_failed", o
+            assert o.message.startswith(f"the model failed to load at stage 'configuration': {name} must be")
+    finally:
+        h.close()

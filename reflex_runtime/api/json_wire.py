@@ -14,6 +14,7 @@ Out: `dumps(obj)` always gives UTF-8 bytes. A request may carry lone surrogates 
 from __future__ import annotations
 
 import json
+import re
 
 from ..errors import RequestError
 
@@ -53,15 +54,12 @@ def parse_object(raw: bytes | str) -> dict:
     return body
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # no UTF-8 for these; json.loads already joined escaped pairs
+
+
 def well_formed(text: str) -> str:
     """`text` with each lone surrogate replaced by U+FFFD (what the tokenizer reads it as)."""
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def _scrub(obj):
