@@ -53,12 +53,49 @@ def _eprint(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
+def _model_ref(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave --model out for $REFLEX_MODEL or the embedded model)")
+    return value
+
+
+def _context(value: str) -> int:
+    from .engine import CONTEXT_RANGE
+
+    lo, hi = CONTEXT_RANGE
+    try:
+        n = int(value)
+    except ValueError:
+        n = None
+    if n is None or not lo <= n <= hi:
+        raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {value!r}")
+    return n
+
+
+def _seconds(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v <= 86400:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in [0, 86400] (0: no limit), got {value!r}")
+    return v
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=None,
+    p.add_argument("--model", "-m", default=None, type=_model_ref,
                    help="GGUF path, org/repo:file.gguf, or org/repo:QUANT (default: $REFLEX_MODEL or the embedded Gemma 3 270M)")
     p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default=os.environ.get("REFLEX_BACKEND", "auto"),
                    help="auto uses the GPU when a GPU and the kernels are present, else the numpy reference")
-    p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: min(model, 8192))")
+    p.add_argument("--ctx", type=_context, default=None,
+                   help="context length to allocate, 16 to 1048576 tokens (default: min(model, 8192))")
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", default=os.environ.get("REFLEX_API_KEY"),
+                   help="require this key ($REFLEX_API_KEY): 'Authorization: Bearer KEY' (a header, or a field of each JSON line)")
+    p.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="engine time one generation may take; it then ends with finish_reason 'length' (default 60; 0: none)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -121,13 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what)
         if name == "uds":
             p.add_argument("path", help="socket path (created with mode 0600)")
+            p.add_argument("--idle-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                           help="close a connection that sent nothing this long while another client waits (default 10)")
         _add_model_args(p)
+        _add_server_args(p)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/system1)")
     _add_model_args(p)
+    _add_server_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("REFLEX_API_KEY"), help="require this bearer token ($REFLEX_API_KEY)")
+    p.add_argument("--stay-up", action="store_true",
+                   help="if the model fails to load, keep answering 503 with the reason (default: exit with the error)")
 
     p = sub.add_parser("pull", help="download a GGUF from the Hugging Face Hub into the cache and print its path")
     p.add_argument("ref", help="org/repo:file.gguf or org/repo:QUANT")
@@ -166,17 +208,18 @@ def _write_record(path: str | None, rec: dict) -> None:
 
 
 def cmd_generate(args) -> int:
-    from .engine import Finished, GenerateRequest
+    from .api.direct_ops import parse_generate
+    from .engine import Finished
     from .loader import load_engine
-    from .sampling import SamplingParams
 
+    # The request layer's checks, before the model loads: a bad value costs no cold start.
+    req = parse_generate({
+        "prompt": args.prompt, "max_tokens": args.max_tokens, "chat": args.chat, "stop": args.stop or None,
+        "enable_thinking": False if args.no_think else None, "ignore_eos": args.ignore_eos,
+        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+        "seed": args.seed})
     tl = _TIMELINE
     engine = load_engine(args.model, args.backend, tl, max_context=args.ctx, device=_EARLY_DEVICE)
-    req = GenerateRequest(
-        prompt=args.prompt, max_tokens=args.max_tokens, chat=args.chat, stop=tuple(args.stop),
-        enable_thinking=False if args.no_think else None, ignore_eos=args.ignore_eos,
-        sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
-    )
     out = sys.stdout
     for ev in engine.generate(req):
         if isinstance(ev, Finished):
@@ -196,8 +239,10 @@ def cmd_generate(args) -> int:
 
 
 def cmd_system1(args) -> int:
+    from .api.direct_ops import parse_system1
     from .loader import load_engine
 
+    req = parse_system1({"prompt": args.prompt, "candidates": list(args.candidate), "chat": args.chat})
     engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx, device=_EARLY_DEVICE)
 
     def print_scores(res: dict) -> None:  # before the record: its energy reading may wait ~0.1 s
@@ -206,7 +251,7 @@ def cmd_system1(args) -> int:
                  for c in res["candidates"]]
         print("\n".join(lines), flush=True)
 
-    res = engine.system1(prompt=args.prompt, candidates=list(args.candidate), chat=args.chat,
+    res = engine.system1(prompt=req.prompt, candidates=req.candidates, chat=req.chat,
                          emit=None if args.json else print_scores)
     rec = res["record"]
     if args.json:
@@ -234,7 +279,7 @@ def _dispatch(args) -> int:
     if cmd == "doctor":
         from .doctor import main as doctor_main
 
-        return doctor_main(args)
+        return doctor_main(args, _TIMELINE)
     if cmd == "smoke":
         from .gpu.smoke import main as smoke_main
 

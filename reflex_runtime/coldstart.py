@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 from .energy import EnergyMeter, window_energy
 
@@ -38,9 +39,24 @@ def now_boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+class Mark(NamedTuple):
+    """One point on the timeline: seconds from process start, and the GPU power then (read only
+    where the GPU has no energy counter: see energy.py)."""
+
+    name: str
+    at_s: float
+    power_w: float | None
+
+
 class Timeline:
     """Marks on one clock from process start. Main-path marks make the stages; background
-    work (context creation on a thread) is recorded as spans beside them."""
+    work (context creation on a thread) is recorded as spans beside them.
+
+    The stage API for the code that drives a cold start (loader.py): `begin(stage)` names the
+    stage now running, `mark(name)` records that a point was reached, and `fail()` records that
+    the running stage failed (`failed_stage`), so a front end can report it. Readers use
+    `marks` (Mark records), `marks_ms()`, `mark_time(name)`, `record()` and
+    `wait_for_meter(timeout)`."""
 
     def __init__(self):
         self.t0 = process_start_boottime()
@@ -50,7 +66,9 @@ class Timeline:
             self.t0_source = "first_python_line"
         else:
             self.t0_source = "proc_self_stat_starttime"
-        self.marks: list[tuple[str, float, int | None, float | None]] = []
+        self.marks: list[Mark] = []
+        self.running_stage: str | None = None  # begin()
+        self.failed_stage: str | None = None  # fail()
         self.spans: dict[str, tuple[float, float]] = {}
         self.meter: EnergyMeter | None = None
         self._meter_ready = threading.Event()
@@ -71,8 +89,12 @@ class Timeline:
         meter = EnergyMeter(device_index)
         t = self.elapsed()
         meter.start(self.elapsed, flags)
-        self.meter = meter
+        self.use_meter(meter)
         self.span("nvml_start", t, self.elapsed())
+
+    def use_meter(self, meter: EnergyMeter) -> None:
+        """Take a started meter (its first counter read opens the energy window)."""
+        self.meter = meter
         self._meter_ready.set()
 
     def no_energy(self, reason: str) -> None:
@@ -80,6 +102,10 @@ class Timeline:
         meter.error = reason
         self.meter = meter
         self._meter_ready.set()
+
+    def wait_for_meter(self, timeout: float | None) -> bool:
+        """Wait until the energy meter has started (or was declared absent); False on timeout."""
+        return self._meter_ready.wait(timeout)
 
     def _power_sample(self) -> float | None:
         """Power now, only where the GPU has no energy counter (each read is a driver call)."""
@@ -94,10 +120,22 @@ class Timeline:
         t = self.elapsed()
         power = self._power_sample()
         with self._lock:
-            self.marks.append((name, t, None, power))
+            self.marks.append(Mark(name, t, power))
         if name in self.END_MARKS and self.meter is not None and self._meter_ready.is_set():
             self.meter.mark_end(self.elapsed, t)  # read the counter now, and again when it steps
         return t
+
+    def begin(self, stage: str) -> None:
+        """Name the stage that runs from now on (what fail() records)."""
+        self.running_stage = stage
+
+    def fail(self) -> None:
+        """The running stage raised: remember which one."""
+        self.failed_stage = self.running_stage
+
+    def marks_ms(self) -> dict[str, float]:
+        with self._lock:
+            return {m.name: round(m.at_s * 1000, 3) for m in self.marks}
 
     def span(self, name: str, start: float, end: float) -> None:
         with self._lock:
@@ -109,17 +147,14 @@ class Timeline:
         return t
 
     def mark_time(self, name: str) -> float | None:
-        for n, t, _, _ in self.marks:
-            if n == name:
-                return t
-        return None
+        return next((m.at_s for m in self.marks if m.name == name), None)
 
     # -- the record -----------------------------------------------------------------------
 
     def energy_between(self, end_mark: str) -> dict:
         """GPU joules from process start to `end_mark`: measured and estimated parts (energy.py),
         gross and above idle."""
-        self._meter_ready.wait(timeout=5.0)
+        self.wait_for_meter(5.0)
         m = self.meter
         out = {
             "joules_process_start_to_first_token": None,
@@ -169,7 +204,8 @@ class Timeline:
     def _energy_from_power_samples(self, out: dict, m, t_end: float) -> dict:
         """No counter: the trapezoid over the power read at each mark, the span before the first
         sample estimated at that first sample."""
-        pts = [(t, p) for _, t, _, p in sorted(self.marks, key=lambda mk: mk[1]) if p is not None and t <= t_end]
+        pts = [(mk.at_s, mk.power_w) for mk in sorted(self.marks, key=lambda mk: mk.at_s)
+               if mk.power_w is not None and mk.at_s <= t_end]
         if not pts:
             out["energy_error"] = "no power sample inside the window"
             return out
@@ -188,11 +224,11 @@ class Timeline:
     def record(self, first_token_mark: str = "first_token") -> dict:
         """One JSON-able record of the whole timeline."""
         with self._lock:
-            marks = sorted(self.marks, key=lambda m: m[1])
+            marks = sorted(self.marks, key=lambda m: m.at_s)
             spans = dict(self.spans)
         stages = []
         prev = 0.0
-        for name, t, _, _ in marks:
+        for name, t, _ in marks:
             stages.append({"stage": name, "ms": round((t - prev) * 1000, 3), "at_ms": round(t * 1000, 3)})
             prev = t
         first = self.mark_time(first_token_mark)

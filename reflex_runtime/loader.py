@@ -44,9 +44,12 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
-                max_context: int | None = None, log=None, device=None):
+                max_context: int | None = None, log=None, device=None, limits=None):
     """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
-    `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`."""
+    `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`.
+    `limits`: the engine.Limits requests are held to (default: Limits()).
+    On failure the timeline's `failed_stage` names the stage that raised: resolve_model,
+    open_model, load_weights, tokenizer or engine."""
     if backend not in BACKENDS:
         raise ReflexError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     # While several threads bring the model up, a thread that drops the GIL for a driver call
@@ -60,8 +63,12 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     sys.setswitchinterval(0.0002)
     gc_was_on = gc.isenabled()
     gc.disable()
+    tl = timeline or Timeline()
     try:
-        return _load(model_ref, backend, timeline, max_context, log, device)
+        return _load(model_ref, backend, tl, max_context, log, device, limits)
+    except BaseException:
+        tl.fail()
+        raise
     finally:
         sys.setswitchinterval(switch)
         gc.freeze()
@@ -69,8 +76,8 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, timeline, max_context, log, device):
-    tl = timeline or Timeline()
+def _load(model_ref, backend, tl, max_context, log, device, limits):
+    tl.begin("resolve_model")
     if backend in ("auto", "cuda"):
         if device is None:  # first: cuInit is the cold path's longest stage
             from .gpu.bootstrap import DeviceBootstrap
@@ -89,6 +96,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     if os.path.isfile(path):
         _prefetch(path, tl)
     tl.mark("model_resolved")
+    tl.begin("open_model")
     from . import modelcache
 
     index = modelcache.load(path) if os.path.isfile(path) else None
@@ -96,6 +104,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     config = read_config(gguf)
     tl.mark("gguf_open")
 
+    tl.begin("load_weights")
     runner = None
     fallback_reason = None
     if device is not None:
@@ -110,6 +119,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
         else:
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
+    tl.begin("tokenizer")
     from .tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(gguf)
@@ -118,6 +128,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     tokenizer.prepare()  # build the lookup tables now, while the weights stream to the GPU
     tl.mark("tokenizer")
 
+    tl.begin("load_weights")
     if runner is not None:
         try:
             runner.wait_ready()
@@ -140,7 +151,6 @@ def _load(model_ref, backend, timeline, max_context, log, device):
         if device is None or not getattr(device, "energy_started", False):
             if tl.meter is None:
                 tl.no_energy(fallback_reason or "no GPU in use")
-    engine = Engine(gguf, config, tokenizer, runner, timeline=tl, model_ref=model_ref or path)
-    engine.fallback_reason = fallback_reason
-    engine.index_cached = index is not None
-    return engine
+    tl.begin("engine")
+    return Engine(gguf, config, tokenizer, runner, timeline=tl, model_ref=model_ref or path, limits=limits,
+                  fallback_reason=fallback_reason, index_cached=index is not None)

@@ -13,6 +13,22 @@ SCRIPTS = os.path.join(ROOT, "scripts")
 if SCRIPTS not in sys.path:
     sys.path.insert(0, SCRIPTS)
 
+SYSTEM_TESTS_ENV = "REFLEX_SYSTEM_TESTS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`system` tests change the machine (apt-get, a Docker daemon, pip installs outside the
+    environment): they run only when REFLEX_SYSTEM_TESTS=1 (.ci/run sets it). Plain `pytest` on a
+    developer's box installs nothing and leaves no daemon running."""
+    if os.environ.get(SYSTEM_TESTS_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"changes the system (apt-get, dockerd, pip): set {SYSTEM_TESTS_ENV}=1 to run "
+                                   "(.ci/run does)")
+    for item in items:
+        if "system" in item.keywords:
+            item.add_marker(skip)
+
+
 _FIXTURES: dict = {}
 _HF: dict = {}
 _REF: dict = {}

@@ -128,3 +128,29 @@ def test_early_device_start_reads_backend_like_argparse(monkeypatch):
     assert _backend_in_argv(["generate", "p"]) == "auto"
     monkeypatch.setenv("REFLEX_BACKEND", "cpu")
     assert _backend_in_argv(["generate", "p"]) == "cpu"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "hi", "--ctx", "-1"], "argument --ctx: must be an integer in [16, 1048576], got '-1'"),
+    (["generate", "hi", "--ctx", "0"], "argument --ctx: must be an integer in [16, 1048576], got '0'"),
+    (["generate", "hi", "--ctx", "1000000000"], "argument --ctx: must be an integer in [16, 1048576], got '1000000000'"),
+    (["serve", "--ctx", "10^9"], "argument --ctx: must be an integer in [16, 1048576], got '10^9'"),
+    (["generate", "hi", "--model", ""], "argument --model/-m: must not be empty (leave --model out for $REFLEX_MODEL "
+                                        "or the embedded model)"),
+    (["stdio", "-m", " "], "argument --model/-m: must not be empty"),
+    (["serve", "--request-timeout", "-1"], "argument --request-timeout: must be a number of seconds in [0, 86400]"),
+    (["uds", "/tmp/x.sock", "--idle-timeout", "nan"], "argument --idle-timeout: must be a number of seconds"),
+])
+def test_bad_option_values_are_usage_errors(argv, needle, capsys):
+    from reflex_runtime.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bad_option_values_exit_2_from_the_command():
+    r = reflex("generate", "hi", "--ctx", "0", "--backend", "cpu", timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith("argument --ctx: must be an integer in [16, 1048576], got '0'")

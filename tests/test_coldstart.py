@@ -159,6 +159,7 @@ def test_timeline_record_covers_process_start_to_first_token(monkeypatch):
     monkeypatch.setattr("reflex_runtime.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
     time.sleep(0.25)
     tl.start_energy()
+    assert tl.wait_for_meter(0)
     time.sleep(0.3)
     tl.mark("first_token")
     rec = tl.record()
