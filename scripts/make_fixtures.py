@@ -5,7 +5,7 @@ The tests compare our numpy reference (and later the GPU engine) with `transform
 same random model. To make sure our GGUF conventions are the ones real files use, the GGUF is
 written by llama.cpp's UNMODIFIED `convert_hf_to_gguf.py` from the pinned sdist
 (scripts/llama_cpp_sdist.py), run in a subprocess. Types the converter cannot write (Q4_0,
-Q5_0, K-quants, the Q4_K_M mix) are made from the f32 GGUF by scripts/quantize_gguf.py.
+Q4_1, Q5_0, Q5_1, K-quants, the Q4_K_M mix) are made from the f32 GGUF by scripts/quantize_gguf.py.
 
 Adding an architecture is one function: `build_<arch>(overrides, hf_dir) -> ArchBuild` that
 returns the `transformers` config and writes/lists the tokenizer files, plus one line in ARCHS.
@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("arch", nargs="?", help=f"one of {', '.join(sorted(ARCHS))}")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="a real model's shape (random weights)")
-    ap.add_argument("--outtype", default="f32", help="f32, f16, bf16, q8_0 (converter) or q4_0, q5_0, q4_k, q5_k, q6_k, q4_k_m")
+    ap.add_argument("--outtype", default="f32", help="f32, f16, bf16, q8_0 (converter) or q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m")
     ap.add_argument("--out", type=Path, help="write DIR/hf and DIR/<arch>-<outtype>.gguf here instead of the cache")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (JSON value)")
     ap.add_argument("--seed", type=int, default=0)

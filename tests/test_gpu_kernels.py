@@ -42,7 +42,7 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, base)
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,k", [(64, 3072), (96, 1024), (1500, 2048)])
 def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     """Few rows and long rows: several warps share each row (the decode shapes of a real model)."""
@@ -57,7 +57,7 @@ def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     assert (wpr > 1) == (k >= 2048)  # the split only pays for rows of 2048+ weights
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,fused_norm", [(4100, False), (8200, True), (8192, False)])
 def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     """Many rows, one token: each warp applies one x load to 2 or 4 rows (the LM head's shape)."""
@@ -73,7 +73,7 @@ def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, rtol=2e-4)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 6])
 def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
     """q, k and v in one launch, with the pre-attention RMSNorm folded into the kernel."""
@@ -109,7 +109,7 @@ def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
     assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=2e-3)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("n_tok,fused_norm", [(1, False), (5, False), (40, False), (70, False), (1, True), (3, True)])
 def test_gated_ffn_input(gpu, qtype, act, n_tok, fused_norm):
