@@ -142,6 +142,8 @@ def cmd_generate(args) -> int:
 
     tl = _TIMELINE
     engine = load_engine(args.model, args.backend, tl, max_context=args.ctx, device=_EARLY_DEVICE)
+    if args.chat and engine.chat_notice:
+        _eprint(f"reflex: {engine.chat_notice}")
     req = GenerateRequest(
         prompt=args.prompt, max_tokens=args.max_tokens, chat=args.chat, stop=tuple(args.stop),
         enable_thinking=False if args.no_think else None, ignore_eos=args.ignore_eos,
@@ -169,6 +171,8 @@ def cmd_system1(args) -> int:
     from .loader import load_engine
 
     engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx, device=_EARLY_DEVICE)
+    if args.chat and engine.chat_notice:
+        _eprint(f"reflex: {engine.chat_notice}")
 
     def print_scores(res: dict) -> None:  # before the record: its energy reading may wait ~0.1 s
         lines = [f"REFLEX_SYSTEM1_CANDIDATE idx={c['index']} text={json.dumps(c['text'], ensure_ascii=False)} "

@@ -128,3 +128,19 @@ def test_early_device_start_reads_backend_like_argparse(monkeypatch):
     assert _backend_in_argv(["generate", "p"]) == "auto"
     monkeypatch.setenv("REFLEX_BACKEND", "cpu")
     assert _backend_in_argv(["generate", "p"]) == "cpu"
+
+
+def test_chat_on_a_model_without_a_template_says_so(fixture_paths):
+    """`--chat` on a base model (this Gemma 3 fixture has no chat template): one notice line on
+    stderr, then the continuation, and the record names the fallback."""
+    import json
+
+    gguf = str(fixture_paths("gemma3", "f32").gguf)
+    r = reflex("generate", "Hi", "--chat", "-n", "2", "--backend", "cpu", "--model", gguf, "--json")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if "no chat template" in line]
+    assert len(notes) == 1 and notes[0].startswith("reflex: ") and "--model smollm2" in notes[0]
+    rec = json.loads(r.stdout)["record"]
+    assert rec["chat_template"] == "none (plain Gemma turn fallback)" and rec["notice"] in notes[0]
+    r = reflex("generate", "Hi", "-n", "2", "--backend", "cpu", "--model", gguf)
+    assert r.returncode == 0 and "chat template" not in r.stderr
