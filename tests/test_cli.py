@@ -54,10 +54,10 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_unsupported_architecture_is_named_with_the_supported_list(tmp_path):
-    p = tmp_path / "llama.gguf"
-    write_gguf(p, "llama", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    p = tmp_path / "mamba.gguf"
+    write_gguf(p, "mamba", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
     r = reflex("generate", "hi", "--model", str(p), "--backend", "cpu")
-    one_line_error(r, UnsupportedModelError.exit_code, "unsupported architecture 'llama'")
+    one_line_error(r, UnsupportedModelError.exit_code, "unsupported architecture 'mamba'")
     assert "qwen3" in r.stderr and "gemma3" in r.stderr
 
 

@@ -4,7 +4,7 @@ expects, checked without a GPU.
 nvcc compiles kernels/all.cu to PTX here, which lists each `extern "C"` kernel's parameters with
 their sizes. A fake device stands in for the driver: it records each launch's ctypes argument
 pack, and we run the real forward passes (prefill, decode step, system1 tree, samplers, scoring)
-of tiny Qwen3 and Gemma 3 models through it. A wrong argument count, order of sizes, launch
+of tiny Qwen3, Gemma 3, Qwen3-MoE and Llama models through it. A wrong argument count, order of sizes, launch
 shape, or a kernel missing from the table fails here instead of on the GPU.
 """
 
@@ -172,14 +172,14 @@ def test_fake_device_has_the_whole_device_interface():
     assert not missing, missing
 
 
-def _model(arch, params):
+def _model(arch, params, **overrides):
     from make_fixtures import make_fixture
 
     from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
     from reflex_runtime.gguf_file import GGUFFile
     from reflex_runtime.gpu.launch import Launcher
 
-    g = GGUFFile(make_fixture(arch, "q4_k_m").gguf)
+    g = GGUFFile(make_fixture(arch, "q4_k_m", **overrides).gguf)
     cfg = read_config(g)
     assert gpu_unsupported(cfg, g) is None
     model = gpu_model_class(cfg)(cfg, g, max_batch=64, n_ctx=256, max_new=256)
@@ -189,12 +189,24 @@ def _model(arch, params):
     return model, dev
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe"])
-def test_forward_launches_match_kernel_abi(ptx_params, arch):
+ABI_MODELS = {  # name: (fixture architecture, overrides)
+    "qwen3": ("qwen3", {}), "gemma3": ("gemma3", {}), "qwen3moe": ("qwen3moe", {}),
+    "llama": ("llama", {}),  # untied LM head, pairwise rope
+    "llama3_tied": ("llama", {"tie_word_embeddings": True, "rope_llama3": 4.0}),  # + rope_freqs factors
+}
+
+
+@pytest.mark.parametrize("name", list(ABI_MODELS))
+def test_forward_launches_match_kernel_abi(ptx_params, name):
     from reflex_runtime.gpu.driver import RxState
     from reflex_runtime.gpu.model import ARGMAX_PARTS
 
-    dec, dev = _model(arch, ptx_params)
+    arch, overrides = ABI_MODELS[name]
+    dec, dev = _model(arch, ptx_params, **overrides)
+    if arch == "llama":  # pairwise rope, and the factors tensor bound in place when the file has one
+        attn = dec.layers[0].attn
+        assert attn.rope_pairs and (attn.rope_factors != 0) == ("rope_llama3" in overrides)
+        assert not attn.w.q_norm and not attn.w.k_norm
     cfg = dec.cfg
     dec.forward(1)  # a decode step
     per_layer = len(dev.launches)
