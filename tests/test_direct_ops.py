@@ -132,3 +132,24 @@ def test_engine_limits_surface_as_request_errors(engine):
     with pytest.raises(RequestError) as ei:
         run_generate(engine, parse_generate({"prompt": "hi", "max_tokens": 10_000}))
     assert ei.value.field == "max_tokens"
+
+
+def test_chat_records_say_which_template_laid_out_the_messages(engine):
+    """A file without a chat template (a base model) still answers chat requests, laid out in the
+    plain fallback format, and the record says so; prompt requests carry no chat fields."""
+    assert "no chat template" in engine.chat_notice and "ChatML" in engine.chat_notice
+    res = run_generate(engine, parse_generate({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+    assert res["record"]["chat_template"] == "none (plain ChatML fallback)"
+    assert res["record"]["notice"] == engine.chat_notice
+    res = run_generate(engine, parse_generate({"prompt": "hi", "chat": True, "max_tokens": 3}))
+    assert res["record"]["notice"] == engine.chat_notice
+    plain = run_generate(engine, parse_generate({"prompt": "hi", "max_tokens": 3}))["record"]
+    assert "notice" not in plain and "chat_template" not in plain
+    scored = engine.system1(prompt="hi", candidates=["Hello", "Bye"], chat=True)["record"]
+    assert scored["notice"] == engine.chat_notice
+
+    templated = make_engine()
+    templated._chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert templated.chat_notice is None
+    rec = run_generate(templated, parse_generate({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))["record"]
+    assert rec["chat_template"] == "model" and "notice" not in rec

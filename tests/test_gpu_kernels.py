@@ -42,7 +42,7 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, base)
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,k", [(64, 3072), (96, 1024), (1500, 2048)])
 def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     """Few rows and long rows: several warps share each row (the decode shapes of a real model)."""
@@ -57,7 +57,7 @@ def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     assert (wpr > 1) == (k >= 2048)  # the split only pays for rows of 2048+ weights
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,fused_norm", [(4100, False), (8200, True), (8192, False)])
 def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     """Many rows, one token: each warp applies one x load to 2 or 4 rows (the LM head's shape)."""
@@ -73,7 +73,7 @@ def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, rtol=2e-4)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 6])
 def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
     """q, k and v in one launch, with the pre-attention RMSNorm folded into the kernel."""
@@ -109,7 +109,7 @@ def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
     assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=2e-3)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("n_tok,fused_norm", [(1, False), (5, False), (40, False), (70, False), (1, True), (3, True)])
 def test_gated_ffn_input(gpu, qtype, act, n_tok, fused_norm):
@@ -177,21 +177,39 @@ def test_rmsnorm_modes(gpu, n):
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(new_resid, w_out, eps), rtol=1e-5, atol=1e-5)
 
 
-def _rope(x, pos, rope_dim, base, freq_scale=1.0):
+def _rope(x, pos, rope_dim, base, freq_scale=1.0, factors=None, pairwise=False):
     x = x.astype(np.float64).copy()
     half = rope_dim // 2
     inv = base ** (-2.0 * np.arange(half) / rope_dim)
+    if factors is not None:
+        inv = inv / factors
     ang = pos * freq_scale * inv
     c, s = np.cos(ang), np.sin(ang)
-    a, b = x[..., :half].copy(), x[..., half:rope_dim].copy()
-    x[..., :half] = a * c - b * s
-    x[..., half:rope_dim] = a * s + b * c
+    lo, hi = (np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)) if pairwise else (np.arange(half), half + np.arange(half))
+    a, b = x[..., lo].copy(), x[..., hi].copy()
+    x[..., lo] = a * c - b * s
+    x[..., hi] = a * s + b * c
     return x
 
 
-@pytest.mark.parametrize("hd,rope_dim,norm", [(64, 64, True), (128, 128, False), (256, 64, True), (96, 96, True)])
-def test_qk_norm_rope_and_cache_store(gpu, hd, rope_dim, norm):
-    rng = np.random.default_rng([hd, rope_dim, norm])
+ROPE_CASES = {
+    # name: (head_dim, rope_dim, q/k norms, pairwise, per-pair factors, freq_scale)
+    "neox_norm": (64, 64, True, False, False, 1.0),
+    "neox_hd128": (128, 128, False, False, False, 1.0),
+    "neox_partial": (256, 64, True, False, False, 1.0),
+    "neox_hd96": (96, 96, True, False, False, 1.0),
+    "pairs": (64, 64, False, True, False, 1.0),  # Llama 2, SmolLM2
+    "pairs_factors": (128, 128, False, True, True, 1.0),  # Llama 3.1+ rope_freqs
+    "pairs_factors_linear": (64, 64, False, True, True, 0.25),
+    "pairs_partial_norm": (96, 64, True, True, False, 0.5),
+    "neox_factors": (64, 48, False, False, True, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_qk_norm_rope_and_cache_store(gpu, case):
+    hd, rope_dim, norm, pairwise, with_factors, freq_scale = ROPE_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
     n_tok, n_head, n_kv, n_ctx, hd_v, eps, base = 5, 6, 2, 40, hd, 1e-6, 1e6
     q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
@@ -203,13 +221,17 @@ def test_qk_norm_rope_and_cache_store(gpu, hd, rope_dim, norm):
     dq = gpu.put(q)
     kc, vc = gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16)), gpu.put(np.zeros((n_kv, n_ctx, hd_v), np.float16))
     kv_pos = gpu.put(np.full(n_ctx, -1, np.int32))
+    # Llama 3.1-like factors: 1 for the fast pairs, up to 8 for the slow ones, smooth between
+    factors = np.interp(np.arange(rope_dim // 2), [0, rope_dim // 6, rope_dim // 3, rope_dim // 2], [1, 1, 8, 8])
+    factors = (factors * (1 + 0.01 * rng.random(rope_dim // 2))).astype(np.float32) if with_factors else None
     gpu.launch.qk_rope_store(dq, gpu.put(k), gpu.put(v), gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
-                          gpu.put(pos), gpu.put(slot), kv_pos, kc, vc, n_tok, n_head, n_kv, hd, hd_v, rope_dim, base, 1.0,
-                          eps, n_ctx)
+                             gpu.put(pos), gpu.put(slot), kv_pos, kc, vc, n_tok, n_head, n_kv, hd, hd_v, rope_dim, base,
+                             freq_scale, eps, n_ctx, freq_factors=gpu.put(factors) if with_factors else 0,
+                             pairwise=pairwise)
     qe = _rms(q, qn, eps) if norm else q.astype(np.float64)
     ke = _rms(k, kn, eps) if norm else k.astype(np.float64)
-    qe = np.stack([_rope(qe[t], pos[t], rope_dim, base) for t in range(n_tok)])
-    ke = np.stack([_rope(ke[t], pos[t], rope_dim, base) for t in range(n_tok)])
+    qe = np.stack([_rope(qe[t], pos[t], rope_dim, base, freq_scale, factors, pairwise) for t in range(n_tok)])
+    ke = np.stack([_rope(ke[t], pos[t], rope_dim, base, freq_scale, factors, pairwise) for t in range(n_tok)])
     np.testing.assert_allclose(gpu.get(dq, q.shape), qe, rtol=1e-4, atol=1e-4)
     kc_h = gpu.get(kc, (n_kv, n_ctx, hd), np.float16).astype(np.float32)
     vc_h = gpu.get(vc, (n_kv, n_ctx, hd_v), np.float16).astype(np.float32)

@@ -64,7 +64,7 @@ def _bound(x, w):
     return np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok,n_expert,k", [(1, 8, 2), (1, 6, 6), (5, 12, 3), (3, 40, 8)])
 def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
     rng = np.random.default_rng([int(qtype), n_tok, n_expert, k])
@@ -99,7 +99,7 @@ def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
 
 # -- experts, grouped prefill -------------------------------------------------------------------
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok,n_expert,k,skewed", [(70, 8, 3, False), (130, 5, 2, True), (64, 16, 8, False)])
 def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
     rng = np.random.default_rng([int(qtype), n_tok, n_expert, k, skewed])

@@ -4,7 +4,7 @@ expects, checked without a GPU.
 nvcc compiles kernels/all.cu to PTX here, which lists each `extern "C"` kernel's parameters with
 their sizes. A fake device stands in for the driver: it records each launch's ctypes argument
 pack, and we run the real forward passes (prefill, decode step, system1 tree, samplers, scoring)
-of tiny Qwen3 and Gemma 3 models through it. A wrong argument count, order of sizes, launch
+of tiny Qwen3, Gemma 3, Qwen3-MoE and Llama models through it. A wrong argument count, order of sizes, launch
 shape, or a kernel missing from the table fails here instead of on the GPU.
 """
 
@@ -172,9 +172,19 @@ def test_fake_device_has_the_whole_device_interface():
     assert not missing, missing
 
 
-def _fixture_file(arch, tmp_dir=None):
-    """The q4_k_m file of a fixture: an architecture, or a deepseek GPU config ('deepseek_v3'),
-    or 'deepseek_legacy' (a V3 without q_lora rewritten into the single attn_kv_b layout, f32)."""
+ABI_MODELS = {  # name: (fixture architecture or deepseek GPU config, overrides)
+    "qwen3": ("qwen3", {}), "gemma3": ("gemma3", {}), "qwen3moe": ("qwen3moe", {}),
+    "llama": ("llama", {}),  # untied LM head, pairwise rope
+    "llama3_tied": ("llama", {"tie_word_embeddings": True, "rope_llama3": 4.0}),  # + rope_freqs factors
+    "deepseek_v2lite": ("deepseek_v2lite", {}), "deepseek_v2": ("deepseek_v2", {}), "deepseek_v3": ("deepseek_v3", {}),
+    "deepseek_legacy": ("deepseek_legacy", {}),
+}
+
+
+def _fixture_file(arch, tmp_dir=None, **overrides):
+    """The q4_k_m file of a fixture: an architecture (with overrides), or a deepseek GPU config
+    ('deepseek_v3'), or 'deepseek_legacy' (a V3 without q_lora rewritten into the single
+    attn_kv_b layout, f32)."""
     from make_fixtures import make_fixture
 
     if arch.startswith("deepseek_"):
@@ -185,17 +195,17 @@ def _fixture_file(arch, tmp_dir=None):
             src = make_fixture("deepseek_v3", "f32", q_lora_rank=None, num_hidden_layers=2, qk_rope_head_dim=8)
             write_legacy_kv_b(src.gguf, out)
             return out
-        base, overrides = GPU_CONFIGS[arch.removeprefix("deepseek_")]
-        return make_fixture(base, "q4_k_m", **overrides).gguf
-    return make_fixture(arch, "q4_k_m").gguf
+        base, ds_overrides = GPU_CONFIGS[arch.removeprefix("deepseek_")]
+        return make_fixture(base, "q4_k_m", **ds_overrides).gguf
+    return make_fixture(arch, "q4_k_m", **overrides).gguf
 
 
-def _model(arch, params, tmp_dir=None):
+def _model(arch, params, tmp_dir=None, **overrides):
     from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
     from reflex_runtime.gguf_file import GGUFFile
     from reflex_runtime.gpu.launch import Launcher
 
-    g = GGUFFile(str(_fixture_file(arch, tmp_dir)))
+    g = GGUFFile(str(_fixture_file(arch, tmp_dir, **overrides)))
     cfg = read_config(g)
     assert gpu_unsupported(cfg, g) is None
     model = gpu_model_class(cfg)(cfg, g, max_batch=64, n_ctx=256, max_new=256)
@@ -205,13 +215,17 @@ def _model(arch, params, tmp_dir=None):
     return model, dev
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe", "deepseek_v2lite", "deepseek_v2", "deepseek_v3",
-                                  "deepseek_legacy"])
-def test_forward_launches_match_kernel_abi(ptx_params, arch, tmp_path):
+@pytest.mark.parametrize("name", list(ABI_MODELS))
+def test_forward_launches_match_kernel_abi(ptx_params, name, tmp_path):
     from reflex_runtime.gpu.driver import RxState
     from reflex_runtime.gpu.model import ARGMAX_PARTS
 
-    dec, dev = _model(arch, ptx_params, str(tmp_path))
+    arch, overrides = ABI_MODELS[name]
+    dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
+    if arch == "llama":  # pairwise rope, and the factors tensor bound in place when the file has one
+        attn = dec.layers[0].attn
+        assert attn.rope_pairs and (attn.rope_factors != 0) == ("rope_llama3" in overrides)
+        assert not attn.w.q_norm and not attn.w.k_norm
     cfg = dec.cfg
     dec.forward(1)  # a decode step
     per_layer = len(dev.launches)

@@ -31,6 +31,8 @@ int dequant_row(int type, const uint8_t* row, int k, float* out) {
         case RX_Q8_0: f = dequant8_q8_0; break;
         case RX_Q4_0: f = dequant8_q4_0; break;
         case RX_Q5_0: f = dequant8_q5_0; break;
+        case RX_Q4_1: f = dequant8_q4_1; break;
+        case RX_Q5_1: f = dequant8_q5_1; break;
         case RX_Q4_K: f = dequant8_q4_k; break;
         case RX_Q5_K: f = dequant8_q5_k; break;
         case RX_Q6_K: f = dequant8_q6_k; break;

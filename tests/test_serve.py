@@ -333,6 +333,8 @@ def test_real_chat_completion(real, baseline):
     assert 1 <= out.usage.completion_tokens <= 6 and out.usage.prompt_tokens > 5
     rec = out.model_extra["reflex"]
     assert rec["backend"] == "cpu" and rec["generated_tokens"] == out.usage.completion_tokens
+    # The embedded Gemma 3 270M is a base model with no chat template: the record says so.
+    assert rec["chat_template"] == "none (plain Gemma turn fallback)" and "no chat template" in rec["notice"]
 
 
 def test_real_chat_stream_matches_non_stream(real, baseline):

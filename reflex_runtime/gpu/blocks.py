@@ -119,14 +119,21 @@ class AttnWeights:
 
 
 class Attention:
-    """Multi-head attention of one layer: q/k/v projections, per-head q/k norms + NeoX RoPE +
-    the f16 cache store in one kernel, attention over the cache (split across blocks for a
-    single decode token), and the output projection. Its KV cache is a piece of the arena."""
+    """Multi-head attention of one layer: q/k/v projections, per-head q/k norms + RoPE + the f16
+    cache store in one kernel, attention over the cache (split across blocks for a single decode
+    token), and the output projection. Its KV cache is a piece of the arena.
 
-    def __init__(self, model, il: int, rope_base: float, window: int = 0, scale: float | None = None):
+    RoPE: NeoX halves by default; `rope_pairs` rotates adjacent dims (Llama); `rope_freq_scale`
+    multiplies every frequency (1 / a linear scaling factor); `rope_factors` names an F32 tensor
+    of rope_dim/2 per-pair divisors (Llama 3.1+'s rope_freqs), read in place."""
+
+    def __init__(self, model, il: int, rope_base: float, window: int = 0, scale: float | None = None,
+                 rope_pairs: bool = False, rope_freq_scale: float = 1.0, rope_factors: str | None = None):
         c = model.cfg
         self.cfg, self.il, self.n_ctx = c, il, model.n_ctx
         self.rope_base, self.window = rope_base, window
+        self.rope_pairs, self.rope_freq_scale, self._rope_factors_name = rope_pairs, rope_freq_scale, rope_factors
+        self.rope_factors = 0
         self.scale = 1.0 / math.sqrt(c.head_dim) if scale is None else scale
         self.eps = c.rms_eps
         k_bytes = c.n_head_kv * model.n_ctx * c.head_dim * 2
@@ -139,6 +146,8 @@ class Attention:
     def unsupported(c) -> str | None:
         if c.head_dim > 256 or c.head_dim_v > 256 or c.head_dim_v % 32 or c.head_dim % 2:
             return f"head sizes {c.head_dim}/{c.head_dim_v} are outside what the attention kernel handles"
+        if c.rope_dim > c.head_dim or c.rope_dim % 2:
+            return f"a rotary dimension of {c.rope_dim} does not fit heads of {c.head_dim}"
         if c.n_head % c.n_head_kv:
             return f"{c.n_head} query heads do not divide into {c.n_head_kv} KV heads"
         return None
@@ -152,6 +161,8 @@ class Attention:
 
     def bind(self, model, weights: AttnWeights) -> None:
         self.w, self.p, self.launch = weights, model.p, model.launch
+        if self._rope_factors_name:
+            self.rope_factors = model.tensors.vector(self._rope_factors_name)
         self.k_cache = model.p(f"kv{self.il}")
         self.v_cache = self.k_cache + self._k_bytes
 
@@ -162,8 +173,9 @@ class Attention:
         self._qkv(b, inp, q, k, v)
         with L.role("qk-norm + rope + cache store"):
             L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache, b.n,
-                            c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base, 1.0, self.eps,
-                            self.n_ctx)
+                            c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base,
+                            self.rope_freq_scale, self.eps, self.n_ctx, freq_factors=self.rope_factors,
+                            pairwise=self.rope_pairs)
         n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
         with L.role("attention"):
             L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att,

@@ -8,6 +8,7 @@ name on the GPU at hand. Argument packs live with the code that launches them (g
 # ggml type name -> kernel suffix, for the weight types the kernels decode (kernels/quant.cuh)
 WEIGHT_TYPES = {
     "F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q5_0": "q5_0",
+    "Q4_1": "q4_1", "Q5_1": "q5_1",
     "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
 }
 

@@ -27,16 +27,6 @@ def rope_tables(positions: np.ndarray, e: dict, theta: float) -> tuple[np.ndarra
     return (np.cos(ang) * a).astype(_F32), (np.sin(ang) * a).astype(_F32)
 
 
-def rope_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) by the angle of pair i; x is (n, heads, rope)."""
-    c, s = cos[:, None, :], sin[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = x0 * c - x1 * s
-    out[..., 1::2] = x1 * c + x0 * s
-    return out
-
-
 def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Router logits (n, n_expert) -> (expert ids (n, k) int64, weights (n, k) float32), by the
     rules in config.py. Stable sorts: equal scores go to the lower id."""
@@ -98,8 +88,8 @@ class DeepSeek2(ReferenceModel):
         latent = layers.rmsnorm(kv[:, :r], w(T.ATTN_KV_A_NORM), c.rms_eps)
         cos, sin = step.memo.get("deepseek2_rope") or step.memo.setdefault(
             "deepseek2_rope", rope_tables(step.positions, e, c.rope_theta))
-        k_pe = rope_pairs(kv[:, None, r:], cos, sin)
-        q_pe = rope_pairs(q[..., nope:], cos, sin)
+        k_pe = layers.rope_pairs(kv[:, None, r:], cos, sin)
+        q_pe = layers.rope_pairs(q[..., nope:], cos, sin)
         k_b, v_b = self._kv_b(il)
         q_abs = np.einsum("nhd,hrd->nhr", q[..., :nope], k_b)  # W_k[h]^T q_nope: (n, H, kv_lora_rank)
         cache, s = step.cache, step.start
