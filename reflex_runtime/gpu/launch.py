@@ -337,12 +337,7 @@ class Launcher:
         pass a normalized x), else two products and the activation (g_buf, u_buf)."""
         alike = wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
         if alike and (norm_w or matvec_path(n_tok, wg.type_name)):
-            wpr = self._wpr(2 * wg.rows, wg.k)
-            per_block = 8 // wpr
-            self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + per_block - 1) // per_block, 256,
-                     [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(wg.k), c_void_p(out),
-                      c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act), c_void_p(norm_w or None),
-                      c_float(eps), c_int(wpr)])
+            self.mv_glu(wg, wu, x, out, n_tok, act, norm_w, eps)
             return
         if alike and not norm_w and self.gemm_ok(wg) and self.gemm_ok(wu):
             self.gemm_glu(wg, wu, x, out, n_tok, act)
@@ -350,6 +345,16 @@ class Launcher:
         self.matmul(wg, x, g_buf, n_tok, norm_w=norm_w, eps=eps)
         self.matmul(wu, x, u_buf, n_tok, norm_w=norm_w, eps=eps)
         self.glu(g_buf, u_buf, out, n_tok * wg.rows, act)
+
+    def mv_glu(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, norm_w: int = 0,
+               eps: float = 0.0) -> None:
+        """The matrix-vector form of gated_ffn_in (weights read once per 4 tokens)."""
+        wpr = self._wpr(2 * wg.rows, wg.k)
+        per_block = 8 // wpr
+        self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + per_block - 1) // per_block, 256,
+                 [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(wg.k), c_void_p(out),
+                  c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act), c_void_p(norm_w or None),
+                  c_float(eps), c_int(wpr)])
 
     # -- routed experts (kernels/moe.cu) -----------------------------------------------------
 
