@@ -205,6 +205,8 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
         for (int d = 0; d < ND; d++)
             *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o_acc[d][2 * h] * inv, o_acc[d][2 * h + 1] * inv);
     }
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
 #endif
 }
 

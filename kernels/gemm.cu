@@ -217,6 +217,9 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
         }
     };
 
+    // a warp whose 16-row tiles all lie past the tile's last token (a half-full expert tile, the
+    // prompt's last tile) skips its decoding and math; it still loads and stores its share of x
+    const bool live = A.m0 + wm * C::MT * 16 < A.m_end;
     const int n_stage = (K + R::KB - 1) / R::KB, n_u = K / 32;
     copy_b(0, 0);
     rx_cp_commit();
@@ -237,10 +240,10 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
 #pragma unroll
             for (int j = 0; j < C::NT; j++) {
                 const unsigned char* rowp = bstage + (wn * C::NT * 8 + j * 8 + g) * R::SLOT;
-                gemm_dequant8<T>(rowp + ((boff[j] + (uint32_t)(s * R::SB)) & 15u), q * 4 + t, b[j]);
+                if (live) gemm_dequant8<T>(rowp + ((boff[j] + (uint32_t)(s * R::SB)) & 15u), q * 4 + t, b[j]);
             }
 #pragma unroll
-            for (int i = 0; i < C::MT; i++) {
+            for (int i = 0; i < C::MT && live; i++) {
                 int row = wm * C::MT * 16 + i * 16 + g;
                 uint4 lo = *reinterpret_cast<const uint4*>(a_s + row * 32 + t * 8);
                 uint4 hi = *reinterpret_cast<const uint4*>(a_s + (row + 8) * 32 + t * 8);
@@ -328,6 +331,8 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
         dst[0] = accumulate ? dst[0] + v0 : v0;
         if (r + 1 < rows) dst[1] = accumulate ? dst[1] + v1 : v1;
     });
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
 #endif
 }
 
@@ -343,6 +348,8 @@ __device__ __forceinline__ void gemm_glu_dense(const uint8_t* Wg, const uint8_t*
     gemm_for_each_glu<C>(acc, act, [&](int m, int c, float v) {
         if (m0 + m < n_tok && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
     });
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
 #endif
 }
 
@@ -394,6 +401,8 @@ __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* W
     gemm_for_each_glu<C>(acc, act, [&](int m, int c, float v) {
         if (m0 + m < m_end && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
     });
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
 #endif
 }
 
@@ -444,6 +453,8 @@ __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes,
         x[(long)tok * n_embd + c] += s;
     }
     for (int i = threadIdx.x; i < n_done; i += C::THREADS) counters[(long)done_tok[i] * gridDim.x + blockIdx.x] = 0;
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
 #endif
 }
 
