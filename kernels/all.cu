@@ -11,3 +11,5 @@
 #include "moe.cu"  // uses matvec.cu and matmul.cu bodies
 #include "moe_route.cu"  // uses moe.cu's moe_block_argmax
 #include "mla.cu"  // uses matvec.cu, matmul.cu and attention.cu bodies
+#include "gemm.cu"
+#include "flash_attn.cu"

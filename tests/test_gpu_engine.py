@@ -72,6 +72,28 @@ def test_long_prompt_uses_chunks_and_tensor_cores(qwen3_q8):
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_k_m"])
+def test_long_prompt_on_the_older_tensor_core_kernels(outtype):
+    """The kernels pre-sm_80 GPUs take for prompts (WMMA tiles, scalar attention), forced on this GPU."""
+    from reflex_runtime.check import run_check
+    from reflex_runtime.families import load_reference
+
+    eng = engine_for(fixture("qwen3", outtype))
+    eng.runner.launch.tc = False
+    res = run_check(eng, load_reference(eng.gguf, eng.config), LONG_PROMPT, 4)
+    assert res["prompt_tokens"] > 512 and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
+def test_gemma3_long_prompt_sliding_window_across_chunks():
+    """> 512 tokens through Gemma 3: flash attention's window (8 in the fixture) across two chunks."""
+    from reflex_runtime.check import run_check
+    from reflex_runtime.families import load_reference
+
+    eng = engine_for(fixture("gemma3", "q4_k_m"))
+    res = run_check(eng, load_reference(eng.gguf, eng.config), LONG_PROMPT, 4)
+    assert res["prompt_tokens"] > 512 and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
 def test_greedy_generate_equals_reference_for_32_tokens(qwen3_q8):
     from reflex_runtime.sampling import SamplingParams
 

@@ -89,9 +89,27 @@ def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
         assert_matmul_close(gpu.get(y, (n_tok, w.rows)), xn, dense, rtol=2e-4)
 
 
+@pytest.fixture(params=["sm80", "wmma"])
+def tc_generation(request, gpu):
+    """Run a test through the sm_80+ prompt kernels (gemm.cu, flash_attn.cu) and again through
+    the older tensor-core path (matmul.cu's WMMA tiles) that pre-sm_80 GPUs take."""
+    tc = request.param == "sm80"
+    if tc and tuple(gpu.dev.cc) < (8, 0):
+        pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
+    saved = gpu.launch.tc
+    gpu.launch.tc = tc
+    yield request.param
+    gpu.launch.tc = saved
+
+
+# Tensor-core tolerance: x and w are each rounded to f16 (relative error <= 2^-11 each), so every
+# product is within ~2^-10 of exact and the f32 sum within 2e-3 of sum |x| |w| (with margin).
+TC_RTOL = 2e-3
+
+
 @pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,n_tok", [(130, 64), (257, 70), (64, 130)])
-def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
+def test_tensor_core_matmul(gpu, tc_generation, qtype, rows, n_tok):
     from reflex_runtime.gpu.launch import MM_MIN_TOKENS
 
     assert n_tok >= MM_MIN_TOKENS  # these sizes take the tensor-core kernel
@@ -100,13 +118,91 @@ def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
     w, dense = weight(gpu, qtype, rows, k, rng)
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     y = gpu.poisoned((n_tok, rows))
+    n0 = gpu.launch.launches
     gpu.launch.matmul(w, gpu.put(x), y, n_tok)
-    # inputs are rounded to f16 for the tensor cores: ~2^-11 relative per product
-    assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, rtol=2e-3)
+    assert gpu.launch.launches == n0 + 1
+    assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, rtol=TC_RTOL)
     base = rng.standard_normal((n_tok, rows)).astype(np.float32)
     y2 = gpu.put(base)
     gpu.launch.matmul(w, gpu.put(x), y2, n_tok, accumulate=True)
-    assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=2e-3)
+    assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=TC_RTOL)
+
+
+def _sm80(gpu):
+    if tuple(gpu.dev.cc) < (8, 0):
+        pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
+
+
+# K at block boundaries: one and several 256-blocks; 32-blocks making a partial last pipeline
+# stage of 128 (416 = 3.25 stages, 13 blocks: Q8_0/Q5_0 rows of 442/286 bytes, only 2-byte
+# aligned), Gemma 270M's 640 (Q8_0/Q5_0 rows 8-byte aligned) and whole stages (1024).
+def _gemm_ks(qtype):
+    from quant_blocks import LAYOUT
+
+    if LAYOUT[qtype][0] == 256:
+        return [256, 768]
+    return [416, 640, 1024] if LAYOUT[qtype][0] == 32 else [96, 416]
+
+
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+@pytest.mark.parametrize("cfg", ["l", "s"])
+def test_gemm_every_type_and_tile(gpu, qtype, cfg):
+    """gemm.cu against numpy: three segments (q, k, v) of odd row counts in one launch, tokens
+    from 1 to more than two tiles, K at block boundaries, plain and accumulating."""
+    _sm80(gpu)
+    for k in _gemm_ks(qtype):
+        rng = np.random.default_rng([int(qtype), k, ord(cfg)])
+        mats = [weight(gpu, qtype, rows, k, rng) for rows in (131, 40, 257)]
+        for n_tok in (1, 17, 129, 300):
+            x = rng.standard_normal((n_tok, k)).astype(np.float32)
+            xd = gpu.put(x)
+            ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
+            gpu.launch.gemm([w for w, _ in mats], xd, ys, n_tok, cfg=cfg)
+            for (w, dense), y in zip(mats, ys):
+                assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, rtol=TC_RTOL)
+            w, dense = mats[2]
+            base = rng.standard_normal((n_tok, w.rows)).astype(np.float32)
+            y = gpu.put(base)
+            gpu.launch.gemm([w], xd, [y], n_tok, accumulate=True, cfg=cfg)
+            assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, base, rtol=TC_RTOL)
+
+
+def test_gemm_reads_x_with_a_row_stride(gpu):
+    """x rows longer than K (a strided view), more tokens than one grid row of tiles."""
+    _sm80(gpu)
+    rng = np.random.default_rng(77)
+    k, stride, n_tok, rows = 512, 520, 1100, 96
+    w, dense = weight(gpu, Q.Q8_0, rows, k, rng)
+    x = rng.standard_normal((n_tok, stride)).astype(np.float32)
+    y = gpu.poisoned((n_tok, rows))
+    gpu.launch.gemm([w], gpu.put(x), [y], n_tok, x_stride=stride)
+    assert_matmul_close(gpu.get(y, (n_tok, rows)), x[:, :k], dense, rtol=TC_RTOL)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("cfg", ["l", "s"])
+@pytest.mark.parametrize("act", [0, 1])
+def test_gemm_gate_up_fused(gpu, qtype, cfg, act):
+    """act(gate x) * (up x) in one pass: rows not a multiple of the tile's output columns."""
+    _sm80(gpu)
+    rng = np.random.default_rng([int(qtype), ord(cfg), act])
+    k, rows = _gemm_ks(qtype)[0], 203
+    wg, dg = weight(gpu, qtype, rows, k, rng)
+    wu, du = weight(gpu, qtype, rows, k, rng)
+    for n_tok in (1, 70, 257):
+        x = (rng.standard_normal((n_tok, k)) / np.sqrt(k) / max(dg.std(), 1e-3)).astype(np.float32)
+        out = gpu.poisoned((n_tok, rows))
+        gpu.launch.gemm_glu(wg, wu, gpu.put(x), out, n_tok, act, cfg=cfg)
+        got = gpu.get(out, (n_tok, rows))
+        g = x.astype(np.float64) @ dg.T
+        u = x.astype(np.float64) @ du.T
+        expect = _act(g, act) * u
+        bg, bu = np.abs(x) @ np.abs(dg).T, np.abs(x) @ np.abs(du).T
+        # each factor within TC_RTOL of its bound; act is 1-Lipschitz-ish (SiLU <= 1.1, GELU <= 1.13)
+        tol = 1.2 * TC_RTOL * (bg * np.abs(u) + (np.abs(g) + bg) * bu) + 1e-5
+        assert not np.isnan(got).any(), "the kernel left poisoned outputs"
+        assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
@@ -321,6 +417,104 @@ def test_attention(gpu, case):
                           part_ml, counters, n_tok, n_head, n_kvh, hd, hd, n_ctx, window, scale, softcap, n_split)
         np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (n_tok * n_head,), np.int32).any()
+
+
+def _attention_ref_fast(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap):
+    """_attention_ref, vectorized over tokens (float32 scores for the long cases)."""
+    n_tok, n_head, hd = q.shape
+    group = n_head // kc.shape[0]
+    j = np.arange(n_kv)
+    ok = j[None, :] <= q_slot[:, None]
+    if seg_lo is not None:
+        ok &= (j[None, :] < prefix_len) | (j[None, :] >= seg_lo[:, None])
+    if window > 0:
+        ok &= (q_pos[:, None] - kv_pos[None, :n_kv]) < window
+    out = np.zeros((n_tok, n_head, vc.shape[2]), np.float64)
+    for h in range(n_head):
+        k = kc[h // group, :n_kv].astype(np.float32)
+        v = vc[h // group, :n_kv].astype(np.float32)
+        for t0 in range(0, n_tok, 1024):
+            sl = slice(t0, t0 + 1024)
+            sc = (q[sl, h].astype(np.float32) * np.float32(scale)) @ k.T
+            if softcap > 0:
+                sc = softcap * np.tanh(sc / softcap)
+            sc = np.where(ok[sl], sc, -np.inf)
+            m = sc.max(1, keepdims=True)
+            p = np.where(ok[sl], np.exp(sc - np.where(np.isfinite(m), m, 0)), 0)
+            den = p.sum(1, keepdims=True)
+            out[sl, h] = np.where(den > 0, (p @ v) / np.where(den > 0, den, 1), 0)
+    return out
+
+
+FLASH_CASES = {
+    # name: (n_head, n_kv_heads, hd, n_tok, first_slot, tree, window, softcap)
+    "qwen3_prompt": (16, 8, 128, 200, 0, False, 0, 0.0),  # 200 tokens: not a multiple of a block's 32
+    "qwen3_chunk_after_4096": (16, 8, 128, 90, 4100, False, 0, 0.0),  # a late chunk of a long prompt
+    "one_token": (16, 8, 128, 1, 333, False, 0, 0.0),
+    "moe_gqa8": (32, 4, 128, 77, 30, False, 0, 0.0),
+    "gemma_hd256_window": (4, 1, 256, 130, 700, False, 512, 0.0),  # the window cuts the older tiles
+    "gemma_window_8": (4, 1, 256, 45, 0, False, 8, 0.0),
+    "hd64_mha": (6, 6, 64, 70, 5, False, 0, 0.0),
+    "gqa3_odd_rows": (12, 4, 64, 50, 11, False, 0, 0.0),  # 64 rows / 3 heads: 21 tokens, a row idle
+    "tree": (4, 2, 64, 12, 30, True, 0, 0.0),
+    "tree_window": (8, 2, 128, 12, 100, True, 6, 0.0),
+    "softcap": (4, 2, 128, 33, 10, False, 0, 30.0),
+    "long_4200": (4, 2, 128, 4200, 0, False, 0, 0.0),  # > 4096 query tokens in one launch
+    "long_window_5000": (4, 1, 256, 300, 4700, False, 512, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(FLASH_CASES))
+def test_flash_attention(gpu, case):
+    """flash_attn.cu against numpy: causal, system1 trees, sliding windows, GQA, > 4096 tokens.
+    Tolerance: q is rounded to f16 (after the scale) and so is each softmax weight before P V (each
+    <= 2^-11 relative); K and V are the f16 cache itself. With |v| ~ 1 the output is within ~1e-3;
+    3e-3 absolute + relative leaves margin (reflex_attn, all f32 math, is held to 2e-4)."""
+    _sm80(gpu)
+    n_head, n_kvh, hd, n_tok, first, tree, window, softcap = FLASH_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx = first + n_tok + 37
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    kc[:, first + n_tok:] = np.nan  # slots past n_kv hold garbage the kernel must never use
+    vc[:, first + n_tok:] = np.inf
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    q_slot = np.arange(first, first + n_tok, dtype=np.int32)
+    kv_pos = np.arange(n_ctx, dtype=np.int32)
+    seg_lo, prefix_len, q_pos = None, 0, q_slot.copy()
+    if tree:  # a prompt of 4 tokens at slots first.., then candidates of 3, 1, 4 tokens
+        prefix_len = first + 4
+        seg_lo = np.zeros(n_tok, dtype=np.int32)
+        starts, s0 = [], first + 4
+        for ln in (3, 1, 4):
+            starts += [s0] * ln
+            s0 += ln
+        seg_lo[4:] = starts
+        q_pos = np.concatenate([np.arange(first, first + 4), [first + 4 + i for ln in (3, 1, 4) for i in range(ln)]]).astype(np.int32)
+        kv_pos[first:first + n_tok] = q_pos  # the cache store writes each slot's position
+    n_kv = first + n_tok
+    scale = 1.0 / np.sqrt(hd)
+    out = gpu.poisoned((n_tok, n_head, hd))
+    assert gpu.launch.flash_ok(max(n_tok, 2), hd, hd, n_head, n_kvh)
+    gpu.launch.flash_attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
+                               gpu.put(seg_lo) if tree else 0, prefix_len, gpu.put(np.array([n_kv], np.int32)), out,
+                               n_tok, n_head, n_kvh, hd, n_ctx, window, scale, softcap)
+    got = gpu.get(out, (n_tok, n_head, hd))
+    expect = _attention_ref_fast(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap)
+    assert not np.isnan(got).any(), "the kernel left poisoned (or NaN) outputs"
+    np.testing.assert_allclose(got, expect, rtol=3e-3, atol=3e-3)
+
+
+def test_prompt_attention_path_choice(gpu):
+    """Blocks ask flash_ok: prompts of the head sizes flash_attn.cu has go to it on sm_80+; a
+    single decode token, other head sizes, and older GPUs keep reflex_attn."""
+    L = gpu.launch
+    sm80 = tuple(gpu.dev.cc) >= (8, 0)
+    assert L.flash_ok(512, 128, 128, 16, 8) == sm80
+    assert L.flash_ok(2, 256, 256, 4, 1) == sm80
+    assert not L.flash_ok(1, 128, 128, 16, 8)
+    assert not L.flash_ok(512, 96, 96, 6, 3)
+    assert not L.flash_ok(512, 128, 64, 16, 8)
 
 
 def _state(gpu, n, last_pos, last_slot):

@@ -63,6 +63,7 @@ class FakeKernel:
         self.name, self.dev = name, dev
 
     def launch(self, grid, block, args, stream, shmem=0, pdl=False):
+        assert 0 <= shmem <= self.dev.max_shared - 1024, (self.name, shmem)  # dynamic + static shared memory
         want = self.dev.params[self.name]
         got = [ctypes.sizeof(a) for a in args]
         assert got == want, f"{self.name}: passed sizes {got}, kernel takes {want}"
@@ -80,6 +81,7 @@ class FakeDevice:
     copies and memsets check their ranges, launches check their argument packs (FakeKernel)."""
 
     name, cc, sm_count, total_mem, driver_version = "fake", (9, 0), 132, 80 << 30, 13000
+    max_shared = 227 * 1024  # sm_90's opt-in limit per block
 
     def __init__(self, params):
         self.params = params
@@ -200,7 +202,7 @@ def _fixture_file(arch, tmp_dir=None, **overrides):
     return make_fixture(arch, "q4_k_m", **overrides).gguf
 
 
-def _model(arch, params, tmp_dir=None, **overrides):
+def _model(arch, params, tmp_dir=None, cc=(9, 0), **overrides):
     from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
     from reflex_runtime.gguf_file import GGUFFile
     from reflex_runtime.gpu.launch import Launcher
@@ -210,18 +212,28 @@ def _model(arch, params, tmp_dir=None, **overrides):
     assert gpu_unsupported(cfg, g) is None
     model = gpu_model_class(cfg)(cfg, g, max_batch=64, n_ctx=256, max_new=256)
     dev = FakeDevice(params)
+    dev.cc = cc
     base = dev.alloc(model.arena_bytes)
     model.bind(base, Launcher(dev, stream=None))
     return model, dev
 
 
+# the prompt kernels each GPU generation runs (sm_80+: gemm.cu and flash_attn.cu; older: WMMA + scalar)
+PROMPT_KERNELS = {
+    (9, 0): {"all": ("reflex_gemm_", "reflex_flash_attn_"), "gemma3": ("reflex_gemm_glu_",),
+             "qwen3moe": ("reflex_moe_gemm_glu_", "reflex_moe_gemm_down_")},
+    (7, 5): {"all": ("reflex_mm_",), "gemma3": ("reflex_glu",), "qwen3moe": ("reflex_moe_mm_", "reflex_moe_combine")},
+}
+
+
+@pytest.mark.parametrize("cc", list(PROMPT_KERNELS), ids=lambda cc: f"sm{cc[0]}{cc[1]}")
 @pytest.mark.parametrize("name", list(ABI_MODELS))
-def test_forward_launches_match_kernel_abi(ptx_params, name, tmp_path):
+def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
     from reflex_runtime.gpu.driver import RxState
     from reflex_runtime.gpu.model import ARGMAX_PARTS
 
     arch, overrides = ABI_MODELS[name]
-    dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
+    dec, dev = _model(arch, ptx_params, str(tmp_path), cc=cc, **overrides)
     if arch == "llama":  # pairwise rope, and the factors tensor bound in place when the file has one
         attn = dec.layers[0].attn
         assert attn.rope_pairs and (attn.rope_factors != 0) == ("rope_llama3" in overrides)
@@ -237,10 +249,10 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, tmp_path):
     dec.launch.sample(dec.p("logits"), cfg.vocab_size, dec.p("sampling"), st, 0)
     dec.launch.logprob_rows(dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("o"), 3)
     names = {n for n, _, _ in dev.launches}
-    assert any(n.startswith("reflex_mm_") for n in names), "64 tokens should use the tensor-core kernel"
     if arch.startswith("deepseek_"):  # latent attention and DeepSeek's routing, no GQA attention
         kinds = ["reflex_mla_rope_store", "reflex_mla_attn", "reflex_mla_mv_", "reflex_moe_route", "reflex_moe_mv_glu_",
-                 "reflex_moe_group", "reflex_moe_mm_"]
+                 "reflex_moe_group"]
+        kinds += ["reflex_moe_gemm_glu_"] if cc >= (8, 0) else ["reflex_moe_mm_"]
         kinds += ["reflex_mla_mv_t_"] if arch == "deepseek_legacy" else ["reflex_mla_mm_"]
         for kind in kinds:
             assert any(n.startswith(kind) for n in names), kind
@@ -248,13 +260,92 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, tmp_path):
         split = [g for n, g, _ in dev.launches if n == "reflex_mla_attn" and g[1] > 1]
         assert split and all(g[0] == 1 for g in split), "only a decode step splits the keys"
         return
-    assert "reflex_attn" in names
+    for kind in PROMPT_KERNELS[cc]["all"] + PROMPT_KERNELS[cc].get(arch, ()):
+        assert any(n.startswith(kind) for n in names), f"64 tokens should run {kind}*"
+    if cc < (8, 0):
+        assert not any(n.startswith(("reflex_gemm", "reflex_flash", "reflex_moe_gemm")) for n in names)
+    assert "reflex_attn" in names  # decode
     if arch == "gemma3":
         assert any(n.startswith("reflex_mv_glu_") for n in names)
     if arch == "qwen3moe":  # both expert paths: per-pair matrix-vector, and grouped tensor cores
-        for kind in ("reflex_moe_topk", "reflex_moe_mv_glu_", "reflex_moe_mv_down_", "reflex_moe_group",
-                     "reflex_moe_mm_", "reflex_moe_combine"):
+        for kind in ("reflex_moe_topk", "reflex_moe_mv_glu_", "reflex_moe_mv_down_", "reflex_moe_group"):
             assert any(n.startswith(kind) for n in names), kind
+
+
+def test_every_prompt_kernel_launch_matches_abi(ptx_params):
+    """Every sm_80+ prompt kernel, each weight type and tile configuration, through the launcher
+    (the forward passes above only reach the types and sizes of their fixtures)."""
+    from reflex_runtime.gpu.kernels import WEIGHT_TYPES
+    from reflex_runtime.gpu.launch import (FLASH_HEAD_DIMS, GEMM_CFGS, Launcher, MoeGroups, Weight,
+                                           moe_down_col_tiles, moe_max_tiles)
+
+    dev = FakeDevice(ptx_params)
+    L = Launcher(dev, stream=None)
+    n_tok, k_embd, n_ff, n_expert, top_k = 300, 1024, 768, 8, 2
+
+    def weight(type_name, rows, k):
+        from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
+
+        t = GGML_TYPES_BY_NAME[type_name]
+        rb = k // t.block_size * t.type_size
+        return Weight(dev.alloc(rows * rb), type_name, rows, k, rb)
+
+    buf = lambda n: dev.alloc(4 * n)  # noqa: E731
+    for tn in WEIGHT_TYPES:
+        wq, wk = weight(tn, 2048, k_embd), weight(tn, 512, k_embd)
+        x = buf(n_tok * k_embd)
+        for cfg in GEMM_CFGS:
+            L.gemm([wq, wk, wk], x, [buf(n_tok * 2048), buf(n_tok * 512), buf(n_tok * 512)], n_tok, cfg=cfg)
+            L.gemm([wq], x, [buf(n_tok * 2048)], n_tok, accumulate=True, cfg=cfg)
+            L.gemm_glu(wq, wq, x, buf(n_tok * 2048), n_tok, 1, cfg=cfg)
+        pairs = n_tok * top_k
+        grp = MoeGroups(*[buf(n) for n in (n_expert, n_expert, pairs, pairs)], buf(moe_max_tiles(pairs, n_expert)),
+                        buf(moe_max_tiles(pairs, n_expert)), buf(1), moe_max_tiles(pairs, n_expert))
+        L.moe_group(buf(pairs), pairs, n_expert, top_k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, grp.tile_e,
+                    grp.tile_m0, grp.n_tiles)
+        wg, wd = weight(tn, n_expert * n_ff, k_embd), weight(tn, n_expert * k_embd, n_ff)
+        act = buf(pairs * n_ff)
+        L.moe_gemm_glu(wg, wg, n_ff * wg.row_bytes, n_ff, grp, x, act, 0)
+        L.moe_gemm_down(wd, k_embd * wd.row_bytes, k_embd, grp, act, buf(pairs), top_k, buf(pairs * k_embd), x,
+                        buf(n_tok * moe_down_col_tiles(k_embd)))
+    for hd in FLASH_HEAD_DIMS:
+        n_head, n_kv, n_ctx = 16, 2, 4096
+        assert L.flash_ok(n_tok, hd, hd, n_head, n_kv)
+        L.flash_attention(buf(n_tok * n_head * hd), buf(n_kv * n_ctx * hd // 2), buf(n_kv * n_ctx * hd // 2), buf(n_ctx),
+                          buf(n_tok), buf(n_tok), buf(n_tok), 7, buf(1), buf(n_tok * n_head * hd), n_tok, n_head, n_kv,
+                          hd, n_ctx, 512, 0.1, 0.0)
+    launched = {n for n, _, _ in dev.launches}
+    wanted = {n for n in ptx_params if n.startswith(("reflex_gemm_", "reflex_moe_gemm_", "reflex_flash_attn_"))}
+    assert wanted <= launched, wanted - launched
+
+
+def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
+    """The launcher's dynamic shared-memory sizes are the kernels' own constants (a host program
+    compiled by nvcc prints GemmSmem<T, C>::BYTES and FaCfg<HD>::BYTES; no GPU needed)."""
+    from reflex_runtime.gpu.kernels import WEIGHT_TYPES
+    from reflex_runtime.gpu.launch import FLASH_HEAD_DIMS, flash_shared_bytes, gemm_shared_bytes
+
+    nvcc = find_nvcc()
+    src = tmp_path / "sizes.cu"
+    src.write_text('#include "gemm.cu"\n#include "flash_attn.cu"\n#include <cstdio>\n'
+                   '#define P(name, T) printf("%s %d %d\\n", #name, GemmSmem<T, GemmL>::BYTES, GemmSmem<T, GemmS>::BYTES);\n'
+                   'int main() { RX_FOR_EACH_TYPE(P) '
+                   + " ".join(f'printf("fa {hd} %d\\n", FaCfg<{hd}>::BYTES);' for hd in FLASH_HEAD_DIMS) + " }\n")
+    exe = tmp_path / "sizes"
+    subprocess.run([nvcc, "-std=c++17", "-arch=compute_75", "-code=compute_75", "-I", os.path.join(ROOT, "kernels"),
+                    "-o", str(exe), str(src)], check=True)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    suffix_to_type = {v: k for k, v in WEIGHT_TYPES.items()}
+    seen = 0
+    for line in filter(None, lines):
+        f = line.split()
+        if f[0] == "fa":
+            assert int(f[2]) == flash_shared_bytes(int(f[1])), line
+        else:
+            tn = suffix_to_type[f[0]]
+            assert (int(f[1]), int(f[2])) == (gemm_shared_bytes(tn, "l"), gemm_shared_bytes(tn, "s")), line
+        seen += 1
+    assert seen == len(WEIGHT_TYPES) + len(FLASH_HEAD_DIMS)
 
 
 def test_moe_shapes_the_cuda_engine_refuses():

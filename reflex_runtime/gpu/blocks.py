@@ -176,23 +176,24 @@ class Attention:
                             c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base,
                             self.rope_freq_scale, self.eps, self.n_ctx, freq_factors=self.rope_factors,
                             pairwise=self.rope_pairs)
-        n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
         with L.role("attention"):
-            L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att,
-                        p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
-                        c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
+            if L.flash_ok(b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):  # prompts, trees: tensor cores
+                L.flash_attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len,
+                                  b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx, self.window,
+                                  self.scale, 0.0)
+            else:
+                n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
+                L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv,
+                            att, p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
+                            c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
         with L.role("attn output", w.o.nbytes):
             L.matmul(w.o, att, out, b.n, accumulate=accumulate)
 
     def _qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
         """q, k, v projections: one launch when the three share a type (most files), else three."""
-        ws = (self.w.q, self.w.k, self.w.v)
+        ws = [self.w.q, self.w.k, self.w.v]
         with self.launch.role("qkv", sum(w.nbytes for w in ws)):
-            if b.matvec and len({(w.type_name, w.k) for w in ws}) == 1:
-                self.launch.matmul_segments(list(ws), inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
-                return
-            for w, y in zip(ws, (q, k, v)):
-                self.launch.matmul(w, inp.ptr, y, b.n, norm_w=inp.norm_w, eps=self.eps)
+            self.launch.matmul_many(ws, inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Typed launchers for the kernels in kernels/*.cu: one method per op, argument packs in the
 kernel's parameter order, and the one place that chooses between the matrix-vector and the
-tensor-core paths (`matvec_path`). Every method only enqueues work on the launcher's stream (so it
+tensor-core paths (`matvec_path`), and between the tensor-core kernel generations (sm_80+:
+gemm.cu and flash_attn.cu, mma.sync with cp.async pipelines; older GPUs: matmul.cu's WMMA tiles
+and attention.cu's scalar kernel). Every method only enqueues work on the launcher's stream (so it
 can be captured into a graph). `record()` keeps each launch with the role the calling block gave
 it and the weight bytes it reads, which is how `reflex bench` times a decode step kind by kind.
 """
@@ -12,13 +14,19 @@ from ctypes import Structure, c_double, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
+from ..ggml_types import GGML_TYPES_BY_NAME
 from .kernels import WEIGHT_TYPES
 
 # From this many tokens a matrix product goes to the tensor-core kernel (weights read once per
 # 64 tokens) instead of the matrix-vector kernel (weights read once per 4 tokens). Below it the
 # matrix-vector path wins on the H200: a 16-token prefill of Qwen3-0.6B took 22 ms through the
-# tensor-core kernel (too few tiles to fill the GPU), and 16/4 weight passes cost ~3 ms.
+# (WMMA) tensor-core kernel (too few tiles to fill the GPU), and 16/4 weight passes cost ~3 ms.
+# scripts/bench_prefill.py measures the crossover per weight type for the sm_80+ kernels; a type
+# whose matrix-vector kernel keeps winning beyond MM_MIN_TOKENS gets its own (higher) entry in
+# MM_MIN_TOKENS_BY_TYPE (a batch is still normalized once for the tensor-core path from
+# MM_MIN_TOKENS on; such a type then runs the matrix-vector kernel on the normalized input).
 MM_MIN_TOKENS = 64
+MM_MIN_TOKENS_BY_TYPE: dict[str, int] = {}
 ATTN_SPLITS_DECODE = 16
 # kernels/mla.cu: query heads per latent-attention block, key slices of a decode step (<= 32,
 # attn_merge's limit), rope pairs in the frequency table
@@ -26,12 +34,48 @@ MLA_HEADS = 8
 MLA_SPLITS_DECODE = 32
 MLA_MAX_PAIRS = 64
 
+# sm_80+ prompt kernels (mma.sync m16n8k16 with cp.async): kernels/gemm.cu, kernels/flash_attn.cu
+TC_MIN_CC = (8, 0)
+GEMM_CFGS = {"l": (128, 128), "s": (64, 64)}  # gemm.cu GemmL / GemmS: (tokens, weight rows) per tile
+GEMM_THREADS = {"l": 256, "s": 128}
+MOE_TILE = 64  # pairs per grouped expert tile and output columns per tile (gemm.cu GemmMoe = GemmS)
+FLASH_HEAD_DIMS = (64, 128, 256)  # flash_attn.cu instantiations (head_dim == head_dim_v)
+FLASH_ROWS = 64  # query rows (token, head) per flash-attention block
+FLASH_MIN_TOKENS = 2  # one token (decode) keeps the split-K scalar kernel
+_STATIC_SHARED = 1024  # headroom for the kernels' static shared memory (< 300 bytes today)
 
-def matvec_path(n_tok: int) -> bool:
+
+def matvec_path(n_tok: int, type_name: str | None = None) -> bool:
     """True when a batch of n_tok tokens runs the matrix-vector kernels (which can fold an RMS
-    norm of their input in); False when it runs the tensor-core kernels. Blocks ask this; no
-    other code compares against MM_MIN_TOKENS."""
-    return n_tok < MM_MIN_TOKENS
+    norm of their input in); False when it runs the tensor-core kernels. Without a type: the
+    batch's choice (whether its inputs get normalized by a separate kernel); with one: that
+    weight type's choice for a batch whose inputs are normalized. Blocks and the launcher ask
+    this; no other code compares against MM_MIN_TOKENS."""
+    if n_tok < MM_MIN_TOKENS or type_name is None:
+        return n_tok < MM_MIN_TOKENS
+    return n_tok < MM_MIN_TOKENS_BY_TYPE.get(type_name, MM_MIN_TOKENS)
+
+
+def gemm_stage_weights(type_name: str) -> int:
+    """Weights of a row per pipeline stage in gemm.cu (GemmRaw<T>::KB)."""
+    qk = GGML_TYPES_BY_NAME[type_name].block_size
+    return 32 if type_name == "F32" else 64 if qk == 1 else 256 if qk == 256 else 128
+
+
+def gemm_shared_bytes(type_name: str, cfg: str) -> int:
+    """Dynamic shared memory of a gemm.cu kernel (GemmSmem<T, C>::BYTES): two stages of raw
+    weight rows (each the 16-byte chunks covering the stage's bytes) and two f16 x tiles of 32 k."""
+    t = GGML_TYPES_BY_NAME[type_name]
+    sb = gemm_stage_weights(type_name) // t.block_size * t.type_size
+    slot = (sb + 15) // 16 * 16 + 16
+    bm, bn = GEMM_CFGS[cfg]
+    return 2 * bn * slot + 2 * bm * 32 * 2
+
+
+def flash_shared_bytes(hd: int) -> int:
+    """Dynamic shared memory of reflex_flash_attn_<hd> (FaCfg<HD>::BYTES): Q, one K and one V tile."""
+    bkv = 32 if hd >= 256 else 64
+    return (FLASH_ROWS + 2 * bkv) * (hd + 8) * 2
 
 
 @dataclass
@@ -44,6 +88,7 @@ class Launch:
     args: list
     role: str
     weight_bytes: int
+    shmem: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +126,34 @@ class MlaRope(Structure):
         for i, f in enumerate(freqs):
             tab.freq[i] = f
         return tab
+class GemmSegs(Structure):
+    """Mirror of kernels/gemm.cu's GemmSegs: up to three matrices, their row tiles numbered across."""
+
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("rows", c_int * 3), ("tile_end", c_int * 3)]
+
+
+@dataclass(frozen=True)
+class MoeGroups:
+    """Device arrays of reflex_moe_group's output: pairs sorted by expert and their tiles."""
+
+    counts: int
+    offsets: int
+    pair_tok: int
+    pair_id: int
+    tile_e: int
+    tile_m0: int
+    n_tiles: int  # one int
+    max_tiles: int  # host bound on *n_tiles: the grouped kernels' grid
+
+
+def moe_max_tiles(n_pairs: int, n_expert: int) -> int:
+    """Tiles of MOE_TILE pairs over all experts, at most: one partial tile per expert used."""
+    return -(-n_pairs // MOE_TILE) + min(n_expert, n_pairs)
+
+
+def moe_down_col_tiles(n_embd: int) -> int:
+    """Column tiles of the grouped down kernel: one completion counter per (token, tile)."""
+    return -(-n_embd // MOE_TILE)
 
 
 def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
@@ -108,6 +181,9 @@ class Launcher:
         self._recorded: list[Launch] | None = None
         self._role = ""
         self._bytes = 0
+        # sm_80+ kernels (gemm.cu, flash_attn.cu); False keeps the older kernels (tests force it)
+        self.tc = tuple(device.cc) >= TC_MIN_CC
+        self._max_shared = getattr(device, "max_shared", 48 * 1024) - _STATIC_SHARED
 
     @contextmanager
     def record(self):
@@ -148,13 +224,13 @@ class Launcher:
                 return r
         return 1
 
-    def _go(self, name, grid, block, args) -> None:
+    def _go(self, name, grid, block, args, shmem: int = 0) -> None:
         kernel = self._k(name)
-        kernel.launch(grid, block, args, self.stream, pdl=self.pdl)
+        kernel.launch(grid, block, args, self.stream, shmem=shmem, pdl=self.pdl)
         self.launches += 1
         if self._recorded is not None:
             g = grid if isinstance(grid, tuple) else (grid, 1, 1)
-            self._recorded.append(Launch(kernel, g, block, args, self._role or name, self._bytes))
+            self._recorded.append(Launch(kernel, g, block, args, self._role or name, self._bytes, shmem))
 
     # -- elementwise and norms -------------------------------------------------------------
 
@@ -184,13 +260,76 @@ class Launcher:
                norm_w: int = 0, eps: float = 0.0) -> None:
         """y[t, :] (+)= W x'[t, :] for t < n_tok, with y rows of w.rows floats. x' = x, or x RMS-normalized
         with weights norm_w (the matrix-vector path fuses it; pass norm_w only for small batches)."""
-        x_stride = x_stride or w.k
-        if not matvec_path(n_tok) and w.k % 64 == 0 and not norm_w:
-            self._go(f"reflex_mm_{w.suffix}", ((w.rows + 127) // 128, (n_tok + 63) // 64, 1), 256,
-                     [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_int(x_stride), c_void_p(y), c_int(w.rows),
-                      c_int(w.rows), c_int(w.k), c_int(n_tok), c_int(int(accumulate))])
+        self.matmul_many([w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
+
+    def matmul_many(self, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False,
+                    x_stride: int = 0, norm_w: int = 0, eps: float = 0.0) -> None:
+        """ys[i] (+)= ws[i] x' for up to three matrices of one input (q, k, v): one launch when they
+        share a type and row length (either path), else one each."""
+        w0 = ws[0]
+        if not all(w.type_name == w0.type_name and w.k == w0.k for w in ws):
+            for w, y in zip(ws, ys):
+                self.matmul_many([w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
             return
-        self.matmul_segments([w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
+        x_stride = x_stride or w0.k
+        if norm_w or matvec_path(n_tok, w0.type_name):
+            self.matmul_segments(ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps)
+        elif all(self.gemm_ok(w) for w in ws):
+            self.gemm(ws, x, ys, n_tok, accumulate, x_stride)
+        elif w0.k % 64 == 0:
+            for w, y in zip(ws, ys):
+                self.mm_wmma(w, x, y, n_tok, accumulate, x_stride)
+        else:
+            self.matmul_segments(ws, x, ys, n_tok, accumulate, x_stride)
+
+    def mm_wmma(self, w: Weight, x: int, y: int, n_tok: int, accumulate: bool = False, x_stride: int = 0) -> None:
+        """matmul.cu's WMMA tiles (any GPU; the tensor-core path below sm_80). Needs K % 64 == 0."""
+        assert w.k % 64 == 0
+        self._go(f"reflex_mm_{w.suffix}", ((w.rows + 127) // 128, (n_tok + 63) // 64, 1), 256,
+                 [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_int(x_stride or w.k), c_void_p(y), c_int(w.rows),
+                  c_int(w.rows), c_int(w.k), c_int(n_tok), c_int(int(accumulate))])
+
+    # -- sm_80+ tensor-core products (kernels/gemm.cu) ----------------------------------------
+
+    def gemm_ok(self, w: Weight) -> bool:
+        """gemm.cu reads w: an sm_80+ GPU, the tensor 16-byte aligned (GGUF aligns to 32), its
+        shared-memory tiles within the device's limit."""
+        return self.tc and w.ptr % 16 == 0 and gemm_shared_bytes(w.type_name, "l") <= self._max_shared
+
+    def gemm_cfg(self, n_tok: int, rows: int) -> str:
+        """128 x 128 tiles when they fill the GPU at least once, else 64 x 64 (4x the blocks): a
+        512-token prompt times a 1024-row matrix is only 32 large tiles on 132 SMs."""
+        bm, bn = GEMM_CFGS["l"]
+        return "l" if -(-n_tok // bm) * -(-rows // bn) >= self.dev.sm_count else "s"
+
+    def gemm(self, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
+             cfg: str | None = None) -> None:
+        """ys[i][t, :] (+)= ws[i] x[t, :] for up to three matrices of one type and row length, one launch."""
+        w0 = ws[0]
+        assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.row_bytes == w0.row_bytes for w in ws)
+        x_stride = x_stride or w0.k
+        cfg = cfg or self.gemm_cfg(n_tok, sum(w.rows for w in ws))
+        bm, bn = GEMM_CFGS[cfg]
+        segs, end = GemmSegs(), 0
+        for i in range(3):
+            if i < len(ws):
+                segs.w[i], segs.y[i], segs.rows[i] = ws[i].ptr, ys[i], ws[i].rows
+                end += -(-ws[i].rows // bn)
+            segs.tile_end[i] = end
+        self._go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, -(-n_tok // bm), 1), GEMM_THREADS[cfg],
+                 [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride), c_int(w0.k), c_int(n_tok),
+                  c_int(int(accumulate))], gemm_shared_bytes(w0.type_name, cfg))
+
+    def gemm_glu(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, x_stride: int = 0,
+                 cfg: str | None = None) -> None:
+        """out[t, :] = act(Wg x[t]) * (Wu x[t]), gate and up in one pass (same type and row length)."""
+        assert wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and wg.rows == wu.rows
+        cfg = cfg or self.gemm_cfg(n_tok, 2 * wg.rows)
+        bm, bn = GEMM_CFGS[cfg]
+        self._go(f"reflex_gemm_glu_{wg.suffix}_{cfg}", (-(-wg.rows // (bn // 2)), -(-n_tok // bm), 1), GEMM_THREADS[cfg],
+                 [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(x_stride or wg.k),
+                  c_void_p(out), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act)],
+                 gemm_shared_bytes(wg.type_name, cfg))
 
     def matmul_segments(self, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False,
                         x_stride: int = 0, norm_w: int = 0, eps: float = 0.0) -> None:
@@ -210,19 +349,29 @@ class Launcher:
 
     def gated_ffn_in(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, g_buf: int, u_buf: int,
                      norm_w: int = 0, eps: float = 0.0) -> None:
-        """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and the batch is
-        small (x' normalized on the fly when norm_w is given; large batches must pass a normalized x)."""
-        if wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and matvec_path(n_tok):
-            wpr = self._wpr(2 * wg.rows, wg.k)
-            per_block = 8 // wpr
-            self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + per_block - 1) // per_block, 256,
-                     [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(wg.k), c_void_p(out),
-                      c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act), c_void_p(norm_w or None),
-                      c_float(eps), c_int(wpr)])
+        """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and row length
+        (x' normalized on the fly when norm_w is given, matrix-vector path only; larger batches must
+        pass a normalized x), else two products and the activation (g_buf, u_buf)."""
+        alike = wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
+        if alike and (norm_w or matvec_path(n_tok, wg.type_name)):
+            self.mv_glu(wg, wu, x, out, n_tok, act, norm_w, eps)
+            return
+        if alike and not norm_w and self.gemm_ok(wg) and self.gemm_ok(wu):
+            self.gemm_glu(wg, wu, x, out, n_tok, act)
             return
         self.matmul(wg, x, g_buf, n_tok, norm_w=norm_w, eps=eps)
         self.matmul(wu, x, u_buf, n_tok, norm_w=norm_w, eps=eps)
         self.glu(g_buf, u_buf, out, n_tok * wg.rows, act)
+
+    def mv_glu(self, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, norm_w: int = 0,
+               eps: float = 0.0) -> None:
+        """The matrix-vector form of gated_ffn_in (weights read once per 4 tokens)."""
+        wpr = self._wpr(2 * wg.rows, wg.k)
+        per_block = 8 // wpr
+        self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + per_block - 1) // per_block, 256,
+                 [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(wg.k), c_void_p(out),
+                  c_int(wg.rows), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act), c_void_p(norm_w or None),
+                  c_float(eps), c_int(wpr)])
 
     # -- routed experts (kernels/moe.cu) -----------------------------------------------------
 
@@ -250,17 +399,43 @@ class Launcher:
                   c_void_p(act), c_int(wd.k), c_void_p(x), c_int(n_embd), c_int(wpr)])
 
     def moe_group(self, ids: int, n_pairs: int, n_expert: int, k: int, counts: int, offsets: int, pair_tok: int,
-                  pair_id: int) -> None:
+                  pair_id: int, tile_e: int = 0, tile_m0: int = 0, n_tiles: int = 0) -> None:
+        """Sort the n_pairs (token, slot) pairs by expert; with tile_e, also list the MOE_TILE-pair
+        tiles the grouped sm_80+ kernels run (at most moe_max_tiles)."""
         self._go("reflex_moe_group", 1, 1024, [c_void_p(ids), c_int(n_pairs), c_int(n_expert), c_int(k), c_void_p(counts),
-                                               c_void_p(offsets), c_void_p(pair_tok), c_void_p(pair_id)])
+                                               c_void_p(offsets), c_void_p(pair_tok), c_void_p(pair_id), c_int(MOE_TILE),
+                                               c_void_p(tile_e or None), c_void_p(tile_m0 or None),
+                                               c_void_p(n_tiles or None)])
 
     def moe_mm(self, w: Weight, expert_bytes: int, n_expert: int, n_rows: int, counts: int, offsets: int, x_idx: int,
                y_idx: int, x: int, y: int) -> None:
-        """y[y_idx[i]] = W_e x[x_idx[i]] for the rows i of every expert's group, on tensor cores."""
+        """y[y_idx[i]] = W_e x[x_idx[i]] for the rows i of every expert's group, on tensor cores (WMMA)."""
         self._go(f"reflex_moe_mm_{w.suffix}", ((n_rows + 127) // 128, n_expert, 1), 256,
                  [c_void_p(w.ptr), c_long(w.row_bytes), c_long(expert_bytes), c_void_p(counts), c_void_p(offsets),
                   c_void_p(x_idx), c_void_p(y_idx), c_void_p(x), c_int(w.k), c_void_p(y), c_int(n_rows), c_int(n_rows),
                   c_int(w.k)])
+
+    def moe_gemm_glu(self, wg: Weight, wu: Weight, expert_bytes: int, n_ff: int, grp: MoeGroups, x: int, out: int,
+                     act: int) -> None:
+        """out[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]) for every pair i in expert order (sm_80+)."""
+        assert wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
+        self._go(f"reflex_moe_gemm_glu_{wg.suffix}", (-(-n_ff // (MOE_TILE // 2)), grp.max_tiles, 1), GEMM_THREADS["s"],
+                 [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(grp.counts),
+                  c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
+                  c_void_p(grp.pair_tok), c_void_p(x), c_int(wg.k), c_void_p(out), c_int(n_ff), c_int(wg.k), c_int(act)],
+                 gemm_shared_bytes(wg.type_name, "s"))
+
+    def moe_gemm_down(self, wd: Weight, expert_bytes: int, n_embd: int, grp: MoeGroups, act: int, weights: int, k: int,
+                      ybuf: int, x: int, counters: int) -> None:
+        """x[t] += sum over t's k slots, in slot order, of weight * down_e act[pair] (sm_80+). ybuf:
+        n_pairs x n_embd floats of scratch; counters: n_tok * moe_down_col_tiles(n_embd) zeroed ints,
+        left zeroed."""
+        self._go(f"reflex_moe_gemm_down_{wd.suffix}", (moe_down_col_tiles(n_embd), grp.max_tiles, 1), GEMM_THREADS["s"],
+                 [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(grp.counts),
+                  c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
+                  c_void_p(grp.pair_id), c_void_p(act), c_int(wd.k), c_void_p(weights), c_int(k), c_void_p(ybuf),
+                  c_void_p(x), c_int(n_embd), c_void_p(counters)],
+                 gemm_shared_bytes(wd.type_name, "s"))
 
     def moe_combine(self, y: int, weights: int, k: int, x: int, n_embd: int, n_tok: int) -> None:
         self._go("reflex_moe_combine", (n_tok * n_embd + 255) // 256, 256,
@@ -334,6 +509,20 @@ class Launcher:
                  [c_void_p(q), c_void_p(cache), c_void_p(q_slot), c_void_p(seg_lo or None), c_int(prefix_len),
                   c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None), c_void_p(part_ml or None),
                   c_void_p(counters or None), c_int(n_head), c_int(r), c_int(d), c_float(scale), c_int(n_split)])
+    def flash_ok(self, n_tok: int, hd: int, hd_v: int, n_head: int, n_head_kv: int) -> bool:
+        """Whether a batch's attention runs flash_attn.cu (else reflex_attn)."""
+        return (self.tc and n_tok >= FLASH_MIN_TOKENS and hd == hd_v and hd in FLASH_HEAD_DIMS
+                and n_head // n_head_kv <= FLASH_ROWS and flash_shared_bytes(hd) <= self._max_shared)
+
+    def flash_attention(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, out, n_tok, n_head,
+                        n_head_kv, hd, n_ctx, window, scale, softcap) -> None:
+        """attention()'s result for n_tok query tokens on tensor cores (see flash_ok)."""
+        bt = FLASH_ROWS // (n_head // n_head_kv)  # tokens per block
+        self._go(f"reflex_flash_attn_{hd}", (-(-n_tok // bt), n_head_kv, 1), 128,
+                 [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
+                  c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_int(n_tok), c_int(n_head),
+                  c_int(n_head_kv), c_int(n_ctx), c_int(window), c_float(scale), c_float(softcap)],
+                 flash_shared_bytes(hd))
 
     # -- sampling and scoring --------------------------------------------------------------
 

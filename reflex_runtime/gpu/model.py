@@ -78,8 +78,9 @@ class GpuModel:
     def bind(self, base: int, launch: Launcher) -> None:
         self.arena.base = base
         self.launch = launch
-        if "attn_counters" in self.arena.offsets:  # the split-attention counters start (and stay) at zero
-            launch.dev.memset32(self.p("attn_counters"), 0, self.cfg.n_head, launch.stream)
+        for name in self.arena.offsets:  # completion counters (split attention, grouped experts) start and stay at 0
+            if name.endswith("counters"):
+                launch.dev.memset32(self.p(name), 0, self.arena.sizes[name] // 4, launch.stream)
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
         self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)

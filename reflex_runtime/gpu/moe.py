@@ -7,8 +7,10 @@ experts are read in place from the stacked GGUF tensors: only the routed experts
 
   matrix-vector batches:  router (norm fused) -> top-k -> gate/up per (token, slot)
                                     -> down per token summed over its slots, into x       4 launches
-  prefill:  norm -> router -> top-k -> group pairs by expert -> gate, up on tensor cores per
-            expert over its gathered tokens -> act -> down likewise -> weighted sum into x  9 launches
+  prefill (sm_80+):  norm -> router -> top-k -> group pairs by expert (and list 64-pair tiles)
+            -> gate+up+act, every expert in one grouped launch -> down, every expert in one
+            launch, each token's weighted sum added to x in slot order (deterministic)     6 launches
+  prefill (older GPUs): ... group -> gate, up (WMMA) per expert -> act -> down -> combine     9 launches
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from .. import tensor_names as T
 from ..errors import UnsupportedModelError
 from .blocks import Batch, Input, TensorReader
-from .launch import Weight
+from .launch import MoeGroups, Weight, moe_down_col_tiles, moe_max_tiles
 
 MAX_EXPERTS = 1024  # kernels/moe.cu MOE_MAX_EXPERTS (router probabilities live in shared memory)
 # Experts per token. A policy with headroom (real models use 8-10): the hard limits are 256 (the
@@ -87,14 +89,20 @@ class MoeFFN:
         return [("moe_logits", t * n_expert), ("moe_ids", pairs), ("moe_w", pairs),
                 ("moe_counts", n_expert), ("moe_offsets", n_expert), ("moe_pair_tok", pairs),
                 ("moe_pair_id", pairs), ("moe_gate", pairs * n_ff), ("moe_up", pairs * n_ff),
-                ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd)]
+                ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd),
+                ("moe_tile_e", moe_max_tiles(pairs, n_expert)), ("moe_tile_m0", moe_max_tiles(pairs, n_expert)),
+                ("moe_n_tiles", 1), ("moe_counters", t * moe_down_col_tiles(c.n_embd))]
 
     def bind(self, model, weights: MoeWeights) -> None:
         self.w, self.p, self.launch = weights, model.p, model.launch
 
-    def grouped(self) -> bool:
-        """The tensor-core path needs rows of a multiple of 64 weights on both sides."""
-        return self.w.gate.k % 64 == 0 and self.w.down.k % 64 == 0
+    def grouped(self) -> str | None:
+        """Which tensor-core expert path the weights allow: "gemm" (sm_80+, gemm.cu), "wmma"
+        (matmul.cu's tiles: rows of a multiple of 64 weights on both sides), or None."""
+        m, L = self.w, self.launch
+        if all(L.gemm_ok(w) for w in (m.gate, m.up, m.down)):
+            return "gemm"
+        return "wmma" if m.gate.k % 64 == 0 and m.down.k % 64 == 0 else None
 
     def unread_bytes(self) -> int:
         """Expert bytes a token does not read (the n_expert - k experts the router skips)."""
@@ -118,7 +126,8 @@ class MoeFFN:
         ids, wts = p("moe_ids"), p("moe_w")
         with L.role("moe router + top-k", m.router.nbytes):
             self.route(b, inp, ids, wts)
-        if b.matvec or not self.grouped():
+        path = None if b.matvec else self.grouped()
+        if path is None:
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
                 L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
                              inp.norm_w, self.eps)
@@ -126,6 +135,17 @@ class MoeFFN:
                 L.moe_down_mv(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
             return
         counts, offsets, pair_tok, pair_id = p("moe_counts"), p("moe_offsets"), p("moe_pair_tok"), p("moe_pair_id")
+        if path == "gemm":  # two grouped launches
+            grp = MoeGroups(counts, offsets, pair_tok, pair_id, p("moe_tile_e"), p("moe_tile_m0"), p("moe_n_tiles"),
+                            moe_max_tiles(n * k, self.n_expert))
+            L.moe_group(ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id, grp.tile_e, grp.tile_m0,
+                        grp.n_tiles)
+            with L.role("moe experts gate/up + act", 2 * self.n_expert * m.gate_up_stride):
+                L.moe_gemm_glu(m.gate, m.up, m.gate_up_stride, self.n_ff, grp, inp.ptr, p("moe_act"), self.act)
+            with L.role("moe experts down (+residual)", self.n_expert * m.down_stride):
+                L.moe_gemm_down(m.down, m.down_stride, E, grp, p("moe_act"), wts, k, p("moe_out"), x,
+                                p("moe_counters"))
+            return
         L.moe_group(ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id)
         for w, out in ((m.gate, p("moe_gate")), (m.up, p("moe_up"))):
             L.moe_mm(w, m.gate_up_stride, self.n_expert, self.n_ff, counts, offsets, pair_tok, pair_id, inp.ptr, out)

@@ -311,7 +311,7 @@ class CudaRunner:
         dev.begin_capture(s)
         try:
             for ln in launches:
-                ln.kernel.launch(ln.grid, ln.block, ln.args, s)
+                ln.kernel.launch(ln.grid, ln.block, ln.args, s, shmem=ln.shmem)
         finally:
             graph = dev.end_capture(s)
         return graph
