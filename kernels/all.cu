@@ -9,3 +9,5 @@
 #include "sample.cu"
 #include "logits.cu"
 #include "moe.cu"  // uses matvec.cu and matmul.cu bodies
+#include "delta_net.cu"
+#include "gated.cu"

@@ -189,7 +189,7 @@ def _model(arch, params):
     return model, dev
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3moe", "qwen35", "qwen35moe"])
 def test_forward_launches_match_kernel_abi(ptx_params, arch):
     from reflex_runtime.gpu.driver import RxState
     from reflex_runtime.gpu.model import ARGMAX_PARTS
@@ -210,10 +210,21 @@ def test_forward_launches_match_kernel_abi(ptx_params, arch):
     assert "reflex_attn" in names
     if arch == "gemma3":
         assert any(n.startswith("reflex_mv_glu_") for n in names)
-    if arch == "qwen3moe":  # both expert paths: per-pair matrix-vector, and grouped tensor cores
+    if arch in ("qwen3moe", "qwen35moe"):  # both expert paths: per-pair matrix-vector, and grouped tensor cores
         for kind in ("reflex_moe_topk", "reflex_moe_mv_glu_", "reflex_moe_mv_down_", "reflex_moe_group",
                      "reflex_moe_mm_", "reflex_moe_combine"):
             assert any(n.startswith(kind) for n in names), kind
+    if arch.startswith("qwen35"):
+        # a short prefill (delta rule token by token) and a forked system1 pass of 3 sequences
+        dec.forward(5)
+        dec.fork(3)
+        dec.forward(9, tree=True, prefix_len=4, logit_row=0, logit_rows=9, logits=dev.alloc(4 * 9 * cfg.vocab_size),
+                    seqs=3, seq_max=4)
+        names = {n for n, _, _ in dev.launches}
+        for kind in ("reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_chunked",
+                     "reflex_dn_gated_norm", "reflex_gate_split", "reflex_sigmoid_mul"):
+            assert kind in names, kind
+        assert sum(1 for what, _, _ in dev.copies if what == "dtod") == 2 * 3, "one state copy (dst, src) per sequence"
 
 
 def test_moe_shapes_the_cuda_engine_refuses():
@@ -264,3 +275,44 @@ def test_no_runtime_compilation_in_the_package():
                 assert not banned.search(text), f"{f}: {banned.search(text).group(0)}"
                 checked += 1
     assert checked > 10
+
+
+@pytest.mark.parametrize("max_batch,passes", [(512, 2), (4, 4)])  # 4: the 5-token prompt and the candidates in 2 passes each
+def test_system1_on_a_recurrent_model_forks_the_state_and_batches_the_candidates(ptx_params, monkeypatch, max_batch,
+                                                                                 passes):
+    """The runner's "fork" scoring through the fake device: the prompt once, then every candidate's
+    tokens but its last in one pass of independent sequences (two when they exceed a batch), one
+    state copy per sequence, and each token scored from the right logits row."""
+    from types import SimpleNamespace
+
+    from make_fixtures import make_fixture
+
+    import reflex_runtime.gpu.runner as runner_mod
+    from reflex_runtime.coldstart import Timeline
+    from reflex_runtime.families import gpu_model_class, read_config
+    from reflex_runtime.gguf_file import GGUFFile
+
+    monkeypatch.setattr(runner_mod, "MAX_BATCH", max_batch)
+    g = GGUFFile(make_fixture("qwen35", "q8_0").gguf)
+    cfg = read_config(g)
+    dev = FakeDevice(ptx_params)
+    boot = SimpleNamespace(wait=lambda: dev, stream=None, error=None, kernel_format="fake")
+    runner = runner_mod.CudaRunner(boot, g, cfg, Timeline(), gpu_model_class(cfg), max_context=256)
+    runner._load()
+    assert runner.error is None, runner.error
+    seen = {}
+
+    def gather(logits, rows, toks, lengths):
+        seen.update(rows=rows, toks=toks)
+        return [[0.0] * n for n in lengths]
+
+    runner._gather_logprobs = gather
+    cands = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
+    runner.score([11, 12, 13, 14, 15], cands)
+    assert runner.forward_passes == passes
+    # rows: 0 = after the prompt; then the tails [1, 2], [5], [7, 8, 9] in order
+    assert seen["rows"] == [0, 1, 2, 0, 0, 3, 0, 4, 5, 6] and seen["toks"] == [t for c in cands for t in c]
+    assert sum(1 for what, _, _ in dev.copies if what == "dtod") == 2 * 3
+    if passes == 2:  # the one batch's sequence starts, as written for the device
+        ints = runner._in_view.cast("i")
+        assert list(ints[runner._seq_at:runner._seq_at + 4]) == [0, 2, 3, 6]

@@ -18,6 +18,8 @@ _SINGLE = (
     "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn",
     "reflex_argmax_partial", "reflex_argmax_final", "reflex_sample", "reflex_logprob_rows", "reflex_softcap",
     "reflex_smoke_axpb", "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine",
+    "reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_chunked", "reflex_dn_gated_norm",
+    "reflex_gate_split", "reflex_sigmoid_mul",
 )
 
 KERNEL_NAMES: tuple[str, ...] = tuple(p.format(s) for p in _PER_TYPE for s in WEIGHT_TYPES.values()) + _SINGLE
