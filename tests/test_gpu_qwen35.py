@@ -205,11 +205,10 @@ def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, fi
 
 
 @pytest.mark.parametrize("split", [1, 31, 32, 45])
-def test_prompt_in_two_passes_equals_one_and_decode_continues_it(gpu, split):
+def test_prompt_in_two_passes_equals_one_and_decode_continues_it(gpu, split, nk=2, nv=4, dk=128, dv=128):
     """A prompt of 77 tokens as one chunked pass, or as two passes (the second continuing the
     state: its first position is not 0), then a token-by-token decode of 5 more: the same
     outputs and state as the reference over all 82 tokens."""
-    nk, nv, dk, dv = 2, 4, 128, 128
     n, n_dec = 77, 5
     rng = np.random.default_rng([split, 3])
     layer = Layer(rng, n + n_dec, nk, nv, dk, dv)

@@ -172,14 +172,14 @@ def test_fake_device_has_the_whole_device_interface():
     assert not missing, missing
 
 
-def _model(arch, params):
+def _model(arch, params, path=None):
     from make_fixtures import make_fixture
 
     from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
     from reflex_runtime.gguf_file import GGUFFile
     from reflex_runtime.gpu.launch import Launcher
 
-    g = GGUFFile(make_fixture(arch, "q4_k_m").gguf)
+    g = GGUFFile(path or make_fixture(arch, "q4_k_m").gguf)
     cfg = read_config(g)
     assert gpu_unsupported(cfg, g) is None
     model = gpu_model_class(cfg)(cfg, g, max_batch=64, n_ctx=256, max_new=256)
@@ -225,6 +225,31 @@ def test_forward_launches_match_kernel_abi(ptx_params, arch):
                      "reflex_dn_gated_norm", "reflex_gate_split", "reflex_sigmoid_mul"):
             assert kind in names, kind
         assert sum(1 for what, _, _ in dev.copies if what == "dtod") == 2 * 3, "one state copy (dst, src) per sequence"
+
+
+@pytest.mark.parametrize("arch,flag", [("qwen35", "--fuse-qkv"), ("qwen35moe", "--fuse-gate-up-exps")])
+def test_fused_qwen35_files_read_row_views_of_the_fused_tensors(ptx_params, arch, flag):
+    """--fuse-qkv (attention layers' q|gate, k, v in one attn_qkv) and --fuse-gate-up-exps (per
+    expert [gate | up] rows) run as views of the fused tensor: same launches as unfused files."""
+    from fixtures_qwen35 import convert_variant
+    from make_fixtures import make_fixture
+
+    path = convert_variant(make_fixture(arch, "f32"), "f32", flag)
+    dec, dev = _model(arch, ptx_params, path)
+    c = dec.cfg
+    dec.forward(1)
+    dec.forward(70)  # tensor cores (and grouped experts)
+    att = next(ly.mixer for ly in dec.layers if not c.extra["recurrent_layers"][dec.layers.index(ly)])
+    if flag == "--fuse-qkv":
+        w = att.w
+        assert (w.q.rows, w.k.rows, w.v.rows) == (2 * c.n_head * c.head_dim, c.n_head_kv * c.head_dim,
+                                                  c.n_head_kv * c.head_dim_v)
+        assert w.k.ptr == w.q.ptr + w.q.rows * w.q.row_bytes and w.v.ptr == w.k.ptr + w.k.rows * w.k.row_bytes
+    else:
+        m = dec.layers[0].ffn.moe.w
+        f = c.extra["n_ff_exp"][0]
+        assert m.up.ptr == m.gate.ptr + f * m.gate.row_bytes and m.gate_up_stride == 2 * f * m.gate.row_bytes
+        assert {n for n, _, _ in dev.launches} >= {"reflex_moe_mv_glu_f32", "reflex_moe_mm_f32"}
 
 
 def test_moe_shapes_the_cuda_engine_refuses():
