@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One session on a GPU machine with no network: everything the GPU work needs, in one command.
 #
-#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm
+#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm,
+#                                     qwen35 (its GPU tests), qwen35real (Qwen3.5-shaped files: check, bench, llama-bench)
 #
 # Expects, carried from the development machine (all git-ignored):
 #   .whl/                       wheels the machine lacks (../shared/tools/gpu-wheels.sh .whl)
@@ -73,6 +74,27 @@ if has moe; then
   tail -1 "$WORK/make-moe.log"
   timeout 300 python3 -m reflex_runtime.cli bench $MOE_BENCH --prefill 16,128,512 --out "$WORK/bench-qwen3moe-30b-a3b-shaped.json" \
     2>&1 | tee "$WORK/bench-qwen3moe-30b-a3b-shaped.log"
+fi
+if has qwen35; then
+  timeout ${QWEN35_TIMEOUT:-500} python3 -m pytest -m gpu tests/test_gpu_qwen35.py -q -rA -p no:cacheprovider -n 8 \
+    --timeout 400 2>&1 | tee "$WORK/gpu-qwen35.log" | grep -v "^PASSED" | tail -8
+fi
+if has qwen35real; then  # one file at a time (the 35B-A3B files are 37 / 21 GB): make, check (0.8B), bench, peers
+  for m in ${Q35_MODELS:-0.8b 35b-a3b}; do
+    for t in ${Q35_TYPES:-q8_0 q4_k_m}; do
+      f=$REAL/qwen35-$m-$t.gguf
+      python3 scripts/make_qwen35_bench.py --model $m --type $t --out $f 2>&1 | tee "$WORK/make-qwen35-$m-$t.log"
+      [ $m = 0.8b ] && timeout 600 python3 -m reflex_runtime.cli check $f --steps 16 --json \
+        > "$WORK/check-qwen35-$m-$t.json" 2> "$WORK/check-qwen35-$m-$t.err"
+      timeout 600 python3 -m reflex_runtime.cli bench $f --prefill 16,128,512 --out "$WORK/bench-qwen35-$m-$t.json" \
+        2>&1 | tee "$WORK/bench-qwen35-$m-$t.log"
+      if [ -x /tmp/peers/llama.cpp/llama-bench ]; then
+        LD_LIBRARY_PATH=/tmp/peers/llama.cpp:${LD_LIBRARY_PATH:-} timeout 600 /tmp/peers/llama.cpp/llama-bench -m $f \
+          -p 512 -n 128 -ngl 99 -o json > "$WORK/llama-bench-qwen35-$m-$t.json" 2> "$WORK/llama-bench-qwen35-$m-$t.err"
+      fi
+      [ $m = 35b-a3b ] && rm -f $f
+    done
+  done
 fi
 if has coldstart; then
   models=(); for t in $QUANTS; do models+=(--model $REAL/qwen3-0.6b-$t.gguf); done
