@@ -29,6 +29,10 @@ def gpu_unsupported(config, gguf=None) -> str | None:
         why = moe_unsupported(c, gguf)
         if why is None and c.extra["n_ff_shexp"] % 32:
             why = "the shared expert's FFN size must be a multiple of 32"
+        shexp = gguf.tensors.get("blk.0.ffn_up_shexp.weight") if gguf is not None else None
+        if why is None and shexp is not None and shexp.shape[1] != c.extra["n_ff_shexp"]:
+            why = f"the shared expert has {shexp.shape[1]} rows but expert_shared_feed_forward_length says " \
+                  f"{c.extra['n_ff_shexp']}"
     elif why is None:
         why = GatedFFN.unsupported(c)
     return why or (_tensor_types_unsupported(c, gguf) if gguf is not None else None)
