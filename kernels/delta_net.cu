@@ -335,27 +335,41 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
         }
         __syncthreads();
         if (warp == 0)  // forward substitution, one column per lane: D_i -= sum_{j<i} A_ij D_j
-            for (int i = 1; i < L; i++) {
-                float acc = D[i][lane];
-                for (int j = 0; j < i; j++) acc -= A[i][j] * D[j][lane];
-                D[i][lane] = acc;
+            for (int i = 1; i < L; i++) {  // (four partial sums: the chain of dependent adds is this kernel's serial part)
+                float a0 = D[i][lane], a1 = 0.f, a2 = 0.f, a3 = 0.f;
+                int j = 0;
+                for (; j + 4 <= i; j += 4) {
+                    a0 -= A[i][j] * D[j][lane];
+                    a1 -= A[i][j + 1] * D[j + 1][lane];
+                    a2 -= A[i][j + 2] * D[j + 2][lane];
+                    a3 -= A[i][j + 3] * D[j + 3][lane];
+                }
+                for (; j < i; j++) a0 -= A[i][j] * D[j][lane];
+                D[i][lane] = (a0 + a1) + (a2 + a3);
             }
         __syncthreads();
+        // O += P D for this thread's tokens; S <- e^(c_L) S + sum_j e^(c_L - c_j) k_j D_j^T for its
+        // (row, column) cells. Loops over j outside: one read of D_j serves every token and row.
+        float e_last = ecum[L - 1];
+        float acc[DN_ROWS];
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; r++) acc[r] = warp + 8 * r < dk ? e_last * Ss[warp + 8 * r][lane] : 0.f;
+        for (int j = 0; j < L; j++) {
+            float dj = D[j][lane], tj = tail[j] * dj;
+#pragma unroll
+            for (int m = 0; m < DN_CHUNK / 8; m++)
+                if (j <= warp + 8 * m) o[m] += P[warp + 8 * m][j] * dj;
+#pragma unroll
+            for (int r = 0; r < DN_ROWS; r++) acc[r] += Ks[j][warp + 8 * r] * tj;
+        }
 #pragma unroll
         for (int m = 0; m < DN_CHUNK / 8; m++) {
             int t = warp + 8 * m;
-            if (t >= L) continue;
-            float acc = o[m];
-            for (int j = 0; j <= t; j++) acc += P[t][j] * D[j][lane];
-            if (col_ok) out[((long)(c0 + t) * nv + h) * dv + j0 + lane] = acc;
+            if (t < L && col_ok) out[((long)(c0 + t) * nv + h) * dv + j0 + lane] = o[m];
         }
-        // S <- e^(c_L) S + sum_j e^(c_L - c_j) k_j D_j^T (each thread its own (row, column) cells)
-        float e_last = ecum[L - 1];
-        for (int i = warp; i < dk; i += 8) {
-            float acc = e_last * Ss[i][lane];
-            for (int j = 0; j < L; j++) acc += tail[j] * Ks[j][i] * D[j][lane];
-            Ss[i][lane] = acc;
-        }
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; r++)
+            if (warp + 8 * r < dk) Ss[warp + 8 * r][lane] = acc[r];
         __syncthreads();  // the next chunk rewrites Ks, D and reads every row of Ss
     }
     for (int idx = threadIdx.x; idx < DN_MAX_HD * DN_CV; idx += blockDim.x) {
