@@ -265,27 +265,30 @@ class CudaRunner:
         pos = list(range(n_p))
         self._write_inputs(prompt_ids, pos, pos, n_kv=n_p)
         self._prefill(n_p, logits=logits)
-        row, first_row = 1, {}
-        group: list[int] = []
-        todo = [i for i, t in enumerate(tails) if t]
-        for k, ci in enumerate(todo):
-            group.append(ci)
-            nxt = todo[k + 1] if k + 1 < len(todo) else None
-            size = sum(len(tails[i]) for i in group)
-            if nxt is None or size + len(tails[nxt]) > MAX_BATCH or len(group) >= d.max_forks():
-                for i in group:
-                    first_row[i] = row + sum(len(tails[j]) for j in group[:group.index(i)])
-                row = self._forked_pass(n_p, [tails[i] for i in group], logits + 4 * row * self.config.vocab_size, row)
-                group = []
+        groups: list[list[int]] = [[]]  # candidates per pass: normally all of them in one
+        size, limit = 0, d.max_forks()
+        for ci in (i for i, t in enumerate(tails) if t):
+            if groups[-1] and (size + len(tails[ci]) > MAX_BATCH or len(groups[-1]) >= limit):
+                groups.append([])
+                size = 0
+            groups[-1].append(ci)
+            size += len(tails[ci])
+        row, first_row = 1, {}  # logits row of each candidate's first tail token
+        for group in filter(None, groups):
+            start = row
+            for ci in group:
+                first_row[ci] = row
+                row += len(tails[ci])
+            self._forked_pass(n_p, [tails[ci] for ci in group], logits + 4 * start * self.config.vocab_size)
         flat_rows, flat_toks = [], []
         for ci, cand in enumerate(candidates):
             flat_rows += [0] + [first_row[ci] + j for j in range(len(cand) - 1)]
             flat_toks += list(cand)
         return self._gather_logprobs(logits, flat_rows, flat_toks, [len(c) for c in candidates])
 
-    def _forked_pass(self, n_p: int, seqs: list[list[int]], logits: int, row: int) -> int:
-        """One forward pass over `seqs` continuing the prompt's state (copied per sequence) in
-        the cache slots after the prompt; every row's logits into `logits`. Returns the next row."""
+    def _forked_pass(self, n_p: int, seqs: list[list[int]], logits: int) -> None:
+        """One forward pass over `seqs`, each continuing its own copy of the prompt's state, in the
+        cache slots after the prompt; every row's logits into `logits`."""
         toks, pos, slots, seg_lo, starts = [], [], [], [], [0]
         for seq in seqs:
             start = n_p + len(toks)
@@ -301,7 +304,6 @@ class CudaRunner:
         self.model.forward(n, tree=True, prefix_len=n_p, logit_row=0, logit_rows=n, logits=logits, seqs=len(seqs),
                            seq_max=max(len(x) for x in seqs))
         self.forward_passes += 1
-        return row + n
 
     def _gather_logprobs(self, logits, rows, toks, lengths) -> list[list[float]]:
         dev, s = self.dev, self.stream
