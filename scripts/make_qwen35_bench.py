@@ -43,6 +43,9 @@ order. Tensor types for --type q4_k_m follow llama-quantize's Q4_K_M rules for t
 pinned llama.cpp's src/llama-quant.cpp): Q6_K for the LM head (the tied embedding), for attn_v and
 attn_qkv (its "attention-v-like" class, counted in file order: one per layer) and every ffn_down*
 in the "more bits" layers (first and last eighth, every third in between); Q4_K otherwise.
+Checked on 2026-11-30 with that llama.cpp built for the CPU: the 0.8b files (Q8_0, Q4_K_M) and
+4-layer 35b-a3b files load and generate in llama-simple, and llama-quantize --allow-requantize of
+the Q8_0 files to Q4_K_M picks exactly this script's type for every tensor.
 
 Sizes: 0.8b about 1.0 GB (Q8_0) / 0.6 GB (Q4_K_M); 35b-a3b about 37 GB / 21 GB.
 
