@@ -13,3 +13,5 @@
 #include "mla.cu"  // uses matvec.cu, matmul.cu and attention.cu bodies
 #include "gemm.cu"
 #include "flash_attn.cu"
+#include "delta_net.cu"
+#include "gated.cu"

@@ -180,6 +180,7 @@ ABI_MODELS = {  # name: (fixture architecture or deepseek GPU config, overrides)
     "llama3_tied": ("llama", {"tie_word_embeddings": True, "rope_llama3": 4.0}),  # + rope_freqs factors
     "deepseek_v2lite": ("deepseek_v2lite", {}), "deepseek_v2": ("deepseek_v2", {}), "deepseek_v3": ("deepseek_v3", {}),
     "deepseek_legacy": ("deepseek_legacy", {}),
+    "qwen35": ("qwen35", {}), "qwen35moe": ("qwen35moe", {}),
 }
 
 
@@ -202,12 +203,12 @@ def _fixture_file(arch, tmp_dir=None, **overrides):
     return make_fixture(arch, "q4_k_m", **overrides).gguf
 
 
-def _model(arch, params, tmp_dir=None, cc=(9, 0), **overrides):
+def _model(arch, params, tmp_dir=None, cc=(9, 0), path=None, **overrides):
     from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
     from reflex_runtime.gguf_file import GGUFFile
     from reflex_runtime.gpu.launch import Launcher
 
-    g = GGUFFile(str(_fixture_file(arch, tmp_dir, **overrides)))
+    g = GGUFFile(str(path or _fixture_file(arch, tmp_dir, **overrides)))
     cfg = read_config(g)
     assert gpu_unsupported(cfg, g) is None
     model = gpu_model_class(cfg)(cfg, g, max_batch=64, n_ctx=256, max_new=256)
@@ -267,9 +268,20 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
     assert "reflex_attn" in names  # decode
     if arch == "gemma3":
         assert any(n.startswith("reflex_mv_glu_") for n in names)
-    if arch == "qwen3moe":  # both expert paths: per-pair matrix-vector, and grouped tensor cores
+    if arch in ("qwen3moe", "qwen35moe"):  # both expert paths: per-pair matrix-vector, and grouped tensor cores
         for kind in ("reflex_moe_topk", "reflex_moe_mv_glu_", "reflex_moe_mv_down_", "reflex_moe_group"):
             assert any(n.startswith(kind) for n in names), kind
+    if arch.startswith("qwen35"):
+        # a short prefill (delta rule token by token) and a forked system1 pass of 3 sequences
+        dec.forward(5)
+        dec.fork(3)
+        dec.forward(9, tree=True, prefix_len=4, logit_row=0, logit_rows=9, logits=dev.alloc(4 * 9 * cfg.vocab_size),
+                    seqs=3, seq_max=4)
+        names = {n for n, _, _ in dev.launches}
+        for kind in ("reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_chunked",
+                     "reflex_dn_gated_norm", "reflex_gate_split", "reflex_sigmoid_mul"):
+            assert kind in names, kind
+        assert sum(1 for what, _, _ in dev.copies if what == "dtod") == 2 * 3, "one state copy (dst, src) per sequence"
 
 
 def test_every_prompt_kernel_launch_matches_abi(ptx_params):
@@ -346,6 +358,32 @@ def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
             assert (int(f[1]), int(f[2])) == (gemm_shared_bytes(tn, "l"), gemm_shared_bytes(tn, "s")), line
         seen += 1
     assert seen == len(WEIGHT_TYPES) + len(FLASH_HEAD_DIMS)
+
+
+@pytest.mark.parametrize("arch,flag", [("qwen35", "--fuse-qkv"), ("qwen35moe", "--fuse-gate-up-exps")])
+def test_fused_qwen35_files_read_row_views_of_the_fused_tensors(ptx_params, arch, flag):
+    """--fuse-qkv (attention layers' q|gate, k, v in one attn_qkv) and --fuse-gate-up-exps (per
+    expert [gate | up] rows) run as views of the fused tensor: same launches as unfused files."""
+    from fixtures_qwen35 import convert_variant
+    from make_fixtures import make_fixture
+
+    path = convert_variant(make_fixture(arch, "f32"), "f32", flag)
+    dec, dev = _model(arch, ptx_params, path=path)
+    c = dec.cfg
+    dec.forward(1)
+    dec.forward(70)  # tensor cores (and grouped experts)
+    att = next(ly.mixer for ly in dec.layers if not c.extra["recurrent_layers"][dec.layers.index(ly)])
+    if flag == "--fuse-qkv":
+        w = att.w
+        assert (w.q.rows, w.k.rows, w.v.rows) == (2 * c.n_head * c.head_dim, c.n_head_kv * c.head_dim,
+                                                  c.n_head_kv * c.head_dim_v)
+        assert w.k.ptr == w.q.ptr + w.q.rows * w.q.row_bytes and w.v.ptr == w.k.ptr + w.k.rows * w.k.row_bytes
+    else:
+        m = dec.layers[0].ffn.moe.w
+        f = c.extra["n_ff_exp"][0]
+        assert m.up.ptr == m.gate.ptr + f * m.gate.row_bytes and m.gate_up_stride == 2 * f * m.gate.row_bytes
+        names = {n for n, _, _ in dev.launches}
+        assert "reflex_moe_mv_glu_f32" in names and names & {"reflex_moe_mm_f32", "reflex_moe_gemm_glu_f32"}
 
 
 def test_moe_shapes_the_cuda_engine_refuses():

@@ -45,7 +45,10 @@ class TensorReader:
 @dataclass
 class Batch:
     """One forward pass: n tokens whose ids, positions and cache slots sit in the device state
-    arrays from index `first`; `tree` passes system1's segment starts to attention."""
+    arrays from index `first`; `tree` passes system1's segment starts to attention. Recurrent
+    layers see the batch as `n_seq` independent sequences (their starts in the device array
+    `seq_start`; 0: one sequence of all n tokens), each continuing its own copy of the recurrent
+    state when `forked` (GpuModel.fork)."""
 
     n: int
     tokens: int
@@ -54,6 +57,10 @@ class Batch:
     seg_lo: int  # 0: plain causal attention
     prefix_len: int
     n_kv: int  # device int: visible cache slots
+    n_seq: int = 1
+    seq_start: int = 0  # device ints [n_seq + 1]
+    seq_max: int = 0  # tokens in the longest sequence
+    forked: bool = False
 
     @property
     def matvec(self) -> bool:
@@ -168,9 +175,16 @@ class Attention:
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         """out (+)= Wo attention(q, k, v of the input)."""
-        c, L, p, w = self.cfg, self.launch, self.p, self.w
+        L, p, w = self.launch, self.p, self.w
         q, k, v, att = p("q"), p("k"), p("v"), p("att")
         self._qkv(b, inp, q, k, v)
+        self.attend(b, q, k, v, att)
+        with L.role("attn output", w.o.nbytes):
+            L.matmul(w.o, att, out, b.n, accumulate=accumulate)
+
+    def attend(self, b: Batch, q: int, k: int, v: int, att: int) -> None:
+        """q/k norms, RoPE and the cache store of the new keys and values, then att = softmax(q K^T) V."""
+        c, L, p, w = self.cfg, self.launch, self.p, self.w
         with L.role("qk-norm + rope + cache store"):
             L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache, b.n,
                             c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base,
@@ -186,8 +200,6 @@ class Attention:
                 L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv,
                             att, p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
                             c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
-        with L.role("attn output", w.o.nbytes):
-            L.matmul(w.o, att, out, b.n, accumulate=accumulate)
 
     def _qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
         """q, k, v projections: one launch when the three share a type (most files), else three."""

@@ -24,6 +24,8 @@ _SINGLE = (
     "reflex_smoke_axpb", "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine", "reflex_moe_route",
     "reflex_mla_rope_store", "reflex_mla_attn",
     "reflex_flash_attn_64", "reflex_flash_attn_128", "reflex_flash_attn_256",
+    "reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_chunked", "reflex_dn_gated_norm",
+    "reflex_gate_split", "reflex_sigmoid_mul",
 )
 
 KERNEL_NAMES: tuple[str, ...] = tuple(p.format(s) for p in _PER_TYPE for s in WEIGHT_TYPES.values()) + _SINGLE

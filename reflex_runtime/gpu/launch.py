@@ -523,6 +523,50 @@ class Launcher:
                   c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_int(n_tok), c_int(n_head),
                   c_int(n_head_kv), c_int(n_ctx), c_int(window), c_float(scale), c_float(softcap)],
                  flash_shared_bytes(hd))
+    # -- Gated DeltaNet and sigmoid gates (kernels/delta_net.cu, kernels/gated.cu) ------------
+
+    def dn_conv(self, x, w, state, state_stride, seq_start, n_seq, pos, out, n_tok, k, nk, nv, dk, dv, q_scale, eps,
+                roll) -> None:
+        """Causal conv + SiLU + q/k L2 norm of n_tok tokens; roll: every sequence is one token and
+        the kernel shifts the conv state itself (else dn_conv_state must follow)."""
+        self._go("reflex_dn_conv", (2 * nk + nv, (n_tok + 7) // 8, 1), 256,
+                 [c_void_p(x), c_void_p(w), c_void_p(state), c_long(state_stride), c_void_p(seq_start or None),
+                  c_int(n_seq), c_void_p(pos), c_void_p(out), c_int(n_tok), c_int(k), c_int(nk), c_int(nv), c_int(dk),
+                  c_int(dv), c_float(q_scale), c_float(eps), c_int(int(roll))])
+
+    def dn_conv_state(self, x, state, state_stride, seq_start, n_seq, pos, n_tok, channels, k) -> None:
+        self._go("reflex_dn_conv_state", ((channels + 255) // 256, n_seq, 1), 256,
+                 [c_void_p(x), c_void_p(state), c_long(state_stride), c_void_p(seq_start or None), c_int(n_seq),
+                  c_void_p(pos), c_int(n_tok), c_int(channels), c_int(k)])
+
+    def dn_recurrent(self, qkv, alpha, beta, z, ssm_a, dt_bias, norm_w, state, state_stride, seq_start, n_seq, pos, out,
+                     n_tok, nk, nv, dk, dv, eps) -> None:
+        """The delta rule token by token with the gated output norm fused (one block per value head and sequence)."""
+        self._go("reflex_dn_recurrent", (nv, n_seq, 1), 256,
+                 [c_void_p(qkv), c_void_p(alpha), c_void_p(beta), c_void_p(z), c_void_p(ssm_a), c_void_p(dt_bias),
+                  c_void_p(norm_w), c_void_p(state), c_long(state_stride), c_void_p(seq_start or None), c_int(n_seq),
+                  c_void_p(pos), c_void_p(out), c_int(n_tok), c_int(nk), c_int(nv), c_int(dk), c_int(dv), c_float(eps)])
+
+    def dn_chunked(self, qkv, alpha, beta, ssm_a, dt_bias, state, state_stride, seq_start, n_seq, pos, out, n_tok, nk,
+                   nv, dk, dv) -> None:
+        """The delta rule DN_CHUNK tokens at a time; `out` gets the unnormalized output (dn_gated_norm next)."""
+        self._go("reflex_dn_chunked", (nv, (dv + 31) // 32, n_seq), 256,
+                 [c_void_p(qkv), c_void_p(alpha), c_void_p(beta), c_void_p(ssm_a), c_void_p(dt_bias), c_void_p(state),
+                  c_long(state_stride), c_void_p(seq_start or None), c_int(n_seq), c_void_p(pos), c_void_p(out),
+                  c_int(n_tok), c_int(nk), c_int(nv), c_int(dk), c_int(dv)])
+
+    def dn_gated_norm(self, o, z, w, out, rows, dv, eps) -> None:
+        self._go("reflex_dn_gated_norm", (rows + 7) // 8, 256,
+                 [c_void_p(o), c_void_p(z), c_void_p(w), c_void_p(out), c_int(rows), c_int(dv), c_float(eps)])
+
+    def gate_split(self, qg: int, q: int, gate: int, n: int, hd: int) -> None:
+        """Per-head [query | gate] rows -> q, gate ((n / hd) rows of hd floats each)."""
+        self._go("reflex_gate_split", (n + 255) // 256, 256,
+                 [c_void_p(qg), c_void_p(q), c_void_p(gate), c_long(n), c_int(hd)])
+
+    def sigmoid_mul(self, y: int, g: int, n: int, group: int = 1) -> None:
+        """y[i] *= sigmoid(g[i // group]) for i < n."""
+        self._go("reflex_sigmoid_mul", (n + 255) // 256, 256, [c_void_p(y), c_void_p(g), c_long(n), c_int(group)])
 
     # -- sampling and scoring --------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from .blocks import Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
 
 ARGMAX_PARTS = 128
+MAX_SEQS = 256  # independent sequences in one forward pass (system1 candidates on recurrent models)
 
 
 class GpuModel:
@@ -26,6 +27,12 @@ class GpuModel:
 
     embed_scale = 1.0
     softcap = 0.0
+    # How system1 scores candidates (gpu/runner.py). "tree": the prompt and every candidate in one
+    # pass, each candidate attending to the prompt and to itself (a tree mask: attention-only
+    # models). "fork": recurrent state cannot be masked, so the prompt runs once, its state is
+    # copied once per candidate (fork) and the candidates run as one batch of independent
+    # sequences (forward(seqs=...)), their attention layers still under the tree mask.
+    scoring = "tree"
 
     def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int):
         self.cfg, self.gguf = config, gguf
@@ -42,7 +49,7 @@ class GpuModel:
         self.arena.reserve_f32(self._needs.items())
         nt = max(t, n_ctx)  # per-token inputs cover a whole prompt, prefilled in chunks
         self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
-                                ("out_tokens", max_new + 1), ("kv_pos", n_ctx)])
+                                ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1)])
         self.arena.reserve("sampling", 64)
 
     # -- for families ---------------------------------------------------------------------
@@ -60,6 +67,15 @@ class GpuModel:
 
     def layer(self, il: int, b: Batch) -> None:
         raise NotImplementedError
+
+    def fork(self, n_seq: int) -> None:
+        """(scoring = "fork") Copy the recurrent state after the prompt into sequence slots
+        0..n_seq-1 for a forward(seqs=n_seq) pass."""
+        raise NotImplementedError(f"{type(self).__name__} scores by tree mask; it has no state to fork")
+
+    def max_forks(self) -> int:
+        """How many sequences one forked pass may hold (device memory for their state copies)."""
+        return MAX_SEQS
 
     def unread_bytes_per_token(self) -> int:
         """Weight bytes a decode step does not read beyond the embedding rows (routed experts
@@ -98,13 +114,16 @@ class GpuModel:
     # -- the forward pass ---------------------------------------------------------------------
 
     def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
-                logit_row: int = -1, logit_rows: int = 1, logits: int = 0) -> None:
+                logit_row: int = -1, logit_rows: int = 1, logits: int = 0, seqs: int = 0, seq_max: int = 0) -> None:
         """Run n tokens (state arrays from index `first`) through every layer, then the LM head
         for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
-        one-row logits buffer). logit_rows = 0 skips the head."""
+        one-row logits buffer). logit_rows = 0 skips the head. seqs > 0: the batch is that many
+        independent sequences (starts in the seq_start array, the longest seq_max tokens), each
+        continuing its own state copy from fork(seqs)."""
         p, E = self.p, self.cfg.n_embd
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
-                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"))
+                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
+                  seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0)
         with self.launch.role("embedding", n * self.embedding.row_bytes):
             self.launch.embed(self.embedding, b.tokens, self.res.x, n, self.embed_scale)
         self.res.added()

@@ -29,6 +29,11 @@ MAX_EXPERTS = 1024  # kernels/moe.cu MOE_MAX_EXPERTS (router probabilities live 
 MAX_USED = 64
 
 
+def per_layer(value, il: int | None):
+    """A config value that is one int for every layer or a tuple with one per layer (Qwen3.5)."""
+    return value if isinstance(value, int) else (max(value) if il is None else value[il])
+
+
 @dataclass(frozen=True)
 class MoeWeights:
     router: Weight  # ffn_gate_inp, (n_expert, n_embd), float32
@@ -57,13 +62,16 @@ class MoeWeights:
 
 def moe_unsupported(config, gguf=None) -> str | None:
     ex = config.extra
+    used, n_ff = per_layer(ex["n_expert_used"], None), ex["n_ff_exp"]
     if ex["n_expert"] > MAX_EXPERTS:
         return f"{ex['n_expert']} experts exceed the router kernel's {MAX_EXPERTS}"
-    if ex["n_expert_used"] > min(MAX_USED, ex["n_expert"]):
-        return f"{ex['n_expert_used']} experts per token exceed the CUDA engine's {MAX_USED}"
-    if ex["n_ff_exp"] % 32:
+    if used > min(MAX_USED, ex["n_expert"]):
+        return f"{used} experts per token exceed the CUDA engine's {MAX_USED}"
+    if any(f % 32 for f in ((n_ff,) if isinstance(n_ff, int) else n_ff)):
         return "the expert FFN size must be a multiple of 32"
     for il in range(config.n_layers if gguf is not None else 0):
+        if T.blk(il, T.FFN_GATE_UP_EXPS) in getattr(gguf, "tensors", {}):
+            continue  # one fused tensor: gate and up alike
         gate, up = (gguf.tensor(T.blk(il, name)).type_name for name in (T.FFN_GATE_EXPS, T.FFN_UP_EXPS))
         if gate != up:  # one expert kernel decodes gate and up rows with the same type and stride
             return f"layer {il} stores its expert gate as {gate} and up as {up}; the CUDA engine needs them alike"
@@ -73,10 +81,11 @@ def moe_unsupported(config, gguf=None) -> str | None:
 class MoeFFN:
     """x += sum over the token's k routed experts of weight * expert(norm(x)), for one layer."""
 
-    def __init__(self, model, act: int = 0):
+    def __init__(self, model, act: int = 0, il: int | None = None):
         ex = model.cfg.extra
         self.n_embd, self.eps, self.act = model.cfg.n_embd, model.cfg.rms_eps, act
-        self.n_expert, self.k, self.n_ff = ex["n_expert"], ex["n_expert_used"], ex["n_ff_exp"]
+        self.n_expert = ex["n_expert"]
+        self.k, self.n_ff = per_layer(ex["n_expert_used"], il), per_layer(ex["n_ff_exp"], il)
         self.normalize = bool(ex.get("norm_topk_prob", True))
         self.w: MoeWeights | None = None
 
@@ -84,7 +93,7 @@ class MoeFFN:
     def buffers(c, t: int) -> list[tuple[str, int]]:
         """(name, float32/int32 count) of the activations to reserve in the model's arena."""
         ex = c.extra
-        n_expert, k, n_ff = ex["n_expert"], ex["n_expert_used"], ex["n_ff_exp"]
+        n_expert, k, n_ff = ex["n_expert"], per_layer(ex["n_expert_used"], None), per_layer(ex["n_ff_exp"], None)
         pairs = t * k
         return [("moe_logits", t * n_expert), ("moe_ids", pairs), ("moe_w", pairs),
                 ("moe_counts", n_expert), ("moe_offsets", n_expert), ("moe_pair_tok", pairs),
@@ -109,23 +118,32 @@ class MoeFFN:
         m = self.w
         return (self.n_expert - self.k) * (2 * m.gate_up_stride + m.down_stride)
 
-    def route(self, b: Batch, inp: Input, ids: int, wts: int) -> None:
+    def route(self, b: Batch, inp: Input, ids: int, wts: int, also=()) -> None:
         """ids/wts (b.n x k): each token's experts and weights. Softmax top-k here (Qwen3-MoE);
-        a family with another rule overrides this and keeps the expert kernels below."""
+        a family with another rule overrides this and keeps the expert kernels below.
+        also: up to two more (Weight, y) products of the same input (a shared expert's gate),
+        run in the router's launch when their type and row length match it."""
+        L, m, n = self.launch, self.w, b.n
         logits = self.p("moe_logits")
         # float32 router through the matrix-vector kernel at every batch size: the tensor-core
         # kernel rounds inputs to f16, which could flip a close top-k choice
-        self.launch.matmul_segments([self.w.router], inp.ptr, [logits], b.n, norm_w=inp.norm_w, eps=self.eps)
-        self.launch.moe_topk(logits, b.n, self.n_expert, self.k, self.normalize, ids, wts)
+        same = [(w, y) for w, y in also if (w.type_name, w.k) == (m.router.type_name, m.router.k)]
+        L.matmul_segments([m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,
+                          norm_w=inp.norm_w, eps=self.eps)
+        for w, y in also:
+            if (w, y) not in same:
+                L.matmul_segments([w], inp.ptr, [y], n, norm_w=inp.norm_w, eps=self.eps)
+        L.moe_topk(logits, n, self.n_expert, self.k, self.normalize, ids, wts)
 
-    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True) -> None:
-        """out += MoE(input) for b.n tokens (the kernels add into out: the residual stream)."""
+    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True, also=()) -> None:
+        """out += MoE(input) for b.n tokens (the kernels add into out: the residual stream);
+        `also` as in route()."""
         assert accumulate, "the expert kernels add into their output"
         x = out
         L, p, m, k, E, n = self.launch, self.p, self.w, self.k, self.n_embd, b.n
         ids, wts = p("moe_ids"), p("moe_w")
         with L.role("moe router + top-k", m.router.nbytes):
-            self.route(b, inp, ids, wts)
+            self.route(b, inp, ids, wts, also)
         path = None if b.matvec else self.grouped()
         if path is None:
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):

@@ -42,7 +42,8 @@ class DeepSeekMoE(MoeFFN):
     def bind_bias(self, bias: int) -> None:
         self.bias = bias  # exp_probs_b (0: none)
 
-    def route(self, b: Batch, inp: Input, ids: int, wts: int) -> None:
+    def route(self, b: Batch, inp: Input, ids: int, wts: int, also=()) -> None:
+        assert not also, "DeepSeek's shared experts are not gated"
         logits = self.p("moe_logits")
         self.launch.matmul_segments([self.w.router], inp.ptr, [logits], b.n, norm_w=inp.norm_w, eps=self.eps)
         self.launch.moe_route(logits, self.bias, b.n, self.n_expert, self.k, self.sigmoid, self.n_group,
