@@ -31,7 +31,7 @@ class _HostKernel:
 
 
 class _HostDevice:
-    sm_count = 132
+    sm_count, cc, max_shared = 132, (9, 0), 232448  # an H200's, for the launcher's choices
 
     def __init__(self, lib):
         self.lib = lib

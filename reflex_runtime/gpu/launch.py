@@ -183,7 +183,7 @@ class Launcher:
         self._bytes = 0
         # sm_80+ kernels (gemm.cu, flash_attn.cu); False keeps the older kernels (tests force it)
         self.tc = tuple(device.cc) >= TC_MIN_CC
-        self._max_shared = getattr(device, "max_shared", 48 * 1024) - _STATIC_SHARED
+        self._max_shared = device.max_shared - _STATIC_SHARED
 
     @contextmanager
     def record(self):
