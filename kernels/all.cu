@@ -6,6 +6,9 @@
 #include "matmul.cu"
 #include "rope.cu"
 #include "attention.cu"
+#include "attn_decode.cu"
 #include "sample.cu"
 #include "logits.cu"
-#include "moe.cu"  // uses matvec.cu and matmul.cu bodies
+#include "moe.cu"         // uses matvec.cu and matmul.cu bodies
+#include "mvs.cu"         // uses matvec.cu's MvSegs
+#include "moe_decode.cu"  // uses moe.cu and mvs.cu bodies

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
 from .. import tensor_names as T
-from .launch import ATTN_SPLITS_DECODE, Launcher, Weight, matvec_path, weight_from_tensor
+from .launch import ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX, Launcher, Weight, matvec_path, weight_from_tensor
 
 
 class TensorReader:
@@ -144,9 +144,10 @@ class Attention:
 
     @staticmethod
     def buffers(c, t: int) -> list[tuple[str, int]]:
+        splits = max(ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX)  # the legacy and the decode kernel's slices
         return [("q", t * c.n_head * c.head_dim), ("k", t * c.n_head_kv * c.head_dim),
                 ("v", t * c.n_head_kv * c.head_dim_v), ("att", t * c.n_head * c.head_dim_v),
-                ("part_o", c.n_head * ATTN_SPLITS_DECODE * c.head_dim_v), ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2),
+                ("part_o", c.n_head * splits * c.head_dim_v), ("part_ml", c.n_head * splits * 2),
                 ("attn_counters", c.n_head)]
 
     def bind(self, model, weights: AttnWeights) -> None:
@@ -163,11 +164,19 @@ class Attention:
             L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache, b.n,
                             c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base, 1.0, self.eps,
                             self.n_ctx)
-        n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
         with L.role("attention"):
-            L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att,
-                        p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
-                        c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
+            # one token: the decode kernel (K/V read once per KV head, slices by context length);
+            # in a PDL graph its first keys are copied before it waits (they are older launches' writes)
+            if b.n == 1 and not b.seg_lo and L.attention_decode(
+                    q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"), p("part_ml"),
+                    p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
+                    self.scale, 0.0, prefetch=L.pdl):
+                pass
+            else:
+                n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
+                L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv,
+                            att, p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
+                            c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
         with L.role("attn output", w.o.nbytes):
             L.matmul(w.o, att, out, b.n, accumulate=accumulate)
 
@@ -240,10 +249,20 @@ class LmHead:
         if embedding.k != c.n_embd or self.w.rows != c.vocab_size:
             raise UnsupportedModelError("token embedding / output shapes do not match the config")
 
-    def __call__(self, x_rows: int, n_rows: int, out: int) -> None:
-        """out[i] = logits of row i of x_rows (n_rows rows of n_embd floats)."""
+    def __call__(self, x_rows: int, n_rows: int, out: int, pick=None) -> bool:
+        """out[i] = logits of row i of x_rows (n_rows rows of n_embd floats). pick = (state, last):
+        the greedy choice may be fused into the head (one token, no soft-capping: tanh can turn
+        distinct logits into ties); returns True when it was, and the state is advanced."""
         c, L = self.cfg, self.launch
-        with L.role("lm head", self.w.nbytes):
+        fuse = pick is not None and self.softcap <= 0
+        with L.role("lm head + argmax" if fuse else "lm head", self.w.nbytes):
+            if n_rows == 1:
+                p = self.p
+                head_pick = (p("amax_v"), p("amax_i"), p("mvs_counters"), pick[0], pick[1]) if fuse else None
+                if L.mv_head(self.w, x_rows, out, self.norm_w, c.rms_eps, head_pick):
+                    if self.softcap > 0:
+                        L.softcap(out, c.vocab_size, self.softcap)
+                    return fuse
             if matvec_path(n_rows):
                 L.matmul(self.w, x_rows, out, n_rows, norm_w=self.norm_w, eps=c.rms_eps)
             else:
@@ -251,3 +270,4 @@ class LmHead:
                 L.matmul(self.w, self.p("h"), out, n_rows)
         if self.softcap > 0:
             L.softcap(out, n_rows * c.vocab_size, self.softcap)
+        return False

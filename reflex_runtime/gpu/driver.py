@@ -38,16 +38,22 @@ def check(result, call: str):
 
 
 class Kernel:
-    __slots__ = ("name", "func")
+    __slots__ = ("name", "func", "dyn_smem")
 
     def __init__(self, name: str, func):
         self.name, self.func = name, func
+        self.dyn_smem = 0  # dynamic shared memory the kernel has been allowed (cuFuncSetAttribute)
 
     def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False) -> None:
         """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order.
+        shmem: dynamic shared memory bytes (raised to the kernel's allowance on first need).
         pdl: launch as a programmatic dependent of the previous kernel on the stream (sm_90+;
         the kernels wait for it in rx_pdl_begin). Used while capturing the decode graph only:
         building the launch config costs Python time an eager launch should not pay."""
+        if shmem > self.dyn_smem:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.func, attr, shmem), f"cuFuncSetAttribute({self.name}, {shmem} bytes)")
+            self.dyn_smem = shmem
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
         if pdl:
@@ -89,6 +95,11 @@ class Device:
         )
         self.sm_count = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.dev),
                               "cuDeviceGetAttribute")
+        # shared memory one block may opt into, and one SM holds (the staged decode kernels plan with them)
+        self.smem_per_block = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                                            self.dev), "cuDeviceGetAttribute")
+        self.smem_per_sm = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                                                         self.dev), "cuDeviceGetAttribute")
         self.total_mem = check(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")
         self.driver_version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
         self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")

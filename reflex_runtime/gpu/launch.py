@@ -7,6 +7,7 @@ it and the weight bytes it reads, which is how `reflex bench` times a decode ste
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from ctypes import Structure, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
@@ -19,7 +20,16 @@ from .kernels import WEIGHT_TYPES
 # matrix-vector path wins on the H200: a 16-token prefill of Qwen3-0.6B took 22 ms through the
 # tensor-core kernel (too few tiles to fill the GPU), and 16/4 weight passes cost ~3 ms.
 MM_MIN_TOKENS = 64
-ATTN_SPLITS_DECODE = 16
+ATTN_SPLITS_DECODE = 16  # reflex_attn's slices for one token (the legacy decode attention)
+ATTN_SPLITS_MAX = 64  # reflex_attn_decode's most slices per KV head (kernels/attn_decode.cu)
+ATTN_DECODE_MAX_GROUP = 16  # query heads per KV head it serves
+MVS_NX = 4  # kernels/mvs.cu: a warp part covers 32 * 4 groups of 8 weights = 1024 weights of a row
+STATIC_SMEM_RESERVE = 5 * 1024  # static shared memory of the staged kernels (the router's top-k: 4.5 KB)
+
+# The decode step's kernels (one token): "staged" = kernels/mvs.cu, moe_decode.cu and
+# attn_decode.cu; "legacy" = the matrix-vector and attention kernels every batch size can use.
+# The launcher's attributes (staged, attn_decode, the plans' knobs) are what the bench varies.
+DECODE_KERNELS = os.environ.get("REFLEX_DECODE_KERNELS", "staged")
 
 
 def matvec_path(n_tok: int) -> bool:
@@ -39,6 +49,22 @@ class Launch:
     args: list
     role: str
     weight_bytes: int
+    shmem: int = 0
+
+
+@dataclass(frozen=True)
+class MvsPlan:
+    """How a staged matrix-vector launch splits its rows (kernels/mvs.cu): rb rows per block,
+    wpr warps per row, smem bytes of dynamic shared memory per block."""
+
+    rb: int
+    wpr: int
+    smem: int
+
+
+def stage_bytes(n: int) -> int:
+    """kernels/stage.cuh rx_stage_bytes: shared memory that staging n bytes takes."""
+    return (n + 30 + 15) & ~15
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,17 @@ class Launcher:
         self._recorded: list[Launch] | None = None
         self._role = ""
         self._bytes = 0
+        # Decode-step kernels and their knobs (kernels/mvs.cu, attn_decode.cu; the bench varies them).
+        self.staged = self.attn_decode = DECODE_KERNELS != "legacy"
+        self.mvs_blocks_per_sm = int(os.environ.get("REFLEX_MVS_BLOCKS_PER_SM", "1"))
+        # Weight bytes one block stages: two blocks of consecutive kernels must fit on an SM together,
+        # so the next kernel's copies can run while this one computes.
+        per_sm = getattr(device, "smem_per_sm", 0) or 100 * 1024
+        per_block = getattr(device, "smem_per_block", 0) or 48 * 1024
+        self.mvs_budget = int(os.environ.get("REFLEX_MVS_BUDGET", "0")) or max(
+            8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
+        self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
+        self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "2"))
 
     @contextmanager
     def record(self):
@@ -129,13 +166,72 @@ class Launcher:
                 return r
         return 1
 
-    def _go(self, name, grid, block, args) -> None:
+    def _go(self, name, grid, block, args, shmem: int = 0) -> None:
         kernel = self._k(name)
-        kernel.launch(grid, block, args, self.stream, pdl=self.pdl)
+        kernel.launch(grid, block, args, self.stream, shmem=shmem, pdl=self.pdl)
         self.launches += 1
         if self._recorded is not None:
             g = grid if isinstance(grid, tuple) else (grid, 1, 1)
-            self._recorded.append(Launch(kernel, g, block, args, self._role or name, self._bytes))
+            self._recorded.append(Launch(kernel, g, block, args, self._role or name, self._bytes, shmem))
+
+    # -- the staged one-token kernels (kernels/mvs.cu, moe_decode.cu) -------------------------
+
+    def _mvs_plan(self, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0) -> MvsPlan | None:
+        """Rows per block for `rows` rows of `row_bytes` (each block stages `ranges` runs of rb rows
+        plus `extra` bytes): about one block per SM (mvs_blocks_per_sm) while the weights fit the
+        budget, else budget-sized blocks in waves. None when a row cannot be staged at all."""
+        wpr = 1
+        while k > 8 * 32 * MVS_NX * wpr:
+            wpr *= 2
+        if wpr > 8 or k % 8:
+            return None
+        cap = (self.mvs_budget - extra) // (ranges * row_bytes)
+        if cap < 1:
+            return None
+        rb = min(-(-rows // (self.dev.sm_count * self.mvs_blocks_per_sm)), cap)
+        smem = ranges * stage_bytes(rb * row_bytes) + ranges * rb * wpr * 4 + extra
+        if smem > getattr(self.dev, "smem_per_block", 48 * 1024) - STATIC_SMEM_RESERVE:
+            return None
+        return MvsPlan(rb, wpr, smem)
+
+    def _stageable(self, ws, *ptrs) -> bool:
+        """The staged kernels read x with 16-byte loads and rows as matrix-vector.cu does."""
+        return self.staged and not any(p % 16 for p in ptrs) and not any(w.ptr % 16 for w in ws)
+
+    def _mv1(self, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_w: int, eps: float) -> bool:
+        """One token through reflex_mvs_* (weights staged before the PDL wait); False: not applicable."""
+        w0 = ws[0]
+        if not self._stageable(ws, x, norm_w):
+            return False
+        plan = self._mvs_plan(sum(w.rows for w in ws), w0.row_bytes, w0.k)
+        if plan is None:
+            return False
+        segs = MvSegs()
+        for i, (w, y) in enumerate(zip(ws, ys)):
+            segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
+        blocks = sum(-(-w.rows // plan.rb) for w in ws)
+        self._go(f"reflex_mvs_{w0.suffix}", blocks, 256,
+                 [segs, c_long(w0.row_bytes), c_void_p(x), c_int(w0.k), c_int(plan.rb), c_int(plan.wpr),
+                  c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps)], plan.smem)
+        return True
+
+    def mv_head(self, w: Weight, x: int, y: int, norm_w: int, eps: float, pick=None) -> bool:
+        """logits = W x' for one token (reflex_mvs_head_*). pick = (part_v, part_i, counter, state, last):
+        also take the greedy argmax and advance the decode state (float part_v / int part_i arrays of
+        at least w.rows entries, a zeroed int counter). False: not applicable, nothing launched."""
+        if not self._stageable([w], x, norm_w):
+            return False
+        plan = self._mvs_plan(w.rows, w.row_bytes, w.k)
+        if plan is None:
+            return False
+        from .driver import RxState
+
+        part_v, part_i, counter, state, last = pick or (0, 0, 0, RxState(), 0)
+        self._go(f"reflex_mvs_head_{w.suffix}", -(-w.rows // plan.rb), 256,
+                 [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_void_p(y), c_int(w.rows), c_int(w.k),
+                  c_int(plan.rb), c_int(plan.wpr), c_void_p(norm_w or None), c_float(eps), c_void_p(part_v or None),
+                  c_void_p(part_i or None), c_void_p(counter or None), state, c_int(last)], plan.smem)
+        return True
 
     # -- elementwise and norms -------------------------------------------------------------
 
@@ -178,6 +274,8 @@ class Launcher:
         """Up to three matrix-vector products of the same type and row length in one launch (q, k, v)."""
         w0 = ws[0]
         assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.k == w0.k for w in ws)
+        if n_tok == 1 and self._mv1(ws, x, ys, accumulate, norm_w, eps):
+            return
         segs = MvSegs()
         for i, (w, y) in enumerate(zip(ws, ys)):
             segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
@@ -193,7 +291,16 @@ class Launcher:
                      norm_w: int = 0, eps: float = 0.0) -> None:
         """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and the batch is
         small (x' normalized on the fly when norm_w is given; large batches must pass a normalized x)."""
-        if wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and matvec_path(n_tok):
+        same = wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
+        if same and n_tok == 1 and self._stageable([wg, wu], x, norm_w):
+            plan = self._mvs_plan(wg.rows, wg.row_bytes, wg.k, ranges=2)
+            if plan is not None:
+                self._go(f"reflex_mvs_glu_{wg.suffix}", -(-wg.rows // plan.rb), 256,
+                         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_void_p(out),
+                          c_int(wg.rows), c_int(wg.k), c_int(plan.rb), c_int(plan.wpr), c_int(act),
+                          c_void_p(norm_w or None), c_float(eps)], plan.smem)
+                return
+        if same and matvec_path(n_tok):
             wpr = self._wpr(2 * wg.rows, wg.k)
             per_block = 8 // wpr
             self._go(f"reflex_mv_glu_{wg.suffix}", (wg.rows + per_block - 1) // per_block, 256,
@@ -210,6 +317,51 @@ class Launcher:
     def moe_topk(self, logits: int, n_tok: int, n_expert: int, k: int, normalize: bool, ids: int, weights: int) -> None:
         self._go("reflex_moe_topk", n_tok, 256, [c_void_p(logits), c_int(n_expert), c_int(k), c_int(int(normalize)),
                                                   c_void_p(ids), c_void_p(weights)])
+
+    def moe_router_topk(self, w: Weight, x: int, norm_w: int, eps: float, logits: int, k: int, normalize: bool,
+                        ids: int, weights: int, counter: int) -> bool:
+        """One token: router logits (weights staged early) and the top-k in one launch
+        (kernels/moe_decode.cu); counter: a zeroed int. False: not applicable."""
+        if not self._stageable([w], x, norm_w):
+            return False
+        plan = self._mvs_plan(w.rows, w.row_bytes, w.k)
+        if plan is None:
+            return False
+        self._go(f"reflex_moe_router_{w.suffix}", -(-w.rows // plan.rb), 256,
+                 [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_void_p(norm_w or None), c_float(eps),
+                  c_void_p(logits), c_int(w.rows), c_int(w.k), c_int(plan.rb), c_int(plan.wpr), c_int(k),
+                  c_int(int(normalize)), c_void_p(ids), c_void_p(weights), c_void_p(counter)], plan.smem)
+        return True
+
+    def moe_glu_mv1(self, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_ff: int,
+                    act: int, norm_w: int = 0, eps: float = 0.0) -> bool:
+        """One token: out[s] = act(gate_e x') * (up_e x') for its k slots, the routed rows staged
+        (reflex_moe_mvs_glu_*). False: not applicable."""
+        if not self._stageable([wg, wu], x, norm_w, expert_bytes):
+            return False
+        plan = self._mvs_plan(n_ff * k, wg.row_bytes, wg.k, ranges=2)
+        if plan is None:
+            return False
+        self._go(f"reflex_moe_mvs_glu_{wg.suffix}", (-(-n_ff // plan.rb), k, 1), 256,
+                 [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(ids),
+                  c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(n_ff), c_int(wg.k),
+                  c_int(plan.rb), c_int(plan.wpr), c_int(act)], plan.smem)
+        return True
+
+    def moe_down_mv1(self, wd: Weight, expert_bytes: int, ids: int, weights: int, k: int, act: int, x: int,
+                     n_embd: int, early: bool) -> bool:
+        """One token: x += sum_s w[s] down_e act[s] (reflex_moe_mvs_down_*). early: ids and weights were
+        written two or more launches back, so the routed rows are staged before the PDL wait."""
+        if not self._stageable([wd], act, x, expert_bytes):
+            return False
+        plan = self._mvs_plan(n_embd, wd.row_bytes, wd.k, ranges=k, extra=stage_bytes(4 * k * wd.k))
+        if plan is None:
+            return False
+        self._go(f"reflex_moe_mvs_down_{wd.suffix}", -(-n_embd // plan.rb), 256,
+                 [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(ids), c_void_p(weights),
+                  c_int(k), c_void_p(act), c_void_p(x), c_int(n_embd), c_int(wd.k), c_int(plan.rb), c_int(plan.wpr),
+                  c_int(int(early))], plan.smem)
+        return True
 
     def moe_glu_mv(self, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_tok: int,
                    n_ff: int, act: int, norm_w: int = 0, eps: float = 0.0) -> None:
@@ -264,6 +416,30 @@ class Launcher:
                   c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None),
                   c_void_p(part_ml or None), c_void_p(counters or None), c_int(n_head), c_int(n_head_kv), c_int(hd),
                   c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale), c_float(softcap), c_int(n_split)])
+
+    def attn_decode_splits(self, n_head_kv: int) -> int:
+        """reflex_attn_decode's grid.y: about attn_blocks_per_sm blocks per SM at long contexts."""
+        return max(1, min(ATTN_SPLITS_MAX, round(self.attn_blocks_per_sm * self.dev.sm_count / n_head_kv)))
+
+    def attention_decode(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters,
+                         n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool) -> bool:
+        """One query token, all query heads of a KV head per block, the context split by its length
+        (kernels/attn_decode.cu). part_o / part_ml hold n_head * ATTN_SPLITS_MAX slices; counters
+        n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two or more
+        launches back (the decode graph). False: not applicable, nothing launched."""
+        group = n_head // n_head_kv
+        if (not self.attn_decode or hd % 32 or hd_v % 32 or hd > 256 or hd_v > 256
+                or group > ATTN_DECODE_MAX_GROUP or n_head % n_head_kv):
+            return False
+        smem = 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
+        if smem > getattr(self.dev, "smem_per_block", 48 * 1024) - 8 * 1024:
+            return False
+        self._go("reflex_attn_decode", (n_head_kv, self.attn_decode_splits(n_head_kv), 1), 128,
+                 [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
+                  c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
+                  c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale),
+                  c_float(softcap), c_int(max(1, self.attn_min_keys)), c_int(int(prefetch))], smem)
+        return True
 
     # -- sampling and scoring --------------------------------------------------------------
 

@@ -36,7 +36,10 @@ class GpuModel:
         self._needs: dict[str, int] = {}
         c, t = config, max_batch
         self.need([(name, t * c.n_embd) for name in Residual.BUFFERS])
-        self.need([("logits", c.vocab_size), ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)])
+        # argmax partials: ARGMAX_PARTS for reflex_argmax_*, one per block (<= one per row) for the
+        # LM head with the pick fused; mvs_counters: [0] that head's, [1] the MoE router's (zeroed)
+        self.need([("logits", c.vocab_size), ("amax_v", max(ARGMAX_PARTS, c.vocab_size)),
+                   ("amax_i", max(ARGMAX_PARTS, c.vocab_size)), ("mvs_counters", 4)])
         self.plan()
         self.head = LmHead(self, self.softcap)
         self.arena.reserve_f32(self._needs.items())
@@ -80,6 +83,7 @@ class GpuModel:
         self.launch = launch
         if "attn_counters" in self.arena.offsets:  # the split-attention counters start (and stay) at zero
             launch.dev.memset32(self.p("attn_counters"), 0, self.cfg.n_head, launch.stream)
+        launch.dev.memset32(self.p("mvs_counters"), 0, 4, launch.stream)  # so do the last-block counters
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
         self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)
@@ -97,10 +101,11 @@ class GpuModel:
     # -- the forward pass ---------------------------------------------------------------------
 
     def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
-                logit_row: int = -1, logit_rows: int = 1, logits: int = 0) -> None:
+                logit_row: int = -1, logit_rows: int = 1, logits: int = 0, pick=None) -> bool:
         """Run n tokens (state arrays from index `first`) through every layer, then the LM head
         for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
-        one-row logits buffer). logit_rows = 0 skips the head."""
+        one-row logits buffer). logit_rows = 0 skips the head. pick = (RxState, last): the head
+        may take the greedy choice itself; True when it did (the caller then launches no pick)."""
         p, E = self.p, self.cfg.n_embd
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
                   p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"))
@@ -110,6 +115,6 @@ class GpuModel:
         for il in range(self.cfg.n_layers):
             self.layer(il, b)
         if logit_rows <= 0:
-            return
+            return False
         row = (n - 1) if logit_row < 0 else logit_row
-        self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"))
+        return self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"), pick=pick)

@@ -5,6 +5,8 @@ Routing is decided on the GPU (router logits in float32 through the matrix-vecto
 softmax + top-k), so a decode step needs nothing from the host and stays one CUDA graph. The
 experts are read in place from the stacked GGUF tensors: only the routed experts' rows.
 
+  one token (decode):     router + top-k -> gate/up per slot -> down summed over the slots,
+                          into x; each block's rows staged in shared memory      3 launches
   matrix-vector batches:  router (norm fused) -> top-k -> gate/up per (token, slot)
                                     -> down per token summed over its slots, into x       4 launches
   prefill:  norm -> router -> top-k -> group pairs by expert -> gate, up on tensor cores per
@@ -109,9 +111,23 @@ class MoeFFN:
         ids, wts, logits = p("moe_ids"), p("moe_w"), p("moe_logits")
         with L.role("moe router + top-k", m.router.nbytes):
             # float32 router through the matrix-vector kernel at every batch size: the tensor-core
-            # kernel rounds inputs to f16, which could flip a close top-k choice
-            L.matmul_segments([m.router], inp.ptr, [logits], n, norm_w=inp.norm_w, eps=self.eps)
-            L.moe_topk(logits, n, self.n_expert, k, self.normalize, ids, wts)
+            # kernel rounds inputs to f16, which could flip a close top-k choice. One token: router
+            # and top-k in one launch (kernels/moe_decode.cu).
+            if not (n == 1 and L.moe_router_topk(m.router, inp.ptr, inp.norm_w, self.eps, logits, k, self.normalize,
+                                                  ids, wts, p("mvs_counters") + 4)):
+                L.matmul_segments([m.router], inp.ptr, [logits], n, norm_w=inp.norm_w, eps=self.eps)
+                L.moe_topk(logits, n, self.n_expert, k, self.normalize, ids, wts)
+        if n == 1:  # the routed rows staged in shared memory; down may stage its rows before it waits,
+            # since a gate/up launch always sits between it and the top-k that wrote the ids
+            with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
+                if not L.moe_glu_mv1(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), self.n_ff, self.act,
+                                     inp.norm_w, self.eps):
+                    L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
+                                 inp.norm_w, self.eps)
+            with L.role("moe experts down (+residual)", k * m.down_stride):
+                if not L.moe_down_mv1(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, E, early=True):
+                    L.moe_down_mv(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
+            return
         if b.matvec or not self.grouped():
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
                 L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,

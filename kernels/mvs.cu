@@ -1,0 +1,388 @@
+// mvs.cu: one-token matrix-vector products for the decode step, each block's weights staged
+// into shared memory before the block waits for its predecessor.
+//
+//   reflex_mvs_*       y_s[r] (+)= dot(W_s[r, :], x')    up to three matrices (q, k, v) per launch
+//   reflex_mvs_glu_*   y[r] = act(dot(Wg[r], x')) * dot(Wu[r], x')
+//   reflex_mvs_head_*  logits[r] = dot(W[r], x'); with part_v set, the greedy pick is fused: each
+//                      block keeps its rows' argmax, the last block to finish picks the token
+//                      (ties to the lower id, NaN never wins) and advances the decode state
+// x' = x, or x RMS-normalized with norm_w (the block's pre-norm folded in).
+//
+// Why: a decode step's matrices are 1-7 MB; warps that load as they go pay a chain of memory
+// latencies after the kernel starts. Here each block owns rb contiguous rows (contiguous bytes),
+// copies them into shared memory with 16-byte cp.async (stage.cuh), and only then waits for its
+// predecessor, so in the PDL-chained decode graph the weight traffic overlaps the previous kernel
+// and what is left after the wait is one read of x and arithmetic on shared memory. x' sits in
+// registers: lane l of a warp holds the groups of 8 inputs g = l + 32 (part + wpr i), i < MVS_NX;
+// wpr warps share a row (each a part of K) and 8 / wpr rows are in work at once; each row's
+// partial sums meet in shared memory and one thread finishes the row.
+// Launch: 256 threads; grid and dynamic smem from gpu/launch.py (Launcher._mvs_plan):
+//   smem = ranges * rx_stage_bytes(rb * row_bytes) + ranges * rb * wpr * 4.
+// Requirements (host-checked): K % 8 == 0, K <= 8 * 32 * MVS_NX * wpr, x 16-byte aligned, rows
+// 16-byte aligned for the K-quant decoders (as in matvec.cu).
+// Bound by DRAM for large matrices (the LM head), by one memory latency and the grid-to-grid
+// handover for the small ones.
+#include "stage.cuh"
+#include "state.cuh"
+
+#define MVS_THREADS 256
+#define MVS_WARPS 8
+#define MVS_NX 4  // groups of 8 inputs per lane
+
+// Lane layout: a lane holds MVS_NX groups of 8 inputs, in runs of RL consecutive groups. Types
+// with a fast decoder below take whole 32-weight blocks per lane (RL = 4: one scale per block);
+// the rest use dequant8 on groups 32 apart (RL = 1). Either way a warp part covers 32 * MVS_NX
+// groups, so the host's choice of wpr does not depend on the type.
+template <int T> struct MvsRun { static constexpr int RL = (T == RX_Q8_0 || T == RX_Q4_K || T == RX_Q6_K) ? 4 : 1; };
+
+template <int RL>
+__device__ __forceinline__ int mvs_group(int lane, int part, int wpr, int i) {
+    return RL * (lane + 32 * (part + wpr * (i / RL))) + i % RL;
+}
+
+// x' for this lane's groups, in registers (zeros past K), and each group's sum (for K-quant
+// minimums). With norm_w, warps 0 .. wpr-1 (which together hold every group once) reduce
+// sum(x^2) for the block. Every thread must call it. x may point to global or shared memory.
+template <int RL>
+__device__ __forceinline__ void mvs_load_x(const float* x, int K, const float* norm_w, float eps, int part, int wpr,
+                                           float (&xr)[MVS_NX][8], float (&xs)[MVS_NX], float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = K >> 3;
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++) {
+        int g = mvs_group<RL>(lane, part, wpr, i);
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (g < ng) {
+            a = reinterpret_cast<const float4*>(x + 8 * g)[0];
+            b = reinterpret_cast<const float4*>(x + 8 * g)[1];
+        }
+        xr[i][0] = a.x, xr[i][1] = a.y, xr[i][2] = a.z, xr[i][3] = a.w;
+        xr[i][4] = b.x, xr[i][5] = b.y, xr[i][6] = b.z, xr[i][7] = b.w;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    if (norm_w) {
+        ss = warp_sum(ss);
+        if (lane == 0 && warp < wpr) scratch[warp] = ss;
+        __syncthreads();
+        float tot = 0.f;
+        for (int w = 0; w < wpr; w++) tot += scratch[w];
+        float inv = rsqrtf(tot / K + eps);
+#pragma unroll
+        for (int i = 0; i < MVS_NX; i++) {
+            int g = mvs_group<RL>(lane, part, wpr, i);
+            if (g < ng) {
+                float4 na = reinterpret_cast<const float4*>(norm_w + 8 * g)[0];
+                float4 nb = reinterpret_cast<const float4*>(norm_w + 8 * g)[1];
+                xr[i][0] *= inv * na.x, xr[i][1] *= inv * na.y, xr[i][2] *= inv * na.z, xr[i][3] *= inv * na.w;
+                xr[i][4] *= inv * nb.x, xr[i][5] *= inv * nb.y, xr[i][6] *= inv * nb.z, xr[i][7] *= inv * nb.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++)
+        xs[i] = ((xr[i][0] + xr[i][1]) + (xr[i][2] + xr[i][3])) + ((xr[i][4] + xr[i][5]) + (xr[i][6] + xr[i][7]));
+}
+
+// Byte i of v (0..255) as a float, minus `off`, exactly: 2^23 + byte is a float whose mantissa is
+// the byte, so one byte permute and one subtraction replace an int-to-float conversion (which
+// runs at a quarter of the FMA rate).
+__device__ __forceinline__ float mvs_byte(uint32_t v, int i, float off) {
+    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i)) - off;
+}
+
+// Four bytes at p + 4k (p even) as one little-endian word, from aligned 32-bit shared loads:
+// w = the aligned words, sh = 8 * (p & 2).
+__device__ __forceinline__ uint32_t mvs_word(const uint32_t* w, int k, unsigned sh) {
+    return __funnelshift_r(w[k], w[k + 1], sh);
+}
+
+__device__ __forceinline__ float mvs_dot4(uint32_t v, const float* x, float off) {
+    return mvs_byte(v, 0, off) * x[0] + mvs_byte(v, 1, off) * x[1] + mvs_byte(v, 2, off) * x[2] +
+           mvs_byte(v, 3, off) * x[3];
+}
+
+__device__ __forceinline__ float mvs_h2f(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+// Q8_0, one 34-byte block per lane: d * sum(q x), q read as 9 aligned words.
+__device__ __forceinline__ float mvs_dot_q8_0(const uint8_t* row, const float (&xr)[MVS_NX][8], int blk) {
+    const uint8_t* b = row + 34 * blk;
+    float d = mvs_h2f(*reinterpret_cast<const unsigned short*>(b));
+    const uint8_t* q = b + 2;
+    unsigned odd = reinterpret_cast<uintptr_t>(q) & 2;  // pointer arithmetic keeps the loads in shared space
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(q - odd);
+    unsigned sh = odd * 8;
+    uint32_t wv[9];
+#pragma unroll
+    for (int k = 0; k < 9; k++) wv[k] = w[k];
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {  // signed bytes: flip the sign bits, then subtract 128 too
+        acc0 += mvs_dot4(mvs_word(wv, k, sh) ^ 0x80808080u, &xr[k >> 1][0], 8388736.f);
+        acc1 += mvs_dot4(mvs_word(wv, k + 1, sh) ^ 0x80808080u, &xr[k >> 1][4], 8388736.f);
+    }
+    return d * (acc0 + acc1);
+}
+
+// Q4_K, one 32-weight sub-block per lane: d * sc * sum(q x) - dmin * mn * sum(x).
+__device__ __forceinline__ float mvs_dot_q4_k(const uint8_t* row, const float (&xr)[MVS_NX][8],
+                                              const float (&xs)[MVS_NX], int u) {
+    const uint8_t* b = row + 144 * (u >> 3);
+    int sub = u & 7;
+    uint32_t dd = *reinterpret_cast<const uint32_t*>(b);
+    const uint32_t* sw = reinterpret_cast<const uint32_t*>(b + 4);
+    int shb = 8 * (sub & 3);
+    uint32_t a0 = (sw[0] >> shb) & 0xFFu, a1 = (sw[1] >> shb) & 0xFFu, a2 = (sw[2] >> shb) & 0xFFu;
+    uint32_t sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
+    uint32_t mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
+    const uint4* qp = reinterpret_cast<const uint4*>(b + 16 + 32 * (sub >> 1));
+    uint4 q0 = qp[0], q1 = qp[1];
+    int nsh = 4 * (sub & 1);
+    uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+        acc0 += mvs_dot4((q[k] >> nsh) & 0x0F0F0F0Fu, &xr[k >> 1][0], 8388608.f);
+        acc1 += mvs_dot4((q[k + 1] >> nsh) & 0x0F0F0F0Fu, &xr[k >> 1][4], 8388608.f);
+    }
+    float xsum = (xs[0] + xs[1]) + (xs[2] + xs[3]);
+    return mvs_h2f(dd) * (float)sc * (acc0 + acc1) - mvs_h2f(dd >> 16) * (float)mn * xsum;
+}
+
+// Q6_K, one 32-weight quarter of a half super-block per lane: d * (sc_a * sum over the first 16
+// of (q - 32) x + sc_b * the same over the last 16).
+__device__ __forceinline__ float mvs_dot_q6_k(const uint8_t* row, const float (&xr)[MVS_NX][8], int u) {
+    const uint8_t* b = row + 210 * (u >> 3);
+    int hf = (u >> 2) & 1, r = u & 3;
+    unsigned odd = reinterpret_cast<uintptr_t>(b) & 2;  // ql and qh runs start at b + multiples of 4
+    const uint32_t* wl = reinterpret_cast<const uint32_t*>(b + 64 * hf + 32 * (r & 1) - odd);
+    const uint32_t* wh = reinterpret_cast<const uint32_t*>(b + 128 + 32 * hf - odd);
+    unsigned sh = odd * 8;
+    int nib = 4 * (r >> 1), hs = 2 * r;
+    uint32_t scw = *reinterpret_cast<const unsigned short*>(b + 192 + 8 * hf + 2 * r);
+    float d = mvs_h2f(*reinterpret_cast<const unsigned short*>(b + 208));
+    uint32_t lv[9], hv[9];
+#pragma unroll
+    for (int k = 0; k < 9; k++) lv[k] = wl[k], hv[k] = wh[k];
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        uint32_t v = ((mvs_word(lv, k, sh) >> nib) & 0x0F0F0F0Fu) | (((mvs_word(hv, k, sh) >> hs) & 0x03030303u) << 4);
+        acc[k >> 2] += mvs_dot4(v, &xr[k >> 1][(k & 1) * 4], 8388640.f);  // q - 32
+    }
+    return d * ((float)(int8_t)(scw & 0xFFu) * acc[0] + (float)(int8_t)(scw >> 8) * acc[1]);
+}
+
+// dequant8, with the hardware half conversion for F16 (quant.cuh's portable one is bit arithmetic).
+template <int T>
+__device__ __forceinline__ void mvs_dequant8(const uint8_t* row, int g, float* w) {
+    if constexpr (T == RX_F16) {
+        uint4 v = *reinterpret_cast<const uint4*>(row + 16 * g);
+        const half2* h = reinterpret_cast<const half2*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __half22float2(h[i]);
+            w[2 * i] = f.x, w[2 * i + 1] = f.y;
+        }
+    } else {
+        dequant8<T>(row, g, w);
+    }
+}
+
+// This lane's share of dot(row, x'), the row's bytes in shared memory.
+template <int T>
+__device__ __forceinline__ float mvs_dot(const uint8_t* row, const float (&xr)[MVS_NX][8], const float (&xs)[MVS_NX],
+                                         int lane, int part, int wpr, int ng) {
+    constexpr int RL = MvsRun<T>::RL;
+    if constexpr (RL == 4) {  // MVS_NX == 4: one 32-weight unit per lane
+        int u = lane + 32 * part;
+        if (4 * u >= ng) return 0.f;
+        if constexpr (T == RX_Q8_0) return mvs_dot_q8_0(row, xr, u);
+        else if constexpr (T == RX_Q4_K) return mvs_dot_q4_k(row, xr, xs, u);
+        else return mvs_dot_q6_k(row, xr, u);
+    } else {
+        float acc[MVS_NX];
+#pragma unroll
+        for (int i = 0; i < MVS_NX; i++) {
+            acc[i] = 0.f;
+            int g = mvs_group<RL>(lane, part, wpr, i);
+            if (g < ng) {
+                float w[8];
+                mvs_dequant8<T>(row, g, w);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[i] = fmaf(w[j], xr[i][j], acc[i]);
+            }
+        }
+        return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+}
+
+// Rows [0, n) of one staged range: part sums into red[(base + i) * wpr + part], or (add) scale *
+// the sum added to what is there (the warp that owns (i, part) is the same for every range).
+template <int T>
+__device__ __forceinline__ void mvs_range(const uint8_t* srow, long row_bytes, int n, const float (&xr)[MVS_NX][8],
+                                          const float (&xs)[MVS_NX], int ng, int wpr, float* red, int base,
+                                          bool add = false, float scale = 1.f) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int slots = MVS_WARPS / wpr, slot = warp / wpr, part = warp - slot * wpr;
+    for (int i = slot; i < n; i += slots) {
+        float a = warp_sum(mvs_dot<T>(srow + (long)i * row_bytes, xr, xs, lane, part, wpr, ng));
+        if (lane == 0) {
+            float* r = red + (base + i) * wpr + part;
+            *r = add ? *r + scale * a : scale * a;
+        }
+    }
+}
+
+__device__ __forceinline__ float mvs_total(const float* red, int i, int wpr) {
+    float v = 0.f;
+    for (int p = 0; p < wpr; p++) v += red[i * wpr + p];
+    return v;
+}
+
+// Block-wide argmax (rx_better order); thread 0 gets the winner.
+__device__ __forceinline__ void mvs_block_argmax(float& bv, int& bi) {
+    __shared__ float sv[MVS_WARPS];
+    __shared__ int si[MVS_WARPS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    rx_warp_argmax(bv, bi);
+    __syncthreads();
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < MVS_WARPS ? sv[lane] : -INFINITY;
+        bi = lane < MVS_WARPS ? si[lane] : 0x7fffffff;
+        rx_warp_argmax(bv, bi);
+    }
+}
+
+// y_s[r0 + i] (+)= dot for the block's rows of its segment. Segment s has ceil(rows_s / rb) blocks.
+template <int T>
+__device__ void mvs_body(MvSegs segs, long row_bytes, const float* x, int K, int rb, int wpr, int accumulate,
+                         const float* norm_w, float eps) {
+    __shared__ float scratch[MVS_WARPS];
+    int b = blockIdx.x;
+    // Select with constant indices (a dynamic index would copy the struct to local memory).
+    const uint8_t* w = segs.w[0];
+    float* y = segs.y[0];
+    int rows = segs.rows[0], nb = (rows + rb - 1) / rb;
+    if (b >= nb) {
+        b -= nb;
+        w = segs.w[1], y = segs.y[1], rows = segs.rows[1], nb = (rows + rb - 1) / rb;
+        if (b >= nb) {
+            b -= nb;
+            w = segs.w[2], y = segs.y[2], rows = segs.rows[2];
+        }
+    }
+    int r0 = b * rb, n = min(rb, rows - r0);  // the host sizes the grid: n >= 1
+    long span = rx_stage_bytes((long)rb * row_bytes);
+    const uint8_t* srow = rx_stage(rx_dyn_smem, w + (long)r0 * row_bytes, (long)n * row_bytes);
+    rx_cp_commit();
+    rx_pdl_begin();  // weights are in flight; x comes from the predecessor
+    float xr[MVS_NX][8], xs[MVS_NX];
+    int part = (threadIdx.x >> 5) % wpr;
+    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    rx_cp_wait_all();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
+    mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
+        float v = mvs_total(red, i, wpr);
+        float* dst = y + r0 + i;
+        *dst = accumulate ? *dst + v : v;
+    }
+}
+
+template <int T>
+__device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, float* y,
+                             int n_rows, int K, int rb, int wpr, int act, const float* norm_w, float eps) {
+    __shared__ float scratch[MVS_WARPS];
+    int r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
+    long span = rx_stage_bytes((long)rb * row_bytes);
+    const uint8_t* sg = rx_stage(rx_dyn_smem, Wg + (long)r0 * row_bytes, (long)n * row_bytes);
+    const uint8_t* su = rx_stage(rx_dyn_smem + span, Wu + (long)r0 * row_bytes, (long)n * row_bytes);
+    rx_cp_commit();
+    rx_pdl_begin();
+    float xr[MVS_NX][8], xs[MVS_NX];
+    int part = (threadIdx.x >> 5) % wpr;
+    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    rx_cp_wait_all();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);
+    mvs_range<T>(sg, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    mvs_range<T>(su, row_bytes, n, xr, xs, K >> 3, wpr, red, rb);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS)
+        y[r0 + i] = rx_act(mvs_total(red, i, wpr), act) * mvs_total(red, rb + i, wpr);
+}
+
+template <int T>
+__device__ void mvs_head_body(const uint8_t* W, long row_bytes, const float* x, float* y, int n_rows, int K, int rb,
+                              int wpr, const float* norm_w, float eps, float* part_v, int* part_i, int* counter,
+                              RxState st, int last) {
+    __shared__ float scratch[MVS_WARPS];
+    __shared__ int is_last;
+    int r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
+    long span = rx_stage_bytes((long)rb * row_bytes);
+    const uint8_t* srow = rx_stage(rx_dyn_smem, W + (long)r0 * row_bytes, (long)n * row_bytes);
+    rx_cp_commit();
+    rx_pdl_begin();
+    float xr[MVS_NX][8], xs[MVS_NX];
+    int part = (threadIdx.x >> 5) % wpr;
+    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    rx_cp_wait_all();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
+    mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    __syncthreads();
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
+        float v = mvs_total(red, i, wpr);
+        y[r0 + i] = v;
+        if (v != v) v = -INFINITY;  // NaN never wins
+        if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
+    }
+    if (!part_v) return;
+    mvs_block_argmax(bv, bi);
+    if (threadIdx.x == 0) part_v[blockIdx.x] = bv, part_i[blockIdx.x] = bi;
+    __threadfence();  // the partial is visible before this block counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    bv = -INFINITY, bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += MVS_THREADS) {
+        float v = __ldcg(part_v + i);
+        int id = __ldcg(part_i + i);
+        if (rx_better(v, id, bv, bi)) bv = v, bi = id;
+    }
+    mvs_block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        rx_advance(st, last, bi == 0x7fffffff ? 0 : bi);
+        *counter = 0;  // ready for the next replay
+    }
+}
+
+#define RX_MVS(name, T)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2)                                                \
+        reflex_mvs_##name(MvSegs segs, long row_bytes, const float* x, int K, int rb, int wpr, int accumulate,  \
+                          const float* norm_w, float eps) {                                                     \
+        rx_pdl_weights_first();                                                                                  \
+        mvs_body<T>(segs, row_bytes, x, K, rb, wpr, accumulate, norm_w, eps);                                    \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_glu_##name(                         \
+        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, float* y, int n_rows, int K,       \
+        int rb, int wpr, int act, const float* norm_w, float eps) {                                              \
+        rx_pdl_weights_first();                                                                                  \
+        mvs_glu_body<T>(Wg, Wu, row_bytes, x, y, n_rows, K, rb, wpr, act, norm_w, eps);                          \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_head_##name(                        \
+        const uint8_t* W, long row_bytes, const float* x, float* y, int n_rows, int K, int rb, int wpr,          \
+        const float* norm_w, float eps, float* part_v, int* part_i, int* counter, RxState st, int last) {        \
+        rx_pdl_weights_first();                                                                                  \
+        mvs_head_body<T>(W, row_bytes, x, y, n_rows, K, rb, wpr, norm_w, eps, part_v, part_i, counter, st, last); \
+    }
+
+RX_FOR_EACH_TYPE(RX_MVS)
