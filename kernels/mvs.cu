@@ -22,6 +22,7 @@
 // 16-byte aligned for the K-quant decoders (as in matvec.cu).
 // Bound by DRAM for large matrices (the LM head), by one memory latency and the grid-to-grid
 // handover for the small ones.
+#include "mvs_decode.cuh"
 #include "stage.cuh"
 #include "state.cuh"
 
@@ -81,95 +82,6 @@ __device__ __forceinline__ void mvs_load_x(const float* x, int K, const float* n
 #pragma unroll
     for (int i = 0; i < MVS_NX; i++)
         xs[i] = ((xr[i][0] + xr[i][1]) + (xr[i][2] + xr[i][3])) + ((xr[i][4] + xr[i][5]) + (xr[i][6] + xr[i][7]));
-}
-
-// Byte i of v (0..255) as a float, minus `off`, exactly: 2^23 + byte is a float whose mantissa is
-// the byte, so one byte permute and one subtraction replace an int-to-float conversion (which
-// runs at a quarter of the FMA rate).
-__device__ __forceinline__ float mvs_byte(uint32_t v, int i, float off) {
-    return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + i)) - off;
-}
-
-// Four bytes at p + 4k (p even) as one little-endian word, from aligned 32-bit shared loads:
-// w = the aligned words, sh = 8 * (p & 2).
-__device__ __forceinline__ uint32_t mvs_word(const uint32_t* w, int k, unsigned sh) {
-    return __funnelshift_r(w[k], w[k + 1], sh);
-}
-
-__device__ __forceinline__ float mvs_dot4(uint32_t v, const float* x, float off) {
-    return mvs_byte(v, 0, off) * x[0] + mvs_byte(v, 1, off) * x[1] + mvs_byte(v, 2, off) * x[2] +
-           mvs_byte(v, 3, off) * x[3];
-}
-
-__device__ __forceinline__ float mvs_h2f(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)h)); }
-
-// Q8_0, one 34-byte block per lane: d * sum(q x), q read as 9 aligned words.
-__device__ __forceinline__ float mvs_dot_q8_0(const uint8_t* row, const float (&xr)[MVS_NX][8], int blk) {
-    const uint8_t* b = row + 34 * blk;
-    float d = mvs_h2f(*reinterpret_cast<const unsigned short*>(b));
-    const uint8_t* q = b + 2;
-    unsigned odd = reinterpret_cast<uintptr_t>(q) & 2;  // pointer arithmetic keeps the loads in shared space
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(q - odd);
-    unsigned sh = odd * 8;
-    uint32_t wv[9];
-#pragma unroll
-    for (int k = 0; k < 9; k++) wv[k] = w[k];
-    float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll
-    for (int k = 0; k < 8; k += 2) {  // signed bytes: flip the sign bits, then subtract 128 too
-        acc0 += mvs_dot4(mvs_word(wv, k, sh) ^ 0x80808080u, &xr[k >> 1][0], 8388736.f);
-        acc1 += mvs_dot4(mvs_word(wv, k + 1, sh) ^ 0x80808080u, &xr[k >> 1][4], 8388736.f);
-    }
-    return d * (acc0 + acc1);
-}
-
-// Q4_K, one 32-weight sub-block per lane: d * sc * sum(q x) - dmin * mn * sum(x).
-__device__ __forceinline__ float mvs_dot_q4_k(const uint8_t* row, const float (&xr)[MVS_NX][8],
-                                              const float (&xs)[MVS_NX], int u) {
-    const uint8_t* b = row + 144 * (u >> 3);
-    int sub = u & 7;
-    uint32_t dd = *reinterpret_cast<const uint32_t*>(b);
-    const uint32_t* sw = reinterpret_cast<const uint32_t*>(b + 4);
-    int shb = 8 * (sub & 3);
-    uint32_t a0 = (sw[0] >> shb) & 0xFFu, a1 = (sw[1] >> shb) & 0xFFu, a2 = (sw[2] >> shb) & 0xFFu;
-    uint32_t sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
-    uint32_t mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
-    const uint4* qp = reinterpret_cast<const uint4*>(b + 16 + 32 * (sub >> 1));
-    uint4 q0 = qp[0], q1 = qp[1];
-    int nsh = 4 * (sub & 1);
-    uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll
-    for (int k = 0; k < 8; k += 2) {
-        acc0 += mvs_dot4((q[k] >> nsh) & 0x0F0F0F0Fu, &xr[k >> 1][0], 8388608.f);
-        acc1 += mvs_dot4((q[k + 1] >> nsh) & 0x0F0F0F0Fu, &xr[k >> 1][4], 8388608.f);
-    }
-    float xsum = (xs[0] + xs[1]) + (xs[2] + xs[3]);
-    return mvs_h2f(dd) * (float)sc * (acc0 + acc1) - mvs_h2f(dd >> 16) * (float)mn * xsum;
-}
-
-// Q6_K, one 32-weight quarter of a half super-block per lane: d * (sc_a * sum over the first 16
-// of (q - 32) x + sc_b * the same over the last 16).
-__device__ __forceinline__ float mvs_dot_q6_k(const uint8_t* row, const float (&xr)[MVS_NX][8], int u) {
-    const uint8_t* b = row + 210 * (u >> 3);
-    int hf = (u >> 2) & 1, r = u & 3;
-    unsigned odd = reinterpret_cast<uintptr_t>(b) & 2;  // ql and qh runs start at b + multiples of 4
-    const uint32_t* wl = reinterpret_cast<const uint32_t*>(b + 64 * hf + 32 * (r & 1) - odd);
-    const uint32_t* wh = reinterpret_cast<const uint32_t*>(b + 128 + 32 * hf - odd);
-    unsigned sh = odd * 8;
-    int nib = 4 * (r >> 1), hs = 2 * r;
-    uint32_t scw = *reinterpret_cast<const unsigned short*>(b + 192 + 8 * hf + 2 * r);
-    float d = mvs_h2f(*reinterpret_cast<const unsigned short*>(b + 208));
-    uint32_t lv[9], hv[9];
-#pragma unroll
-    for (int k = 0; k < 9; k++) lv[k] = wl[k], hv[k] = wh[k];
-    float acc[2] = {0.f, 0.f};
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        uint32_t v = ((mvs_word(lv, k, sh) >> nib) & 0x0F0F0F0Fu) | (((mvs_word(hv, k, sh) >> hs) & 0x03030303u) << 4);
-        acc[k >> 2] += mvs_dot4(v, &xr[k >> 1][(k & 1) * 4], 8388640.f);  // q - 32
-    }
-    return d * ((float)(int8_t)(scw & 0xFFu) * acc[0] + (float)(int8_t)(scw >> 8) * acc[1]);
 }
 
 // dequant8, with the hardware half conversion for F16 (quant.cuh's portable one is bit arithmetic).
