@@ -28,10 +28,12 @@ __device__ void moe_router_body(const uint8_t* W, long row_bytes, const float* x
     long span = rx_stage_bytes((long)rb * row_bytes);
     const uint8_t* srow = rx_stage(rx_dyn_smem, W + (long)r0 * row_bytes, (long)n * row_bytes);
     rx_cp_commit();
-    rx_pdl_begin();
-    float xr[MVS_NX][8], xs[MVS_NX];
+    constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
@@ -59,9 +61,11 @@ __device__ void moe_mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_
     const uint8_t* sg = rx_stage(rx_dyn_smem, Wg + off, (long)n * row_bytes);
     const uint8_t* su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);
     rx_cp_commit();
-    float xr[MVS_NX][8], xs[MVS_NX];
+    constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);
@@ -89,8 +93,9 @@ __device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert
     if (early) moe_stage_down(Wd, row_bytes, expert_bytes, ids, k, r0, n, span);
     rx_pdl_begin();
     if (!early) moe_stage_down(Wd, row_bytes, expert_bytes, ids, k, r0, n, span);
+    float prev = (int)threadIdx.x < n ? x[r0 + threadIdx.x] : 0.f;  // the residual, issued now, used last
     // every slot's activations (the predecessor's output) in one staged run after the experts
-    const float* xs = reinterpret_cast<const float*>(
+    const float* acts = reinterpret_cast<const float*>(
         rx_stage(rx_dyn_smem + k * span, reinterpret_cast<const uint8_t*>(act), (long)k * K * 4));
     rx_cp_commit();
     rx_cp_wait_all();
@@ -98,14 +103,14 @@ __device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert
     float* red = reinterpret_cast<float*>(rx_dyn_smem + k * span + rx_stage_bytes((long)k * K * 4));
     int part = (threadIdx.x >> 5) % wpr;
     for (int s = 0; s < k; s++) {
-        float xr[MVS_NX][8], xs_[MVS_NX];
-        mvs_load_x<MvsRun<T>::RL>(xs + (long)s * K, K, nullptr, 0.f, part, wpr, xr, xs_, nullptr);
+        float xr[MVS_NX][8], xsum[MVS_NX];
+        mvs_load_x_plain<MvsRun<T>::RL>(acts + (long)s * K, K, part, wpr, xr, xsum);
         long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
         const uint8_t* srow = rx_dyn_smem + s * span + ((reinterpret_cast<uintptr_t>(Wd) + off) & 15);
-        mvs_range<T>(srow, row_bytes, n, xr, xs_, K >> 3, wpr, red, 0, s > 0, wts[s]);
+        mvs_range<T>(srow, row_bytes, n, xr, xsum, K >> 3, wpr, red, 0, s > 0, wts[s]);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += MVS_THREADS) x[r0 + i] += mvs_total(red, i, wpr);
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) x[r0 + i] = (i == (int)threadIdx.x ? prev : x[r0 + i]) + mvs_total(red, i, wpr);
 }
 
 #define RX_MOE_DECODE(name, T)                                                                                      \

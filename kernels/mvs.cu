@@ -6,7 +6,8 @@
 //   reflex_mvs_head_*  logits[r] = dot(W[r], x'); with part_v set, the greedy pick is fused: each
 //                      block keeps its rows' argmax, the last block to finish picks the token
 //                      (ties to the lower id, NaN never wins) and advances the decode state
-// x' = x, or x RMS-normalized with norm_w (the block's pre-norm folded in).
+// x' = x, or x RMS-normalized with norm_w (the block's pre-norm folded in). norm_w must be a weight
+// (it is read before the wait, like the matrix).
 //
 // Why: a decode step's matrices are 1-7 MB; warps that load as they go pay a chain of memory
 // latencies after the kernel starts. Here each block owns rb contiguous rows (contiguous bytes),
@@ -41,12 +42,32 @@ __device__ __forceinline__ int mvs_group(int lane, int part, int wpr, int i) {
     return RL * (lane + 32 * (part + wpr * (i / RL))) + i % RL;
 }
 
-// x' for this lane's groups, in registers (zeros past K), and each group's sum (for K-quant
-// minimums). With norm_w, warps 0 .. wpr-1 (which together hold every group once) reduce
-// sum(x^2) for the block. Every thread must call it. x may point to global or shared memory.
+// The norm weights of this lane's groups (ones without a norm). They are weights: a kernel reads
+// them before it waits for its predecessor, so they are not a second round trip after it.
 template <int RL>
-__device__ __forceinline__ void mvs_load_x(const float* x, int K, const float* norm_w, float eps, int part, int wpr,
-                                           float (&xr)[MVS_NX][8], float (&xs)[MVS_NX], float* scratch) {
+__device__ __forceinline__ void mvs_load_nw(const float* norm_w, int K, int part, int wpr, float (&nw)[MVS_NX][8]) {
+    int lane = threadIdx.x & 31, ng = K >> 3;
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++) {
+        int g = mvs_group<RL>(lane, part, wpr, i);
+        float4 a = make_float4(1.f, 1.f, 1.f, 1.f), b = a;
+        if (norm_w && g < ng) {
+            a = reinterpret_cast<const float4*>(norm_w + 8 * g)[0];
+            b = reinterpret_cast<const float4*>(norm_w + 8 * g)[1];
+        }
+        nw[i][0] = a.x, nw[i][1] = a.y, nw[i][2] = a.z, nw[i][3] = a.w;
+        nw[i][4] = b.x, nw[i][5] = b.y, nw[i][6] = b.z, nw[i][7] = b.w;
+    }
+}
+
+// x' for this lane's groups, in registers (zeros past K), and each group's sum (for K-quant
+// minimums). With `norm`, warps 0 .. wpr-1 (which together hold every group once) reduce sum(x^2)
+// for the block and x' = x * rsqrt(mean + eps) * nw. Every thread must call it. x may point to
+// global or shared memory.
+template <int RL>
+__device__ __forceinline__ void mvs_load_x(const float* x, int K, bool norm, const float (&nw)[MVS_NX][8], float eps,
+                                           int part, int wpr, float (&xr)[MVS_NX][8], float (&xs)[MVS_NX],
+                                           float* scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = K >> 3;
     float ss = 0.f;
 #pragma unroll
@@ -61,27 +82,33 @@ __device__ __forceinline__ void mvs_load_x(const float* x, int K, const float* n
         xr[i][4] = b.x, xr[i][5] = b.y, xr[i][6] = b.z, xr[i][7] = b.w;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
     }
-    if (norm_w) {
+    float inv = 1.f;
+    if (norm) {
         ss = warp_sum(ss);
         if (lane == 0 && warp < wpr) scratch[warp] = ss;
         __syncthreads();
         float tot = 0.f;
         for (int w = 0; w < wpr; w++) tot += scratch[w];
-        float inv = rsqrtf(tot / K + eps);
-#pragma unroll
-        for (int i = 0; i < MVS_NX; i++) {
-            int g = mvs_group<RL>(lane, part, wpr, i);
-            if (g < ng) {
-                float4 na = reinterpret_cast<const float4*>(norm_w + 8 * g)[0];
-                float4 nb = reinterpret_cast<const float4*>(norm_w + 8 * g)[1];
-                xr[i][0] *= inv * na.x, xr[i][1] *= inv * na.y, xr[i][2] *= inv * na.z, xr[i][3] *= inv * na.w;
-                xr[i][4] *= inv * nb.x, xr[i][5] *= inv * nb.y, xr[i][6] *= inv * nb.z, xr[i][7] *= inv * nb.w;
-            }
-        }
+        inv = rsqrtf(tot / K + eps);
     }
 #pragma unroll
-    for (int i = 0; i < MVS_NX; i++)
+    for (int i = 0; i < MVS_NX; i++) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) xr[i][j] *= inv * nw[i][j];
         xs[i] = ((xr[i][0] + xr[i][1]) + (xr[i][2] + xr[i][3])) + ((xr[i][4] + xr[i][5]) + (xr[i][6] + xr[i][7]));
+    }
+}
+
+// x' with no norm (ones as norm weights).
+template <int RL>
+__device__ __forceinline__ void mvs_load_x_plain(const float* x, int K, int part, int wpr, float (&xr)[MVS_NX][8],
+                                                 float (&xs)[MVS_NX]) {
+    float ones[MVS_NX][8];
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) ones[i][j] = 1.f;
+    mvs_load_x<RL>(x, K, false, ones, 0.f, part, wpr, xr, xs, nullptr);
 }
 
 // dequant8, with the hardware half conversion for F16 (quant.cuh's portable one is bit arithmetic).
@@ -189,10 +216,13 @@ __device__ void mvs_body(MvSegs segs, long row_bytes, const float* x, int K, int
     long span = rx_stage_bytes((long)rb * row_bytes);
     const uint8_t* srow = rx_stage(rx_dyn_smem, w + (long)r0 * row_bytes, (long)n * row_bytes);
     rx_cp_commit();
-    rx_pdl_begin();  // weights are in flight; x comes from the predecessor
-    float xr[MVS_NX][8], xs[MVS_NX];
+    constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();  // weights are in flight; x comes from the predecessor
+    float prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
@@ -200,8 +230,8 @@ __device__ void mvs_body(MvSegs segs, long row_bytes, const float* x, int K, int
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
         float v = mvs_total(red, i, wpr);
-        float* dst = y + r0 + i;
-        *dst = accumulate ? *dst + v : v;
+        if (accumulate) v += i == (int)threadIdx.x ? prev : y[r0 + i];
+        y[r0 + i] = v;
     }
 }
 
@@ -214,10 +244,12 @@ __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_byte
     const uint8_t* sg = rx_stage(rx_dyn_smem, Wg + (long)r0 * row_bytes, (long)n * row_bytes);
     const uint8_t* su = rx_stage(rx_dyn_smem + span, Wu + (long)r0 * row_bytes, (long)n * row_bytes);
     rx_cp_commit();
-    rx_pdl_begin();
-    float xr[MVS_NX][8], xs[MVS_NX];
+    constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);
@@ -238,10 +270,12 @@ __device__ void mvs_head_body(const uint8_t* W, long row_bytes, const float* x, 
     long span = rx_stage_bytes((long)rb * row_bytes);
     const uint8_t* srow = rx_stage(rx_dyn_smem, W + (long)r0 * row_bytes, (long)n * row_bytes);
     rx_cp_commit();
-    rx_pdl_begin();
-    float xr[MVS_NX][8], xs[MVS_NX];
+    constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    mvs_load_x<MvsRun<T>::RL>(x, K, norm_w, eps, part, wpr, xr, xs, scratch);
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
