@@ -14,6 +14,9 @@
 // previous step's pick (an earlier launch too); only the newest key, which the predecessor
 // (rope + cache store) writes, is copied after the wait.
 // Visible keys: j < n_vis = min(n_kv, slot + 1), and pos - kv_pos[j] < window when window > 0.
+// With `window_slots` (the caller's promise that slot j holds position j + c, as in generate), a
+// sliding window also bounds the slots walked: only the last `window` slots can be visible, so a
+// local layer reads window keys, not the whole context (the per-key test still applies).
 // Output rows, partials and counters as reflex_attn (attention.cu) with n_split = gridDim.y.
 // Dynamic smem: 4 G (hd + 32) + 2 * 32 * (2 hd + 64) + 2 * 32 * (2 hd_v + 64) bytes.
 // Requirements (host-checked): hd and hd_v multiples of 32 up to 256, G <= 16, gridDim.y <= 64.
@@ -56,7 +59,7 @@ __device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
 extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const float* q, const half* k_cache, const half* v_cache, const int* kv_pos, const int* q_pos, const int* q_slot,
     const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
-    int hd_v, int n_ctx, int window, float scale, float softcap, int min_keys, int prefetch) {
+    int hd_v, int n_ctx, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
     __shared__ float mw[ATD_MAXG * ATD_MAXSPLIT];
@@ -75,9 +78,10 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     int n_vis = 0, n_split = 1, j0 = 0, j1 = 0;
     auto plan = [&]() {  // the same numbers in every block of the KV head
         n_vis = min(*n_kv_ptr, *q_slot + 1);
-        n_split = min(max_split, max(1, (n_vis + min_keys - 1) / min_keys));
-        int chunk = (n_vis + n_split - 1) / n_split;
-        j0 = min(n_vis, split * chunk);
+        int lo = window > 0 && window_slots ? max(0, n_vis - window) : 0;
+        n_split = min(max_split, max(1, (n_vis - lo + min_keys - 1) / min_keys));
+        int chunk = (n_vis - lo + n_split - 1) / n_split;
+        j0 = min(n_vis, lo + split * chunk);
         j1 = min(n_vis, j0 + chunk);
     };
     if (prefetch) {

@@ -563,6 +563,7 @@ DECODE_ATTN_CASES = {
     "qwen3_ctx5000": (16, 8, 128, 5000, 0, 0.0, 32, True),
     "moe_gqa8_ctx1500": (32, 4, 128, 1500, 0, 0.0, 16, False),
     "gemma_hd256_window": (4, 1, 256, 700, 512, 0.0, 32, True),
+    "gemma_window_longer_than_context": (4, 1, 256, 300, 512, 0.0, 32, False),
     "gqa16_hd32_softcap": (16, 1, 32, 333, 0, 30.0, 7, True),
     "mha_hd64_odd_keys": (6, 6, 64, 77, 20, 0.0, 1, False),
     "hd96_one_key_per_slice": (6, 3, 96, 50, 0, 0.0, 1, True),
@@ -590,10 +591,12 @@ def test_attention_decode(gpu, knobs, case):
     counters = gpu.put(np.zeros(n_head, np.int32))
     args = [gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
             gpu.put(np.array([n_vis], np.int32))]
-    for replay in range(2):  # the merge must leave its counters ready for the next replay
+    # the merge must leave its counters ready for the next replay; with a window, also walk only
+    # the window's slots (kv_pos = slot + 3 here, as the flag promises)
+    for replay, window_slots in enumerate([False, window > 0]):
         out = gpu.poisoned((1, n_head, hd))
         ok = gpu.launch.attention_decode(*args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx, window,
-                                         scale, softcap, prefetch)
+                                         scale, softcap, prefetch, window_slots)
         assert ok
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (n_head,), np.int32).any()

@@ -54,6 +54,9 @@ class Batch:
     seg_lo: int  # 0: plain causal attention
     prefix_len: int
     n_kv: int  # device int: visible cache slots
+    # every cache slot j holds position j + c (prompts, decode, check; not system1's trees): a
+    # sliding window then bounds the slots decode attention reads
+    slots_in_order: bool = True
 
     @property
     def matvec(self) -> bool:
@@ -170,7 +173,7 @@ class Attention:
             if b.n == 1 and not b.seg_lo and L.attention_decode(
                     q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"), p("part_ml"),
                     p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
-                    self.scale, 0.0, prefetch=L.pdl):
+                    self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order):
                 pass
             else:
                 n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1

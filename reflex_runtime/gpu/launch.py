@@ -422,11 +422,13 @@ class Launcher:
         return max(1, min(ATTN_SPLITS_MAX, round(self.attn_blocks_per_sm * self.dev.sm_count / n_head_kv)))
 
     def attention_decode(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters,
-                         n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool) -> bool:
+                         n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool,
+                         window_slots: bool = False) -> bool:
         """One query token, all query heads of a KV head per block, the context split by its length
         (kernels/attn_decode.cu). part_o / part_ml hold n_head * ATTN_SPLITS_MAX slices; counters
         n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two or more
-        launches back (the decode graph). False: not applicable, nothing launched."""
+        launches back (the decode graph). window_slots: slot j holds position j + c, so a sliding
+        window bounds the slots read. False: not applicable, nothing launched."""
         group = n_head // n_head_kv
         if (not self.attn_decode or hd % 32 or hd_v % 32 or hd > 256 or hd_v > 256
                 or group > ATTN_DECODE_MAX_GROUP or n_head % n_head_kv):
@@ -438,7 +440,8 @@ class Launcher:
                  [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
                   c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
                   c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale),
-                  c_float(softcap), c_int(max(1, self.attn_min_keys)), c_int(int(prefetch))], smem)
+                  c_float(softcap), c_int(max(1, self.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots))],
+                 smem)
         return True
 
     # -- sampling and scoring --------------------------------------------------------------

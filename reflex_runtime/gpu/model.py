@@ -108,7 +108,7 @@ class GpuModel:
         may take the greedy choice itself; True when it did (the caller then launches no pick)."""
         p, E = self.p, self.cfg.n_embd
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
-                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"))
+                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"), slots_in_order=not tree)
         with self.launch.role("embedding", n * self.embedding.row_bytes):
             self.launch.embed(self.embedding, b.tokens, self.res.x, n, self.embed_scale)
         self.res.added()
