@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One session on a GPU machine with no network: everything the GPU work needs, in one command.
 #
-#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm
+#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm,decode
 #
 # Expects, carried from the development machine (all git-ignored):
 #   .whl/                       wheels the machine lacks (../shared/tools/gpu-wheels.sh .whl)
@@ -34,11 +34,11 @@ build_real() {
     [ -f $REAL/qwen3-0.6b-$t.gguf ] || { python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t \
       --out $REAL/$t > "$WORK/make-$t.log" 2>&1 && cp $REAL/$t/qwen3-$t.gguf $REAL/qwen3-0.6b-$t.gguf; }
   done
-  if has moe && [ ! -f $MOE_BENCH ]; then  # Qwen3-30B-A3B shapes, fewer layers, random Q8_0 blocks
+  if { has moe || has decode; } && [ ! -f $MOE_BENCH ]; then  # Qwen3-30B-A3B shapes, fewer layers, random Q8_0 blocks
     python3 scripts/make_moe_bench.py --out $MOE_BENCH --layers ${MOE_LAYERS:-4} > "$WORK/make-moe.log" 2>&1
   fi
 }
-if has real || has bench || has moe || has coldstart || has warm; then build_real & BUILD_PID=$!; fi
+if has real || has bench || has moe || has coldstart || has warm || has decode; then build_real & BUILD_PID=$!; fi
 
 if has smoke; then
   timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tee "$WORK/smoke.log"
@@ -90,6 +90,12 @@ fi
 if has warm; then
   timeout 200 python3 scripts/bench_warm.py --model $REAL/qwen3-0.6b-q8_0.gguf --backend cuda -n ${WARM_N:-50} \
     --out "$WORK/warm.json" 2>&1 | tail -12 | tee "$WORK/warm.log"
+fi
+if has decode; then  # decode kernels per candidate, whole steps per depth (DECODE_MODELS: more GGUF files)
+  models=(); for t in $QUANTS; do models+=(--model $REAL/qwen3-0.6b-$t.gguf); done
+  models+=(--model $MOE_BENCH); for m in ${DECODE_MODELS:-}; do models+=(--model "$m"); done
+  timeout ${DECODE_TIMEOUT:-600} python3 scripts/bench_decode.py "${models[@]}" --out "$WORK/decode.json" 2>&1 \
+    | tee "$WORK/decode.log"
 fi
 cp "$WORK"/coldstart/waterfall.png "$OUT"/ 2>/dev/null
 tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$WORK"
