@@ -194,24 +194,11 @@ __device__ __forceinline__ void mvs_block_argmax(float& bv, int& bi) {
     }
 }
 
-// y_s[r0 + i] (+)= dot for the block's rows of its segment. Segment s has ceil(rows_s / rb) blocks.
+// y[r0 + i] (+)= dot for rows r0 .. r0 + rb of one matrix (the block's share of its segment).
 template <int T>
-__device__ void mvs_body(MvSegs segs, long row_bytes, const float* x, int K, int rb, int wpr, int accumulate,
-                         const float* norm_w, float eps) {
+__device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_bytes, int b, const float* x, int K, int rb,
+                             int wpr, int accumulate, const float* norm_w, float eps) {
     __shared__ float scratch[MVS_WARPS];
-    int b = blockIdx.x;
-    // Select with constant indices (a dynamic index would copy the struct to local memory).
-    const uint8_t* w = segs.w[0];
-    float* y = segs.y[0];
-    int rows = segs.rows[0], nb = (rows + rb - 1) / rb;
-    if (b >= nb) {
-        b -= nb;
-        w = segs.w[1], y = segs.y[1], rows = segs.rows[1], nb = (rows + rb - 1) / rb;
-        if (b >= nb) {
-            b -= nb;
-            w = segs.w[2], y = segs.y[2], rows = segs.rows[2];
-        }
-    }
     int r0 = b * rb, n = min(rb, rows - r0);  // the host sizes the grid: n >= 1
     long span = rx_stage_bytes((long)rb * row_bytes);
     const uint8_t* srow = rx_stage(rx_dyn_smem, w + (long)r0 * row_bytes, (long)n * row_bytes);
@@ -233,6 +220,29 @@ __device__ void mvs_body(MvSegs segs, long row_bytes, const float* x, int K, int
         if (accumulate) v += i == (int)threadIdx.x ? prev : y[r0 + i];
         y[r0 + i] = v;
     }
+}
+
+// Up to three matrices of any weight types sharing x and K (q, k, v of a Q4_K_M file, whose v is
+// Q6_K): each block runs the typed body of its segment's type.
+struct MvSegsMixed {
+    const uint8_t* w[3];
+    float* y[3];
+    long row_bytes[3];
+    int rows[3];
+    int type[3];
+};
+
+// Which segment block blockIdx.x belongs to (segment s has ceil(rows_s / rb) blocks), and its
+// index inside it. Constant indices only: a dynamic one would copy the struct to local memory.
+template <class Segs>
+__device__ __forceinline__ int mvs_segment(const Segs& segs, int rb, int* b) {
+    int nb0 = (segs.rows[0] + rb - 1) / rb, nb1 = (segs.rows[1] + rb - 1) / rb;
+    *b = blockIdx.x;
+    if (*b < nb0) return 0;
+    *b -= nb0;
+    if (*b < nb1) return 1;
+    *b -= nb1;
+    return 2;
 }
 
 template <int T>
@@ -316,7 +326,11 @@ __device__ void mvs_head_body(const uint8_t* W, long row_bytes, const float* x, 
         reflex_mvs_##name(MvSegs segs, long row_bytes, const float* x, int K, int rb, int wpr, int accumulate,  \
                           const float* norm_w, float eps) {                                                     \
         rx_pdl_weights_first();                                                                                  \
-        mvs_body<T>(segs, row_bytes, x, K, rb, wpr, accumulate, norm_w, eps);                                    \
+        int b, s = mvs_segment(segs, rb, &b);                                                                    \
+        const uint8_t* w = s == 0 ? segs.w[0] : s == 1 ? segs.w[1] : segs.w[2];                                  \
+        float* y = s == 0 ? segs.y[0] : s == 1 ? segs.y[1] : segs.y[2];                                          \
+        int rows = s == 0 ? segs.rows[0] : s == 1 ? segs.rows[1] : segs.rows[2];                                 \
+        mvs_seg_body<T>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps);                       \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_glu_##name(                         \
         const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, float* y, int n_rows, int K,       \
@@ -332,3 +346,22 @@ __device__ void mvs_head_body(const uint8_t* W, long row_bytes, const float* x, 
     }
 
 RX_FOR_EACH_TYPE(RX_MVS)
+
+// The mixed-type segments kernel: a switch over every type, uniform per block.
+#define RX_MVS_CASE(name, T)                                                                              \
+    case T:                                                                                               \
+        mvs_seg_body<T>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps);                \
+        break;
+
+extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2)
+    reflex_mvs_mixed(MvSegsMixed segs, const float* x, int K, int rb, int wpr, int accumulate, const float* norm_w,
+                     float eps) {
+    rx_pdl_weights_first();
+    int b, s = mvs_segment(segs, rb, &b);
+    const uint8_t* w = s == 0 ? segs.w[0] : s == 1 ? segs.w[1] : segs.w[2];
+    float* y = s == 0 ? segs.y[0] : s == 1 ? segs.y[1] : segs.y[2];
+    long row_bytes = s == 0 ? segs.row_bytes[0] : s == 1 ? segs.row_bytes[1] : segs.row_bytes[2];
+    int rows = s == 0 ? segs.rows[0] : s == 1 ? segs.rows[1] : segs.rows[2];
+    int type = s == 0 ? segs.type[0] : s == 1 ? segs.type[1] : segs.type[2];
+    switch (type) { RX_FOR_EACH_TYPE(RX_MVS_CASE) }
+}

@@ -609,3 +609,30 @@ def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
     assert not L.attention_decode(*([0] * 11), 32, 1, 64, 64, 64, 0, 1.0, 0.0, False)
     knobs.attn_decode = False
     assert not L.attention_decode(*([0] * 11), 16, 8, 128, 128, 64, 0, 1.0, 0.0, False)
+
+
+@pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.F16, Q.Q5_0), (Q.F32, Q.Q6_K, Q.BF16)],
+                         ids=lambda ts: "-".join(t.name for t in ts))
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_staged_mixed_type_segments(gpu, knobs, types, accumulate):
+    """q, k, v of different types (a Q4_K_M file's v is Q6_K) in one launch for one token."""
+    rng = np.random.default_rng([int(t) for t in types] + [accumulate])
+    k = 768  # a whole number of blocks for every type
+    mats = [weight(gpu, t, rows, k, rng) for t, rows in zip(types, (257, 64, 33))]
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    bases = [rng.standard_normal((1, w.rows)).astype(np.float32) for w, _ in mats]
+    ys = [gpu.put(b) if accumulate else gpu.poisoned((1, w.rows)) for b, (w, _) in zip(bases, mats)]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1, accumulate,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert names == ["reflex_mvs_mixed"]
+    xn = _rms(x, nw, 1e-6).astype(np.float32)
+    for (w, dense), y, base in zip(mats, ys, bases):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, base if accumulate else None, rtol=2e-4)
+    knobs.staged = False  # the legacy path: one launch per type
+    ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert len(names) == 3 and all(n.startswith("reflex_mv_") for n in names)
+    for (w, dense), y in zip(mats, ys):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)

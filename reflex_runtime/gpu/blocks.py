@@ -184,14 +184,16 @@ class Attention:
             L.matmul(w.o, att, out, b.n, accumulate=accumulate)
 
     def _qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
-        """q, k, v projections: one launch when the three share a type (most files), else three."""
+        """q, k, v projections: one launch where they share a row length (for one token even when
+        their types differ, as in Q4_K_M files), else one per matrix."""
         ws = (self.w.q, self.w.k, self.w.v)
-        with self.launch.role("qkv", sum(w.nbytes for w in ws)):
-            if b.matvec and len({(w.type_name, w.k) for w in ws}) == 1:
-                self.launch.matmul_segments(list(ws), inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
+        L = self.launch
+        with L.role("qkv", sum(w.nbytes for w in ws)):
+            if b.matvec and len({w.k for w in ws}) == 1:
+                L.matmul_segments(list(ws), inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
                 return
             for w, y in zip(ws, (q, k, v)):
-                self.launch.matmul(w, inp.ptr, y, b.n, norm_w=inp.norm_w, eps=self.eps)
+                L.matmul(w, inp.ptr, y, b.n, norm_w=inp.norm_w, eps=self.eps)
 
 
 @dataclass

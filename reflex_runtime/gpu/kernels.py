@@ -18,7 +18,7 @@ _PER_TYPE = ("reflex_embed_{}", "reflex_mv_{}", "reflex_mv_glu_{}", "reflex_mm_{
              "reflex_moe_mvs_glu_{}", "reflex_moe_mvs_down_{}")
 
 _SINGLE = (
-    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn", "reflex_attn_decode",
+    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn", "reflex_attn_decode", "reflex_mvs_mixed",
     "reflex_argmax_partial", "reflex_argmax_final", "reflex_sample", "reflex_logprob_rows", "reflex_softcap",
     "reflex_smoke_axpb", "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine",
 )

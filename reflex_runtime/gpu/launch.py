@@ -90,6 +90,13 @@ class MvSegs(Structure):
     _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("rows", c_int * 3)]
 
 
+class MvSegsMixed(Structure):
+    """Mirror of kernels/mvs.cu's MvSegsMixed: up to three matrices of any types, one launch."""
+
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("row_bytes", c_long * 3), ("rows", c_int * 3),
+                ("type", c_int * 3)]
+
+
 def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
     from ..ggml_types import GGML_TYPES
 
@@ -199,17 +206,29 @@ class Launcher:
         return self.staged and not any(p % 16 for p in ptrs) and not any(w.ptr % 16 for w in ws)
 
     def _mv1(self, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_w: int, eps: float) -> bool:
-        """One token through reflex_mvs_* (weights staged before the PDL wait); False: not applicable."""
+        """One token through reflex_mvs_* (weights staged before the PDL wait); matrices of
+        different types (same K) go through reflex_mvs_mixed. False: not applicable."""
         w0 = ws[0]
-        if not self._stageable(ws, x, norm_w):
+        if not self._stageable(ws, x, norm_w) or any(w.k != w0.k for w in ws):
             return False
-        plan = self._mvs_plan(sum(w.rows for w in ws), w0.row_bytes, w0.k)
+        plan = self._mvs_plan(sum(w.rows for w in ws), max(w.row_bytes for w in ws), w0.k)
         if plan is None:
             return False
+        blocks = sum(-(-w.rows // plan.rb) for w in ws)
+        if any(w.type_name != w0.type_name for w in ws):
+            from ..ggml_types import GGML_TYPES_BY_NAME
+
+            mixed = MvSegsMixed()
+            for i, (w, y) in enumerate(zip(ws, ys)):
+                mixed.w[i], mixed.y[i], mixed.row_bytes[i], mixed.rows[i], mixed.type[i] = (
+                    w.ptr, y, w.row_bytes, w.rows, GGML_TYPES_BY_NAME[w.type_name].type_id)
+            self._go("reflex_mvs_mixed", blocks, 256,
+                     [mixed, c_void_p(x), c_int(w0.k), c_int(plan.rb), c_int(plan.wpr), c_int(int(accumulate)),
+                      c_void_p(norm_w or None), c_float(eps)], plan.smem)
+            return True
         segs = MvSegs()
         for i, (w, y) in enumerate(zip(ws, ys)):
             segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
-        blocks = sum(-(-w.rows // plan.rb) for w in ws)
         self._go(f"reflex_mvs_{w0.suffix}", blocks, 256,
                  [segs, c_long(w0.row_bytes), c_void_p(x), c_int(w0.k), c_int(plan.rb), c_int(plan.wpr),
                   c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps)], plan.smem)
@@ -271,10 +290,15 @@ class Launcher:
 
     def matmul_segments(self, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False,
                         x_stride: int = 0, norm_w: int = 0, eps: float = 0.0) -> None:
-        """Up to three matrix-vector products of the same type and row length in one launch (q, k, v)."""
+        """Up to three matrix-vector products of the same row length in one launch (q, k, v); one
+        launch per type where the types differ, except for one token (reflex_mvs_mixed)."""
         w0 = ws[0]
-        assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.k == w0.k for w in ws)
+        assert 1 <= len(ws) <= 3 and all(w.k == w0.k for w in ws)
         if n_tok == 1 and self._mv1(ws, x, ys, accumulate, norm_w, eps):
+            return
+        if any(w.type_name != w0.type_name for w in ws):  # the legacy kernel reads one type: one launch each
+            for w, y in zip(ws, ys):
+                self.matmul_segments([w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
             return
         segs = MvSegs()
         for i, (w, y) in enumerate(zip(ws, ys)):
