@@ -81,7 +81,8 @@ def step_breakdown(runner, context: int = 256, repeats: int = 20) -> list[dict]:
 
 def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
     """Greedy decode tok/s after `depth` tokens of context (llama-bench -d): the GPU time of
-    n_tokens decode-graph replays back to back, after a prefill of `depth` tokens (median)."""
+    n_tokens decode-graph replays back to back after one prefill of `depth` tokens, the state
+    rewound to just after the prefill for each repeat (median)."""
     dev, s = runner.dev, runner.stream
     graph = runner._decode_graph(True)
     out = []
@@ -90,14 +91,15 @@ def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
             out.append({"depth": depth, "skipped": f"context {runner.max_context}"})
             continue
         ids = [(7 * i + 11) % min(runner.config.vocab_size, 1000) + 1 for i in range(depth)]
+        runner.prefill(ids)
+
+        def run():
+            for _ in range(n_tokens):
+                graph.launch(s)
+
         times = []
         for _ in range(repeats):
-            runner.prefill(ids)
-
-            def run():
-                for _ in range(n_tokens):
-                    graph.launch(s)
-
+            runner._write_inputs([ids[-1]], [depth], [depth], n_kv=depth + 1)  # any token: the time is the same
             times.append(_events_ms(dev, s, run, 1))
         ms = statistics.median(times)
         out.append({"depth": depth, "tokens": n_tokens, "ms": round(ms, 3), "tok_s": round(n_tokens / (ms / 1000), 1)})
