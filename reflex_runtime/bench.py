@@ -92,6 +92,7 @@ def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
             continue
         ids = [(7 * i + 11) % min(runner.config.vocab_size, 1000) + 1 for i in range(depth)]
         runner.prefill(ids)
+        dev.sync(s)  # the prefill's input copies have left the pinned buffer we rewrite below
 
         def run():
             for _ in range(n_tokens):
