@@ -286,3 +286,47 @@ def test_no_runtime_compilation_in_the_package():
                 assert not banned.search(text), f"{f}: {banned.search(text).group(0)}"
                 checked += 1
     assert checked > 10
+
+
+@pytest.mark.parametrize("smem", [(232448, 233472), (166912, 167936), (101376, 102400), (65536, 65536)],
+                         ids=["sm90", "sm80", "sm86", "sm75"])
+def test_decode_kernels_plan_real_shapes(ptx_params, smem):
+    """The one-token kernels at Qwen3-0.6B, Gemma 3 270M and Qwen3-30B-A3B shapes, on devices with
+    less shared memory: every launch fits the device (FakeKernel checks sizes, grids, shared memory)
+    and none falls back to a legacy kernel."""
+    from reflex_runtime.gpu.driver import RxState
+    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX, Launcher, Weight
+
+    dev = FakeDevice(ptx_params)
+    dev.smem_per_block, dev.smem_per_sm = smem
+    L = Launcher(dev, stream=None)
+    L.pdl = True
+    layout = {"Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210), "F32": (1, 4), "F16": (1, 2)}
+
+    def w(t, rows, k):
+        bs, ts = layout[t]
+        return Weight(dev.alloc(rows * k // bs * ts), t, rows, k, k // bs * ts)
+
+    buf = dev.alloc(64 << 20)
+    st = RxState(*[buf] * 6)
+    for t in ("Q8_0", "Q4_K", "Q6_K"):
+        for e, qkv, ff, o_k in ((1024, (2048, 1024, 1024), 3072, 2048), (640, (1024, 256, 256), 2048, 1024),
+                                (2048, (4096, 512, 512), 6144, 4096)):
+            L.matmul_segments([w(t, r, e) for r in qkv], buf, [buf] * 3, 1, norm_w=buf, eps=1e-6)
+            L.matmul_segments([w(t, r, e) if i < 2 else w("Q6_K", r, e) for i, r in enumerate(qkv)], buf, [buf] * 3, 1)
+            L.gated_ffn_in(w(t, ff, e), w(t, ff, e), buf, buf, 1, 0, 0, 0, norm_w=buf, eps=1e-6)
+            L.matmul(w(t, e, o_k), buf, buf, 1, accumulate=True)
+            L.matmul(w(t, e, ff), buf, buf, 1, accumulate=True)
+            assert L.mv_head(w(t, 151936, e), buf, buf, buf, 1e-6, (buf, buf, buf, st, 0))
+        gate, up, down = w(t, 128 * 768, 2048), w(t, 128 * 768, 2048), w(t, 128 * 2048, 768)
+        assert L.moe_router_topk(w("F32", 128, 2048), buf, buf, 1e-6, buf, 8, True, buf, buf, buf)
+        assert L.moe_glu_mv1(gate, up, 768 * gate.row_bytes, buf, 8, buf, buf, 768, 0, buf, 1e-6)
+        assert L.moe_down_mv1(down, 2048 * down.row_bytes, buf, buf, 8, buf, buf, 2048, early=True)
+    for n_head, n_kv, hd in ((16, 8, 128), (4, 1, 256), (32, 4, 128), (8, 1, 64)):
+        fits = not (hd == 256 and smem[0] < 80 * 1024)  # sm_75: 256-wide heads (78 KB of tiles) stay legacy
+        assert L.attention_decode(*([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
+        assert L.attn_decode_splits(n_kv) <= ATTN_SPLITS_MAX
+    names = {n for n, _, _ in dev.launches}
+    assert not any(n.startswith(("reflex_mv_", "reflex_moe_mv_", "reflex_attn_")) or n == "reflex_attn" for n in names
+                   if n != "reflex_attn_decode"), names
+    assert "reflex_mvs_mixed" in names

@@ -186,15 +186,14 @@ class Launcher:
     def _mvs_plan(self, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0) -> MvsPlan | None:
         """Rows per block for `rows` rows of `row_bytes` (each block stages `ranges` runs of rb rows
         plus `extra` bytes): about one block per SM (mvs_blocks_per_sm) while the weights fit the
-        budget, else budget-sized blocks in waves. None when a row cannot be staged at all."""
+        budget, else budget-sized blocks in waves (at least one row each, past the budget if the
+        device has room). None when that does not fit the device."""
         wpr = 1
         while k > 8 * 32 * MVS_NX * wpr:
             wpr *= 2
         if wpr > 8 or k % 8:
             return None
-        cap = (self.mvs_budget - extra) // (ranges * row_bytes)
-        if cap < 1:
-            return None
+        cap = max(1, (self.mvs_budget - extra) // (ranges * row_bytes))
         rb = min(-(-rows // (self.dev.sm_count * self.mvs_blocks_per_sm)), cap)
         smem = ranges * stage_bytes(rb * row_bytes) + ranges * rb * wpr * 4 + extra
         if smem > getattr(self.dev, "smem_per_block", 48 * 1024) - STATIC_SMEM_RESERVE:
