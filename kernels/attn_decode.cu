@@ -13,6 +13,13 @@
 // before rx_pdl_begin(): they were written by earlier graph launches, and n_kv / slot by the
 // previous step's pick (an earlier launch too); only the newest key, which the predecessor
 // (rope + cache store) writes, is copied after the wait.
+// With rope.k set (AtdRope), the kernel also does what reflex_qk_rope_store (rope.cu) does for one
+// token, so the decode step needs no launch for it: every block normalizes (per-head RMSNorm,
+// optional) and rotates its G query heads from the raw projections; the block of the last slice
+// does the same for the new key, writes it and the new value to cache slot `slot` as f16 (and
+// kv_pos[slot] = pos, KV head 0), and uses them as the newest key. Rotation as in rope.cu: NeoX
+// pairs (i, i + rope_dim/2) or, with mode 1, pairwise (2i, 2i + 1); angle_i = pos * freq_scale *
+// base^(-2i/rope_dim) / factors[i] (factors optional), in double; dims from rope_dim pass through.
 // Visible keys: j < n_vis = min(n_kv, slot + 1), and pos - kv_pos[j] < window when window > 0.
 // With `window_slots` (the caller's promise that slot j holds position j + c, as in generate), a
 // sliding window also bounds the slots walked: only the last `window` slots can be visible, so a
@@ -47,6 +54,49 @@ __device__ __forceinline__ void atd_stage(uint8_t* kt, uint8_t* vt, const half* 
     }
 }
 
+// The fused rope + cache store's inputs (kernels/rope.cu's, for one token); k == NULL: q is
+// already rotated and the cache already holds the new key (a separate rope launch ran).
+struct AtdRope {
+    const float* k;        // raw key heads (n_head_kv x hd), this step's
+    const float* v;        // raw value heads (n_head_kv x hd_v)
+    const float* q_norm;   // per-head RMSNorm weights (hd) or NULL
+    const float* k_norm;
+    const float* factors;  // rope_dim / 2 frequency divisors or NULL
+    float eps, base, freq_scale;
+    int rope_dim, mode;    // mode 0: NeoX, 1: pairwise
+};
+
+// cos / sin of the rope_dim / 2 angles at position pos, computed in double as rope.cu does.
+__device__ void atd_angles(const AtdRope& r, int pos, float2* cs) {
+    double p = (double)pos * (double)r.freq_scale;
+    for (int i = threadIdx.x; i < r.rope_dim / 2; i += blockDim.x) {
+        double a = p * pow((double)r.base, -2.0 * (double)i / (double)r.rope_dim), sn, cn;
+        if (r.factors) a /= (double)r.factors[i];
+        sincos(a, &sn, &cn);
+        cs[i] = make_float2((float)cn, (float)sn);
+    }
+}
+
+// One warp: head h (hd floats in shared memory) RMS-normalized with nw (if given), then rotated.
+__device__ void atd_rope_head(float* h, int hd, const float* nw, const AtdRope& r, const float2* cs) {
+    int lane = threadIdx.x & 31;
+    if (nw) {
+        float ss = 0.f;
+        for (int d = lane; d < hd; d += 32) ss += h[d] * h[d];
+        float scale = rsqrtf(warp_sum(ss) / hd + r.eps);
+        for (int d = lane; d < hd; d += 32) h[d] *= scale * nw[d];
+        __syncwarp();
+    }
+    int half_dim = r.rope_dim / 2;
+    for (int i = lane; i < half_dim; i += 32) {
+        int a = r.mode == 1 ? 2 * i : i, b = r.mode == 1 ? 2 * i + 1 : i + half_dim;
+        float x0 = h[a], x1 = h[b], c = cs[i].x, sn = cs[i].y;
+        h[a] = x0 * c - x1 * sn;
+        h[b] = x0 * sn + x1 * c;
+    }
+    __syncwarp();
+}
+
 __device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
     const half2* h = reinterpret_cast<const half2*>(&raw);
 #pragma unroll
@@ -57,12 +107,16 @@ __device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
 }
 
 extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
-    const float* q, const half* k_cache, const half* v_cache, const int* kv_pos, const int* q_pos, const int* q_slot,
+    const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
     const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
-    int hd_v, int n_ctx, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots) {
+    int hd_v, int n_ctx, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
+    AtdRope rope) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
     __shared__ float mw[ATD_MAXG * ATD_MAXSPLIT];
+    __shared__ float2 cs[128];            // rope: cos / sin per pair (rope_dim <= 256)
+    __shared__ float knew[256];           // rope: the new key, normalized and rotated
+    __shared__ __align__(16) half kv16[512];  // rope: the new key and value as stored (f16)
     __shared__ int is_last;
     int kvh = blockIdx.x, split = blockIdx.y, max_split = gridDim.y;
     int G = n_head / n_head_kv;
@@ -72,36 +126,80 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     float* S = qs + G * hd;                             // G x 32 scores, then probabilities
     uint8_t* kt0 = reinterpret_cast<uint8_t*>(S + G * ATD_TILE);  // 2 K tiles, then 2 V tiles
     uint8_t* vt0 = kt0 + 2 * ATD_TILE * ks;
-    const half* kbase = k_cache + (long)kvh * n_ctx * hd;
-    const half* vbase = v_cache + (long)kvh * n_ctx * hd_v;
+    half* kbase = k_cache + (long)kvh * n_ctx * hd;
+    half* vbase = v_cache + (long)kvh * n_ctx * hd_v;
+    bool fused = rope.k != nullptr;
 
-    int n_vis = 0, n_split = 1, j0 = 0, j1 = 0;
+    int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
     auto plan = [&]() {  // the same numbers in every block of the KV head
         n_vis = min(*n_kv_ptr, *q_slot + 1);
-        int lo = window > 0 && window_slots ? max(0, n_vis - window) : 0;
+        lo = window > 0 && window_slots ? max(0, n_vis - window) : 0;
         n_split = min(max_split, max(1, (n_vis - lo + min_keys - 1) / min_keys));
-        int chunk = (n_vis - lo + n_split - 1) / n_split;
+        chunk = (n_vis - lo + n_split - 1) / n_split;
         j0 = min(n_vis, lo + split * chunk);
         j1 = min(n_vis, j0 + chunk);
     };
+    // Keys staged before the wait: slots older than the newest (written by earlier launches). The
+    // newest is staged after it, or, fused, made here from this step's raw key and value.
+    int jn = -1;  // the newest key's slot (fused: the one this kernel writes)
     if (prefetch) {
         plan();
         if (split >= n_split) return;
-        atd_stage(kt0, vt0, kbase, vbase, j0, min(min(j1, j0 + ATD_TILE), n_vis - 1), j0, hd, hd_v);
+        jn = fused ? *q_slot : n_vis - 1;
+        int t_end = min(j1, j0 + ATD_TILE);
+        atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v);
+        if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, jn + 1, t_end, j0, hd, hd_v);
     }
     rx_pdl_begin();
     if (!prefetch) {
         plan();
         if (split >= n_split) return;
-        atd_stage(kt0, vt0, kbase, vbase, j0, min(j1, j0 + ATD_TILE), j0, hd, hd_v);
-    } else if (n_vis - 1 >= j0 && n_vis - 1 < min(j1, j0 + ATD_TILE)) {
-        atd_stage(kt0, vt0, kbase, vbase, n_vis - 1, n_vis, j0, hd, hd_v);  // the newest key
+        jn = fused ? *q_slot : n_vis - 1;
+        int t_end = min(j1, j0 + ATD_TILE);
+        if (fused) {  // every key of the tile but the one this kernel makes
+            atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v);
+            if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, jn + 1, t_end, j0, hd, hd_v);
+        } else {
+            atd_stage(kt0, vt0, kbase, vbase, j0, t_end, j0, hd, hd_v);
+        }
+    } else if (!fused && jn >= j0 && jn < min(j1, j0 + ATD_TILE)) {
+        atd_stage(kt0, vt0, kbase, vbase, jn, jn + 1, j0, hd, hd_v);  // the newest key
     }
     rx_cp_commit();
 
     int my_pos = *q_pos;
     const float* qh = q + (long)kvh * G * hd;
-    for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i] * scale;
+    if (!fused) {
+        for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i] * scale;
+    } else {
+        // q heads (and, in the new key's slice, the key) normalized and rotated as rope.cu does.
+        // The block whose slice holds the new slot writes the new key and value (the last one
+        // when the slot is not visible); trailing slices can be empty, so it need not be the last.
+        bool mine = jn < n_vis ? split == (jn - lo) / chunk : split == n_split - 1;
+        for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i];
+        if (mine)
+            for (int d = tid; d < hd; d += ATD_THREADS) knew[d] = rope.k[(long)kvh * hd + d];
+        atd_angles(rope, my_pos, cs);
+        __syncthreads();
+        for (int g = warp; g < G + (mine ? 1 : 0); g += ATD_THREADS / 32)
+            atd_rope_head(g < G ? qs + g * hd : knew, hd, g < G ? rope.q_norm : rope.k_norm, rope, cs);
+        __syncthreads();
+        for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] *= scale;
+        if (mine) {
+            long at = (long)jn;
+            for (int d = tid; d < hd; d += ATD_THREADS) {
+                half h = __float2half(knew[d]);
+                kv16[d] = h;
+                kbase[at * hd + d] = h;
+            }
+            for (int d = tid; d < hd_v; d += ATD_THREADS) {
+                half h = __float2half(rope.v[(long)kvh * hd_v + d]);
+                kv16[256 + d] = h;
+                vbase[at * hd_v + d] = h;
+            }
+            if (kvh == 0 && tid == 0) kv_pos[jn] = my_pos;  // for sliding windows
+        }
+    }
     if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.f;
     int n_c4 = hd_v / 4, n_items = G * n_c4;
     float acc[ATD_ITEMS][4];
@@ -116,10 +214,25 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
         const uint8_t* vt = vt0 + buf * ATD_TILE * vs;
         rx_cp_wait_all();
         __syncthreads();  // this tile has landed; nobody still reads the other buffer
+        if (fused && jn >= t0 && jn < t0 + nk) {  // the new key and value, made above
+            uint8_t* kd = const_cast<uint8_t*>(kt) + (jn - t0) * ks;
+            uint8_t* vd = const_cast<uint8_t*>(vt) + (jn - t0) * vs;
+            for (int c = tid; c < hd / 8; c += ATD_THREADS)
+                reinterpret_cast<uint4*>(kd)[c] = reinterpret_cast<const uint4*>(kv16)[c];
+            for (int c = tid; c < hd_v / 8; c += ATD_THREADS)
+                reinterpret_cast<uint4*>(vd)[c] = reinterpret_cast<const uint4*>(kv16 + 256)[c];
+            __syncthreads();
+        }
         if (t0 + ATD_TILE < j1) {
-            int u0 = t0 + ATD_TILE;
-            atd_stage(kt0 + (buf ^ 1) * ATD_TILE * ks, vt0 + (buf ^ 1) * ATD_TILE * vs, kbase, vbase, u0,
-                      min(j1, u0 + ATD_TILE), u0, hd, hd_v);
+            int u0 = t0 + ATD_TILE, u1 = min(j1, u0 + ATD_TILE);
+            uint8_t* kn = kt0 + (buf ^ 1) * ATD_TILE * ks;
+            uint8_t* vn = vt0 + (buf ^ 1) * ATD_TILE * vs;
+            if (fused && jn >= u0 && jn < u1) {  // all but the new key: it is not in the cache yet
+                atd_stage(kn, vn, kbase, vbase, u0, jn, u0, hd, hd_v);
+                atd_stage(kn, vn, kbase, vbase, jn + 1, u1, u0, hd, hd_v);
+            } else {
+                atd_stage(kn, vn, kbase, vbase, u0, u1, u0, hd, hd_v);
+            }
             rx_cp_commit();
         }
         // scores of the tile's keys against every head
@@ -148,7 +261,9 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
             s[g] += __shfl_xor_sync(0xffffffffu, s[g], 2);
         }
         if (q4 == 0) {
-            bool ok = kk < nk && !(window > 0 && my_pos - kv_pos[t0 + kk] >= window);
+            // the new key's kv_pos may still be on its way (another block writes it): it is at my_pos
+            bool newest = fused && t0 + kk == jn;
+            bool ok = kk < nk && !(window > 0 && !newest && my_pos - kv_pos[t0 + kk] >= window);
 #pragma unroll
             for (int g = 0; g < ATD_MAXG; g++) {
                 if (g >= G) break;

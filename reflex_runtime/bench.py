@@ -160,7 +160,8 @@ def main(args) -> int:
     res["decode_graph_pdl"] = runner.pdl_available()
     res["decode_kernels"] = {"staged": launch.staged, "attn_decode": launch.attn_decode,
                              "mvs_budget": launch.mvs_budget, "mvs_blocks_per_sm": launch.mvs_blocks_per_sm,
-                             "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm}
+                             "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
+                             "fuse_rope": launch.fuse_rope}
     if depths:
         res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]

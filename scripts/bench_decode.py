@@ -69,9 +69,10 @@ STEP_CANDIDATES = {
     "staged 2/SM": {"mvs_blocks_per_sm": 2},
     "staged 48K": {"mvs_budget": 48 * 1024},
     "staged attn keys 64": {"attn_min_keys": 64},
+    "staged, rope unfused": {"fuse_rope": False},
     "staged, no PDL": {"pdl": False},
 }
-KNOBS = ("staged", "attn_decode", "mvs_budget", "mvs_blocks_per_sm", "attn_min_keys", "attn_blocks_per_sm")
+KNOBS = ("staged", "attn_decode", "mvs_budget", "mvs_blocks_per_sm", "attn_min_keys", "attn_blocks_per_sm", "fuse_rope")
 
 
 class Bench:

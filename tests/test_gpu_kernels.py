@@ -408,7 +408,7 @@ def knobs(gpu):
     L = gpu.launch
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
-                 attn_blocks_per_sm=L.attn_blocks_per_sm)
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -636,3 +636,88 @@ def test_staged_mixed_type_segments(gpu, knobs, types, accumulate):
     assert len(names) == 3 and all(n.startswith("reflex_mv_") for n in names)
     for (w, dense), y in zip(mats, ys):
         assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
+
+
+def _rope_modes(x, pos, rope_dim, base, mode, factors=None):
+    """kernels/rope.cu's rotation (NeoX pairs (i, i + d/2), or pairwise (2i, 2i + 1) with mode 1),
+    angle_i = pos * base^(-2i/d) / factors[i], in float64."""
+    x = x.astype(np.float64).copy()
+    half = rope_dim // 2
+    ang = pos * base ** (-2.0 * np.arange(half) / rope_dim)
+    if factors is not None:
+        ang = ang / factors
+    c, s = np.cos(ang), np.sin(ang)
+    ia = np.arange(half) if mode == 0 else 2 * np.arange(half)
+    ib = ia + half if mode == 0 else ia + 1
+    a, b = x[..., ia].copy(), x[..., ib].copy()
+    x[..., ia] = a * c - b * s
+    x[..., ib] = a * s + b * c
+    return x
+
+
+FUSED_ROPE_CASES = {
+    # name: (n_head, n_kvh, hd, rope_dim, n_vis, window, mode, factors, norms, prefetch, min_keys, splits)
+    "qwen3_neox_norms": (16, 8, 128, 128, 300, 0, 0, False, True, True, 32, None),
+    "partial_pairwise_factors": (8, 2, 128, 64, 77, 0, 1, True, False, False, 5, None),
+    "gemma_window_hd256": (4, 1, 256, 256, 700, 512, 0, False, True, True, 32, None),
+    "first_token": (4, 2, 64, 64, 1, 0, 0, False, True, True, 32, None),
+    "empty_last_slice": (4, 1, 64, 64, 9, 0, 1, True, True, False, 1, 4),  # slices 3,3,3,0: the 3rd stores
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
+    """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
+    normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
+    value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
+    cache with them."""
+    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX, AtdRope
+
+    n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
+        FUSED_ROPE_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx, eps, base = n_vis + 21, 1e-6, 10000.0
+    slot = n_vis - 1
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    kv_pos = (np.arange(n_ctx) + 5).astype(np.int32)
+    kv_pos[slot] = -1  # the kernel must write it
+    pos = slot + 5
+    q = (rng.standard_normal((n_head, hd)) * 2).astype(np.float32)
+    k_raw = (rng.standard_normal((n_kvh, hd)) * 2).astype(np.float32)
+    v_raw = rng.standard_normal((n_kvh, hd)).astype(np.float32)
+    qn, kn = (rng.random(hd) + 0.5).astype(np.float32), (rng.random(hd) + 0.5).astype(np.float32)
+    factors = (rng.random(rope_dim // 2) * 3 + 0.5).astype(np.float32) if use_factors else None
+    knobs.attn_min_keys = min_keys
+    if splits:
+        knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
+        assert gpu.launch.attn_decode_splits(n_kvh) == splits
+    d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
+    rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
+                   gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode)
+    scale = 1.0 / np.sqrt(hd)
+    out = gpu.poisoned((1, n_head, hd))
+    counters = gpu.put(np.zeros(n_head, np.int32))
+    assert gpu.launch.attention_decode(
+        gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)), gpu.put(np.array([slot], np.int32)),
+        gpu.put(np.array([n_vis], np.int32)), out, gpu.poisoned((n_head * ATTN_SPLITS_MAX * hd,)),
+        gpu.poisoned((n_head * ATTN_SPLITS_MAX * 2,)), counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
+        prefetch, window > 0, rope)
+    # the stored key and value, and kv_pos
+    ke = _rms(k_raw, kn, eps) if norms else k_raw.astype(np.float64)
+    ke = _rope_modes(ke, pos, rope_dim, base, mode, factors)
+    kc_after = gpu.get(d_kc, kc.shape, np.float16)
+    vc_after = gpu.get(d_vc, vc.shape, np.float16)
+    np.testing.assert_allclose(kc_after[:, slot].astype(np.float32), ke, rtol=2e-3, atol=2e-3)
+    assert (vc_after[:, slot] == v_raw.astype(np.float16)).all()
+    others = np.arange(n_ctx) != slot
+    assert (kc_after[:, others] == kc[:, others]).all() and (vc_after[:, others] == vc[:, others]).all()
+    kv_pos_after = gpu.get(d_kv_pos, (n_ctx,), np.int32)
+    assert kv_pos_after[slot] == pos
+    # attention with the rotated q over the cache as the kernel left it
+    qe = _rms(q, qn, eps) if norms else q.astype(np.float64)
+    qe = _rope_modes(qe, pos, rope_dim, base, mode, factors)[None]
+    expect = _attention_ref(qe, kc_after, vc_after, kv_pos_after, np.array([pos]), np.array([slot]), None, 0, n_vis,
+                            window, scale, 0.0)
+    np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=5e-4, atol=5e-4)
+    assert not gpu.get(counters, (n_head,), np.int32).any()

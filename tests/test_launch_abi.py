@@ -209,6 +209,7 @@ def test_forward_launches_match_kernel_abi(ptx_params, arch):
     assert per_layer < 14 * cfg.n_layers + 8, f"{per_layer} launches for one decode step"
     # the one-token kernels: weights staged in shared memory, decode attention, the pick in the head
     assert "reflex_attn_decode" in step and "reflex_attn" not in step
+    assert "reflex_qk_rope_store" not in step  # fused into the decode attention
     assert any(n.startswith("reflex_mvs_head_") for n in step) and not any(n.startswith("reflex_mv_") for n in step)
     assert max(dev.shmem) > 0  # staged weights (FakeKernel checks the size against the opt-in limit)
     if arch == "qwen3moe":

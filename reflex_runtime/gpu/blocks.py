@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
 from .. import tensor_names as T
-from .launch import ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX, Launcher, Weight, matvec_path, weight_from_tensor
+from .launch import ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX, AtdRope, Launcher, Weight, matvec_path, weight_from_tensor
 
 
 class TensorReader:
@@ -129,6 +129,9 @@ class Attention:
         c = model.cfg
         self.cfg, self.il, self.n_ctx = c, il, model.n_ctx
         self.rope_base, self.window = rope_base, window
+        # NeoX rotation without frequency factors here; a family that needs the pairwise mode (1) or
+        # factors sets these, and the same must reach reflex_qk_rope_store (kernels/rope.cu)
+        self.rope_mode, self.rope_factors = 0, 0
         self.scale = 1.0 / math.sqrt(c.head_dim) if scale is None else scale
         self.eps = c.rms_eps
         k_bytes = c.n_head_kv * model.n_ctx * c.head_dim * 2
@@ -163,19 +166,27 @@ class Attention:
         c, L, p, w = self.cfg, self.launch, self.p, self.w
         q, k, v, att = p("q"), p("k"), p("v"), p("att")
         self._qkv(b, inp, q, k, v)
-        with L.role("qk-norm + rope + cache store"):
-            L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache, b.n,
-                            c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base, 1.0, self.eps,
-                            self.n_ctx)
-        with L.role("attention"):
-            # one token: the decode kernel (K/V read once per KV head, slices by context length);
-            # in a PDL graph its first keys are copied before it waits (they are older launches' writes)
-            if b.n == 1 and not b.seg_lo and L.attention_decode(
+        # one token: the decode kernel (K/V read once per KV head, slices by context length; in a
+        # PDL graph its first keys are copied before it waits, being older launches' writes),
+        # with the qk-norm + rope + cache store fused in where the launcher allows it
+        decode = b.n == 1 and not b.seg_lo and L.attn_decode_fits(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        rope = None
+        if decode and L.fuse_rope and c.rope_dim <= c.head_dim and c.rope_dim % 2 == 0:
+            rope = AtdRope(k, v, w.q_norm or None, w.k_norm or None, self.rope_factors or None, self.eps,
+                           self.rope_base, 1.0, c.rope_dim, self.rope_mode)
+        else:
+            with L.role("qk-norm + rope + cache store"):
+                L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache,
+                                b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base, 1.0,
+                                self.eps, self.n_ctx)
+        with L.role("attention + qk-norm + rope + cache store" if rope is not None else "attention"):
+            if decode and L.attention_decode(
                     q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"), p("part_ml"),
                     p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
-                    self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order):
+                    self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=rope):
                 pass
             else:
+                assert rope is None, "the rope was left to the decode attention"
                 n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
                 L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv,
                             att, p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,

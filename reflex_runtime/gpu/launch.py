@@ -97,6 +97,14 @@ class MvSegsMixed(Structure):
                 ("type", c_int * 3)]
 
 
+class AtdRope(Structure):
+    """Mirror of kernels/attn_decode.cu's AtdRope: the rope + cache store fused into the decode
+    attention (k = None: not fused)."""
+
+    _fields_ = [("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("factors", c_void_p),
+                ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int)]
+
+
 def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
     from ..ggml_types import GGML_TYPES
 
@@ -132,6 +140,7 @@ class Launcher:
         self.mvs_budget = int(os.environ.get("REFLEX_MVS_BUDGET", "0")) or max(
             8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
         self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
+        self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
         self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "2"))
 
     @contextmanager
@@ -444,27 +453,40 @@ class Launcher:
         """reflex_attn_decode's grid.y: about attn_blocks_per_sm blocks per SM at long contexts."""
         return max(1, min(ATTN_SPLITS_MAX, round(self.attn_blocks_per_sm * self.dev.sm_count / n_head_kv)))
 
+    @staticmethod
+    def _attn_decode_smem(group: int, hd: int, hd_v: int) -> int:
+        return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
+
+    def attn_decode_fits(self, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
+        """Whether reflex_attn_decode serves these heads (the caller may then fuse the rope into it)."""
+        if not self.attn_decode or n_head % n_head_kv or hd % 32 or hd_v % 32 or hd > 256 or hd_v > 256:
+            return False
+        group = n_head // n_head_kv
+        smem = self._attn_decode_smem(group, hd, hd_v)
+        return group <= ATTN_DECODE_MAX_GROUP and smem <= getattr(self.dev, "smem_per_block", 48 * 1024) - 8 * 1024
+
     def attention_decode(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters,
                          n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool,
-                         window_slots: bool = False) -> bool:
+                         window_slots: bool = False, rope: AtdRope | None = None) -> bool:
         """One query token, all query heads of a KV head per block, the context split by its length
         (kernels/attn_decode.cu). part_o / part_ml hold n_head * ATTN_SPLITS_MAX slices; counters
         n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two or more
         launches back (the decode graph). window_slots: slot j holds position j + c, so a sliding
-        window bounds the slots read. False: not applicable, nothing launched."""
+        window bounds the slots read. rope: q is raw and the new key / value are rope.k / rope.v:
+        the kernel normalizes, rotates and stores them (reflex_qk_rope_store's work for one token).
+        False: not applicable, nothing launched."""
+        if not self.attn_decode_fits(n_head, n_head_kv, hd, hd_v):
+            return False
+        if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
+            return False
         group = n_head // n_head_kv
-        if (not self.attn_decode or hd % 32 or hd_v % 32 or hd > 256 or hd_v > 256
-                or group > ATTN_DECODE_MAX_GROUP or n_head % n_head_kv):
-            return False
-        smem = 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
-        if smem > getattr(self.dev, "smem_per_block", 48 * 1024) - 8 * 1024:
-            return False
+        smem = self._attn_decode_smem(group, hd, hd_v)
         self._go("reflex_attn_decode", (n_head_kv, self.attn_decode_splits(n_head_kv), 1), 128,
                  [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
                   c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
                   c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale),
-                  c_float(softcap), c_int(max(1, self.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots))],
-                 smem)
+                  c_float(softcap), c_int(max(1, self.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
+                  rope if rope is not None else AtdRope()], smem)
         return True
 
     # -- sampling and scoring --------------------------------------------------------------
