@@ -148,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
         atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v);
-        if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, jn + 1, t_end, j0, hd, hd_v);
+        if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v);
     }
     rx_pdl_begin();
     if (!prefetch) {
@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
         int t_end = min(j1, j0 + ATD_TILE);
         if (fused) {  // every key of the tile but the one this kernel makes
             atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v);
-            if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, jn + 1, t_end, j0, hd, hd_v);
+            if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v);
         } else {
             atd_stage(kt0, vt0, kbase, vbase, j0, t_end, j0, hd, hd_v);
         }
