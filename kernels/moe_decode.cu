@@ -3,7 +3,7 @@
 //
 //   reflex_moe_router_*   logits = W_router x' (x' = RMS-normalized x), then the last block to
 //                         finish takes the softmax top-k (moe_topk_row) and writes ids, weights
-//   reflex_moe_mvs_glu_*  act[s] = act(gate_e x') * (up_e x') for slot s, e = ids[s]
+//   reflex_mvs_glu_* (mvs.cu) with ids: act[s] = act(gate_e x') * (up_e x') for slot s, e = ids[s],
 //                         grid (ceil(n_ff / rb), k): each routed expert's rows are read once
 //   reflex_moe_mvs_down_* x[r] += sum_s w[s] * down_e act[s]  (slot order: deterministic)
 //                         grid ceil(n_embd / rb): a block holds rows r0.. of all k experts
@@ -12,7 +12,7 @@
 // The down kernel, with `early`, reads ids / weights and stages the routed experts' rows before it
 // waits: the top-k that wrote them is two launches back (router -> gate/up -> down), and a kernel
 // is only launched once its predecessor has passed its own wait, i.e. once everything before the
-// predecessor has finished. The gate/up kernel needs ids from its predecessor: it waits first.
+// predecessor has finished. The gate/up kernel needs ids from its predecessor: it stages after.
 // Launch: 256 threads; rb, wpr and dynamic smem from gpu/launch.py (Launcher._mvs_plan).
 // Bound by the routed experts' bytes: k * 3 * n_ff * n_embd weights per token.
 // Included by all.cu after moe.cu and mvs.cu, whose pieces it uses.
@@ -48,32 +48,6 @@ __device__ void moe_router_body(const uint8_t* W, long row_bytes, const float* x
     __threadfence();
     moe_topk_row(logits, n_expert, k, normalize, ids, weights);
     if (threadIdx.x == 0) *counter = 0;  // ready for the next layer and replay
-}
-
-template <int T>
-__device__ void moe_mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes,
-                                 const int* ids, const float* x, const float* norm_w, float eps, float* y, int n_ff,
-                                 int K, int rb, int wpr, int act) {
-    __shared__ float scratch[MVS_WARPS];
-    int s = blockIdx.y, r0 = blockIdx.x * rb, n = min(rb, n_ff - r0);
-    long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
-    long span = rx_stage_bytes((long)rb * row_bytes);
-    const uint8_t* sg = rx_stage(rx_dyn_smem, Wg + off, (long)n * row_bytes);
-    const uint8_t* su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);
-    rx_cp_commit();
-    constexpr int RL = MvsRun<T>::RL;
-    int part = (threadIdx.x >> 5) % wpr;
-    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
-    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
-    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
-    rx_cp_wait_all();
-    __syncthreads();
-    float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);
-    mvs_range<T>(sg, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
-    mvs_range<T>(su, row_bytes, n, xr, xs, K >> 3, wpr, red, rb);
-    __syncthreads();
-    float* out = y + (long)s * n_ff + r0;
-    for (int i = threadIdx.x; i < n; i += MVS_THREADS) out[i] = rx_act(mvs_total(red, i, wpr), act) * mvs_total(red, rb + i, wpr);
 }
 
 // Stage rows r0 .. r0 + n of each slot's expert, range s at smem + s * span.
@@ -113,20 +87,21 @@ __device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert
     for (int i = threadIdx.x; i < n; i += MVS_THREADS) x[r0 + i] = (i == (int)threadIdx.x ? prev : x[r0 + i]) + mvs_total(red, i, wpr);
 }
 
-#define RX_MOE_DECODE(name, T)                                                                                      \
+#define RX_MOE_ROUTER(name, T)                                                                                      \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_moe_router_##name(                         \
         const uint8_t* W, long row_bytes, const float* x, const float* norm_w, float eps, float* logits,            \
         int n_expert, int K, int rb, int wpr, int k, int normalize, int* ids, float* weights, int* counter) {       \
         rx_pdl_weights_first();                                                                                     \
         moe_router_body<T>(W, row_bytes, x, norm_w, eps, logits, n_expert, K, rb, wpr, k, normalize, ids, weights,  \
                            counter);                                                                                \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_moe_mvs_glu_##name(                        \
-        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids, const float* x,    \
-        const float* norm_w, float eps, float* y, int n_ff, int K, int rb, int wpr, int act) {                      \
-        rx_pdl_begin();                                                                                             \
-        moe_mvs_glu_body<T>(Wg, Wu, row_bytes, expert_bytes, ids, x, norm_w, eps, y, n_ff, K, rb, wpr, act);        \
-    }                                                                                                               \
+    }
+
+// Routers are stored as floats (ffn_gate_inp stays F32 in quantized files): no quantized copies.
+RX_MOE_ROUTER(f32, RX_F32)
+RX_MOE_ROUTER(f16, RX_F16)
+RX_MOE_ROUTER(bf16, RX_BF16)
+
+#define RX_MOE_DOWN(name, T)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_moe_mvs_down_##name(                       \
         const uint8_t* Wd, long row_bytes, long expert_bytes, const int* ids, const float* wts, int k,              \
         const float* act, float* x, int n_embd, int K, int rb, int wpr, int early) {                                \
@@ -134,4 +109,4 @@ __device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert
         moe_mvs_down_body<T>(Wd, row_bytes, expert_bytes, ids, wts, k, act, x, n_embd, K, rb, wpr, early);          \
     }
 
-RX_FOR_EACH_TYPE(RX_MOE_DECODE)
+RX_FOR_EACH_TYPE(RX_MOE_DOWN)

@@ -1,11 +1,13 @@
 // mvs.cu: one-token matrix-vector products for the decode step, each block's weights staged
 // into shared memory before the block waits for its predecessor.
 //
-//   reflex_mvs_*       y_s[r] (+)= dot(W_s[r, :], x')    up to three matrices (q, k, v) per launch
-//   reflex_mvs_glu_*   y[r] = act(dot(Wg[r], x')) * dot(Wu[r], x')
-//   reflex_mvs_head_*  logits[r] = dot(W[r], x'); with part_v set, the greedy pick is fused: each
-//                      block keeps its rows' argmax, the last block to finish picks the token
-//                      (ties to the lower id, NaN never wins) and advances the decode state
+//   reflex_mvs_*       y_s[r] (+)= dot(W_s[r, :], x')    up to three matrices (q, k, v) per launch;
+//                      with pick.part_v set (one matrix: the LM head) the greedy pick is fused:
+//                      each block keeps its rows' argmax, the last block to finish picks the
+//                      token (ties to the lower id, NaN never wins) and advances the decode state
+//   reflex_mvs_mixed   the same for matrices of different types (a switch per block)
+//   reflex_mvs_glu_*   y[r] = act(dot(Wg[r], x')) * dot(Wu[r], x'); with ids (MoE), block row y
+//                      serves routed slot y: expert ids[y]'s rows, staged after the wait
 // x' = x, or x RMS-normalized with norm_w (the block's pre-norm folded in). norm_w must be a weight
 // (it is read before the wait, like the matrix).
 //
@@ -194,10 +196,44 @@ __device__ __forceinline__ void mvs_block_argmax(float& bv, int& bi) {
     }
 }
 
+// The greedy pick fused into an LM head launch (part_v == NULL: none): block maxima, a zeroed
+// counter the last block resets, and the decode state it advances (state.cuh).
+struct MvsPick {
+    float* part_v;
+    int* part_i;
+    int* counter;
+    RxState st;
+    int last;
+};
+
+// After a block wrote its logits: its argmax, and in the last block to finish, the pick.
+__device__ void mvs_pick(const MvsPick& pick, float bv, int bi) {
+    __shared__ int is_last;
+    mvs_block_argmax(bv, bi);
+    if (threadIdx.x == 0) pick.part_v[blockIdx.x] = bv, pick.part_i[blockIdx.x] = bi;
+    __threadfence();  // the partial is visible before this block counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(pick.counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    bv = -INFINITY, bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += MVS_THREADS) {
+        float v = __ldcg(pick.part_v + i);
+        int id = __ldcg(pick.part_i + i);
+        if (rx_better(v, id, bv, bi)) bv = v, bi = id;
+    }
+    mvs_block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        rx_advance(pick.st, pick.last, bi == 0x7fffffff ? 0 : bi);
+        *pick.counter = 0;  // ready for the next replay
+    }
+}
+
 // y[r0 + i] (+)= dot for rows r0 .. r0 + rb of one matrix (the block's share of its segment).
 template <int T>
 __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_bytes, int b, const float* x, int K, int rb,
-                             int wpr, int accumulate, const float* norm_w, float eps) {
+                             int wpr, int accumulate, const float* norm_w, float eps, const MvsPick& pick) {
     __shared__ float scratch[MVS_WARPS];
     int r0 = b * rb, n = min(rb, rows - r0);  // the host sizes the grid: n >= 1
     long span = rx_stage_bytes((long)rb * row_bytes);
@@ -215,11 +251,16 @@ __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_byte
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
     mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
     __syncthreads();
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
         float v = mvs_total(red, i, wpr);
         if (accumulate) v += i == (int)threadIdx.x ? prev : y[r0 + i];
         y[r0 + i] = v;
+        if (v != v) v = -INFINITY;  // NaN never wins
+        if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
     }
+    if (pick.part_v) mvs_pick(pick, bv, bi);
 }
 
 // Up to three matrices of any weight types sharing x and K (q, k, v of a Q4_K_M file, whose v is
@@ -245,20 +286,32 @@ __device__ __forceinline__ int mvs_segment(const Segs& segs, int rb, int* b) {
     return 2;
 }
 
+// act(gate) * up for rows r0 .. r0 + rb; with ids, of the expert routed to slot blockIdx.y (its
+// rows start expert_bytes apart in the stacked tensors), staged after the wait that makes the
+// ids visible; dense weights are staged before it.
 template <int T>
-__device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, float* y,
-                             int n_rows, int K, int rb, int wpr, int act, const float* norm_w, float eps) {
+__device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids,
+                             const float* x, const float* norm_w, float eps, float* y, int n_rows, int K, int rb,
+                             int wpr, int act) {
     __shared__ float scratch[MVS_WARPS];
-    int r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
+    int s = blockIdx.y, r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
     long span = rx_stage_bytes((long)rb * row_bytes);
-    const uint8_t* sg = rx_stage(rx_dyn_smem, Wg + (long)r0 * row_bytes, (long)n * row_bytes);
-    const uint8_t* su = rx_stage(rx_dyn_smem + span, Wu + (long)r0 * row_bytes, (long)n * row_bytes);
-    rx_cp_commit();
+    const uint8_t *sg = nullptr, *su = nullptr;
+    if (!ids) {
+        sg = rx_stage(rx_dyn_smem, Wg + (long)r0 * row_bytes, (long)n * row_bytes);
+        su = rx_stage(rx_dyn_smem + span, Wu + (long)r0 * row_bytes, (long)n * row_bytes);
+    }
     constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
     float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();
+    if (ids) {
+        long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
+        sg = rx_stage(rx_dyn_smem, Wg + off, (long)n * row_bytes);
+        su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);
+    }
+    rx_cp_commit();
     mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
     rx_cp_wait_all();
     __syncthreads();
@@ -266,83 +319,27 @@ __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_byte
     mvs_range<T>(sg, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
     mvs_range<T>(su, row_bytes, n, xr, xs, K >> 3, wpr, red, rb);
     __syncthreads();
+    float* out = y + (long)s * n_rows + r0;
     for (int i = threadIdx.x; i < n; i += MVS_THREADS)
-        y[r0 + i] = rx_act(mvs_total(red, i, wpr), act) * mvs_total(red, rb + i, wpr);
-}
-
-template <int T>
-__device__ void mvs_head_body(const uint8_t* W, long row_bytes, const float* x, float* y, int n_rows, int K, int rb,
-                              int wpr, const float* norm_w, float eps, float* part_v, int* part_i, int* counter,
-                              RxState st, int last) {
-    __shared__ float scratch[MVS_WARPS];
-    __shared__ int is_last;
-    int r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
-    long span = rx_stage_bytes((long)rb * row_bytes);
-    const uint8_t* srow = rx_stage(rx_dyn_smem, W + (long)r0 * row_bytes, (long)n * row_bytes);
-    rx_cp_commit();
-    constexpr int RL = MvsRun<T>::RL;
-    int part = (threadIdx.x >> 5) % wpr;
-    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
-    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
-    rx_pdl_begin();
-    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
-    rx_cp_wait_all();
-    __syncthreads();
-    float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
-    mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
-    __syncthreads();
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
-        float v = mvs_total(red, i, wpr);
-        y[r0 + i] = v;
-        if (v != v) v = -INFINITY;  // NaN never wins
-        if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
-    }
-    if (!part_v) return;
-    mvs_block_argmax(bv, bi);
-    if (threadIdx.x == 0) part_v[blockIdx.x] = bv, part_i[blockIdx.x] = bi;
-    __threadfence();  // the partial is visible before this block counts itself done
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    bv = -INFINITY, bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < (int)gridDim.x; i += MVS_THREADS) {
-        float v = __ldcg(part_v + i);
-        int id = __ldcg(part_i + i);
-        if (rx_better(v, id, bv, bi)) bv = v, bi = id;
-    }
-    mvs_block_argmax(bv, bi);
-    if (threadIdx.x == 0) {
-        rx_advance(st, last, bi == 0x7fffffff ? 0 : bi);
-        *counter = 0;  // ready for the next replay
-    }
+        out[i] = rx_act(mvs_total(red, i, wpr), act) * mvs_total(red, rb + i, wpr);
 }
 
 #define RX_MVS(name, T)                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2)                                                \
         reflex_mvs_##name(MvSegs segs, long row_bytes, const float* x, int K, int rb, int wpr, int accumulate,  \
-                          const float* norm_w, float eps) {                                                     \
+                          const float* norm_w, float eps, MvsPick pick) {                                       \
         rx_pdl_weights_first();                                                                                  \
         int b, s = mvs_segment(segs, rb, &b);                                                                    \
         const uint8_t* w = s == 0 ? segs.w[0] : s == 1 ? segs.w[1] : segs.w[2];                                  \
         float* y = s == 0 ? segs.y[0] : s == 1 ? segs.y[1] : segs.y[2];                                          \
         int rows = s == 0 ? segs.rows[0] : s == 1 ? segs.rows[1] : segs.rows[2];                                 \
-        mvs_seg_body<T>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps);                       \
+        mvs_seg_body<T>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps, pick);                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_glu_##name(                         \
-        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, float* y, int n_rows, int K,       \
-        int rb, int wpr, int act, const float* norm_w, float eps) {                                              \
+        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids, const float* x, \
+        const float* norm_w, float eps, float* y, int n_rows, int K, int rb, int wpr, int act) {                 \
         rx_pdl_weights_first();                                                                                  \
-        mvs_glu_body<T>(Wg, Wu, row_bytes, x, y, n_rows, K, rb, wpr, act, norm_w, eps);                          \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_head_##name(                        \
-        const uint8_t* W, long row_bytes, const float* x, float* y, int n_rows, int K, int rb, int wpr,          \
-        const float* norm_w, float eps, float* part_v, int* part_i, int* counter, RxState st, int last) {        \
-        rx_pdl_weights_first();                                                                                  \
-        mvs_head_body<T>(W, row_bytes, x, y, n_rows, K, rb, wpr, norm_w, eps, part_v, part_i, counter, st, last); \
+        mvs_glu_body<T>(Wg, Wu, row_bytes, expert_bytes, ids, x, norm_w, eps, y, n_rows, K, rb, wpr, act);       \
     }
 
 RX_FOR_EACH_TYPE(RX_MVS)
@@ -350,7 +347,7 @@ RX_FOR_EACH_TYPE(RX_MVS)
 // The mixed-type segments kernel: a switch over every type, uniform per block.
 #define RX_MVS_CASE(name, T)                                                                              \
     case T:                                                                                               \
-        mvs_seg_body<T>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps);                \
+        mvs_seg_body<T>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps, MvsPick{});     \
         break;
 
 extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2)

@@ -534,7 +534,7 @@ def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
         st, bufs = _state(gpu, 1, 9, 9)
         names = _kernels(gpu, lambda: gpu.launch.mv_head(w, gpu.put(x), logits, gpu.put(nw), 1e-6,
                                                          (part_v, part_i, counter, st, 0)))
-        assert names == [f"reflex_mvs_head_{w.suffix}"]
+        assert names == [f"reflex_mvs_{w.suffix}"]
         got = gpu.get(logits, (1, rows))
         ok = ~np.isnan(expect)
         assert np.isnan(got[~ok]).all() and not np.isnan(got[ok]).any()

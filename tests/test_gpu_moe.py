@@ -256,7 +256,7 @@ def test_staged_experts_one_token(gpu, qtype, n_expert, k, budget_rows, early):
         L.mvs_budget = budget_rows * k * wd.row_bytes + 4 * k * F + 128
         with L.record() as rec2:
             assert L.moe_down_mv1(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, E, early)
-        assert [ln.kernel.name for ln in rec + rec2] == [f"reflex_moe_mvs_glu_{wg.suffix}", f"reflex_moe_mvs_down_{wd.suffix}"]
+        assert [ln.kernel.name for ln in rec + rec2] == [f"reflex_mvs_glu_{wg.suffix}", f"reflex_moe_mvs_down_{wd.suffix}"]
         expect, tol = base[0].astype(np.float64), np.full(E, 1e-5)
         for s in range(k):
             e = ids.flat[s]

@@ -14,13 +14,14 @@ WEIGHT_TYPES = {
 _PER_TYPE = ("reflex_embed_{}", "reflex_mv_{}", "reflex_mv_glu_{}", "reflex_mm_{}", "reflex_moe_mv_glu_{}",
              "reflex_moe_mv_down_{}", "reflex_moe_mm_{}",
              # one-token (decode) kernels with their weights staged in shared memory
-             "reflex_mvs_{}", "reflex_mvs_glu_{}", "reflex_mvs_head_{}", "reflex_moe_router_{}",
-             "reflex_moe_mvs_glu_{}", "reflex_moe_mvs_down_{}")
+             "reflex_mvs_{}", "reflex_mvs_glu_{}", "reflex_moe_mvs_down_{}")
 
 _SINGLE = (
-    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn", "reflex_attn_decode", "reflex_mvs_mixed",
+    "reflex_rmsnorm", "reflex_glu", "reflex_scale", "reflex_qk_rope_store", "reflex_attn", "reflex_attn_decode",
+    "reflex_mvs_mixed",
     "reflex_argmax_partial", "reflex_argmax_final", "reflex_sample", "reflex_logprob_rows", "reflex_softcap",
     "reflex_smoke_axpb", "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine",
+    "reflex_moe_router_f32", "reflex_moe_router_f16", "reflex_moe_router_bf16",  # float routers only
 )
 
 KERNEL_NAMES: tuple[str, ...] = tuple(p.format(s) for p in _PER_TYPE for s in WEIGHT_TYPES.values()) + _SINGLE

@@ -97,6 +97,18 @@ class MvSegsMixed(Structure):
                 ("type", c_int * 3)]
 
 
+def _mvs_pick_type():
+    from .driver import RxState
+
+    class MvsPick(Structure):
+        """Mirror of kernels/mvs.cu's MvsPick: the greedy pick fused into an LM head launch."""
+
+        _fields_ = [("part_v", c_void_p), ("part_i", c_void_p), ("counter", c_void_p), ("st", RxState),
+                    ("last", c_int)]
+
+    return MvsPick
+
+
 class AtdRope(Structure):
     """Mirror of kernels/attn_decode.cu's AtdRope: the rope + cache store fused into the decode
     attention (k = None: not fused)."""
@@ -239,11 +251,22 @@ class Launcher:
             segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
         self._go(f"reflex_mvs_{w0.suffix}", blocks, 256,
                  [segs, c_long(w0.row_bytes), c_void_p(x), c_int(w0.k), c_int(plan.rb), c_int(plan.wpr),
-                  c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps)], plan.smem)
+                  c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), self._pick()], plan.smem)
         return True
 
+    _pick_type = None
+
+    def _pick(self, part_v: int = 0, part_i: int = 0, counter: int = 0, state=None, last: int = 0):
+        """A kernels/mvs.cu MvsPick (all zero: no fused pick)."""
+        if Launcher._pick_type is None:
+            Launcher._pick_type = _mvs_pick_type()
+        pick = Launcher._pick_type()
+        if part_v:
+            pick.part_v, pick.part_i, pick.counter, pick.st, pick.last = part_v, part_i, counter, state, last
+        return pick
+
     def mv_head(self, w: Weight, x: int, y: int, norm_w: int, eps: float, pick=None) -> bool:
-        """logits = W x' for one token (reflex_mvs_head_*). pick = (part_v, part_i, counter, state, last):
+        """logits = W x' for one token (reflex_mvs_*). pick = (part_v, part_i, counter, state, last):
         also take the greedy argmax and advance the decode state (float part_v / int part_i arrays of
         at least w.rows entries, a zeroed int counter). False: not applicable, nothing launched."""
         if not self._stageable([w], x, norm_w):
@@ -251,13 +274,11 @@ class Launcher:
         plan = self._mvs_plan(w.rows, w.row_bytes, w.k)
         if plan is None:
             return False
-        from .driver import RxState
-
-        part_v, part_i, counter, state, last = pick or (0, 0, 0, RxState(), 0)
-        self._go(f"reflex_mvs_head_{w.suffix}", -(-w.rows // plan.rb), 256,
-                 [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_void_p(y), c_int(w.rows), c_int(w.k),
-                  c_int(plan.rb), c_int(plan.wpr), c_void_p(norm_w or None), c_float(eps), c_void_p(part_v or None),
-                  c_void_p(part_i or None), c_void_p(counter or None), state, c_int(last)], plan.smem)
+        segs = MvSegs()
+        segs.w[0], segs.y[0], segs.rows[0] = w.ptr, y, w.rows
+        self._go(f"reflex_mvs_{w.suffix}", -(-w.rows // plan.rb), 256,
+                 [segs, c_long(w.row_bytes), c_void_p(x), c_int(w.k), c_int(plan.rb), c_int(plan.wpr), c_int(0),
+                  c_void_p(norm_w or None), c_float(eps), self._pick(*pick) if pick else self._pick()], plan.smem)
         return True
 
     # -- elementwise and norms -------------------------------------------------------------
@@ -328,9 +349,9 @@ class Launcher:
             plan = self._mvs_plan(wg.rows, wg.row_bytes, wg.k, ranges=2)
             if plan is not None:
                 self._go(f"reflex_mvs_glu_{wg.suffix}", -(-wg.rows // plan.rb), 256,
-                         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_void_p(out),
-                          c_int(wg.rows), c_int(wg.k), c_int(plan.rb), c_int(plan.wpr), c_int(act),
-                          c_void_p(norm_w or None), c_float(eps)], plan.smem)
+                         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(0), c_void_p(None),
+                          c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(wg.rows),
+                          c_int(wg.k), c_int(plan.rb), c_int(plan.wpr), c_int(act)], plan.smem)
                 return
         if same and matvec_path(n_tok):
             wpr = self._wpr(2 * wg.rows, wg.k)
@@ -353,8 +374,8 @@ class Launcher:
     def moe_router_topk(self, w: Weight, x: int, norm_w: int, eps: float, logits: int, k: int, normalize: bool,
                         ids: int, weights: int, counter: int) -> bool:
         """One token: router logits (weights staged early) and the top-k in one launch
-        (kernels/moe_decode.cu); counter: a zeroed int. False: not applicable."""
-        if not self._stageable([w], x, norm_w):
+        (kernels/moe_decode.cu; float routers); counter: a zeroed int. False: not applicable."""
+        if w.type_name not in ("F32", "F16", "BF16") or not self._stageable([w], x, norm_w):
             return False
         plan = self._mvs_plan(w.rows, w.row_bytes, w.k)
         if plan is None:
@@ -368,13 +389,13 @@ class Launcher:
     def moe_glu_mv1(self, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_ff: int,
                     act: int, norm_w: int = 0, eps: float = 0.0) -> bool:
         """One token: out[s] = act(gate_e x') * (up_e x') for its k slots, the routed rows staged
-        (reflex_moe_mvs_glu_*). False: not applicable."""
+        (reflex_mvs_glu_* with ids). False: not applicable."""
         if not self._stageable([wg, wu], x, norm_w, expert_bytes):
             return False
         plan = self._mvs_plan(n_ff * k, wg.row_bytes, wg.k, ranges=2)
         if plan is None:
             return False
-        self._go(f"reflex_moe_mvs_glu_{wg.suffix}", (-(-n_ff // plan.rb), k, 1), 256,
+        self._go(f"reflex_mvs_glu_{wg.suffix}", (-(-n_ff // plan.rb), k, 1), 256,
                  [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(ids),
                   c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(n_ff), c_int(wg.k),
                   c_int(plan.rb), c_int(plan.wpr), c_int(act)], plan.smem)
