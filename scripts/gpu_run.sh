@@ -65,13 +65,15 @@ if has real; then
 fi
 if has bench; then
   for t in ${BENCH_QUANTS:-$QUANTS}; do
-    timeout 300 python3 -m reflex_runtime.cli bench $REAL/qwen3-0.6b-$t.gguf --out "$WORK/bench-qwen3-0.6b-$t.json" 2>&1 \
+    timeout 300 python3 -m reflex_runtime.cli bench $REAL/qwen3-0.6b-$t.gguf ${DEPTHS:+--depths $DEPTHS} \
+      --out "$WORK/bench-qwen3-0.6b-$t.json" 2>&1 \
       | tee "$WORK/bench-qwen3-0.6b-$t.log"
   done
 fi
 if has moe; then
   tail -1 "$WORK/make-moe.log"
-  timeout 300 python3 -m reflex_runtime.cli bench $MOE_BENCH --prefill 16,128,512 --out "$WORK/bench-qwen3moe-30b-a3b-shaped.json" \
+  timeout 300 python3 -m reflex_runtime.cli bench $MOE_BENCH --prefill 16,128,512 ${DEPTHS:+--depths $DEPTHS} \
+    --out "$WORK/bench-qwen3moe-30b-a3b-shaped.json" \
     2>&1 | tee "$WORK/bench-qwen3moe-30b-a3b-shaped.log"
 fi
 if has coldstart; then
