@@ -22,6 +22,13 @@ __device__ __forceinline__ void rx_pdl_begin() {
 #endif
 }
 
+// The one exception to "rx_pdl_begin() first": a kernel whose first statement is this marker
+// may copy *weights* (the GGUF data region, never written while a graph runs) and nothing else
+// before it calls rx_pdl_begin(), so its weight loads overlap its predecessor (stage.cuh). Reads
+// of anything a kernel writes must still come after rx_pdl_begin(), except where a kernel says
+// why the writer finished two or more launches earlier (see reflex_attn_decode, moe_decode.cu).
+__device__ __forceinline__ void rx_pdl_weights_first() {}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -47,27 +47,23 @@ __device__ __forceinline__ void moe_block_argmax(const float* p, int n, float* b
     *best_v = bv, *best_i = bi;
 }
 
-// One block per token: p = softmax(logits) in float32, the k largest p (equal p: lower expert
-// id first, like a stable sort), optionally divided by their sum clamped to >= 2^-14.
-extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* logits, int n_expert, int k, int normalize,
-                                                                   int* ids, float* weights) {
-    rx_pdl_begin();
+// p = softmax(z) in float32 over one token's n_expert router logits, the k largest p (equal p:
+// lower expert id first, like a stable sort), optionally divided by their sum clamped to >= 2^-14.
+// One whole block; z is read through L2 (another block may have just written it).
+__device__ void moe_topk_row(const float* z, int n_expert, int k, int normalize, int* my_ids, float* my_w) {
     __shared__ float p[MOE_MAX_EXPERTS];
     __shared__ float scratch[32];
-    const float* z = logits + (long)blockIdx.x * n_expert;
     float m = -INFINITY;
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) m = fmaxf(m, z[e]);
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) m = fmaxf(m, __ldcg(z + e));
     m = block_max(m, scratch);
     float s = 0.f;
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-        p[e] = expf(z[e] - m);
+        p[e] = expf(__ldcg(z + e) - m);
         s += p[e];
     }
     s = block_sum(s, scratch);
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) p[e] = p[e] / s;
     __syncthreads();
-    int* my_ids = ids + (long)blockIdx.x * k;
-    float* my_w = weights + (long)blockIdx.x * k;
     float total = 0.f;
     for (int j = 0; j < k; j++) {
         float v;
@@ -79,6 +75,14 @@ extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* l
         __syncthreads();
     }
     if (normalize && threadIdx.x < k) my_w[threadIdx.x] = my_w[threadIdx.x] / fmaxf(total, 6.103515625e-5f);
+}
+
+// One block per token.
+extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* logits, int n_expert, int k, int normalize,
+                                                                   int* ids, float* weights) {
+    rx_pdl_begin();
+    moe_topk_row(logits + (long)blockIdx.x * n_expert, n_expert, k, normalize, ids + (long)blockIdx.x * k,
+                 weights + (long)blockIdx.x * k);
 }
 
 template <int T>

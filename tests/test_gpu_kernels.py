@@ -614,3 +614,326 @@ def test_every_table_kernel_resolves(gpu):
 
     assert gpu.dev.resolve_all(KERNEL_NAMES) == []
     assert ctypes.sizeof(ctypes.c_long) == 8  # kernels take `long` row strides
+
+
+# -- one-token (decode) kernels: weights staged in shared memory (kernels/mvs.cu, attn_decode.cu) --
+
+@pytest.fixture
+def knobs(gpu):
+    """The launcher's decode-kernel settings, restored after the test."""
+    L = gpu.launch
+    saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
+                 mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope)
+    yield L
+    for k, v in saved.items():
+        setattr(L, k, v)
+
+
+def _kernels(gpu, fn):
+    """Run fn with the launches recorded; the kernel names it launched."""
+    with gpu.launch.record() as rec:
+        fn()
+    return [ln.kernel.name for ln in rec]
+
+
+# (rows, k): awkward sizes, one warp per row (k <= 1024) and 2, 4 and 8 warps per row
+MVS_SHAPES = [(1, None), (37, None), (1000, None), (301, 2048), (130, 3072), (67, 8192)]
+
+
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,k", MVS_SHAPES)
+@pytest.mark.parametrize("fused_norm", [False, True])
+def test_staged_matvec_one_token(gpu, knobs, qtype, rows, k, fused_norm):
+    rng = np.random.default_rng([int(qtype), rows, k or 0, fused_norm])
+    k = k or k_for(qtype, False)
+    w, dense = weight(gpu, qtype, rows, k, rng)
+    x = (rng.standard_normal((1, k)) * 2).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    xe = _rms(x, nw, 1e-6).astype(np.float32) if fused_norm else x
+    base = rng.standard_normal((1, rows)).astype(np.float32)
+    for accumulate in (False, True):
+        y = gpu.put(base) if accumulate else gpu.poisoned((1, rows))
+        names = _kernels(gpu, lambda: gpu.launch.matmul(w, gpu.put(x), y, 1, accumulate=accumulate,
+                                                        norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
+        assert names == [f"reflex_mvs_{w.suffix}"]
+        assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, base if accumulate else None, rtol=2e-4)
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("blocks_per_sm,budget_rows", [(1, 3), (2, 1), (4, 1000)])
+def test_staged_matvec_segments_any_split(gpu, knobs, qtype, blocks_per_sm, budget_rows):
+    """q, k and v in one launch with blocks of 1, 3 or many rows (waves of blocks, segment tails)."""
+    rng = np.random.default_rng([int(qtype), blocks_per_sm, budget_rows])
+    k = k_for(qtype, False)
+    mats = [weight(gpu, qtype, rows, k, rng) for rows in (515, 96, 33)]
+    knobs.mvs_blocks_per_sm = blocks_per_sm
+    knobs.mvs_budget = budget_rows * mats[0][0].row_bytes + 64
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert names == [f"reflex_mvs_{mats[0][0].suffix}"]
+    xn = _rms(x, nw, 1e-6).astype(np.float32)
+    for (w, dense), y in zip(mats, ys):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
+
+
+def test_staged_matvec_legacy_switch(gpu, knobs):
+    """With staged off (the bench's comparison), one token takes the legacy kernel again."""
+    rng = np.random.default_rng(11)
+    w, dense = weight(gpu, Q.Q8_0, 64, 512, rng)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    knobs.staged = False
+    y = gpu.poisoned((1, 64))
+    assert _kernels(gpu, lambda: gpu.launch.matmul(w, gpu.put(x), y, 1)) == ["reflex_mv_q8_0"]
+    assert_matmul_close(gpu.get(y, (1, 64)), x, dense)
+
+
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+@pytest.mark.parametrize("act,fused_norm,k", [(0, True, None), (1, False, None), (0, True, 3072)])
+def test_staged_glu_one_token(gpu, knobs, qtype, act, fused_norm, k):
+    rng = np.random.default_rng([int(qtype), act, fused_norm, k or 0])
+    k, rows = k or k_for(qtype, False), 333
+    wg, dg = weight(gpu, qtype, rows, k, rng)
+    wu, du = weight(gpu, qtype, rows, k, rng)
+    x_in = (rng.standard_normal((1, k)) * 0.5).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    x = _rms(x_in, nw, 1e-6).astype(np.float32) if fused_norm else x_in
+    out = gpu.poisoned((1, rows))
+    names = _kernels(gpu, lambda: gpu.launch.gated_ffn_in(wg, wu, gpu.put(x_in), out, 1, act, 0, 0,
+                                                          norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
+    assert names == [f"reflex_mvs_glu_{wg.suffix}"]
+    got = gpu.get(out, (1, rows))
+    g, u = x.astype(np.float64) @ dg.T, x.astype(np.float64) @ du.T
+    with np.errstate(over="ignore"):
+        expect = _act(g, act) * u
+    tol = 6e-4 * (np.abs(x) @ np.abs(dg).T) * (np.abs(x) @ np.abs(du).T) + 1e-5
+    assert not np.isnan(got).any()
+    assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
+    """Logits of 20011 rows in blocks of 61 rows, the greedy pick fused: a tie between two copies of
+    the best row goes to the lower id (across blocks), a NaN row never wins, and the last block
+    leaves its counter at zero for the next replay."""
+    from quant_blocks import random_matrix
+
+    from reflex_runtime.gpu.driver import RxState
+    from reflex_runtime.gpu.launch import Weight
+
+    rng = np.random.default_rng(int(qtype))
+    rows, k = 20011, 256
+    raw, dense = random_matrix(qtype, rows, k, rng)
+    rb_bytes = raw.nbytes // rows
+    raw = raw.reshape(rows, rb_bytes)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    xn = _rms(x, nw, 1e-6).astype(np.float32)
+    best = int(np.argmax(xn.astype(np.float64) @ dense.T.astype(np.float64)))
+    lo, hi = sorted(rng.choice([r for r in range(rows) if abs(r - best) > 200], 2, replace=False))
+    raw[lo], raw[hi], dense[lo], dense[hi] = raw[best], raw[best], dense[best], dense[best]
+    nan_row = int(rng.choice([r for r in range(rows) if r not in (lo, hi, best)]))
+    if qtype == Q.F32:  # a NaN logit must never be picked
+        raw[nan_row] = np.full(k, np.nan, np.float32).view(np.uint8)
+    w = Weight(gpu.put(raw), TYPE_NAMES[qtype], rows, k, rb_bytes)
+    knobs.mvs_budget = 61 * rb_bytes + 64
+    logits = gpu.poisoned((1, rows))
+    part_v, part_i = gpu.poisoned((rows,)), gpu.poisoned((rows,), np.int32)
+    counter = gpu.put(np.zeros(1, np.int32))
+    expect = xn.astype(np.float64) @ dense.T.astype(np.float64)
+    if qtype == Q.F32:
+        expect[0, nan_row] = np.nan
+    for replay in range(2):
+        st, bufs = _state(gpu, 1, 9, 9)
+        names = _kernels(gpu, lambda: gpu.launch.mv_head(w, gpu.put(x), logits, gpu.put(nw), 1e-6,
+                                                         (part_v, part_i, counter, st, 0)))
+        assert names == [f"reflex_mvs_{w.suffix}"]
+        got = gpu.get(logits, (1, rows))
+        ok = ~np.isnan(expect)
+        assert np.isnan(got[~ok]).all() and not np.isnan(got[ok]).any()
+        bound = 2e-4 * (np.abs(xn) @ np.abs(np.nan_to_num(dense)).T) + 1e-5
+        assert (np.abs(got - expect)[ok] <= bound[ok]).all()
+        assert got[0, lo] == got[0, hi] == got[0, best]
+        _check_advanced(gpu, bufs, int(min(lo, best)), 9, 9)
+        assert gpu.get(counter, (1,), np.int32)[0] == 0
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q6_K], ids=lambda t: t.name)
+def test_staged_lm_head_without_pick_writes_logits_only(gpu, knobs, qtype):
+    rng = np.random.default_rng(int(qtype) + 100)
+    w, dense = weight(gpu, qtype, 4099, 256, rng)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    y = gpu.poisoned((1, 4099))
+    assert gpu.launch.mv_head(w, gpu.put(x), y, 0, 0.0)
+    assert_matmul_close(gpu.get(y, (1, 4099)), x, dense, rtol=2e-4)
+
+
+DECODE_ATTN_CASES = {
+    # name: (n_head, n_kv_heads, hd, n_vis, window, softcap, min_keys, prefetch)
+    "qwen3_0.6b_ctx256": (16, 8, 128, 256, 0, 0.0, 32, True),
+    "qwen3_ctx1": (16, 8, 128, 1, 0, 0.0, 32, False),
+    "qwen3_ctx33_one_slice": (16, 8, 128, 33, 0, 0.0, 64, True),
+    "qwen3_ctx5000": (16, 8, 128, 5000, 0, 0.0, 32, True),
+    "moe_gqa8_ctx1500": (32, 4, 128, 1500, 0, 0.0, 16, False),
+    "gemma_hd256_window": (4, 1, 256, 700, 512, 0.0, 32, True),
+    "gemma_window_longer_than_context": (4, 1, 256, 300, 512, 0.0, 32, False),
+    "gqa16_hd32_softcap": (16, 1, 32, 333, 0, 30.0, 7, True),
+    "mha_hd64_odd_keys": (6, 6, 64, 77, 20, 0.0, 1, False),
+    "hd96_one_key_per_slice": (6, 3, 96, 50, 0, 0.0, 1, True),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
+def test_attention_decode(gpu, knobs, case):
+    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX
+
+    n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx = n_vis + 37
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
+    kv_pos = np.arange(n_ctx, dtype=np.int32) + 3
+    q_slot = np.array([n_vis - 1], np.int32)
+    q_pos = kv_pos[q_slot]
+    scale = 1.0 / np.sqrt(hd)
+    expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, None, 0, n_vis, window, scale, softcap)
+    knobs.attn_min_keys = min_keys
+    part_o = gpu.poisoned((n_head * ATTN_SPLITS_MAX * hd,))
+    part_ml = gpu.poisoned((n_head * ATTN_SPLITS_MAX * 2,))
+    counters = gpu.put(np.zeros(n_head, np.int32))
+    args = [gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
+            gpu.put(np.array([n_vis], np.int32))]
+    # the merge must leave its counters ready for the next replay; with a window, also walk only
+    # the window's slots (kv_pos = slot + 3 here, as the flag promises)
+    for replay, window_slots in enumerate([False, window > 0]):
+        out = gpu.poisoned((1, n_head, hd))
+        ok = gpu.launch.attention_decode(*args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx, window,
+                                         scale, softcap, prefetch, window_slots)
+        assert ok
+        np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
+    assert not gpu.get(counters, (n_head,), np.int32).any()
+
+
+def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
+    """Head sizes off the 32 grid, or more than 16 query heads per KV head: the legacy kernel serves."""
+    L = gpu.launch
+    assert not L.attention_decode(*([0] * 11), 4, 2, 48, 48, 64, 0, 1.0, 0.0, False)
+    assert not L.attention_decode(*([0] * 11), 32, 1, 64, 64, 64, 0, 1.0, 0.0, False)
+    knobs.attn_decode = False
+    assert not L.attention_decode(*([0] * 11), 16, 8, 128, 128, 64, 0, 1.0, 0.0, False)
+
+
+@pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.F16, Q.Q5_0), (Q.F32, Q.Q6_K, Q.BF16)],
+                         ids=lambda ts: "-".join(t.name for t in ts))
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_staged_mixed_type_segments(gpu, knobs, types, accumulate):
+    """q, k, v of different types (a Q4_K_M file's v is Q6_K) in one launch for one token."""
+    rng = np.random.default_rng([int(t) for t in types] + [accumulate])
+    k = 768  # a whole number of blocks for every type
+    mats = [weight(gpu, t, rows, k, rng) for t, rows in zip(types, (257, 64, 33))]
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    bases = [rng.standard_normal((1, w.rows)).astype(np.float32) for w, _ in mats]
+    ys = [gpu.put(b) if accumulate else gpu.poisoned((1, w.rows)) for b, (w, _) in zip(bases, mats)]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1, accumulate,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert names == ["reflex_mvs_mixed"]
+    xn = _rms(x, nw, 1e-6).astype(np.float32)
+    for (w, dense), y, base in zip(mats, ys, bases):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, base if accumulate else None, rtol=2e-4)
+    knobs.staged = False  # the legacy path: one launch per type
+    ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert len(names) == 3 and all(n.startswith("reflex_mv_") for n in names)
+    for (w, dense), y in zip(mats, ys):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
+
+
+def _rope_modes(x, pos, rope_dim, base, mode, factors=None):
+    """kernels/rope.cu's rotation (NeoX pairs (i, i + d/2), or pairwise (2i, 2i + 1) with mode 1),
+    angle_i = pos * base^(-2i/d) / factors[i], in float64."""
+    x = x.astype(np.float64).copy()
+    half = rope_dim // 2
+    ang = pos * base ** (-2.0 * np.arange(half) / rope_dim)
+    if factors is not None:
+        ang = ang / factors
+    c, s = np.cos(ang), np.sin(ang)
+    ia = np.arange(half) if mode == 0 else 2 * np.arange(half)
+    ib = ia + half if mode == 0 else ia + 1
+    a, b = x[..., ia].copy(), x[..., ib].copy()
+    x[..., ia] = a * c - b * s
+    x[..., ib] = a * s + b * c
+    return x
+
+
+FUSED_ROPE_CASES = {
+    # name: (n_head, n_kvh, hd, rope_dim, n_vis, window, mode, factors, norms, prefetch, min_keys, splits)
+    "qwen3_neox_norms": (16, 8, 128, 128, 300, 0, 0, False, True, True, 32, None),
+    "partial_pairwise_factors": (8, 2, 128, 64, 77, 0, 1, True, False, False, 5, None),
+    "gemma_window_hd256": (4, 1, 256, 256, 700, 512, 0, False, True, True, 32, None),
+    "first_token": (4, 2, 64, 64, 1, 0, 0, False, True, True, 32, None),
+    "empty_last_slice": (4, 1, 64, 64, 9, 0, 1, True, True, False, 1, 4),  # slices 3,3,3,0: the 3rd stores
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
+    """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
+    normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
+    value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
+    cache with them."""
+    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX, AtdRope
+
+    n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
+        FUSED_ROPE_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx, eps, base = n_vis + 21, 1e-6, 10000.0
+    slot = n_vis - 1
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    kv_pos = (np.arange(n_ctx) + 5).astype(np.int32)
+    kv_pos[slot] = -1  # the kernel must write it
+    pos = slot + 5
+    q = (rng.standard_normal((n_head, hd)) * 2).astype(np.float32)
+    k_raw = (rng.standard_normal((n_kvh, hd)) * 2).astype(np.float32)
+    v_raw = rng.standard_normal((n_kvh, hd)).astype(np.float32)
+    qn, kn = (rng.random(hd) + 0.5).astype(np.float32), (rng.random(hd) + 0.5).astype(np.float32)
+    factors = (rng.random(rope_dim // 2) * 3 + 0.5).astype(np.float32) if use_factors else None
+    knobs.attn_min_keys = min_keys
+    if splits:
+        knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
+        assert gpu.launch.attn_decode_splits(n_kvh) == splits
+    d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
+    rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
+                   gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode)
+    scale = 1.0 / np.sqrt(hd)
+    out = gpu.poisoned((1, n_head, hd))
+    counters = gpu.put(np.zeros(n_head, np.int32))
+    assert gpu.launch.attention_decode(
+        gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)), gpu.put(np.array([slot], np.int32)),
+        gpu.put(np.array([n_vis], np.int32)), out, gpu.poisoned((n_head * ATTN_SPLITS_MAX * hd,)),
+        gpu.poisoned((n_head * ATTN_SPLITS_MAX * 2,)), counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
+        prefetch, window > 0, rope)
+    # the stored key and value, and kv_pos
+    ke = _rms(k_raw, kn, eps) if norms else k_raw.astype(np.float64)
+    ke = _rope_modes(ke, pos, rope_dim, base, mode, factors)
+    kc_after = gpu.get(d_kc, kc.shape, np.float16)
+    vc_after = gpu.get(d_vc, vc.shape, np.float16)
+    np.testing.assert_allclose(kc_after[:, slot].astype(np.float32), ke, rtol=2e-3, atol=2e-3)
+    assert (vc_after[:, slot] == v_raw.astype(np.float16)).all()
+    others = np.arange(n_ctx) != slot
+    assert (kc_after[:, others] == kc[:, others]).all() and (vc_after[:, others] == vc[:, others]).all()
+    kv_pos_after = gpu.get(d_kv_pos, (n_ctx,), np.int32)
+    assert kv_pos_after[slot] == pos
+    # attention with the rotated q over the cache as the kernel left it
+    qe = _rms(q, qn, eps) if norms else q.astype(np.float64)
+    qe = _rope_modes(qe, pos, rope_dim, base, mode, factors)[None]
+    expect = _attention_ref(qe, kc_after, vc_after, kv_pos_after, np.array([pos]), np.array([slot]), None, 0, n_vis,
+                            window, scale, 0.0)
+    np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=5e-4, atol=5e-4)
+    assert not gpu.get(counters, (n_head,), np.int32).any()

@@ -262,3 +262,76 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
         expect[t] += w.flat[p] * (got_act[i].astype(np.float64) @ dd[e].T)
         tol[t] += 2e-3 * w.flat[p] * _bound(got_act[i:i + 1], dd[e])[0]
     assert (np.abs(results[0] - expect) <= tol).all(), np.abs(results[0] - expect).max()
+# -- one token (decode): router + top-k fused, routed rows staged in shared memory --------------
+
+@pytest.mark.parametrize("n_expert,k,budget_rows", [(128, 8, 4), (60, 5, 1), (8, 8, 100), (257, 3, 9)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_fused_router_topk_one_token(gpu, n_expert, k, budget_rows, normalize):
+    rng = np.random.default_rng([n_expert, k, budget_rows, normalize])
+    E = 640
+    w, dense = random_weight(gpu, Q.F32, n_expert, E, rng)
+    x = rng.standard_normal((1, E)).astype(np.float32)
+    nw = (rng.random(E) + 0.5).astype(np.float32)
+    L = gpu.launch
+    saved = L.mvs_budget
+    L.mvs_budget = budget_rows * w.row_bytes + 64
+    try:
+        logits, ids, wts = gpu.poisoned((1, n_expert)), gpu.poisoned((1, k), np.int32), gpu.poisoned((1, k))
+        counter = gpu.put(np.zeros(1, np.int32))
+        for replay in range(2):  # the counter is left at zero for the next layer and step
+            with L.record() as rec:
+                assert L.moe_router_topk(w, gpu.put(x), gpu.put(nw), 1e-6, logits, k, normalize, ids, wts, counter)
+            assert [ln.kernel.name for ln in rec] == ["reflex_moe_router_f32"]
+            got_logits = gpu.get(logits, (1, n_expert))
+            xn = rms_ref(x, nw, 1e-6)
+            np.testing.assert_allclose(got_logits, xn @ dense.T.astype(np.float64), rtol=1e-4, atol=1e-4)
+            want_ids, want_w = _route(got_logits, k, normalize)  # routing of the logits the GPU computed
+            assert (gpu.get(ids, (1, k), np.int32) == want_ids).all()
+            np.testing.assert_allclose(gpu.get(wts, (1, k)), want_w, rtol=2e-6, atol=1e-7)
+            assert gpu.get(counter, (1,), np.int32)[0] == 0
+    finally:
+        L.mvs_budget = saved
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("n_expert,k,budget_rows", [(8, 2, 1000), (12, 6, 5), (40, 8, 3)])
+@pytest.mark.parametrize("early", [False, True])
+def test_staged_experts_one_token(gpu, qtype, n_expert, k, budget_rows, early):
+    rng = np.random.default_rng([int(qtype), n_expert, k, budget_rows, early])
+    E, F = k_for(qtype, False), _ff_for(qtype, False)
+    (wg, wu, wd), (dg, du, dd) = _experts(gpu, qtype, n_expert, E, F, rng)
+    x = (rng.standard_normal((1, E)) * 0.5).astype(np.float32)
+    nw = (rng.random(E) + 0.5).astype(np.float32)
+    ids, w = _route(rng.standard_normal((1, n_expert)).astype(np.float32), k, True)
+    ids_d, w_d = gpu.put(ids.astype(np.int32)), gpu.put(w)
+    L = gpu.launch
+    saved = L.mvs_budget
+    L.mvs_budget = budget_rows * wg.row_bytes * 2 + 64
+    try:
+        act = gpu.poisoned((k, F))
+        with L.record() as rec:
+            assert L.moe_glu_mv1(wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, F, 0, gpu.put(nw), 1e-6)
+        got_act = gpu.get(act, (k, F))
+        xn = rms_ref(x, nw, 1e-6)
+        assert not np.isnan(got_act).any(), "the kernel left poisoned outputs"
+        for s in range(k):
+            e = ids.flat[s]
+            g, u = xn[0] @ dg[e].T, xn[0] @ du[e].T
+            tol = 6e-4 * _bound(xn, dg[e])[0] * _bound(xn, du[e])[0] + 1e-5
+            assert (np.abs(got_act[s] - act_ref(g, 0) * u) <= tol).all(), (s, np.abs(got_act[s] - act_ref(g, 0) * u).max())
+        base = rng.standard_normal((1, E)).astype(np.float32)
+        xd = gpu.put(base)
+        L.mvs_budget = budget_rows * k * wd.row_bytes + 4 * k * F + 128
+        with L.record() as rec2:
+            assert L.moe_down_mv1(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, E, early)
+        assert [ln.kernel.name for ln in rec + rec2] == [f"reflex_mvs_glu_{wg.suffix}", f"reflex_moe_mvs_down_{wd.suffix}"]
+        expect, tol = base[0].astype(np.float64), np.full(E, 1e-5)
+        for s in range(k):
+            e = ids.flat[s]
+            expect += w.flat[s] * (got_act[s].astype(np.float64) @ dd[e].T)
+            tol += 2e-4 * w.flat[s] * _bound(got_act[s:s + 1], dd[e])[0]
+        got = gpu.get(xd, (1, E))[0]
+        assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+    finally:
+        L.mvs_budget = saved

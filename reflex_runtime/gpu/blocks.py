@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
 from .. import tensor_names as T
-from .launch import ATTN_SPLITS_DECODE, Launcher, Weight, matvec_path, weight_from_tensor
+from .launch import ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX, AtdRope, Launcher, Weight, matvec_path, weight_from_tensor
 
 
 class TensorReader:
@@ -61,6 +61,9 @@ class Batch:
     seq_start: int = 0  # device ints [n_seq + 1]
     seq_max: int = 0  # tokens in the longest sequence
     forked: bool = False
+    # every cache slot j holds position j + c (prompts, decode, check; not system1's trees): a
+    # sliding window then bounds the slots decode attention reads
+    slots_in_order: bool = True
 
     @property
     def matvec(self) -> bool:
@@ -161,9 +164,10 @@ class Attention:
 
     @staticmethod
     def buffers(c, t: int) -> list[tuple[str, int]]:
+        splits = max(ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX)  # the legacy and the decode kernel's slices
         return [("q", t * c.n_head * c.head_dim), ("k", t * c.n_head_kv * c.head_dim),
                 ("v", t * c.n_head_kv * c.head_dim_v), ("att", t * c.n_head * c.head_dim_v),
-                ("part_o", c.n_head * ATTN_SPLITS_DECODE * c.head_dim_v), ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2),
+                ("part_o", c.n_head * splits * c.head_dim_v), ("part_ml", c.n_head * splits * 2),
                 ("attn_counters", c.n_head)]
 
     def bind(self, model, weights: AttnWeights) -> None:
@@ -183,15 +187,31 @@ class Attention:
             L.matmul(w.o, att, out, b.n, accumulate=accumulate)
 
     def attend(self, b: Batch, q: int, k: int, v: int, att: int) -> None:
-        """q/k norms, RoPE and the cache store of the new keys and values, then att = softmax(q K^T) V."""
+        """q/k norms, RoPE and the cache store of the new keys and values, then att = softmax(q K^T) V.
+        One token: the decode kernel (K/V read once per KV head, slices by context length; in a PDL
+        graph its first keys are copied before it waits, being older launches' writes), with the
+        qk-norm + rope + cache store fused in where the launcher allows it. Prompts and system1's
+        trees: flash attention on tensor cores (sm_80+), else the split-K scalar kernel."""
         c, L, p, w = self.cfg, self.launch, self.p, self.w
-        with L.role("qk-norm + rope + cache store"):
-            L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache, b.n,
-                            c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base,
-                            self.rope_freq_scale, self.eps, self.n_ctx, freq_factors=self.rope_factors,
-                            pairwise=self.rope_pairs)
-        with L.role("attention"):
-            if L.flash_ok(b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):  # prompts, trees: tensor cores
+        decode = b.n == 1 and not b.seg_lo and L.attn_decode_fits(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        rope = None
+        if decode and L.fuse_rope:
+            rope = AtdRope(k, v, w.q_norm or None, w.k_norm or None, self.rope_factors or None, self.eps,
+                           self.rope_base, self.rope_freq_scale, c.rope_dim, 1 if self.rope_pairs else 0)
+        else:
+            with L.role("qk-norm + rope + cache store"):
+                L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache,
+                                b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base,
+                                self.rope_freq_scale, self.eps, self.n_ctx, freq_factors=self.rope_factors,
+                                pairwise=self.rope_pairs)
+        with L.role("attention + qk-norm + rope + cache store" if rope is not None else "attention"):
+            if decode and L.attention_decode(
+                    q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"), p("part_ml"),
+                    p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
+                    self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=rope):
+                return
+            assert rope is None, "the rope was left to the decode attention"
+            if L.flash_ok(b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
                 L.flash_attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len,
                                   b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx, self.window,
                                   self.scale, 0.0)
@@ -266,10 +286,20 @@ class LmHead:
         if embedding.k != c.n_embd or self.w.rows != c.vocab_size:
             raise UnsupportedModelError("token embedding / output shapes do not match the config")
 
-    def __call__(self, x_rows: int, n_rows: int, out: int) -> None:
-        """out[i] = logits of row i of x_rows (n_rows rows of n_embd floats)."""
+    def __call__(self, x_rows: int, n_rows: int, out: int, pick=None) -> bool:
+        """out[i] = logits of row i of x_rows (n_rows rows of n_embd floats). pick = (state, last):
+        the greedy choice may be fused into the head (one token, no soft-capping: tanh can turn
+        distinct logits into ties); returns True when it was, and the state is advanced."""
         c, L = self.cfg, self.launch
-        with L.role("lm head", self.w.nbytes):
+        fuse = pick is not None and self.softcap <= 0
+        with L.role("lm head + argmax" if fuse else "lm head", self.w.nbytes):
+            if n_rows == 1:
+                p = self.p
+                head_pick = (p("amax_v"), p("amax_i"), p("mvs_counters"), pick[0], pick[1]) if fuse else None
+                if L.mv_head(self.w, x_rows, out, self.norm_w, c.rms_eps, head_pick):
+                    if self.softcap > 0:
+                        L.softcap(out, c.vocab_size, self.softcap)
+                    return fuse
             if matvec_path(n_rows):
                 L.matmul(self.w, x_rows, out, n_rows, norm_w=self.norm_w, eps=c.rms_eps)
             else:
@@ -277,3 +307,4 @@ class LmHead:
                 L.matmul(self.w, self.p("h"), out, n_rows)
         if self.softcap > 0:
             L.softcap(out, n_rows * c.vocab_size, self.softcap)
+        return False

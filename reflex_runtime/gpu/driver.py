@@ -99,9 +99,12 @@ class Device:
         )
         self.sm_count = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.dev),
                               "cuDeviceGetAttribute")
-        # shared memory one block may take once opted in (227 KB on sm_90, 99 KB on sm_86/89/120)
+        # shared memory one block may take once opted in (227 KB on sm_90, 99 KB on sm_86/89/120), and
+        # one SM holds (the staged decode kernels plan their blocks with both)
         self.max_shared = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                                         self.dev), "cuDeviceGetAttribute")
+        self.smem_per_sm = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                                                         self.dev), "cuDeviceGetAttribute")
         self.total_mem = check(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")
         self.driver_version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
         self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")

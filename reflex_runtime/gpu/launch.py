@@ -9,6 +9,7 @@ it and the weight bytes it reads, which is how `reflex bench` times a decode ste
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from ctypes import Structure, c_double, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from .kernels import WEIGHT_TYPES
 # MM_MIN_TOKENS on; such a type then runs the matrix-vector kernel on the normalized input).
 MM_MIN_TOKENS = 64
 MM_MIN_TOKENS_BY_TYPE: dict[str, int] = {}
-ATTN_SPLITS_DECODE = 16
+ATTN_SPLITS_DECODE = 16  # reflex_attn's slices for one token (the legacy decode attention)
 # kernels/mla.cu: query heads per latent-attention block, key slices of a decode step (<= 32,
 # attn_merge's limit), rope pairs in the frequency table
 MLA_HEADS = 8
@@ -43,6 +44,15 @@ FLASH_HEAD_DIMS = (64, 128, 256)  # flash_attn.cu instantiations (head_dim == he
 FLASH_ROWS = 64  # query rows (token, head) per flash-attention block
 FLASH_MIN_TOKENS = 2  # one token (decode) keeps the split-K scalar kernel
 _STATIC_SHARED = 1024  # headroom for the kernels' static shared memory (< 300 bytes today)
+ATTN_SPLITS_MAX = 64  # reflex_attn_decode's most slices per KV head (kernels/attn_decode.cu)
+ATTN_DECODE_MAX_GROUP = 16  # query heads per KV head it serves
+MVS_NX = 4  # kernels/mvs.cu: a warp part covers 32 * 4 groups of 8 weights = 1024 weights of a row
+STATIC_SMEM_RESERVE = 5 * 1024  # static shared memory of the staged kernels (the router's top-k: 4.5 KB)
+
+# The decode step's kernels (one token): "staged" = kernels/mvs.cu, moe_decode.cu and
+# attn_decode.cu; "legacy" = the matrix-vector and attention kernels every batch size can use.
+# The launcher's attributes (staged, attn_decode, the plans' knobs) are what the bench varies.
+DECODE_KERNELS = os.environ.get("REFLEX_DECODE_KERNELS", "staged")
 
 
 def matvec_path(n_tok: int, type_name: str | None = None) -> bool:
@@ -92,6 +102,21 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class MvsPlan:
+    """How a staged matrix-vector launch splits its rows (kernels/mvs.cu): rb rows per block,
+    wpr warps per row, smem bytes of dynamic shared memory per block."""
+
+    rb: int
+    wpr: int
+    smem: int
+
+
+def stage_bytes(n: int) -> int:
+    """kernels/stage.cuh rx_stage_bytes: shared memory that staging n bytes takes."""
+    return (n + 30 + 15) & ~15
+
+
+@dataclass(frozen=True)
 class Weight:
     ptr: int
     type_name: str
@@ -126,6 +151,8 @@ class MlaRope(Structure):
         for i, f in enumerate(freqs):
             tab.freq[i] = f
         return tab
+
+
 class GemmSegs(Structure):
     """Mirror of kernels/gemm.cu's GemmSegs: up to three matrices, their row tiles numbered across."""
 
@@ -156,6 +183,33 @@ def moe_down_col_tiles(n_embd: int) -> int:
     return -(-n_embd // MOE_TILE)
 
 
+class MvSegsMixed(Structure):
+    """Mirror of kernels/mvs.cu's MvSegsMixed: up to three matrices of any types, one launch."""
+
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("row_bytes", c_long * 3), ("rows", c_int * 3),
+                ("type", c_int * 3)]
+
+
+def _mvs_pick_type():
+    from .driver import RxState
+
+    class MvsPick(Structure):
+        """Mirror of kernels/mvs.cu's MvsPick: the greedy pick fused into an LM head launch."""
+
+        _fields_ = [("part_v", c_void_p), ("part_i", c_void_p), ("counter", c_void_p), ("st", RxState),
+                    ("last", c_int)]
+
+    return MvsPick
+
+
+class AtdRope(Structure):
+    """Mirror of kernels/attn_decode.cu's AtdRope: the rope + cache store fused into the decode
+    attention (k = None: not fused)."""
+
+    _fields_ = [("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("factors", c_void_p),
+                ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int)]
+
+
 def weight_from_tensor(ti, base: int, data_offset: int) -> Weight:
     from ..ggml_types import GGML_TYPES
 
@@ -184,6 +238,17 @@ class Launcher:
         # sm_80+ kernels (gemm.cu, flash_attn.cu); False keeps the older kernels (tests force it)
         self.tc = tuple(device.cc) >= TC_MIN_CC
         self._max_shared = device.max_shared - _STATIC_SHARED
+        # Decode-step kernels and their knobs (kernels/mvs.cu, attn_decode.cu; the bench varies them).
+        self.staged = self.attn_decode = DECODE_KERNELS != "legacy"
+        self.mvs_blocks_per_sm = int(os.environ.get("REFLEX_MVS_BLOCKS_PER_SM", "1"))
+        # Weight bytes one block stages: two blocks of consecutive kernels must fit on an SM together,
+        # so the next kernel's copies can run while this one computes.
+        per_sm, per_block = device.smem_per_sm, device.max_shared
+        self.mvs_budget = int(os.environ.get("REFLEX_MVS_BUDGET", "0")) or max(
+            8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
+        self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
+        self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
+        self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "2"))
 
     @contextmanager
     def record(self):
@@ -232,6 +297,85 @@ class Launcher:
             g = grid if isinstance(grid, tuple) else (grid, 1, 1)
             self._recorded.append(Launch(kernel, g, block, args, self._role or name, self._bytes, shmem))
 
+    # -- the staged one-token kernels (kernels/mvs.cu, moe_decode.cu) -------------------------
+
+    def _mvs_plan(self, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0) -> MvsPlan | None:
+        """Rows per block for `rows` rows of `row_bytes` (each block stages `ranges` runs of rb rows
+        plus `extra` bytes): about one block per SM (mvs_blocks_per_sm) while the weights fit the
+        budget, else budget-sized blocks in waves (at least one row each, past the budget if the
+        device has room). None when that does not fit the device."""
+        wpr = 1
+        while k > 8 * 32 * MVS_NX * wpr:
+            wpr *= 2
+        if wpr > 8 or k % 8:
+            return None
+        cap = max(1, (self.mvs_budget - extra) // (ranges * row_bytes))
+        rb = min(-(-rows // (self.dev.sm_count * self.mvs_blocks_per_sm)), cap)
+        smem = ranges * stage_bytes(rb * row_bytes) + ranges * rb * wpr * 4 + extra
+        if smem > self.dev.max_shared - STATIC_SMEM_RESERVE:
+            return None
+        return MvsPlan(rb, wpr, smem)
+
+    def _stageable(self, ws, *ptrs) -> bool:
+        """The staged kernels read x with 16-byte loads and rows as matrix-vector.cu does."""
+        return self.staged and not any(p % 16 for p in ptrs) and not any(w.ptr % 16 for w in ws)
+
+    def _mv1(self, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_w: int, eps: float) -> bool:
+        """One token through reflex_mvs_* (weights staged before the PDL wait); matrices of
+        different types (same K) go through reflex_mvs_mixed. False: not applicable."""
+        w0 = ws[0]
+        if not self._stageable(ws, x, norm_w) or any(w.k != w0.k for w in ws):
+            return False
+        plan = self._mvs_plan(sum(w.rows for w in ws), max(w.row_bytes for w in ws), w0.k)
+        if plan is None:
+            return False
+        blocks = sum(-(-w.rows // plan.rb) for w in ws)
+        if any(w.type_name != w0.type_name for w in ws):
+            from ..ggml_types import GGML_TYPES_BY_NAME
+
+            mixed = MvSegsMixed()
+            for i, (w, y) in enumerate(zip(ws, ys)):
+                mixed.w[i], mixed.y[i], mixed.row_bytes[i], mixed.rows[i], mixed.type[i] = (
+                    w.ptr, y, w.row_bytes, w.rows, GGML_TYPES_BY_NAME[w.type_name].type_id)
+            self._go("reflex_mvs_mixed", blocks, 256,
+                     [mixed, c_void_p(x), c_int(w0.k), c_int(plan.rb), c_int(plan.wpr), c_int(int(accumulate)),
+                      c_void_p(norm_w or None), c_float(eps)], plan.smem)
+            return True
+        segs = MvSegs()
+        for i, (w, y) in enumerate(zip(ws, ys)):
+            segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
+        self._go(f"reflex_mvs_{w0.suffix}", blocks, 256,
+                 [segs, c_long(w0.row_bytes), c_void_p(x), c_int(w0.k), c_int(plan.rb), c_int(plan.wpr),
+                  c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), self._pick()], plan.smem)
+        return True
+
+    _pick_type = None
+
+    def _pick(self, part_v: int = 0, part_i: int = 0, counter: int = 0, state=None, last: int = 0):
+        """A kernels/mvs.cu MvsPick (all zero: no fused pick)."""
+        if Launcher._pick_type is None:
+            Launcher._pick_type = _mvs_pick_type()
+        pick = Launcher._pick_type()
+        if part_v:
+            pick.part_v, pick.part_i, pick.counter, pick.st, pick.last = part_v, part_i, counter, state, last
+        return pick
+
+    def mv_head(self, w: Weight, x: int, y: int, norm_w: int, eps: float, pick=None) -> bool:
+        """logits = W x' for one token (reflex_mvs_*). pick = (part_v, part_i, counter, state, last):
+        also take the greedy argmax and advance the decode state (float part_v / int part_i arrays of
+        at least w.rows entries, a zeroed int counter). False: not applicable, nothing launched."""
+        if not self._stageable([w], x, norm_w):
+            return False
+        plan = self._mvs_plan(w.rows, w.row_bytes, w.k)
+        if plan is None:
+            return False
+        segs = MvSegs()
+        segs.w[0], segs.y[0], segs.rows[0] = w.ptr, y, w.rows
+        self._go(f"reflex_mvs_{w.suffix}", -(-w.rows // plan.rb), 256,
+                 [segs, c_long(w.row_bytes), c_void_p(x), c_int(w.k), c_int(plan.rb), c_int(plan.wpr), c_int(0),
+                  c_void_p(norm_w or None), c_float(eps), self._pick(*pick) if pick else self._pick()], plan.smem)
+        return True
+
     # -- elementwise and norms -------------------------------------------------------------
 
     def embed(self, table: Weight, tokens: int, out: int, n_tok: int, scale: float) -> None:
@@ -267,14 +411,16 @@ class Launcher:
         """ys[i] (+)= ws[i] x' for up to three matrices of one input (q, k, v): one launch when they
         share a type and row length (either path), else one each."""
         w0 = ws[0]
+        x_stride = x_stride or w0.k
+        if (norm_w or matvec_path(n_tok, w0.type_name)) and all(w.k == w0.k for w in ws):
+            # matrix-vector path: matmul_segments splits types where its kernel needs it (not one token)
+            self.matmul_segments(ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps)
+            return
         if not all(w.type_name == w0.type_name and w.k == w0.k for w in ws):
             for w, y in zip(ws, ys):
                 self.matmul_many([w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
             return
-        x_stride = x_stride or w0.k
-        if norm_w or matvec_path(n_tok, w0.type_name):
-            self.matmul_segments(ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps)
-        elif all(self.gemm_ok(w) for w in ws):
+        if all(self.gemm_ok(w) for w in ws):
             self.gemm(ws, x, ys, n_tok, accumulate, x_stride)
         elif w0.k % 64 == 0:
             for w, y in zip(ws, ys):
@@ -333,9 +479,16 @@ class Launcher:
 
     def matmul_segments(self, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False,
                         x_stride: int = 0, norm_w: int = 0, eps: float = 0.0) -> None:
-        """Up to three matrix-vector products of the same type and row length in one launch (q, k, v)."""
+        """Up to three matrix-vector products of the same row length in one launch (q, k, v); one
+        launch per type where the types differ, except for one token (reflex_mvs_mixed)."""
         w0 = ws[0]
-        assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.k == w0.k for w in ws)
+        assert 1 <= len(ws) <= 3 and all(w.k == w0.k for w in ws)
+        if n_tok == 1 and self._mv1(ws, x, ys, accumulate, norm_w, eps):
+            return
+        if any(w.type_name != w0.type_name for w in ws):  # the legacy kernel reads one type: one launch each
+            for w, y in zip(ws, ys):
+                self.matmul_segments([w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
+            return
         segs = MvSegs()
         for i, (w, y) in enumerate(zip(ws, ys)):
             segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
@@ -351,8 +504,17 @@ class Launcher:
                      norm_w: int = 0, eps: float = 0.0) -> None:
         """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and row length
         (x' normalized on the fly when norm_w is given, matrix-vector path only; larger batches must
-        pass a normalized x), else two products and the activation (g_buf, u_buf)."""
+        pass a normalized x), else two products and the activation (g_buf, u_buf). One token goes
+        through the staged kernel (weights read before the previous kernel ends) where it fits."""
         alike = wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
+        if alike and n_tok == 1 and self._stageable([wg, wu], x, norm_w):
+            plan = self._mvs_plan(wg.rows, wg.row_bytes, wg.k, ranges=2)
+            if plan is not None:
+                self._go(f"reflex_mvs_glu_{wg.suffix}", -(-wg.rows // plan.rb), 256,
+                         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(0), c_void_p(None),
+                          c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(wg.rows),
+                          c_int(wg.k), c_int(plan.rb), c_int(plan.wpr), c_int(act)], plan.smem)
+                return
         if alike and (norm_w or matvec_path(n_tok, wg.type_name)):
             self.mv_glu(wg, wu, x, out, n_tok, act, norm_w, eps)
             return
@@ -378,6 +540,51 @@ class Launcher:
     def moe_topk(self, logits: int, n_tok: int, n_expert: int, k: int, normalize: bool, ids: int, weights: int) -> None:
         self._go("reflex_moe_topk", n_tok, 256, [c_void_p(logits), c_int(n_expert), c_int(k), c_int(int(normalize)),
                                                   c_void_p(ids), c_void_p(weights)])
+
+    def moe_router_topk(self, w: Weight, x: int, norm_w: int, eps: float, logits: int, k: int, normalize: bool,
+                        ids: int, weights: int, counter: int) -> bool:
+        """One token: router logits (weights staged early) and the top-k in one launch
+        (kernels/moe_decode.cu; float routers); counter: a zeroed int. False: not applicable."""
+        if w.type_name not in ("F32", "F16", "BF16") or not self._stageable([w], x, norm_w):
+            return False
+        plan = self._mvs_plan(w.rows, w.row_bytes, w.k)
+        if plan is None:
+            return False
+        self._go(f"reflex_moe_router_{w.suffix}", -(-w.rows // plan.rb), 256,
+                 [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_void_p(norm_w or None), c_float(eps),
+                  c_void_p(logits), c_int(w.rows), c_int(w.k), c_int(plan.rb), c_int(plan.wpr), c_int(k),
+                  c_int(int(normalize)), c_void_p(ids), c_void_p(weights), c_void_p(counter)], plan.smem)
+        return True
+
+    def moe_glu_mv1(self, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_ff: int,
+                    act: int, norm_w: int = 0, eps: float = 0.0) -> bool:
+        """One token: out[s] = act(gate_e x') * (up_e x') for its k slots, the routed rows staged
+        (reflex_mvs_glu_* with ids). False: not applicable."""
+        if not self._stageable([wg, wu], x, norm_w, expert_bytes):
+            return False
+        plan = self._mvs_plan(n_ff * k, wg.row_bytes, wg.k, ranges=2)
+        if plan is None:
+            return False
+        self._go(f"reflex_mvs_glu_{wg.suffix}", (-(-n_ff // plan.rb), k, 1), 256,
+                 [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(ids),
+                  c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(n_ff), c_int(wg.k),
+                  c_int(plan.rb), c_int(plan.wpr), c_int(act)], plan.smem)
+        return True
+
+    def moe_down_mv1(self, wd: Weight, expert_bytes: int, ids: int, weights: int, k: int, act: int, x: int,
+                     n_embd: int, early: bool) -> bool:
+        """One token: x += sum_s w[s] down_e act[s] (reflex_moe_mvs_down_*). early: ids and weights were
+        written two or more launches back, so the routed rows are staged before the PDL wait."""
+        if not self._stageable([wd], act, x, expert_bytes):
+            return False
+        plan = self._mvs_plan(n_embd, wd.row_bytes, wd.k, ranges=k, extra=stage_bytes(4 * k * wd.k))
+        if plan is None:
+            return False
+        self._go(f"reflex_moe_mvs_down_{wd.suffix}", -(-n_embd // plan.rb), 256,
+                 [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(ids), c_void_p(weights),
+                  c_int(k), c_void_p(act), c_void_p(x), c_int(n_embd), c_int(wd.k), c_int(plan.rb), c_int(plan.wpr),
+                  c_int(int(early))], plan.smem)
+        return True
 
     def moe_glu_mv(self, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_tok: int,
                    n_ff: int, act: int, norm_w: int = 0, eps: float = 0.0) -> None:
@@ -509,6 +716,9 @@ class Launcher:
                  [c_void_p(q), c_void_p(cache), c_void_p(q_slot), c_void_p(seg_lo or None), c_int(prefix_len),
                   c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None), c_void_p(part_ml or None),
                   c_void_p(counters or None), c_int(n_head), c_int(r), c_int(d), c_float(scale), c_int(n_split)])
+
+    # -- prompt attention on tensor cores (kernels/flash_attn.cu) -----------------------------
+
     def flash_ok(self, n_tok: int, hd: int, hd_v: int, n_head: int, n_head_kv: int) -> bool:
         """Whether a batch's attention runs flash_attn.cu (else reflex_attn)."""
         return (self.tc and n_tok >= FLASH_MIN_TOKENS and hd == hd_v and hd in FLASH_HEAD_DIMS
@@ -523,6 +733,7 @@ class Launcher:
                   c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_int(n_tok), c_int(n_head),
                   c_int(n_head_kv), c_int(n_ctx), c_int(window), c_float(scale), c_float(softcap)],
                  flash_shared_bytes(hd))
+
     # -- Gated DeltaNet and sigmoid gates (kernels/delta_net.cu, kernels/gated.cu) ------------
 
     def dn_conv(self, x, w, state, state_stride, seq_start, n_seq, pos, out, n_tok, k, nk, nv, dk, dv, q_scale, eps,
@@ -567,6 +778,48 @@ class Launcher:
     def sigmoid_mul(self, y: int, g: int, n: int, group: int = 1) -> None:
         """y[i] *= sigmoid(g[i // group]) for i < n."""
         self._go("reflex_sigmoid_mul", (n + 255) // 256, 256, [c_void_p(y), c_void_p(g), c_long(n), c_int(group)])
+
+    # -- decode attention (kernels/attn_decode.cu) --------------------------------------------
+
+    def attn_decode_splits(self, n_head_kv: int) -> int:
+        """reflex_attn_decode's grid.y: about attn_blocks_per_sm blocks per SM at long contexts."""
+        return max(1, min(ATTN_SPLITS_MAX, round(self.attn_blocks_per_sm * self.dev.sm_count / n_head_kv)))
+
+    @staticmethod
+    def _attn_decode_smem(group: int, hd: int, hd_v: int) -> int:
+        return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
+
+    def attn_decode_fits(self, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
+        """Whether reflex_attn_decode serves these heads (the caller may then fuse the rope into it)."""
+        if not self.attn_decode or n_head % n_head_kv or hd % 32 or hd_v % 32 or hd > 256 or hd_v > 256:
+            return False
+        group = n_head // n_head_kv
+        smem = self._attn_decode_smem(group, hd, hd_v)
+        return group <= ATTN_DECODE_MAX_GROUP and smem <= self.dev.max_shared - 8 * 1024
+
+    def attention_decode(self, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters,
+                         n_head, n_head_kv, hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool,
+                         window_slots: bool = False, rope: AtdRope | None = None) -> bool:
+        """One query token, all query heads of a KV head per block, the context split by its length
+        (kernels/attn_decode.cu). part_o / part_ml hold n_head * ATTN_SPLITS_MAX slices; counters
+        n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two or more
+        launches back (the decode graph). window_slots: slot j holds position j + c, so a sliding
+        window bounds the slots read. rope: q is raw and the new key / value are rope.k / rope.v:
+        the kernel normalizes, rotates and stores them (reflex_qk_rope_store's work for one token).
+        False: not applicable, nothing launched."""
+        if not self.attn_decode_fits(n_head, n_head_kv, hd, hd_v):
+            return False
+        if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
+            return False
+        group = n_head // n_head_kv
+        smem = self._attn_decode_smem(group, hd, hd_v)
+        self._go("reflex_attn_decode", (n_head_kv, self.attn_decode_splits(n_head_kv), 1), 128,
+                 [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
+                  c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
+                  c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale),
+                  c_float(softcap), c_int(max(1, self.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
+                  rope if rope is not None else AtdRope()], smem)
+        return True
 
     # -- sampling and scoring --------------------------------------------------------------
 

@@ -43,7 +43,10 @@ class GpuModel:
         self._needs: dict[str, int] = {}
         c, t = config, max_batch
         self.need([(name, t * c.n_embd) for name in Residual.BUFFERS])
-        self.need([("logits", c.vocab_size), ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)])
+        # argmax partials: ARGMAX_PARTS for reflex_argmax_*, one per block (<= one per row) for the
+        # LM head with the pick fused; mvs_counters: [0] that head's, [1] the MoE router's (zeroed)
+        self.need([("logits", c.vocab_size), ("amax_v", max(ARGMAX_PARTS, c.vocab_size)),
+                   ("amax_i", max(ARGMAX_PARTS, c.vocab_size)), ("mvs_counters", 4)])
         self.plan()
         self.head = LmHead(self, self.softcap)
         self.arena.reserve_f32(self._needs.items())
@@ -114,22 +117,25 @@ class GpuModel:
     # -- the forward pass ---------------------------------------------------------------------
 
     def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
-                logit_row: int = -1, logit_rows: int = 1, logits: int = 0, seqs: int = 0, seq_max: int = 0) -> None:
+                logit_row: int = -1, logit_rows: int = 1, logits: int = 0, seqs: int = 0, seq_max: int = 0,
+                pick=None) -> bool:
         """Run n tokens (state arrays from index `first`) through every layer, then the LM head
         for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
         one-row logits buffer). logit_rows = 0 skips the head. seqs > 0: the batch is that many
         independent sequences (starts in the seq_start array, the longest seq_max tokens), each
-        continuing its own state copy from fork(seqs)."""
+        continuing its own state copy from fork(seqs). pick = (RxState, last): the head may take
+        the greedy choice itself; True when it did (the caller then launches no pick)."""
         p, E = self.p, self.cfg.n_embd
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
                   p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
-                  seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0)
+                  seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0,
+                  slots_in_order=not tree)
         with self.launch.role("embedding", n * self.embedding.row_bytes):
             self.launch.embed(self.embedding, b.tokens, self.res.x, n, self.embed_scale)
         self.res.added()
         for il in range(self.cfg.n_layers):
             self.layer(il, b)
         if logit_rows <= 0:
-            return
+            return False
         row = (n - 1) if logit_row < 0 else logit_row
-        self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"))
+        return self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"), pick=pick)

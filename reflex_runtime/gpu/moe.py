@@ -5,6 +5,8 @@ Routing is decided on the GPU (router logits in float32 through the matrix-vecto
 softmax + top-k), so a decode step needs nothing from the host and stays one CUDA graph. The
 experts are read in place from the stacked GGUF tensors: only the routed experts' rows.
 
+  one token (decode):     router + top-k -> gate/up per slot -> down summed over the slots,
+                          into x; each block's rows staged in shared memory      3 launches
   matrix-vector batches:  router (norm fused) -> top-k -> gate/up per (token, slot)
                                     -> down per token summed over its slots, into x       4 launches
   prefill (sm_80+):  norm -> router -> top-k -> group pairs by expert (and list 64-pair tiles)
@@ -125,6 +127,10 @@ class MoeFFN:
         run in the router's launch when their type and row length match it."""
         L, m, n = self.launch, self.w, b.n
         logits = self.p("moe_logits")
+        # One token: router and top-k in one launch (kernels/moe_decode.cu, float routers).
+        if n == 1 and not also and L.moe_router_topk(m.router, inp.ptr, inp.norm_w, self.eps, logits, self.k,
+                                                     self.normalize, ids, wts, self.p("mvs_counters") + 4):
+            return
         # float32 router through the matrix-vector kernel at every batch size: the tensor-core
         # kernel rounds inputs to f16, which could flip a close top-k choice
         same = [(w, y) for w, y in also if (w.type_name, w.k) == (m.router.type_name, m.router.k)]
@@ -144,6 +150,17 @@ class MoeFFN:
         ids, wts = p("moe_ids"), p("moe_w")
         with L.role("moe router + top-k", m.router.nbytes):
             self.route(b, inp, ids, wts, also)
+        if n == 1:  # the routed rows staged in shared memory; down may stage its rows before it waits,
+            # since a gate/up launch always sits between it and the top-k that wrote the ids
+            with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
+                if not L.moe_glu_mv1(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), self.n_ff, self.act,
+                                     inp.norm_w, self.eps):
+                    L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
+                                 inp.norm_w, self.eps)
+            with L.role("moe experts down (+residual)", k * m.down_stride):
+                if not L.moe_down_mv1(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, E, early=True):
+                    L.moe_down_mv(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
+            return
         path = None if b.matvec else self.grouped()
         if path is None:
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):

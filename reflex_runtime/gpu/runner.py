@@ -170,13 +170,22 @@ class CudaRunner:
             dev.begin_capture(s)
             self.launch.pdl = pdl
             try:
-                self.model.forward(1, first=0)
-                self._pick(greedy, 0)
+                self._step(greedy)
             finally:
                 self.launch.pdl = False
                 g = dev.end_capture(s)
             self._graphs[(greedy, pdl)] = g
         return g
+
+    def reset_graphs(self) -> None:
+        """Drop the captured decode graphs (after changing which kernels the launcher picks)."""
+        self._graphs.clear()
+
+    def _step(self, greedy: bool) -> None:
+        """One decode step: the forward pass of tokens[0], then the pick (fused into the LM head
+        for greedy decoding where the head can)."""
+        if not self.model.forward(1, first=0, pick=(self._state, 0) if greedy else None):
+            self._pick(greedy, 0)
 
     def pdl_available(self) -> bool:
         if self.pdl is not None:
@@ -359,19 +368,20 @@ class CudaRunner:
         so a benchmark can replay each role over every layer on its own."""
         self.prefill([(7 * i + 11) % min(self.config.vocab_size, 1000) + 1 for i in range(context)])
         with self.launch.record() as launches:
-            self.model.forward(1)
-            with self.launch.role("pick (argmax)"):
-                self._pick(True, 0)
+            if not self.model.forward(1, pick=(self._state, 0)):
+                with self.launch.role("pick (argmax)"):
+                    self._pick(True, 0)
         self.dev.sync(self.stream)
         return launches
 
-    def graph_of(self, launches):
-        """A CUDA graph replaying recorded launches in order (no Python in the timed path)."""
+    def graph_of(self, launches, pdl: bool = False):
+        """A CUDA graph replaying recorded launches in order (no Python in the timed path); pdl:
+        chained as programmatic dependent launches, as in the decode graph."""
         dev, s = self.dev, self.stream
         dev.begin_capture(s)
         try:
             for ln in launches:
-                ln.kernel.launch(ln.grid, ln.block, ln.args, s, shmem=ln.shmem)
+                ln.kernel.launch(ln.grid, ln.block, ln.args, s, shmem=ln.shmem, pdl=pdl)
         finally:
             graph = dev.end_capture(s)
         return graph
