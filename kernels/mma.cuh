@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "stage.cuh"  // rx_cp_commit, shared with the staged decode kernels
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define RX_SM80 1
 #else
@@ -22,12 +24,6 @@ __device__ __forceinline__ void rx_cp16(void* smem, const void* gmem, int src_by
 #if RX_SM80
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void rx_cp_commit() {
-#if RX_SM80
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 
