@@ -1,10 +1,15 @@
 """The serverless function: load the engine once per container (init phase), then serve events.
 
-Events: direct invokes `{"op": "generate" | "system1", ...}` (reflex_runtime.ops shapes) and HTTP
-events from a Lambda Function URL, an API Gateway HTTP API (v2) or REST API (v1), routed by
-powertools' event handler to reflex_runtime.openai_api: POST /v1/chat/completions,
-/v1/completions, /v1/system1; GET /v1/models, /healthz. Lambda buffers responses, so
-`stream: true` answers one complete text/event-stream body.
+A thin transport over the request layer (reflex_runtime/api): this module reads Lambda events
+and writes Lambda responses; what a request means, its errors, auth and health are decided there.
+- Direct invokes `{"op": "generate" | "system1" | "ping", ...}` (api/direct_ops.py) answer
+  `{"statusCode", ...result}`; with REFLEX_API_KEY set, every op but ping must carry
+  `"authorization": "Bearer <key>"`.
+- HTTP events from a Lambda Function URL, an API Gateway HTTP API (v2) or REST API (v1) go
+  through api/http_routes.py: POST /v1/chat/completions, /v1/completions, /v1/system1; GET
+  /v1/models, /healthz. Lambda buffers responses, so `stream: true` answers one complete
+  text/event-stream body.
+- A malformed event (no method or path, headers that are not strings, invalid base64) is a 400.
 
 Every invocation logs one JSON line (powertools Logger, Lambda context and cold_start injected)
 with its request record; the first also carries the cold-start record (process start -> first
@@ -13,8 +18,7 @@ failed model load 503 with the stage and reason on every request; anything unexp
 with its traceback. No exception leaves lambda_handler, so a request never kills the container.
 
 Import cost, measured with `python -X importtime` (2-core dev box, warm page cache): powertools
-Logger+Metrics ~25 ms; the HTTP event handler ~85 ms, so it is imported on the first HTTP event
-only (a direct invoke never pays it).
+Logger+Metrics ~25 ms. HTTP events need no event-handler import (routing is the request layer's).
 """
 
 from reflex_runtime.coldstart import Timeline
@@ -22,8 +26,7 @@ from reflex_runtime.coldstart import Timeline
 _TIMELINE = Timeline()  # first: the cold-start clock covers this module's own imports
 
 import base64  # noqa: E402
-import hmac  # noqa: E402
-import json  # noqa: E402
+import binascii  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -31,7 +34,12 @@ import warnings  # noqa: E402
 from aws_lambda_powertools import Logger, Metrics  # noqa: E402
 from aws_lambda_powertools.metrics import MetricUnit  # noqa: E402
 
-from reflex_runtime import openai_api, ops  # noqa: E402
+from reflex_runtime.api import direct_ops  # noqa: E402
+from reflex_runtime.api.http_routes import HttpFront  # noqa: E402
+from reflex_runtime.api.json_wire import MAX_BODY_BYTES, dumps  # noqa: E402
+from reflex_runtime.api.model_state import ModelState  # noqa: E402
+from reflex_runtime.api.responses import Response, error_response, sse_lines  # noqa: E402
+from reflex_runtime.engine import CONTEXT_RANGE, serving_limits  # noqa: E402
 from reflex_runtime.errors import ReflexError, RequestError  # noqa: E402
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "reflex")
@@ -39,75 +47,124 @@ logger = Logger(service=SERVICE)
 metrics = Metrics(namespace="Reflex", service=SERVICE)
 # healthz and bad requests publish no metrics; powertools would warn about it on every one.
 warnings.filterwarnings("ignore", message="No application metrics to publish")
-
-# The loader's main-thread marks, and the stage that runs after each (what failed, if it fails).
-_STAGE_AFTER = {None: "resolve_model", "model_resolved": "open_model", "gguf_open": "tokenizer",
-                "tokenizer": "load_weights", "weights_loaded": "engine"}
+API_KEY = os.environ.get("REFLEX_API_KEY") or None
 
 
-class LoadFailure:
-    def __init__(self, stage: str, error: BaseException):
-        self.stage, self.error = stage, error
-
-    def response(self) -> openai_api.ApiResponse:
-        e = self.error
-        reason = str(e) if isinstance(e, ReflexError) else " ".join(f"{type(e).__name__}: {e}".split())
-        r = openai_api.api_error(503, f"the model failed to load at stage '{self.stage}': {reason}",
-                                 getattr(e, "kind", "model_load_error"), code="model_load_failed")
-        r.body["error"]["stage"] = self.stage
-        return r
-
-
-def _int_env(name: str) -> int | None:
-    v = os.environ.get(name, "").strip()
-    return int(v) if v.isdigit() else None
+def _number_env(name: str, kind, lo, hi, default):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = kind(raw)
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        raise ReflexError(f"{name} must be a number in [{lo}, {hi}], got {raw[:32]!r}")
+    return v
 
 
-def _load():
-    """(engine, None) or (None, LoadFailure). Runs once, at import: Lambda's init phase."""
+def _load() -> ModelState:
+    """Runs once, at import: Lambda's init phase. A failure is kept and answered as a 503."""
+    state = ModelState()
     try:
         from reflex_runtime.loader import load_engine
 
+        ctx = _number_env("REFLEX_CTX", int, *CONTEXT_RANGE, None)
+        timeout = _number_env("REFLEX_REQUEST_TIMEOUT", float, 0.0, 86400.0, None)
         engine = load_engine(os.environ.get("REFLEX_MODEL") or None, os.environ.get("REFLEX_BACKEND", "auto"),
-                             _TIMELINE, max_context=_int_env("REFLEX_CTX"),
+                             _TIMELINE, max_context=ctx, limits=serving_limits(timeout),
                              log=lambda msg: logger.warning(msg, extra={"event": "backend_notice"}))
     except Exception as e:  # noqa: BLE001 - every failure becomes a 503 that names it
-        last = _TIMELINE.marks[-1][0] if _TIMELINE.marks else None
-        failure = LoadFailure(_STAGE_AFTER.get(last, f"after_{last}"), e)
-        logger.error("model load failed", extra={"event": "load_failed", "stage": failure.stage,
-                                                 "error": failure.response().body["error"]["message"]},
+        state.failed(e, _TIMELINE.failed_stage or "configuration")
+        logger.error("model load failed", extra={"event": "load_failed", "stage": state.failure.stage,
+                                                 "error": str(state.failure)},
                      exc_info=not isinstance(e, ReflexError))
-        return None, failure
+        return state
+    state.ready(engine)
     logger.info("engine ready", extra={
         "event": "engine_ready", "model": engine.model_name, "backend": engine.runner.name,
-        "fallback_reason": getattr(engine, "fallback_reason", None),
-        "init_marks_ms": {name: round(t * 1000, 3) for name, t, _, _ in _TIMELINE.marks}})
-    return engine, None
+        "fallback_reason": engine.fallback_reason, "init_marks_ms": _TIMELINE.marks_ms()})
+    return state
 
 
-ENGINE, LOAD_FAILURE = _load()
+STATE = _load()
+ENGINE, LOAD_FAILURE = STATE.engine, STATE.failure
+FRONT = HttpFront(STATE, API_KEY, on_internal_error=lambda e: logger.exception(
+    "request failed", extra={"event": "internal_error"}))
 
 _invocations = 0
 _request: dict = {}  # what the current invocation produced: route, record
 
 
-# -- responses ----------------------------------------------------------------------------------
+# -- direct invokes ----------------------------------------------------------------------------
 
 
-def _error(e: BaseException) -> openai_api.ApiResponse:
-    if not isinstance(e, ReflexError):
-        logger.exception("request failed", extra={"event": "internal_error"})
-    return openai_api.error_response(e)
-
-
-def _direct_body(r: openai_api.ApiResponse) -> dict:
+def _direct_body(r: Response) -> dict:
     return {"statusCode": r.status, **(r.body or {})}
 
 
-def _plain_http(r: openai_api.ApiResponse) -> dict:
-    """An HTTP response valid for every event shape, for when the resolver itself failed."""
-    return {"statusCode": r.status, "headers": {"Content-Type": "application/json", **r.headers},
-            "body": json.dumps(r.body), "isBase64Encoded": False}
+def _direct(event: dict) -> dict:
+    _request["route"] = f"op:{str(event.get('op'))[:32]}"
+    try:
+        engine = STATE.wait()  # a failed load: the 503
+        result = {}
+        for result in direct_ops.answer(engine, event, api_key=API_KEY):
+            pass
+        if result.get("record"):
+            _request["record"] = result["record"]
+        return {"statusCode": 200, **result}
+    except Exception as e:  # noqa: BLE001
+        if not isinstance(e, ReflexError):
+            logger.exception("request failed", extra={"event": "internal_error"})
+        return _direct_body(error_response(e))
+
+
+# -- HTTP events ---------------------------------------------------------------------------------
+
+
+def _malformed(what: str) -> RequestError:
+    return RequestError(f"malformed HTTP event: {what}")
+
+
+def read_http_event(event: dict, kind: str):
+    """(method, path, headers with lower-case names, read_body) from an HTTP event; RequestError
+    (400) when the event lacks what an HTTP request needs."""
+    if kind == "rest_api":
+        method, path = event.get("httpMethod"), event.get("path")
+    else:
+        rc = event["requestContext"]
+        method, path = rc["http"].get("method"), event.get("rawPath")
+        stage = rc.get("stage")
+        # API Gateway v2 puts a named stage in front of the path; Function URLs have none ("$default").
+        if isinstance(stage, str) and stage not in ("", "$default") and isinstance(path, str) \
+                and (path == f"/{stage}" or path.startswith(f"/{stage}/")):
+            path = path[len(stage) + 1:] or "/"
+    if not isinstance(method, str) or not method:
+        raise _malformed("no method")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise _malformed("no path")
+    headers = event.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise _malformed("'headers' must map names to string values")
+    body, b64 = event.get("body"), event.get("isBase64Encoded")
+    if body is not None and not isinstance(body, str):
+        raise _malformed("'body' must be a string")
+
+    def read_body() -> bytes | str:
+        raw = body or ""
+        if b64:
+            try:
+                data = base64.b64decode(raw, validate=True)
+            except (binascii.Error, ValueError):
+                raise RequestError("the body is not valid base64 (isBase64Encoded is true)") from None
+            size = len(data)
+        else:
+            data, size = raw, len(raw.encode("utf-8", "surrogatepass"))
+        if size > MAX_BODY_BYTES:
+            raise RequestError(f"request body of {size} bytes exceeds the limit of {MAX_BODY_BYTES}", status=413)
+        return data
+
+    return method.upper(), path, {k.lower(): v for k, v in headers.items()}, read_body
 
 
 def _records(chunks):
@@ -121,110 +178,30 @@ def _records(chunks):
         chunks.close()
 
 
-def _http_response(r: openai_api.ApiResponse):
-    from aws_lambda_powertools.event_handler import Response
-
+def _http_result(r: Response, method: str = "GET") -> dict:
+    """A Lambda proxy response (valid for Function URLs and API Gateway v1 and v2)."""
+    headers = dict(r.headers)
     if r.stream is not None:
-        body = b"".join(openai_api.sse_lines(_records(r.stream))).decode("utf-8")
-        return Response(r.status, "text/event-stream", body, headers={"Cache-Control": "no-cache", **r.headers})
-    if r.body:
+        body = b"".join(sse_lines(_records(r.stream))).decode("utf-8")
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+    elif r.body is not None and r.status != 204:
         _request.setdefault("record", r.body.get("reflex") or r.body.get("record"))
-    return Response(r.status, "application/json", json.dumps(r.body, ensure_ascii=False), headers=r.headers)
+        body = dumps(r.body).decode("utf-8")
+        headers = {"Content-Type": "application/json", **headers}
+    else:
+        body = ""
+    return {"statusCode": r.status, "headers": headers, "body": "" if method == "HEAD" else body,
+            "isBase64Encoded": False}
 
 
-# -- direct invokes ----------------------------------------------------------------------------
-
-
-def _direct(event: dict) -> dict:
-    _request["route"] = f"op:{str(event.get('op'))[:32]}"
-    if LOAD_FAILURE:
-        return _direct_body(LOAD_FAILURE.response())
+def _http(event: dict, kind: str) -> dict:
     try:
-        op = event.get("op")
-        if op == "generate":
-            out = ops.run_generate(ENGINE, ops.parse_generate(event))
-            _request["record"] = out["record"]
-            return {"statusCode": 200, **out}
-        if op == "system1":
-            prompt, candidates, messages, chat = ops.parse_system1(event)
-            res = ENGINE.system1(prompt=prompt, candidates=candidates, messages=messages, chat=chat)
-            _request["record"] = res["record"]
-            return {"statusCode": 200, **res}
-        raise RequestError(f"unknown op {op!r}: use 'generate' or 'system1'", field="op")
-    except Exception as e:  # noqa: BLE001
-        return _direct_body(_error(e))
-
-
-# -- HTTP events ---------------------------------------------------------------------------------
-
-_resolvers: dict = {}
-
-
-def _body(app) -> dict:
-    ev = app.current_event
-    raw = ev.body or ""
-    data = base64.b64decode(raw) if ev.is_base64_encoded else raw.encode("utf-8", "surrogatepass")
-    return openai_api.parse_json_body(data)
-
-
-def _authorized(app) -> bool:
-    key = os.environ.get("REFLEX_API_KEY")
-    if not key:
-        return True
-    headers = {k.lower(): v for k, v in (app.current_event.get("headers") or {}).items()}
-    got = headers.get("authorization", "")
-    return hmac.compare_digest(got.encode(), f"Bearer {key}".encode())
-
-
-def _make_resolver(kind: str):
-    from aws_lambda_powertools import event_handler as eh
-
-    cls = {"function_url": eh.LambdaFunctionUrlResolver, "http_api": eh.APIGatewayHttpResolver,
-           "rest_api": eh.APIGatewayRestResolver}[kind]
-    app = cls()
-
-    def guarded(fn):
-        """Load failure first, then the API key, then the endpoint; every error is JSON."""
-        def route():
-            try:
-                if LOAD_FAILURE:
-                    return _http_response(LOAD_FAILURE.response())
-                if not _authorized(app):
-                    return _http_response(openai_api.api_error(
-                        401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
-                return _http_response(fn())
-            except Exception as e:  # noqa: BLE001
-                return _http_response(_error(e))
-        route.__name__ = fn.__name__
-        return route
-
-    def post(fn):
-        return lambda: fn(ENGINE, _body(app))
-
-    app.post("/v1/chat/completions")(guarded(post(openai_api.chat_completions)))
-    app.post("/v1/completions")(guarded(post(openai_api.completions)))
-    app.post("/v1/system1")(guarded(post(openai_api.system1)))
-    app.get("/v1/models")(guarded(lambda: openai_api.models(ENGINE)))
-
-    @app.get("/healthz")
-    def healthz():
-        if LOAD_FAILURE:
-            return _http_response(LOAD_FAILURE.response())
-        return _http_response(openai_api.ApiResponse(200, {
-            "status": "ok", "model": ENGINE.model_name, "backend": ENGINE.runner.name,
-            "requests_served": ENGINE.requests_served}))
-
-    @app.not_found
-    def not_found(_exc):
-        ev = app.current_event
-        if LOAD_FAILURE:
-            return _http_response(LOAD_FAILURE.response())
-        return _http_response(openai_api.api_error(
-            404, f"no route {ev.http_method} {ev.path[:200]} (routes: POST /v1/chat/completions, POST /v1/completions, "
-                 "POST /v1/system1, GET /v1/models, GET /healthz)", code="not_found"))
-
-    return app
+        method, path, headers, read_body = read_http_event(event, kind)
+    except RequestError as e:
+        _request["route"] = "malformed"
+        return _http_result(error_response(STATE.failure or e))
+    _request["route"] = f"{method[:16]} {path[:200]}"
+    return _http_result(FRONT.respond(method, path, headers, read_body), method)
 
 
 def event_kind(event) -> str | None:
@@ -241,15 +218,6 @@ def event_kind(event) -> str | None:
     return "direct" if "op" in event else None
 
 
-def _http(event: dict, context, kind: str) -> dict:
-    app = _resolvers.get(kind)
-    if app is None:
-        app = _resolvers[kind] = _make_resolver(kind)
-    method = event.get("httpMethod") or event["requestContext"]["http"].get("method")
-    _request["route"] = f"{method} {str(event.get('rawPath') or event.get('path'))[:200]}"
-    return app.resolve(event, context)
-
-
 # -- the entry point -------------------------------------------------------------------------------
 
 
@@ -258,8 +226,8 @@ def _emit_metrics(rec: dict) -> None:
     cs = rec.get("coldstart") or {}
     if cs.get("process_start_to_first_token_ms") is not None:
         metrics.add_metric("ProcessStartToFirstTokenMs", MetricUnit.Milliseconds, cs["process_start_to_first_token_ms"])
-    if cs.get("joules_to_first_token") is not None:
-        metrics.add_metric("JoulesToFirstToken", MetricUnit.NoUnit, cs["joules_to_first_token"])
+    if cs.get("joules_process_start_to_first_token") is not None:
+        metrics.add_metric("JoulesProcessStartToFirstToken", MetricUnit.NoUnit, cs["joules_process_start_to_first_token"])
     metrics.add_metric("PromptTokens", MetricUnit.Count, rec.get("prompt_tokens") or 0)
     metrics.add_metric("GeneratedTokens", MetricUnit.Count, rec.get("generated_tokens") or 0)
     if rec.get("decode_tokens_per_s") is not None:
@@ -267,8 +235,8 @@ def _emit_metrics(rec: dict) -> None:
 
 
 def _timeline_so_far() -> dict:
-    if _TIMELINE.meter is None:  # the device thread has not reported: record() would wait for it
-        return {"marks_ms": {n: round(t * 1000, 3) for n, t, _, _ in _TIMELINE.marks}}
+    if not _TIMELINE.wait_for_meter(0):  # the device thread has not reported: record() would wait for it
+        return {"marks_ms": _TIMELINE.marks_ms()}
     return _TIMELINE.record()
 
 
@@ -284,12 +252,12 @@ def _invoke(event, context):
     if kind == "direct":
         result = _direct(event)
     elif kind is not None:
-        result = _http(event, context, kind)
+        result = _http(event, kind)
     else:
         _request["route"] = "unknown"
-        err = openai_api.api_error(400, "unrecognized event: send {\"op\": \"generate\" | \"system1\", ...} or an "
-                                        "HTTP event (Function URL, API Gateway v1/v2)", param="op")
-        result = _direct_body(LOAD_FAILURE.response() if LOAD_FAILURE else err)
+        err = RequestError("unrecognized event: send {\"op\": \"generate\" | \"system1\" | \"ping\", ...} or an "
+                           "HTTP event (Function URL, API Gateway v1/v2)", field="op")
+        result = _direct_body(error_response(STATE.failure or err))
     fields = {"event": "request", "event_kind": kind, "route": _request.get("route"),
               "status": result.get("statusCode"), "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}
     rec = _request.get("record")
@@ -298,8 +266,8 @@ def _invoke(event, context):
         _emit_metrics(rec)
     if first and not (rec and "coldstart" in rec):
         fields["coldstart"] = _timeline_so_far()  # the cold start, even when this request made no token
-    if LOAD_FAILURE:
-        fields["load_failure"] = {"stage": LOAD_FAILURE.stage, "error": str(LOAD_FAILURE.error)}
+    if STATE.failure:
+        fields["load_failure"] = {"stage": STATE.failure.stage, "error": str(STATE.failure.cause)}
     logger.info("request", extra=fields)
     return result
 
@@ -312,5 +280,5 @@ def lambda_handler(event, context):
             logger.exception("handler failed", extra={"event": "handler_error"})
         except Exception:  # noqa: BLE001
             pass
-        r = openai_api.error_response(e)
-        return _plain_http(r) if isinstance(event, dict) and "requestContext" in event else _direct_body(r)
+        r = error_response(e)
+        return _http_result(r) if isinstance(event, dict) and "requestContext" in event else _direct_body(r)

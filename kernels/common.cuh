@@ -22,6 +22,13 @@ __device__ __forceinline__ void rx_pdl_begin() {
 #endif
 }
 
+// The one exception to "rx_pdl_begin() first": a kernel whose first statement is this marker
+// may copy *weights* (the GGUF data region, never written while a graph runs) and nothing else
+// before it calls rx_pdl_begin(), so its weight loads overlap its predecessor (stage.cuh). Reads
+// of anything a kernel writes must still come after rx_pdl_begin(), except where a kernel says
+// why the writer finished two or more launches earlier (see reflex_attn_decode, moe_decode.cu).
+__device__ __forceinline__ void rx_pdl_weights_first() {}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -64,6 +71,8 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int g, float* w) {
     else if (T == RX_Q8_0) dequant8_q8_0(row, g, w);
     else if (T == RX_Q4_0) dequant8_q4_0(row, g, w);
     else if (T == RX_Q5_0) dequant8_q5_0(row, g, w);
+    else if (T == RX_Q4_1) dequant8_q4_1(row, g, w);
+    else if (T == RX_Q5_1) dequant8_q5_1(row, g, w);
     else if (T == RX_Q4_K) dequant8_q4_k(row, g, w);
     else if (T == RX_Q5_K) dequant8_q5_k(row, g, w);
     else if (T == RX_Q6_K) dequant8_q6_k(row, g, w);
@@ -77,6 +86,8 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int g, float* w) {
     MACRO(q8_0, RX_Q8_0)        \
     MACRO(q4_0, RX_Q4_0)        \
     MACRO(q5_0, RX_Q5_0)        \
+    MACRO(q4_1, RX_Q4_1)        \
+    MACRO(q5_1, RX_Q5_1)        \
     MACRO(q4_k, RX_Q4_K)        \
     MACRO(q5_k, RX_Q5_K)        \
     MACRO(q6_k, RX_Q6_K)

@@ -8,9 +8,11 @@
 //   reflex_moe_mv_glu_*   act[p] = act(gate_e x'[t]) * (up_e x'[t]), RMS norm of x fused
 //   reflex_moe_mv_down_*  x[t] += sum_s w[p] * down_e act[p]   (slot order: deterministic; residual fused)
 // Prefill, weights read once per 64 routed tokens of each expert:
-//   reflex_moe_group      the pairs sorted by expert, in token order inside each expert (stable)
-//   reflex_moe_mm_*       tensor-core tiles per (expert, 128 rows) over that expert's gathered rows
-//   reflex_moe_combine    x[t] += sum_s w[p] * y[p]
+//   reflex_moe_group      the pairs sorted by expert, in token order inside each expert (stable),
+//                         and (optionally) the list of (expert, first pair) tiles of bm pairs
+//                         that gemm.cu's grouped kernels (sm_80+) take one block row each
+//   reflex_moe_mm_*       (older GPUs) WMMA tiles per (expert, 128 rows) over its gathered rows
+//   reflex_moe_combine    (older GPUs) x[t] += sum_s w[p] * y[p]
 // Bound by the routed experts' weight bytes: k * 3 * n_ff * n_embd weights per decode token.
 #include "common.cuh"
 
@@ -45,27 +47,23 @@ __device__ __forceinline__ void moe_block_argmax(const float* p, int n, float* b
     *best_v = bv, *best_i = bi;
 }
 
-// One block per token: p = softmax(logits) in float32, the k largest p (equal p: lower expert
-// id first, like a stable sort), optionally divided by their sum clamped to >= 2^-14.
-extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* logits, int n_expert, int k, int normalize,
-                                                                   int* ids, float* weights) {
-    rx_pdl_begin();
+// p = softmax(z) in float32 over one token's n_expert router logits, the k largest p (equal p:
+// lower expert id first, like a stable sort), optionally divided by their sum clamped to >= 2^-14.
+// One whole block; z is read through L2 (another block may have just written it).
+__device__ void moe_topk_row(const float* z, int n_expert, int k, int normalize, int* my_ids, float* my_w) {
     __shared__ float p[MOE_MAX_EXPERTS];
     __shared__ float scratch[32];
-    const float* z = logits + (long)blockIdx.x * n_expert;
     float m = -INFINITY;
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) m = fmaxf(m, z[e]);
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) m = fmaxf(m, __ldcg(z + e));
     m = block_max(m, scratch);
     float s = 0.f;
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-        p[e] = expf(z[e] - m);
+        p[e] = expf(__ldcg(z + e) - m);
         s += p[e];
     }
     s = block_sum(s, scratch);
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) p[e] = p[e] / s;
     __syncthreads();
-    int* my_ids = ids + (long)blockIdx.x * k;
-    float* my_w = weights + (long)blockIdx.x * k;
     float total = 0.f;
     for (int j = 0; j < k; j++) {
         float v;
@@ -77,6 +75,14 @@ extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* l
         __syncthreads();
     }
     if (normalize && threadIdx.x < k) my_w[threadIdx.x] = my_w[threadIdx.x] / fmaxf(total, 6.103515625e-5f);
+}
+
+// One block per token.
+extern "C" __global__ void __launch_bounds__(256) reflex_moe_topk(const float* logits, int n_expert, int k, int normalize,
+                                                                   int* ids, float* weights) {
+    rx_pdl_begin();
+    moe_topk_row(logits + (long)blockIdx.x * n_expert, n_expert, k, normalize, ids + (long)blockIdx.x * k,
+                 weights + (long)blockIdx.x * k);
 }
 
 template <int T>
@@ -129,22 +135,33 @@ RX_FOR_EACH_TYPE(RX_MOE)
 // One block: counts per expert, their exclusive prefix sums, then each warp lists the pairs of
 // experts warp, warp + n_warps, ... in pair order (ballot + popc), so every list is in token
 // order and the result does not depend on scheduling. pair_tok[i] = the pair's token.
+// With tile_e != NULL also the tiles of bm pairs, expert by expert: tile i covers pairs
+// [offsets[tile_e[i]] + tile_m0[i], + bm) of its expert's list; *n_tiles of them.
 extern "C" __global__ void __launch_bounds__(1024) reflex_moe_group(const int* ids, int n_pairs, int n_expert, int k,
                                                                     int* counts, int* offsets, int* pair_tok,
-                                                                    int* pair_id) {
+                                                                    int* pair_id, int bm, int* tile_e, int* tile_m0,
+                                                                    int* n_tiles) {
     rx_pdl_begin();
-    __shared__ int cnt[MOE_MAX_EXPERTS], off[MOE_MAX_EXPERTS];
+    __shared__ int cnt[MOE_MAX_EXPERTS], off[MOE_MAX_EXPERTS], tile0[MOE_MAX_EXPERTS];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
-        int s = 0;
-        for (int e = 0; e < n_expert; e++) off[e] = s, s += cnt[e];
+        int s = 0, ts = 0;
+        for (int e = 0; e < n_expert; e++) {
+            off[e] = s, s += cnt[e];
+            tile0[e] = ts, ts += tile_e ? (cnt[e] + bm - 1) / bm : 0;
+        }
+        if (tile_e) *n_tiles = ts;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) counts[e] = cnt[e], offsets[e] = off[e];
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        counts[e] = cnt[e], offsets[e] = off[e];
+        if (tile_e)
+            for (int m0 = 0, i = tile0[e]; m0 < cnt[e]; m0 += bm, i++) tile_e[i] = e, tile_m0[i] = m0;
+    }
     for (int e = warp; e < n_expert; e += n_warps) {
         if (cnt[e] == 0) continue;
         int at = off[e];

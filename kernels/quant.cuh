@@ -19,7 +19,7 @@
 
 // ggml type ids (gguf.constants.GGMLQuantizationType)
 enum {
-    RX_F32 = 0, RX_F16 = 1, RX_Q4_0 = 2, RX_Q5_0 = 6, RX_Q8_0 = 8,
+    RX_F32 = 0, RX_F16 = 1, RX_Q4_0 = 2, RX_Q4_1 = 3, RX_Q5_0 = 6, RX_Q5_1 = 7, RX_Q8_0 = 8,
     RX_Q4_K = 12, RX_Q5_K = 13, RX_Q6_K = 14, RX_BF16 = 30,
 };
 
@@ -35,6 +35,15 @@ RX_HD uint32_t rx_u16(const uint8_t* p) {
 }
 RX_HD uint32_t rx_u32(const uint8_t* p) { return rx_u16(p) | (rx_u16(p + 2) << 16); }
 
+// 4 bytes at a 4-byte aligned address (Q4_1 and Q5_1 blocks are 20 and 24 bytes long).
+RX_HD uint32_t rx_u32_a4(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const uint32_t*>(p);
+#else
+    return rx_u32(p);
+#endif
+}
+
 // 8 bytes at an even address (little-endian), as one 64-bit value.
 RX_HD uint64_t rx_ld8_a2(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
@@ -44,6 +53,16 @@ RX_HD uint64_t rx_ld8_a2(const uint8_t* p) {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
     return v;
+#endif
+}
+
+// 8 bytes at a 4-byte aligned address.
+RX_HD uint64_t rx_ld8_a4(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p);
+    return (uint64_t)w[0] | ((uint64_t)w[1] << 32);
+#else
+    return rx_ld8_a2(p);
 #endif
 }
 
@@ -164,6 +183,35 @@ RX_HD void dequant8_q5_0(const uint8_t* row, int g, float* out) {
     }
 }
 
+// Q4_1: 20-byte blocks of 32: f16 d, f16 m, 16 bytes of nibbles laid out as in Q4_0;
+// w = d * nibble + m. Blocks sit at multiples of 20 bytes: 4-byte aligned.
+RX_HD void dequant8_q4_1(const uint8_t* row, int g, float* out) {
+    const uint8_t* b = row + 20 * (g >> 2);
+    uint32_t dm = rx_u32_a4(b);
+    float d = rx_f16(dm & 0xFFFFu), m = rx_f16(dm >> 16);
+    int part = g & 3;
+    uint64_t q = rx_ld8_a4(b + 4 + 8 * (part & 1));
+    int shift = (part >> 1) * 4;
+    for (int i = 0; i < 8; i++) out[i] = d * (float)((RX_BYTE(q, i) >> shift) & 15) + m;
+}
+
+// Q5_1: 24-byte blocks of 32: f16 d, f16 m, 32-bit qh (5th bits), 16 bytes of nibbles as in
+// Q4_0; w = d * q + m. Blocks sit at multiples of 24 bytes: 8-byte aligned.
+RX_HD void dequant8_q5_1(const uint8_t* row, int g, float* out) {
+    const uint8_t* b = row + 24 * (g >> 2);
+    uint32_t dm = rx_u32_a4(b);
+    float d = rx_f16(dm & 0xFFFFu), m = rx_f16(dm >> 16);
+    uint32_t qh = rx_u32_a4(b + 4);
+    int part = g & 3;
+    uint64_t q = rx_ld8_a8(b + 8 + 8 * (part & 1));
+    int shift = (part >> 1) * 4;
+    for (int i = 0; i < 8; i++) {
+        int j = 8 * part + i;  // weight index inside the block
+        int v = ((RX_BYTE(q, i) >> shift) & 15) | (((qh >> j) & 1) << 4);
+        out[i] = d * (float)v + m;
+    }
+}
+
 // Q4_K: 144-byte super-blocks of 256: f16 d, f16 dmin, 12 scale bytes, 128 bytes of nibbles.
 // Weights 64c .. 64c+31 are the low nibbles of qs[32c ..], 64c+32 .. 64c+63 the high nibbles.
 // w = d * scale(sub) * q - dmin * min(sub).
@@ -223,6 +271,8 @@ RX_HD long rx_row_bytes(int type, long k) {
         case RX_Q8_0: return k / 32 * 34;
         case RX_Q4_0: return k / 32 * 18;
         case RX_Q5_0: return k / 32 * 22;
+        case RX_Q4_1: return k / 32 * 20;
+        case RX_Q5_1: return k / 32 * 24;
         case RX_Q4_K: return k / 256 * 144;
         case RX_Q5_K: return k / 256 * 176;
         case RX_Q6_K: return k / 256 * 210;

@@ -1,17 +1,22 @@
-// rope.cu: per-head RMSNorm of q and k (Qwen3, Gemma 3), NeoX-style rotary embedding, and the
+// rope.cu: per-head RMSNorm of q and k (Qwen3, Gemma 3), rotary position embedding, and the
 // store of k and v into the f16 KV cache, in one launch.
 //
 // Grid (n_tok, n_head + n_head_kv); block 128 threads. Blocks with y < n_head rotate query head
 // y in place; the others rotate key head y - n_head and write it, with the matching value head,
 // to cache slot slot[t]. Cache layout per layer: [n_head_kv][n_ctx][head_dim] halves.
-// NeoX rotation: the pair (i, i + rope_dim/2) for i < rope_dim/2 turns by pos * base^(-2i/rope_dim)
-// * freq_scale; dimensions from rope_dim on pass through (partial rotary).
+// Rotation pair i < rope_dim/2 turns by pos * freq_scale * base^(-2i/rope_dim) / factor_i:
+//   NeoX (pairwise = 0): the pair (i, i + rope_dim/2) (Qwen3, Gemma 3);
+//   normal (pairwise = 1): adjacent dims (2i, 2i + 1) (llama.cpp's "normal" rope, used by Llama,
+//   whose converter permutes the q/k rows so that HF's halves become adjacent pairs).
+// freq_factors (NULL: all 1) holds one factor per pair (Llama 3.1+'s rope_freqs tensor);
+// freq_scale is 1 / the linear scaling factor. Dimensions from rope_dim on pass through.
+// Bound by launch latency: a few KB per token.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(128) reflex_qk_rope_store(
     float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const int* pos,
     const int* slot, int* kv_pos, half* k_cache, half* v_cache, int n_head, int n_head_kv, int hd, int hd_v, int rope_dim,
-    float base, float freq_scale, float eps, int n_ctx) {
+    float base, float freq_scale, const float* freq_factors, int pairwise, float eps, int n_ctx) {
     rx_pdl_begin();
     __shared__ float head[256];
     __shared__ float scratch[32];
@@ -34,11 +39,14 @@ extern "C" __global__ void __launch_bounds__(128) reflex_qk_rope_store(
     // ~2e-4 rad. Only rope_dim/2 values per head, so the cost does not show.
     double p = (double)pos[t] * (double)freq_scale;
     for (int i = threadIdx.x; i < half_dim; i += blockDim.x) {
+        double ang = p * pow((double)base, -2.0 * (double)i / (double)rope_dim);
+        if (freq_factors) ang /= (double)freq_factors[i];
         double s, c;
-        sincos(p * pow((double)base, -2.0 * (double)i / (double)rope_dim), &s, &c);
-        float x0 = head[i], x1 = head[i + half_dim];
-        head[i] = x0 * (float)c - x1 * (float)s;
-        head[i + half_dim] = x0 * (float)s + x1 * (float)c;
+        sincos(ang, &s, &c);
+        int a = pairwise ? 2 * i : i, b = pairwise ? 2 * i + 1 : i + half_dim;  // each thread owns its pair
+        float x0 = head[a], x1 = head[b];
+        head[a] = x0 * (float)c - x1 * (float)s;
+        head[b] = x0 * (float)s + x1 * (float)c;
     }
     __syncthreads();
     if (is_q) {

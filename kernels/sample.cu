@@ -6,31 +6,7 @@
 //   and walk the kept tokens in id order until the running mass exceeds u * kept mass.
 // After choosing, both kernels write tokens[0] (the next step's input), out_tokens[step], and
 // move pos/slot/n_kv one past the last token of this pass (index `last`).
-#include "common.cuh"
-
-struct RxState {  // device-resident decode bookkeeping, see gpu/runner.py
-    int* tokens;
-    int* pos;
-    int* slot;
-    int* n_kv;
-    int* step;
-    int* out_tokens;
-};
-
-__device__ __forceinline__ void rx_advance(const RxState st, int last, int tok) {
-    int step = *st.step;
-    st.out_tokens[step] = tok;
-    *st.step = step + 1;
-    int p = st.pos[last] + 1, s = st.slot[last] + 1;
-    st.tokens[0] = tok;
-    st.pos[0] = p;
-    st.slot[0] = s;
-    *st.n_kv = s + 1;
-}
-
-__device__ __forceinline__ bool rx_better(float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi);
-}
+#include "state.cuh"
 
 // Phase 1: each block finds the best (value, index) of its slice.
 extern "C" __global__ void __launch_bounds__(1024) reflex_argmax_partial(const float* logits, int n, float* part_v,

@@ -1,10 +1,14 @@
 """`reflex bench`: warm microbenchmarks of the CUDA engine (a benchmark, not a test).
 
-- decode tok/s through the captured graph (greedy, EOS ignored), median over repeats;
+- decode tok/s through the captured graph (greedy, EOS ignored), median over repeats; the same
+  with the legacy decode kernels and without PDL, for comparison;
+- decode tok/s after 128 .. 8,192 tokens of context (`--depths`, llama-bench's -d): GPU time of
+  graph replays back to back;
 - prefill tok/s at several prompt lengths (CUDA events around prefill + first pick);
 - one decode step role by role (qkv, attention, ffn, experts, lm head...): GPU time and GB/s of
   the weights each reads, against a measured device-to-device copy (bytes read + written / time);
-- system1 warm latency for three one-token candidates.
+- system1 warm latency for three one-token candidates;
+- for latent-cache families (deepseek2), the KV-cache bytes per token, latent against expanded.
 Prints a table and writes JSON with the date and GPU.
 """
 
@@ -38,29 +42,69 @@ def copy_bandwidth(dev, stream, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms / 1000) / 1e9
 
 
+def _advances_state(role: str) -> bool:
+    return role.startswith("pick") or "argmax" in role
+
+
 def step_breakdown(runner, context: int = 256, repeats: int = 20) -> list[dict]:
     """GPU time of one decode step at `context` tokens, role by role (the roles the model's
     blocks give their launches: qkv, attention, ffn gate/up, lm head...). Each role's launches
     from every layer are replayed as one CUDA graph, so Python's launch cost (~8 us) is not in
     the figure and the weights come from memory, not from the 50 MB L2, as far as the layers
     together outgrow it (a 28-layer 0.6B model's 1-3 MB matrices only partly do: read those
-    rows' GB/s as upper bounds). GB/s counts the weight bytes each role reads."""
+    rows' GB/s as upper bounds). GB/s counts the weight bytes each role reads. `us_pdl`: the
+    same graph chained with programmatic dependent launches (each launch's early weight copies
+    then overlap the previous one of its role, as they overlap the previous kernel in a step)."""
     dev, s = runner.dev, runner.stream
     launches = runner.decode_step_launches(context)
     roles: dict[str, list] = {}
     for ln in launches:
         roles.setdefault(ln.role, []).append(ln)
-    max_replays = runner.model.max_new - context - 2  # the pick advances the step counter per replay
+    max_replays = runner.model.max_new - context - 2  # a pick advances the step counter per replay
+    pdl = runner.pdl_available()
     out = []
     for role, group in roles.items():
-        if role.startswith("pick") and (repeats + 1) * len(group) > max_replays:
+        if _advances_state(role) and (1 + pdl) * (repeats + 1) * len(group) > max_replays:
             continue
-        graph = runner.graph_of(group)
-        graph.launch(s)
-        us = _events_ms(dev, s, lambda: graph.launch(s), repeats) * 1000
+        row = {"role": role, "launches": len(group)}
+        for key, chained in (("us", False), ("us_pdl", True)):
+            if chained and not pdl:
+                continue
+            graph = runner.graph_of(group, pdl=chained)
+            graph.launch(s)
+            row[key] = round(_events_ms(dev, s, lambda: graph.launch(s), repeats) * 1000, 2)
         wbytes = sum(ln.weight_bytes for ln in group)
-        out.append({"role": role, "launches": len(group), "us": round(us, 2),
-                    "weight_bytes": wbytes, "gb_s": round(wbytes / (us / 1e6) / 1e9, 1) if wbytes else None})
+        us = min(row["us"], row.get("us_pdl", row["us"]))
+        row.update(weight_bytes=wbytes, gb_s=round(wbytes / (us / 1e6) / 1e9, 1) if wbytes else None)
+        out.append(row)
+    return out
+
+
+def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
+    """Greedy decode tok/s after `depth` tokens of context (llama-bench -d): the GPU time of
+    n_tokens decode-graph replays back to back after one prefill of `depth` tokens, the state
+    rewound to just after the prefill for each repeat (median)."""
+    dev, s = runner.dev, runner.stream
+    graph = runner._decode_graph(True)
+    out = []
+    for depth in depths:
+        if depth + n_tokens + 2 > runner.max_context:
+            out.append({"depth": depth, "skipped": f"context {runner.max_context}"})
+            continue
+        ids = [(7 * i + 11) % min(runner.config.vocab_size, 1000) + 1 for i in range(depth)]
+        runner.prefill(ids)
+        dev.sync(s)  # the prefill's input copies have left the pinned buffer we rewrite below
+
+        def run():
+            for _ in range(n_tokens):
+                graph.launch(s)
+
+        times = []
+        for _ in range(repeats):
+            runner._write_inputs([ids[-1]], [depth], [depth], n_kv=depth + 1)  # any token: the time is the same
+            times.append(_events_ms(dev, s, run, 1))
+        ms = statistics.median(times)
+        out.append({"depth": depth, "tokens": n_tokens, "ms": round(ms, 3), "tok_s": round(n_tokens / (ms / 1000), 1)})
     return out
 
 
@@ -87,7 +131,9 @@ def prefill_rate(runner, n: int, repeats: int) -> dict:
 def main(args) -> int:
     from .loader import load_engine
 
-    engine = load_engine(args.model, "cuda")
+    depths = [int(d) for d in (getattr(args, "depths", "") or "").split(",") if d]
+    ctx = max(depths) + args.decode_tokens + 16 if depths else None
+    engine = load_engine(args.model, "cuda", max_context=max(ctx, 4096) if ctx else None)
     runner = engine.runner
     dev = runner.dev
     t0 = time.perf_counter()
@@ -101,9 +147,24 @@ def main(args) -> int:
         runner.pdl = False
         res["decode_without_pdl"] = decode_rate(engine, args.decode_tokens, args.repeats)
         runner.pdl = None
+    launch = runner.launch
+    if launch.staged or launch.attn_decode:  # the legacy decode kernels on the same file, for comparison
+        saved = launch.staged, launch.attn_decode
+        launch.staged = launch.attn_decode = False
+        runner.reset_graphs()
+        res["decode_legacy_kernels"] = decode_rate(engine, args.decode_tokens, args.repeats)
+        res["decode_legacy_graph_nodes"] = runner.info().get("decode_graph_nodes")
+        launch.staged, launch.attn_decode = saved
+        runner.reset_graphs()
     res["decode"] = decode_rate(engine, args.decode_tokens, args.repeats)
     res["decode_graph_nodes"] = runner.info().get("decode_graph_nodes")
     res["decode_graph_pdl"] = runner.pdl_available()
+    res["decode_kernels"] = {"staged": launch.staged, "attn_decode": launch.attn_decode,
+                             "mvs_budget": launch.mvs_budget, "mvs_blocks_per_sm": launch.mvs_blocks_per_sm,
+                             "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
+                             "fuse_rope": launch.fuse_rope}
+    if depths:
+        res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]
     res["decode_step_breakdown"] = step_breakdown(runner)
     t = time.perf_counter()
@@ -114,6 +175,9 @@ def main(args) -> int:
     res["decode_bytes_per_token"] = nbytes = runner.model.decode_bytes_per_token()
     res["decode_effective_gb_s"] = round(nbytes * tok_s / 1e9, 1) if tok_s else None
     res["decode_fraction_of_copy"] = round(res["decode_effective_gb_s"] / res["copy_gb_s"], 3) if tok_s else None
+    kv_bytes = getattr(runner.model, "kv_cache_bytes_per_token", None)  # latent-cache families (deepseek2)
+    if kv_bytes is not None:
+        res["kv_cache_bytes_per_token"] = kv_bytes()
     res["bench_s"] = round(time.perf_counter() - t0, 2)
     if args.out:
         with open(args.out, "w") as f:
@@ -126,12 +190,24 @@ def main(args) -> int:
           f"{nbytes / 1e6:.1f} MB of weights per token -> {res['decode_effective_gb_s']} GB/s vs copy {res['copy_gb_s']} GB/s)")
     if "decode_without_pdl" in res:
         print(f"decode without PDL: {res['decode_without_pdl']['tok_s_median']} tok/s")
+    if "decode_legacy_kernels" in res:
+        print(f"decode with the legacy decode kernels: {res['decode_legacy_kernels']['tok_s_median']} tok/s "
+              f"(graph of {res['decode_legacy_graph_nodes']} nodes)")
+    for d in res.get("decode_at_depth", []):
+        print(f"decode at depth {d['depth']:>5}: " + (f"{d['tok_s']:>8} tok/s ({d['tokens']} tokens, graph replays)"
+                                                     if "tok_s" in d else f"skipped ({d['skipped']})"))
     for p in res["prefill"]:
         print(f"prefill {p['tokens']:>5} tokens: {p['ms']:8.3f} ms  {p['tok_s']:>10.1f} tok/s")
-    print("one decode step at 256 tokens of context, by role, every layer's launches (GPU time, graph-replayed):")
-    print(f"  {'role':<34} {'launches':>8} {'us':>9} {'us/launch':>9} {'GB/s':>8}")
+    print("one decode step at 256 tokens of context, by role, every layer's launches (GPU time, graph-replayed;"
+          " us_pdl: chained with PDL):")
+    print(f"  {'role':<34} {'launches':>8} {'us':>9} {'us_pdl':>9} {'us/launch':>9} {'GB/s':>8}")
     for r in res["decode_step_breakdown"]:
-        print(f"  {r['role']:<34} {r['launches']:>8} {r['us']:>9} {r['us'] / r['launches']:>9.2f} "
+        best = min(r["us"], r.get("us_pdl", r["us"]))
+        print(f"  {r['role']:<34} {r['launches']:>8} {r['us']:>9} {r.get('us_pdl', ''):>9} {best / r['launches']:>9.2f} "
               f"{r['gb_s'] if r['gb_s'] is not None else '':>8}")
     print(f"system1 warm: {res['system1_warm_ms']} ms")
+    if "kv_cache_bytes_per_token" in res:
+        kv = res["kv_cache_bytes_per_token"]
+        print(f"KV cache per token of context (f16): latent {kv['latent']} bytes, expanded heads {kv['expanded']} bytes "
+              f"({kv['expanded_over_latent']}x)")
     return 0

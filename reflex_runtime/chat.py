@@ -49,6 +49,11 @@ _compiled: dict[str, Any] = {}
 _budget = threading.local()  # .steps (left), .deadline: set per render by render_chat
 
 
+def fallback_name(architecture: str | None) -> str:
+    """What render_chat(None, ...) lays messages out in for this architecture."""
+    return "Gemma turn" if architecture in GEMMA_ARCHITECTURES else "ChatML"
+
+
 def render_chat(template: str | None, messages: Sequence[dict], add_generation_prompt: bool = True,
                 enable_thinking: bool | None = None, tools: list[dict] | None = None, bos_token: str = "",
                 eos_token: str = "", *, architecture: str | None = None) -> str:

@@ -16,8 +16,8 @@ import sys
 # Error budget per weight type. Weights decode exactly on both sides; the budget is for the GPU's
 # f16 KV cache and f16 tensor-core inputs on long prompts (~2^-11 relative per element), which
 # grows with the dynamic range of the decoded weights.
-TOLERANCES = {"F32": 5e-3, "F16": 5e-3, "BF16": 5e-3, "Q8_0": 5e-3, "Q5_0": 8e-3, "Q5_K": 8e-3, "Q6_K": 8e-3,
-              "Q4_0": 1e-2, "Q4_K": 1e-2}
+TOLERANCES = {"F32": 5e-3, "F16": 5e-3, "BF16": 5e-3, "Q8_0": 5e-3, "Q5_0": 8e-3, "Q5_1": 8e-3, "Q5_K": 8e-3,
+              "Q6_K": 8e-3, "Q4_0": 1e-2, "Q4_1": 1e-2, "Q4_K": 1e-2}
 
 
 def dominant_weight_type(gguf) -> str:

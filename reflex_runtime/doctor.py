@@ -49,7 +49,7 @@ def collect(timeline) -> dict:
         info["gpu"] = {"name": dev.name, "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}", "sms": dev.sm_count,
                        "memory_gib": round(dev.total_mem / 2**30, 1), "driver_cuda": f"{d // 1000}.{d % 1000 // 10}",
                        "kernel_format": boot.kernel_format}
-    timeline._meter_ready.wait(5.0)
+    timeline.wait_for_meter(5.0)
     m = timeline.meter
     info["nvml_energy"] = None if m is None or m.method is None else {"method": m.method, "idle_watts": m.idle_watts}
     if m is not None and m.error:
@@ -58,10 +58,8 @@ def collect(timeline) -> dict:
     return info
 
 
-def main(args) -> int:
-    from .cli import _TIMELINE
-
-    info = collect(_TIMELINE)
+def main(args, timeline) -> int:
+    info = collect(timeline)
     if args.json:
         print(json.dumps(info))
         return 0

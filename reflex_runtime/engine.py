@@ -18,17 +18,55 @@ from .errors import RequestError
 from .sampling import SamplingParams
 
 
-@dataclass
+# `--ctx` and REFLEX_CTX: the context a runner may allocate, in tokens.
+CONTEXT_RANGE = (16, 1 << 20)
+# What serve, stdio/uds and the handler set Limits.request_timeout_s to unless told otherwise.
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+
+
+def serving_limits(request_timeout_s: float | None = None) -> "Limits":
+    """The Limits of a server front end: `request_timeout_s` None means the default, 0 none."""
+    t = DEFAULT_REQUEST_TIMEOUT_S if request_timeout_s is None else request_timeout_s
+    return Limits(request_timeout_s=t or None)
+
+
+@dataclass(frozen=True)
 class Limits:
+    """Every bound on a request, defined once. The request layer (reflex_runtime/api) checks
+    shapes, counts and character lengths before anything is tokenized; the engine checks the
+    token counts, which only exist after tokenizing."""
+
     max_prompt_tokens: int = 8192
     max_new_tokens: int = 4096
+    # A chat request that gives no max_tokens gets this many at most (OpenAI would run to the end
+    # of the context: minutes on a slow backend, with every other client waiting).
+    default_max_tokens: int = 512
     max_candidates: int = 64
     max_candidate_tokens: int = 64
     max_stop_strings: int = 8
+    max_stop_chars: int = 1024  # per stop string
+    max_messages: int = 2048
+    # Text is refused before tokenizing when it has more characters than this many per allowed
+    # token: no tokenizer we read has longer tokens than runs of ~31 spaces, and real text
+    # averages 2-5 characters a token, so the bound only stops input that could never fit.
+    chars_per_token: int = 16
+    # Wall-clock budget of one generation on the engine; it then ends as if max_tokens was hit
+    # (finish_reason "length", record "time_limited": true). None: no limit (the CLI).
+    request_timeout_s: float | None = None
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.max_prompt_tokens * self.chars_per_token
+
+    @property
+    def max_candidate_chars(self) -> int:
+        return self.max_candidate_tokens * self.chars_per_token
 
 
 @dataclass
 class GenerateRequest:
+    """A validated generate request (reflex_runtime/api builds them from every transport)."""
+
     prompt: str | None = None
     messages: list[dict] | None = None
     max_tokens: int = 64
@@ -37,6 +75,7 @@ class GenerateRequest:
     chat: bool = False
     enable_thinking: bool | None = None
     ignore_eos: bool = False
+    time_limit_s: float | None = None  # see Limits.request_timeout_s
 
 
 @dataclass
@@ -68,28 +107,12 @@ class Runner(Protocol):
         """Backend facts for the record (device, kernel format...)."""
 
 
-def _validate_sampling(p: SamplingParams) -> None:
-    checks = [
-        ("temperature", p.temperature, 0.0, 100.0),
-        ("top_p", p.top_p, 0.0, 1.0),
-        ("min_p", p.min_p, 0.0, 1.0),
-    ]
-    for name, value, lo, hi in checks:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (lo <= value <= hi) or math.isnan(value):
-            raise RequestError(f"'{name}' must be a number in [{lo}, {hi}], got {value!r}", field=name)
-    if not isinstance(p.top_k, int) or isinstance(p.top_k, bool) or p.top_k < 0:
-        raise RequestError(f"'top_k' must be a non-negative integer, got {p.top_k!r}", field="top_k")
-    if p.top_p <= 0.0:
-        raise RequestError("'top_p' must be greater than 0", field="top_p")
-    if p.seed is not None and (not isinstance(p.seed, int) or isinstance(p.seed, bool) or p.seed < 0):
-        raise RequestError(f"'seed' must be a non-negative integer, got {p.seed!r}", field="seed")
-
-
 class Engine:
     """Load once, serve many requests, one at a time."""
 
     def __init__(self, gguf, config, tokenizer, runner: Runner, timeline: Timeline | None = None,
-                 model_ref: str = "", limits: Limits | None = None):
+                 model_ref: str = "", limits: Limits | None = None, fallback_reason: str | None = None,
+                 index_cached: bool = True):
         self.gguf = gguf
         self.config = config
         self.tokenizer = tokenizer
@@ -97,13 +120,15 @@ class Engine:
         self.timeline = timeline
         self.model_ref = model_ref
         self.limits = limits or Limits()
+        self.fallback_reason = fallback_reason  # why the GPU is not used, when it could have been
+        self.index_cached = index_cached  # False: persist_index() writes the model index
         self.requests_served = 0
         self._chat_template = gguf.get("tokenizer.chat_template")
 
     def persist_index(self) -> bool:
         """Save the parsed header and tokenizer tables for the next cold start of this file
         (modelcache.py). Call it after a response has gone out: it is never worth a delay."""
-        if getattr(self, "index_cached", True):
+        if self.index_cached:
             return False
         from . import modelcache
 
@@ -115,6 +140,18 @@ class Engine:
     @property
     def model_name(self) -> str:
         return self.config.name or os.path.basename(self.gguf.path)
+
+    @property
+    def chat_notice(self) -> str | None:
+        """None when the file carries a chat template; else the one line that says what a chat
+        prompt gets instead (the CLI prints it; chat requests carry it in their record)."""
+        if self._chat_template is not None:
+            return None
+        from .chat import fallback_name
+
+        return (f"this model file has no chat template (a base model, not tuned to chat): messages are laid out "
+                f"in the plain {fallback_name(self.config.arch)} format and the reply is a continuation, not an "
+                f"answer; for chat, use an instruct model (e.g. --model smollm2)")
 
     def render_messages(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
         from .chat import render_chat
@@ -152,15 +189,10 @@ class Engine:
     # -- generate --------------------------------------------------------------------------
 
     def generate(self, req: GenerateRequest, prompt_ids: list[int] | None = None) -> Iterator[TextDelta | Finished]:
-        """Stream TextDelta events, then one Finished with the request record."""
-        if not isinstance(req.max_tokens, int) or isinstance(req.max_tokens, bool) or req.max_tokens < 1:
-            raise RequestError(f"'max_tokens' must be a positive integer, got {req.max_tokens!r}", field="max_tokens")
-        if req.max_tokens > self.limits.max_new_tokens:
-            raise RequestError(f"'max_tokens' {req.max_tokens} exceeds the limit {self.limits.max_new_tokens}", field="max_tokens")
+        """Stream TextDelta events, then one Finished with the request record. `req` comes
+        validated from reflex_runtime/api (api.direct_ops.parse_generate and the OpenAI mapping)."""
+        assert 1 <= req.max_tokens <= self.limits.max_new_tokens, req.max_tokens
         stops = tuple(req.stop or ())
-        if len(stops) > self.limits.max_stop_strings or not all(isinstance(s, str) and s for s in stops):
-            raise RequestError(f"'stop' must be up to {self.limits.max_stop_strings} non-empty strings", field="stop")
-        _validate_sampling(req.sampling)
         t_req = time.perf_counter()
         ids = prompt_ids if prompt_ids is not None else self.prompt_ids(req.prompt, req.messages, req.chat, req.enable_thinking)
         if len(ids) + req.max_tokens > self.runner.max_context:
@@ -182,6 +214,8 @@ class Engine:
         n_gen = 0
         finish = "length"
         t_first = None
+        deadline = t_req + req.time_limit_s if req.time_limit_s else None
+        timed_out = False
         gen = self.runner.generate_ids(ids, params, req.max_tokens, stop_ids)
         try:
             for tok in gen:
@@ -206,6 +240,9 @@ class Engine:
                     pending = pending[len(emit):]
                     text_parts.append(emit)
                     yield TextDelta(emit, tok)
+                if deadline is not None and time.perf_counter() > deadline:
+                    timed_out = True  # ends like max_tokens: finish "length"
+                    break
         finally:
             gen.close()
         if finish == "length":
@@ -220,8 +257,23 @@ class Engine:
         if tl:
             tl.mark("last_token")
         self.requests_served += 1
-        yield Finished(self._record("generate", ids, n_gen, t_req, t_first, t_end, params, finish, tl),
-                       "".join(text_parts), finish)
+        rec = self._record("generate", ids, n_gen, t_req, t_first, t_end, params, finish, tl)
+        if timed_out:
+            rec["time_limited"] = True
+        if req.messages is not None or req.chat:
+            self._chat_fields(rec)
+        yield Finished(rec, "".join(text_parts), finish)
+
+    def _chat_fields(self, rec: dict) -> None:
+        """A chat request's record says which template laid out its messages, and when the file
+        has none, the notice (see chat_notice)."""
+        if self._chat_template is not None:
+            rec["chat_template"] = "model"
+            return
+        from .chat import fallback_name
+
+        rec["chat_template"] = f"none (plain {fallback_name(self.config.arch)} fallback)"
+        rec["notice"] = self.chat_notice
 
     def _record(self, op, ids, n_gen, t_req, t_first, t_end, params, finish, tl) -> dict:
         decode_s = (t_end - t_first) if t_first else 0.0
@@ -252,14 +304,9 @@ class Engine:
         """Score each candidate continuation: sum of its tokens' log-probabilities after the prompt.
         emit(result) is called with the scores before the request record is built: the record's
         energy reading waits for the GPU's energy counter to tick (up to ~0.1 s), the answer need not."""
-        if not isinstance(candidates, list) or not candidates:
-            raise RequestError("'candidates' must be a non-empty list of strings", field="candidates")
-        if len(candidates) > self.limits.max_candidates:
-            raise RequestError(f"{len(candidates)} candidates exceed the limit of {self.limits.max_candidates}", field="candidates")
+        assert candidates and len(candidates) <= self.limits.max_candidates  # checked by reflex_runtime/api
         cand_ids = []
         for i, c in enumerate(candidates):
-            if not isinstance(c, str) or not c:
-                raise RequestError(f"candidate {i} must be a non-empty string", field="candidates")
             # The candidate text is encoded on its own, without BOS: it continues the prompt.
             toks = self.tokenizer.encode(c, add_special=False, parse_special=False)
             if not toks:
@@ -308,6 +355,8 @@ class Engine:
         if emit is not None:
             emit(result)
         result["record"] = self._record("system1", ids, 0, t_req, t_end, t_end, SamplingParams(), "scored", tl)
+        if messages is not None or chat:
+            self._chat_fields(result["record"])
         return result
 
 

@@ -3,16 +3,24 @@
 `err.http_status` and a JSON body."""
 
 
+def printable(text: str) -> str:
+    """`text` as one line that any transport can encode: whitespace runs become one space, and
+    code points UTF-8 cannot carry (lone surrogates: from JSON escapes, or file bytes decoded
+    with surrogateescape) are spelled as backslash escapes."""
+    return " ".join(text.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class ReflexError(Exception):
     """Base of every error this package raises on purpose."""
 
     exit_code = 1
     http_status = 500
     kind = "reflex_error"
+    code: str | None = None  # a stable machine-readable reason where one helps (HTTP `code`)
 
     def __str__(self) -> str:
-        # Always one line: callers print it as is.
-        return " ".join(super().__str__().split())
+        # Always one line, always encodable: callers print and send it as is.
+        return printable(super().__str__())
 
 
 class ModelFileError(ReflexError):
@@ -46,9 +54,15 @@ class RequestError(ReflexError):
     http_status = 400
     kind = "invalid_request_error"
 
-    def __init__(self, message: str, field: str | None = None):
+    def __init__(self, message: str, field: str | None = None, *, status: int | None = None,
+                 code: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.field = field
+        self.field = printable(field) if field is not None else None
+        if status is not None:  # a transport-level refusal: 401, 404, 405, 408, 411, 413
+            self.http_status = status
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
 
 
 class HubError(ReflexError):

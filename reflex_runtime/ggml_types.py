@@ -54,7 +54,7 @@ GGML_TYPES: dict[int, GGMLType] = {t.type_id: t for t in _TYPES}
 GGML_TYPES_BY_NAME: dict[str, GGMLType] = {t.name: t for t in _TYPES}
 
 # Types whose blocks our kernels and the reference read directly (issue 4's list).
-COMPUTE_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"})
+COMPUTE_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"})
 
 # GGUF metadata value types: id -> (name, fixed size in bytes or 0 for string/array).
 GGUF_VALUE_TYPES: dict[int, tuple[str, int]] = {

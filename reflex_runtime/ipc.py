@@ -1,35 +1,51 @@
 """`reflex stdio` and `reflex uds PATH`: JSON lines in, JSON lines out, one request at a time.
 
+A thin transport over the request layer (reflex_runtime/api/direct_ops.py decides every answer).
 Protocol (the same on both transports):
 - The first line out is `{"op": "ready", ...}` with the cold-start record, once the model is loaded
   (on a socket, every connection gets it first). A load failure is one `{"id": null, "error": ...}`
   line and a non-zero exit.
 - Each request line `{"id", "op": "generate" | "system1" | "ping" | "shutdown", ...}` gets exactly one
   response line, strictly in order; a `"stream": true` generate first sends `{"id", "delta"}` lines.
-- A malformed line, unknown op or bad field gets `{"id", "error": {"message", "type", "field"}}`
-  (id null when it cannot be read) and the loop goes on. Blank lines are skipped unanswered.
+- A malformed line, unknown op or bad field gets `{"id", "error": {"message", "type", "field",
+  "code", "status"}}` (id null when it cannot be read) and the loop goes on. Blank lines are
+  skipped unanswered.
+- With an API key (`--api-key` or $REFLEX_API_KEY), every line but `ping` must carry
+  `"authorization": "Bearer <key>"` (the HTTP header's grammar, api/auth.py), else status 401.
 - EOF ends stdio (exit 0); on a socket it ends that connection. `shutdown` ends the process.
 
 The socket serves one connection at a time, to completion, in accept order: a second client's
-connect succeeds (the listen backlog) but it is read only after the first disconnects.
+connect succeeds (the listen backlog) and it is read once the first disconnects, or once the
+first has sent nothing for `--idle-timeout` seconds while another waits (the idle one gets an
+error line with code "idle_timeout" and is closed).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import select
 import signal
 import socket
 import stat
 import sys
+import time
 
+from .api.direct_ops import LINE_OPS, answer
+from .api.json_wire import MAX_BODY_BYTES, dumps, parse_object
+from .api.responses import line_error
 from .errors import ReflexError, RequestError
 
-MAX_LINE = 4 * 1024 * 1024  # bytes; longer lines are answered with an error and skipped
+MAX_LINE = MAX_BODY_BYTES  # longer lines are answered with an error and skipped
+IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing while another client waits
+WRITE_TIMEOUT = 30.0  # seconds one write to a socket client may block
 
 
 class ClientGone(Exception):
     """A write to the client failed: stop answering it (an engine OSError is a request error)."""
+
+
+class Idle(Exception):
+    """The client sent nothing for too long while another waited."""
 
 
 def main(args, timeline) -> int:
@@ -41,33 +57,13 @@ def main(args, timeline) -> int:
 # -- the line protocol ------------------------------------------------------------------------
 
 
-def _dumps(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
-
-
-def error_line(rid, err: BaseException) -> dict:
-    if isinstance(err, ReflexError):
-        e = {"message": str(err), "type": err.kind, "field": getattr(err, "field", None)}
-    else:  # a bug: report it, keep serving
-        e = {"message": "internal error: " + " ".join(f"{type(err).__name__}: {err}".split()),
-             "type": "internal_error", "field": None}
-    return {"id": rid, "error": e}
-
-
-def _no_constants(name):
-    raise RequestError(f"invalid JSON: {name} is not allowed")
+def _line(obj) -> bytes:
+    return dumps(obj) + b"\n"
 
 
 def parse_line(line: bytes) -> tuple[object, dict]:
     """(id, request) from one line; RequestError when it is not a JSON object with a usable id."""
-    try:
-        d = json.loads(line.decode("utf-8"), parse_constant=_no_constants)
-    except UnicodeDecodeError:
-        raise RequestError("invalid JSON: not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise RequestError(f"invalid JSON: {e.msg} at column {e.colno}") from None
-    if not isinstance(d, dict):
-        raise RequestError("a request must be a JSON object")
+    d = parse_object(line)
     rid = d.get("id")
     if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int))):
         raise RequestError("'id' must be a string, an integer or null", field="id")
@@ -81,45 +77,12 @@ def ready_line(engine, timeline) -> dict:
     return {"id": None, "op": "ready", "model": engine.model_name, "backend": engine.runner.name,
             "max_context": engine.runner.max_context,
             "process_start_to_ready_ms": rec["process_start_to_first_token_ms"] if rec else None,
-            "fallback_reason": getattr(engine, "fallback_reason", None), "coldstart": rec}
+            "fallback_reason": engine.fallback_reason, "coldstart": rec}
 
 
-def handle(engine, rid, d: dict, write) -> bool:
-    """Answer one request through write(dict); False after `shutdown`. Errors propagate."""
-    from .engine import Finished
-    from .ops import check_bool, parse_generate, parse_system1
-
-    op = d.get("op")
-    if op == "generate":
-        stream = check_bool(d, "stream", False)
-        req = parse_generate(d)
-        gen = engine.generate(req)
-        try:  # a write that fails (client gone) closes the generation at this token
-            for ev in gen:
-                if isinstance(ev, Finished):
-                    write({"id": rid, "op": "generate", "text": ev.text, "finish_reason": ev.finish_reason,
-                           "record": ev.record})
-                elif stream:
-                    write({"id": rid, "delta": ev.text})
-        finally:
-            gen.close()
-    elif op == "system1":
-        prompt, candidates, messages, chat = parse_system1(d)
-        write({"id": rid, "op": "system1", **engine.system1(prompt, candidates, messages, chat)})
-    elif op == "ping":
-        write({"id": rid, "op": "ping", "ok": True, "model": engine.model_name,
-               "requests_served": engine.requests_served})
-    elif op == "shutdown":
-        write({"id": rid, "op": "shutdown", "ok": True})
-        return False
-    else:
-        raise RequestError(f"unknown op {json.dumps(op)[:64]} (use generate, system1, ping or shutdown)", field="op")
-    return True
-
-
-def serve_lines(engine, readline, write) -> bool:
-    """Answer lines until EOF (returns True) or `shutdown` (returns False). `write` raises
-    ClientGone when the client cannot be written to; that, and read errors, propagate."""
+def serve_lines(engine, readline, write, api_key: str | None = None) -> bool:
+    """Answer lines until EOF (returns True) or `shutdown` (returns False). `write(dict)` raises
+    ClientGone when the client cannot be written to; that, Idle, and read errors propagate."""
     while True:
         line = readline(MAX_LINE + 1)
         if not line:
@@ -127,30 +90,38 @@ def serve_lines(engine, readline, write) -> bool:
         if len(line) > MAX_LINE and not line.endswith(b"\n"):
             while line and not line.endswith(b"\n"):  # skip the rest of the oversized line
                 line = readline(MAX_LINE + 1)
-            write(error_line(None, RequestError(f"request line longer than {MAX_LINE} bytes")))
+            write(line_error(None, RequestError(f"request line longer than {MAX_LINE} bytes", status=413)))
             continue
         if not line.strip():
             continue
         rid = None
         try:
             rid, d = parse_line(line)
-            if not handle(engine, rid, d, write):
-                return False
-        except ClientGone:
+            replies = answer(engine, d, api_key=api_key, ops=LINE_OPS, deltas=True)
+            try:  # a failed write closes the generation behind the replies at this token
+                for obj in replies:
+                    write({"id": rid, **obj})
+                    if obj.get("op") == "shutdown":
+                        return False
+            finally:
+                replies.close()
+        except (ClientGone, Idle):
             raise
         except Exception as e:
-            write(error_line(rid, e))
+            write(line_error(rid, e))
 
 
 def _load(args, timeline, write):
     """The engine; a failure is written as an error line, then re-raised for the CLI's one-line
     message and exit code."""
+    from .engine import serving_limits
     from .loader import load_engine
 
     try:
-        return load_engine(args.model, args.backend, timeline, max_context=args.ctx)
+        return load_engine(args.model, args.backend, timeline, max_context=args.ctx,
+                           limits=serving_limits(getattr(args, "request_timeout", None)))
     except Exception as e:
-        write(error_line(None, e))
+        write(line_error(None, e))
         raise
 
 
@@ -166,7 +137,7 @@ def _serve_stdio(args, timeline) -> int:
 
     def write(obj: dict) -> None:
         try:
-            out.write(_dumps(obj))
+            out.write(_line(obj))
             out.flush()  # one line, whole, per write (a raw write may be partial)
         except OSError as e:
             raise ClientGone(str(e)) from None
@@ -174,7 +145,7 @@ def _serve_stdio(args, timeline) -> int:
     try:
         engine = _load(args, timeline, write)
         write(ready_line(engine, timeline))
-        serve_lines(engine, sys.stdin.buffer.readline, write)
+        serve_lines(engine, sys.stdin.buffer.readline, write, getattr(args, "api_key", None))
     except ClientGone:
         return 0  # the reader went away: nothing left to answer
     finally:
@@ -229,13 +200,13 @@ def _serve_uds(args, timeline) -> int:
     path = args.path
 
     def stdout_write(obj: dict) -> None:
-        sys.stdout.buffer.write(_dumps(obj))
+        sys.stdout.buffer.write(_line(obj))
         sys.stdout.buffer.flush()
 
     try:
         sock = bind_socket(path)  # before loading: early clients wait in the backlog
     except ReflexError as e:
-        stdout_write(error_line(None, e))
+        stdout_write(line_error(None, e))
         raise
     ino = os.stat(path).st_ino
     # SIGTERM (the usual stop) must still remove the socket file.
@@ -244,10 +215,8 @@ def _serve_uds(args, timeline) -> int:
         engine = _load(args, timeline, stdout_write)
         ready = ready_line(engine, timeline)
         stdout_write(ready)
-        while True:
-            conn, _ = sock.accept()
-            if not _serve_connection(engine, conn, ready):
-                return 0
+        serve_socket(engine, sock, ready, getattr(args, "api_key", None), getattr(args, "idle_timeout", IDLE_TIMEOUT))
+        return 0
     finally:
         signal.signal(signal.SIGTERM, prev)
         sock.close()
@@ -258,17 +227,76 @@ def _serve_uds(args, timeline) -> int:
             pass
 
 
-def _serve_connection(engine, conn: socket.socket, ready: dict) -> bool:
-    """Serve one client to EOF; False when it asked for shutdown."""
-    with conn, conn.makefile("rb") as rfile:
-        def write(obj: dict) -> None:
-            try:
-                conn.sendall(_dumps(obj))
-            except OSError as e:
-                raise ClientGone(str(e)) from None
+def serve_socket(engine, sock: socket.socket, ready: dict, api_key: str | None = None,
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+    """Accept and serve connections, one at a time, until a client asks for shutdown."""
+    while True:
+        conn, _ = sock.accept()
+        if not _serve_connection(engine, conn, sock, ready, api_key, idle_timeout):
+            return
 
+
+class _LineReader:
+    """readline(limit) over a connection, watching the listening socket: while the client sends
+    nothing, a connection waiting in the backlog starts a clock; after `idle_timeout` Idle is
+    raised. A client alone on the socket may stay idle as long as it likes."""
+
+    def __init__(self, conn: socket.socket, listener: socket.socket, idle_timeout: float):
+        self.conn, self.listener, self.idle_timeout = conn, listener, idle_timeout
+        self.buf = b""
+        self.eof = False
+
+    def readline(self, limit: int) -> bytes:
+        waiting_since = None
+        poll = select.poll()
+        poll.register(self.conn, select.POLLIN)
+        poll.register(self.listener, select.POLLIN)
+        while True:
+            nl = self.buf.find(b"\n", 0, limit)
+            if nl >= 0 or len(self.buf) >= limit or self.eof:
+                n = nl + 1 if nl >= 0 else min(limit, len(self.buf))
+                line, self.buf = self.buf[:n], self.buf[n:]
+                return line
+            ready = {fd for fd, _ in poll.poll(250)}
+            if self.conn.fileno() in ready:
+                data = self.conn.recv(1 << 16)
+                if not data:
+                    self.eof = True
+                self.buf += data
+                waiting_since = None  # activity
+            elif self.listener.fileno() in ready:
+                now = time.monotonic()
+                waiting_since = waiting_since or now
+                if now - waiting_since >= self.idle_timeout:
+                    raise Idle()
+                time.sleep(0.05)  # the listener stays readable until accepted: do not spin
+            else:
+                waiting_since = None
+
+
+def _serve_connection(engine, conn: socket.socket, listener: socket.socket, ready: dict,
+                      api_key: str | None, idle_timeout: float) -> bool:
+    """Serve one client to EOF; False when it asked for shutdown."""
+    conn.settimeout(WRITE_TIMEOUT)  # recv only follows poll(); sendall to a client that stops reading gives up
+
+    def write(obj: dict) -> None:
+        try:
+            conn.sendall(_line(obj))
+        except OSError as e:
+            raise ClientGone(str(e)) from None
+
+    with conn:
+        reader = _LineReader(conn, listener, idle_timeout)
         try:
             write(ready)
-            return serve_lines(engine, rfile.readline, write)
+            return serve_lines(engine, reader.readline, write, api_key)
+        except Idle:
+            try:
+                write(line_error(None, RequestError(
+                    f"closed: no request for {idle_timeout:g} s while another client waited", status=408,
+                    code="idle_timeout")))
+            except ClientGone:
+                pass
+            return True
         except (ClientGone, OSError):  # the client went away (mid-stream or not): serve the next one
             return True

@@ -16,14 +16,21 @@ from .errors import DeviceError, ReflexError
 BACKENDS = ("auto", "cuda", "cpu")
 
 
-def resolve_model(ref: str | None) -> str:
-    """A path, `org/repo:file.gguf`, `org/repo:QUANT`, `org/repo`, or None for the embedded model
-    (see is_local_path for how a path is told from a Hub reference)."""
+def resolve_model(ref: str | None, log=None) -> str:
+    """A path, `org/repo:file.gguf`, `org/repo:QUANT`, `org/repo`, a short name (pypi_models.py:
+    `smollm2`), or None for the embedded model (see is_local_path for how a path is told from a
+    Hub reference)."""
     ref = ref or os.environ.get("REFLEX_MODEL") or None
     if ref is None:
         from .embedded import embedded_model_path
 
         return embedded_model_path()
+    from .pypi_models import is_short_name
+
+    if is_short_name(ref) and not os.path.exists(ref):
+        from .pypi_models import model_path
+
+        return model_path(ref, log=log)
     if is_local_path(ref):
         return os.path.expanduser(ref)  # GGUFFile says "not found" or "not a regular file"
     from .hub import resolve_model_ref
@@ -57,9 +64,12 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
-                max_context: int | None = None, log=None, device=None):
+                max_context: int | None = None, log=None, device=None, limits=None):
     """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
-    `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`."""
+    `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`.
+    `limits`: the engine.Limits requests are held to (default: Limits()).
+    On failure the timeline's `failed_stage` names the stage that raised: resolve_model,
+    open_model, load_weights, tokenizer or engine."""
     if backend not in BACKENDS:
         raise ReflexError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
     # While several threads bring the model up, a thread that drops the GIL for a driver call
@@ -73,8 +83,12 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     sys.setswitchinterval(0.0002)
     gc_was_on = gc.isenabled()
     gc.disable()
+    tl = timeline or Timeline()
     try:
-        return _load(model_ref, backend, timeline, max_context, log, device)
+        return _load(model_ref, backend, tl, max_context, log, device, limits)
+    except BaseException:
+        tl.fail()
+        raise
     finally:
         sys.setswitchinterval(switch)
         gc.freeze()
@@ -82,8 +96,8 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, timeline, max_context, log, device):
-    tl = timeline or Timeline()
+def _load(model_ref, backend, tl, max_context, log, device, limits):
+    tl.begin("resolve_model")
     if backend in ("auto", "cuda"):
         if device is None:  # first: cuInit is the cold path's longest stage
             from .gpu.bootstrap import DeviceBootstrap
@@ -98,10 +112,11 @@ def _load(model_ref, backend, timeline, max_context, log, device):
 
     log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
 
-    path = resolve_model(model_ref)
+    path = resolve_model(model_ref, log)
     if os.path.isfile(path):
         _prefetch(path, tl)
     tl.mark("model_resolved")
+    tl.begin("open_model")
     from . import modelcache
 
     index = modelcache.load(path) if os.path.isfile(path) else None
@@ -109,6 +124,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     config = read_config(gguf)
     tl.mark("gguf_open")
 
+    tl.begin("load_weights")
     runner = None
     fallback_reason = None
     if device is not None:
@@ -123,6 +139,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
         else:
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
+    tl.begin("tokenizer")
     from .tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(gguf)
@@ -131,6 +148,7 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     tokenizer.prepare()  # build the lookup tables now, while the weights stream to the GPU
     tl.mark("tokenizer")
 
+    tl.begin("load_weights")
     if runner is not None:
         try:
             runner.wait_ready()
@@ -157,7 +175,6 @@ def _load(model_ref, backend, timeline, max_context, log, device):
     # CPU reference reads with pread): unmap it, so a file truncated under a long-lived process
     # can only give a ModelFileError on a later read, never a SIGBUS (docs/INTERNALS.md).
     gguf.release_mapping()
-    engine = Engine(gguf, config, tokenizer, runner, timeline=tl, model_ref=model_ref or path)
-    engine.fallback_reason = fallback_reason
-    engine.index_cached = index is not None
-    return engine
+    tl.begin("engine")
+    return Engine(gguf, config, tokenizer, runner, timeline=tl, model_ref=model_ref or path, limits=limits,
+                  fallback_reason=fallback_reason, index_cached=index is not None)

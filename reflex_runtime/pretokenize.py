@@ -35,6 +35,14 @@ _QWEN35 = (
     + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Llama 3 (llama.cpp's "llama-bpe"): digits in groups of up to three.
+_LLAMA3 = (
+    _CONTRACTIONS
+    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# GPT-2's byte-level pattern (the ByteLevel pre-tokenizer's own regex, case-sensitive contractions).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
 # DeepSeek LLM 7B/67B: explicit letter ranges (Latin, Greek, Cyrillic, Armenian, Georgian, ...).
 _DEEPSEEK_LLM_LETTERS = (
     "A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
@@ -68,12 +76,21 @@ _DEEPSEEK_V3 = (
 )
 
 PATTERNS: dict[str, tuple[str, ...]] = {
+    "llama-bpe": (_LLAMA3,), "llama3": (_LLAMA3,), "llama-v3": (_LLAMA3,),  # llama.cpp's names for it
+    # SmolLM / SmolLM2: every numeric character on its own (HF's Digits(individual_digits)), then GPT-2's split
+    "smollm": (r"\p{N}", _GPT2),
     "qwen2": (_QWEN2,),
     "deepseek-r1-qwen": (_QWEN2,),  # DeepSeek-R1 distills of Qwen keep Qwen's tokenizer
     "qwen35": (_QWEN35,),
     "deepseek-llm": _DEEPSEEK_LLM,
     "deepseek-v3": _DEEPSEEK_V3,
 }
+
+# Pre-tokenizers whose pieces, when a piece is itself a vocabulary token, become that token without
+# merging (HF's BPE `ignore_merges`, which Llama 3's tokenizer.json sets; llama.cpp does the same).
+IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3"})
+# Pre-tokenizers for which llama.cpp adds a BOS unless the file says otherwise (add_bos_token).
+ADD_BOS_DEFAULT = frozenset({"llama-bpe", "llama3", "llama-v3"})
 
 _splitters: dict[str, Callable[[str], list[str]]] = {}
 

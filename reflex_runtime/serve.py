@@ -1,23 +1,32 @@
 """`reflex serve`: the OpenAI-compatible HTTP server (stdlib http.server, no new dependency).
 
+A thin transport over the request layer: reflex_runtime/api/http_routes.py decides every answer
+(routes, auth, health, errors, validation); this module reads requests off sockets and writes
+answers back.
+
 The socket listens before the model loads, so a cold container accepts its first request at
-once: /healthz answers 204 while loading, 200 when ready, 503 (with the reason) if loading
-failed; other requests wait for the load and are then served.
+once: /healthz answers 204 while loading, 200 when ready; other requests wait for the load. If
+the load fails the server exits (one line, the error's exit code) unless `--stay-up` keeps it
+answering 503 with the reason.
 
 All engine work runs on ONE worker thread, the one that loaded the model: a GPU context may be
 current on that thread only, and it serializes requests (a FIFO queue; concurrent clients wait
-their turn). Connection threads parse, authenticate and queue a Job; the worker runs it and
-writes the answer to that client itself, then the connection thread reads the next request.
-A streaming client that disconnects is noticed before the next chunk is written; the worker
-closes the generation there (the engine is free at the next token). A non-streaming request
-runs to its end even if its client has left.
+their turn). Connection threads read, authenticate, validate and tokenize (at most
+api.http_routes.PREPARE_SLOTS at once), then queue a Job; the worker runs it and writes the
+answer to that client itself, then the connection thread reads the next request. A streaming
+client that disconnects is noticed before the next chunk is written; the worker closes the
+generation there (the engine is free at the next token). A non-streaming request runs to its end
+(at most the request timeout) even if its client has left.
+
+Bounds: bodies up to MAX_BODY bytes, received within BODY_TIMEOUT; a client that stops reading
+may hold the engine WRITE_TIMEOUT per write; idle keep-alive connections close after
+Handler.timeout; generations end at `--request-timeout` (engine.Limits).
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import queue
+import re
 import select
 import socket
 import sys
@@ -27,66 +36,64 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from . import openai_api
-from .errors import ReflexError
+from .api.http_routes import HttpFront
+from .api.json_wire import MAX_BODY_BYTES, dumps
+from .api.model_state import ModelState
+from .api.responses import error_response, sse_lines
+from .errors import ReflexError, RequestError, printable
 
-MAX_BODY = 4 * 1024 * 1024  # bytes
-_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer shut down its side
+MAX_BODY = MAX_BODY_BYTES
+BODY_TIMEOUT = 30.0  # seconds for a declared body to arrive
 WRITE_TIMEOUT = 30.0  # seconds one write to a client may block the engine
-ROUTES = {
-    "/healthz": ("GET",),
-    "/v1/models": ("GET",),
-    "/v1/chat/completions": ("POST",),
-    "/v1/completions": ("POST",),
-    "/v1/system1": ("POST",),
-}
-_ENDPOINTS = {
-    "/v1/chat/completions": openai_api.chat_completions,
-    "/v1/completions": openai_api.completions,
-    "/v1/system1": openai_api.system1,
-}
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer shut down its side
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")  # ASCII digits only: "²".isdigit() is True
 
 
 def _log(msg: str) -> None:
-    print(f"reflex serve: {msg}", file=sys.stderr, flush=True)
+    print(f"reflex serve: {printable(msg)}", file=sys.stderr, flush=True)
 
 
 class State:
-    """The model as the connection threads see it: loading, ready, or failed."""
+    """What the connection threads share: the model's state, the request layer, the job queue."""
 
     def __init__(self, api_key: str | None):
-        self.api_key = api_key.encode() if api_key else None
-        self.engine = None
-        self.error: BaseException | None = None
-        self.ready = threading.Event()  # set when loaded or failed
+        self.model = ModelState()
+        self.front = HttpFront(self.model, api_key, on_internal_error=_log_internal)
         self.jobs: queue.Queue = queue.Queue()
+        self.api_key = api_key or None
+
+
+def _log_internal(err: BaseException) -> None:
+    _log(f"internal error: {type(err).__name__}: {err}")
 
 
 class Job:
-    """One request for the worker, which also writes the answer: no per-token hand-off between
-    threads (each costs a wake-up and a GIL switch). The connection thread waits on `done`."""
+    """One prepared call for the worker, which also writes the answer: no per-token hand-off
+    between threads (each costs a wake-up and a GIL switch). The connection thread waits on `done`."""
 
-    def __init__(self, fn, body: dict, handler: "Handler"):
-        self.fn, self.body, self.handler = fn, body, handler
+    def __init__(self, call, handler: "Handler"):
+        self.call, self.handler = call, handler
         self.done = threading.Event()
 
     def run(self, engine) -> None:
         h = self.handler
         try:
             try:
-                resp = self.fn(engine, self.body)
+                resp = self.call.run(engine)
             except Exception as e:
-                resp = openai_api.error_response(e)
+                if not isinstance(e, ReflexError):
+                    _log_internal(e)
+                resp = error_response(e)
             h.connection.settimeout(WRITE_TIMEOUT)  # a client that stops reading cannot hold the engine
             if resp.stream is None:
-                h._send(resp.status, resp.body, resp.headers)
+                h.send(resp)
             else:
-                h._write_stream(resp.stream)
+                h.write_stream(resp.stream)
         except OSError:  # the client is gone; its generation is closed already
             h.close_connection = True
         except Exception as e:  # a bug after the answer began: this connection cannot continue
             h.close_connection = True
-            _log(f"internal error: {type(e).__name__}: {' '.join(str(e).split())}")
+            _log_internal(e)
         finally:
             try:
                 h.connection.settimeout(h.timeout)
@@ -96,24 +103,27 @@ class Job:
 
 
 def _load(args, timeline):
+    from .engine import serving_limits
     from .loader import load_engine
 
-    return load_engine(args.model, args.backend, timeline, max_context=args.ctx, log=_log)
+    return load_engine(args.model, args.backend, timeline, max_context=args.ctx, log=_log,
+                       limits=serving_limits(getattr(args, "request_timeout", None)))
 
 
-def _worker(args, timeline, state: State, load) -> None:
+def _worker(args, timeline, state: State, load, server) -> None:
     try:
         engine = load(args, timeline)
-    except Exception as e:  # answered as 503 with the reason from now on
-        state.error = e
-        state.ready.set()
-        _log(f"model load failed: {' '.join(str(e).split())}")
+    except Exception as e:
+        state.model.failed(e, timeline.failed_stage if timeline is not None else None)
+        if getattr(args, "stay_up", False):
+            _log(f"model load failed (answering 503, --stay-up): {state.model.failure}")
+        else:  # main() reports it as the one error line, then exits
+            threading.Thread(target=server.shutdown, daemon=True).start()
         return
     if timeline is not None:
         _log(f"model ready: {engine.model_name} on {engine.runner.name}, "
              f"process_start_to_ready_ms={round(timeline.mark('ready') * 1000, 3)}")
-    state.engine = engine
-    state.ready.set()
+    state.model.ready(engine)
     while True:
         job = state.jobs.get()
         if job is None:  # stop(): the server is closing
@@ -121,7 +131,7 @@ def _worker(args, timeline, state: State, load) -> None:
         try:
             job.run(engine)
         except BaseException as e:  # a bug: keep the worker alive for the next request
-            _log(f"internal error: {type(e).__name__}: {' '.join(str(e).split())}")
+            _log_internal(e)
             job.done.set()
 
 
@@ -132,17 +142,18 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # small JSON writes must leave at once
     timeout = 300  # idle keep-alive connections and stalled readers give their thread back
 
-    state: State  # set on the subclass main() builds
+    state: State  # set on the subclass start() builds
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def log_message(self, format, *args):  # noqa: A002 (the base class's name)
         _log(format % args)
 
-    def _send(self, status: int, body: dict | None, headers: dict | None = None) -> None:
-        data = b"" if body is None or status == 204 else json.dumps(body, ensure_ascii=False).encode("utf-8")
+    def send(self, resp) -> None:
+        status, body = resp.status, resp.body
+        data = b"" if body is None or status == 204 else dumps(body)
         hdrs = {"Content-Type": "application/json"} if data else {}
-        hdrs.update(headers or {})
+        hdrs.update(resp.headers or {})
         if status != 204:
             hdrs["Content-Length"] = str(len(data))
         if getattr(self, "_unread_body", False):
@@ -155,20 +166,16 @@ class Handler(BaseHTTPRequestHandler):
             reason = ""
         head = f"HTTP/1.1 {status} {reason}\r\nServer: reflex\r\nDate: {self.date_time_string()}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()) + "\r\n"
-        self.wfile.write(head.encode("latin-1") + (b"" if self.command == "HEAD" else data))
+        self.wfile.write(head.encode("latin-1", "replace") + (b"" if self.command == "HEAD" else data))
         self._status = status
-
-    def _error(self, status: int, message: str, param: str | None = None, code: str | None = None,
-               headers: dict | None = None, type_: str = "invalid_request_error") -> None:
-        r = openai_api.api_error(status, message, type_, param, code, headers)
-        self._send(r.status, r.body, r.headers)
 
     def send_error(self, code, message=None, explain=None):
         """The base class calls this for unparseable requests and unknown methods: answer JSON."""
         self.close_connection = True
-        if not hasattr(self, "command") or self.command is None:
+        if not getattr(self, "command", None):
             self.command = ""
-        self._error(code, message or HTTPStatus(code).phrase, headers={"Connection": "close"})
+        err = RequestError(message or HTTPStatus(code).phrase, status=code, headers={"Connection": "close"})
+        self.send(error_response(err))
 
     def _peer_gone(self) -> bool:
         """True when the client closed its end (poll: no fd-number limit, unlike select)."""
@@ -185,108 +192,62 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
-    # -- routing ----------------------------------------------------------------------------
+    # -- one request ------------------------------------------------------------------------
 
     def do_GET(self):
         self._route()
 
-    def do_POST(self):
-        self._route()
-
-    def do_HEAD(self):
-        self._route()
-
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
+    do_POST = do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_GET
 
     def _route(self) -> None:
         t0 = time.perf_counter()
         self._status = 0
+        self._drain_after = 0
         self._unread_body = self.headers.get("Content-Length", "0") not in ("", "0") or \
             "Transfer-Encoding" in self.headers
         path = urlsplit(self.path).path
-        allowed = ROUTES.get(path)
-        method = "GET" if self.command == "HEAD" else self.command
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if "authorization" in headers:  # http.server decodes headers as latin-1; keys are UTF-8
+            headers["authorization"] = headers["authorization"].encode("latin-1", "replace").decode("utf-8", "replace")
         try:
-            if allowed is None:
-                self._error(404, f"no route for {self.command} {path[:200]}", code="not_found")
-            elif method not in allowed:
-                self._error(405, f"{self.command} is not allowed on {path}", code="method_not_allowed",
-                            headers={"Allow": ", ".join(allowed + (("HEAD",) if "GET" in allowed else ()))})
-            elif path == "/healthz":  # open without a key: load balancers probe it
-                self._healthz()
-            elif not self._authorized():
-                self._error(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            elif method == "GET":
-                self._models()
-            else:
-                self._post(path)
+            resp = self.state.front.respond(self.command, path, headers, self._read_body, self._run)
+            if resp is not None:
+                self.send(resp)
+            if self._drain_after:
+                self._drain(self._drain_after)
         except OSError:  # the client hung up or stalled past the timeout
             self.close_connection = True
         finally:
             _log(f'"{self.command} {path[:200]}" {self._status} {(time.perf_counter() - t0) * 1000:.1f}ms')
 
-    def _authorized(self) -> bool:
-        key = self.state.api_key
-        if key is None:
-            return True
-        got = self.headers.get("Authorization", "")
-        return got[:7].lower() == "bearer " and hmac.compare_digest(got[7:].strip().encode(), key)
-
-    def _wait_model(self) -> bool:
-        """Block until the model is loaded; False (after answering 503) if loading failed."""
-        st = self.state
-        st.ready.wait()
-        if st.error is not None:
-            self._load_failed()
-            return False
-        return True
-
-    def _load_failed(self) -> None:
-        r = openai_api.error_response(self.state.error)
-        self._send(503, r.body, {"Retry-After": "60"})
-
-    # -- endpoints --------------------------------------------------------------------------
-
-    def _healthz(self) -> None:
-        st = self.state
-        if not st.ready.is_set():
-            self._send(204, None)
-        elif st.error is not None:
-            self._load_failed()
-        else:
-            e = st.engine
-            self._send(200, {"status": "ok", "model": e.model_name, "backend": e.runner.name,
-                             "requests_served": e.requests_served})
-
-    def _models(self) -> None:
-        if self._wait_model():
-            r = openai_api.models(self.state.engine)
-            self._send(r.status, r.body)
-
-    def _read_body(self) -> bytes | None:
-        """The request body, or None after answering 411/413/400."""
+    def _read_body(self) -> bytes:
+        """The request body; RequestError (411/400/413/408) when it cannot be had whole."""
+        close = {"Connection": "close"}  # where the body ends is unknown: this connection cannot continue
         if "Transfer-Encoding" in self.headers:
-            self._error(411, "chunked request bodies are not supported: send Content-Length",
-                        headers={"Connection": "close"})
-            return None
+            raise RequestError("chunked request bodies are not supported: send Content-Length", status=411,
+                               headers=close)
         raw = self.headers.get("Content-Length")
-        if raw is None:  # where the body ends is unknown: this connection cannot continue
-            self._error(411, "Content-Length is required", headers={"Connection": "close"})
-            return None
-        if not raw.strip().isdigit():
-            self._error(400, "invalid Content-Length", headers={"Connection": "close"})
-            return None
+        if raw is None:
+            raise RequestError("Content-Length is required", status=411, headers=close)
+        if not _CONTENT_LENGTH.fullmatch(raw.strip()):
+            raise RequestError("invalid Content-Length", status=400, headers=close)
         n = int(raw)
         if n > MAX_BODY:
-            self._error(413, f"request body of {n} bytes exceeds the limit of {MAX_BODY}")
-            self._drain(n)
-            return None
-        data = self.rfile.read(n)
+            self._drain_after = n  # after the answer: closing with unread data would reset it
+            raise RequestError(f"request body of {n} bytes exceeds the limit of {MAX_BODY}", status=413,
+                               headers=close)
+        self.connection.settimeout(BODY_TIMEOUT)
+        try:
+            data = self.rfile.read(n)
+        except TimeoutError:
+            raise RequestError(f"the request body did not arrive within {BODY_TIMEOUT:g} s", status=408,
+                               headers=close) from None
+        finally:
+            self.connection.settimeout(self.timeout)
         self._unread_body = False
         if len(data) < n:
-            self.close_connection = True
-            return None
+            raise RequestError(f"the request body ended after {len(data)} of the {n} bytes of its Content-Length",
+                               status=400, headers=close)
         return data
 
     def _drain(self, n: int) -> None:
@@ -303,26 +264,17 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def _post(self, path: str) -> None:
-        raw = self._read_body()
-        if raw is None:
-            return
-        try:
-            body = openai_api.parse_json_body(raw)
-        except ReflexError as e:
-            r = openai_api.error_response(e)
-            self._send(r.status, r.body)
-            return
-        if not self._wait_model():
-            return
-        job = Job(_ENDPOINTS[path], body, self)
+    def _run(self, call, engine) -> None:
+        """Hand a prepared call to the worker; it writes the answer."""
+        job = Job(call, self)
         self.state.jobs.put(job)
         job.done.wait()
+        return None
 
-    def _write_stream(self, stream) -> None:
+    def write_stream(self, stream) -> None:
         """Chunked SSE, one HTTP chunk per event, written by the worker as tokens come. A client
         that left is noticed before the next chunk; closing the lines closes the generation."""
-        lines = openai_api.sse_lines(stream)
+        lines = sse_lines(stream)
         chunked = self.request_version != "HTTP/1.0"  # 1.0 clients get a body that ends at close
         try:
             self._status = 200
@@ -352,7 +304,7 @@ class _Server(ThreadingHTTPServer):
         _log(f"internal error on a connection from {client_address[0]}: {sys.exc_info()[1]!r}")
 
 
-def start(args, timeline, load=_load) -> ThreadingHTTPServer:
+def start(args, timeline, load=None) -> ThreadingHTTPServer:
     """Listen, then load the model on the worker thread; the caller runs serve_forever().
     `load(args, timeline) -> Engine` is replaceable for tests."""
     state = State(args.api_key)
@@ -367,11 +319,12 @@ def start(args, timeline, load=_load) -> ThreadingHTTPServer:
     host, port = server.server_address[:2]
     if timeline is not None:
         timeline.mark("listening")
-    _log(f"listening on http://{host}:{port} (api key {'required' if state.api_key else 'off'})")
+    _log(f"listening on http://{host}:{port} (api key {'required' if state.api_key else 'off'}; loading the model)")
     if not state.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
         _log(f"warning: {args.host} is reachable from other machines and no --api-key is set")
-    threading.Thread(target=_worker, args=(args, timeline, state, load), name="reflex-engine", daemon=True).start()
     server.state = state
+    threading.Thread(target=_worker, args=(args, timeline, state, load or _load, server), name="reflex-engine",
+                     daemon=True).start()
     return server
 
 
@@ -387,4 +340,7 @@ def main(args, timeline) -> int:
         server.serve_forever(poll_interval=0.5)
     finally:
         stop(server)
+    failure = server.state.model.failure
+    if failure is not None:  # the load failed and --stay-up was not given
+        raise failure.cause
     return 0

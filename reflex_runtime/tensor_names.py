@@ -4,6 +4,7 @@ every family, the numpy reference and the GPU blocks. Per-layer tensors: `blk(il
 TOKEN_EMBD = "token_embd.weight"
 OUTPUT = "output.weight"
 OUTPUT_NORM = "output_norm.weight"
+ROPE_FREQS = "rope_freqs.weight"  # per-pair RoPE frequency divisors (Llama 3.1+), shared by all layers
 
 # attention
 ATTN_NORM = "attn_norm.weight"

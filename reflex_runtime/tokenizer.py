@@ -1,9 +1,10 @@
 """Tokenizer built from GGUF metadata alone (`tokenizer.ggml.*`), behaving as llama.cpp does.
 
 Two vocabulary kinds:
-- "gpt2": byte-level BPE (Qwen2/3/3.5, DeepSeek). Text -> pre-tokenizer pieces (pretokenize.py)
-  -> UTF-8 bytes spelled in GPT-2's 256-char alphabet -> merges by rank (lowest first, leftmost
-  on ties) -> token ids.
+- "gpt2": byte-level BPE (Qwen2/3/3.5, DeepSeek, Llama 3, SmolLM2). Text -> pre-tokenizer pieces
+  (pretokenize.py) -> UTF-8 bytes spelled in GPT-2's 256-char alphabet -> merges by rank (lowest
+  first, leftmost on ties) -> token ids. Llama 3's pre-tokenizer also takes a piece that is a
+  whole vocabulary token as that token, without merging (`ignore_merges`).
 - "llama": SentencePiece-style (Llama 2, Gemma 3). Spaces become U+2581, an optional space is
   put in front, then adjacent symbols are merged into the vocabulary piece with the highest
   score; characters no piece covers fall back to <0xNN> byte tokens.
@@ -25,7 +26,8 @@ from typing import Any, Iterable, Mapping
 from .errors import ModelFileError, RequestError, UnsupportedModelError
 from .gguf_file import printable
 from .merges import bpe_merge, spm_merge
-from .pretokenize import BYTE_CHARS, FROM_BYTE_CHARS, PATTERNS, TO_BYTE_CHARS, SpecialTokens, ids_of_types, splitter
+from .pretokenize import (ADD_BOS_DEFAULT, BYTE_CHARS, FROM_BYTE_CHARS, IGNORE_MERGES, PATTERNS, TO_BYTE_CHARS,
+                          SpecialTokens, ids_of_types, splitter)
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -61,6 +63,7 @@ class Tokenizer:
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
         self.chat_template = chat_template
         self._is_spm = model == "llama"
+        self._ignore_merges = model == "gpt2" and pre in IGNORE_MERGES
         # Built on first use (see prepare()).
         self._token_ids: dict[str, int] | None = None
         self._ranks: dict[str, int] | None = None
@@ -118,7 +121,7 @@ class Tokenizer:
         # leading space; BPE files name their ids and add nothing unless they say so.
         bos_id = _token_id(metadata, "tokenizer.ggml.bos_token_id", n, 1 if spm else None)
         eos_id = _token_id(metadata, "tokenizer.ggml.eos_token_id", n, 2 if spm else None)
-        add_bos = _flag(metadata, "tokenizer.ggml.add_bos_token", spm)
+        add_bos = _flag(metadata, "tokenizer.ggml.add_bos_token", spm or pre in ADD_BOS_DEFAULT)
         add_eos = _flag(metadata, "tokenizer.ggml.add_eos_token", False)
         if add_bos and bos_id is None:
             raise ModelFileError("GGUF asks for a BOS token (add_bos_token) but names no valid bos_token_id")
@@ -247,8 +250,12 @@ class Tokenizer:
 
     def _bpe_word(self, piece: str) -> tuple[int, ...]:
         chars = piece.encode("utf-8").decode("latin-1").translate(TO_BYTE_CHARS)
-        ranks = self._merge_ranks()
         token_ids = self._ids()
+        if self._ignore_merges:
+            whole = token_ids.get(chars)
+            if whole is not None:
+                return (whole,)
+        ranks = self._merge_ranks()
         ids = []
         for symbol in bpe_merge(list(chars), ranks):
             token_id = token_ids.get(symbol)

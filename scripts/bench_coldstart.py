@@ -1,9 +1,17 @@
 #!/usr/bin/env python3
 """Cold-start benchmark: N fresh processes per case, spawn -> first token and spawn -> exit,
-with GPU energy over the same windows, gross and net of idle.
+with GPU energy over the same windows, gross and net of idle, read by this process from NVML,
+beside what each child's own record says it spent (process start -> first token).
 
     python scripts/bench_coldstart.py --model Q8.gguf --model Q4KM.gguf --runs 10 \
-        --peer "transformers=python scripts/peer_transformers.py HF_DIR" --out results/DIR
+        --llama-simple /tmp/peers/llama.cpp/llama-simple --system1 \
+        --variant "nvml_after_context:REFLEX_NVML_START=after_context" --out results/DIR
+
+With a warm page cache every case of a model (reflex generate [per --variant], reflex system1,
+llama-simple) runs interleaved round-robin, one run each per round, the order rotating each
+round, so drift on the machine hits every case alike; per-round differences against the first
+case are reported. `--prompt-tokens N` makes the prompt about N tokens long (a cold start with
+a long prompt); llama-simple gets the same text.
 
 For every case it measures idle power just before (after the GPU has settled), then spawns the
 child N times. The first token is the first byte the child writes to stdout (reflex streams the
@@ -66,6 +74,7 @@ class EnergyClock:
 
     def __init__(self, nv: Nvml):
         self.nv = nv
+        self.step_j: float | None = None  # the counter's median step at idle (set from counter_resolution)
 
     def wait_tick(self, max_s: float = 0.35) -> tuple[float, int] | None:
         last = self.nv.energy_mj()
@@ -134,10 +143,15 @@ def warm_page_cache(path: str | None) -> None:
                 pass
 
 
+CHILD_TIMEOUT_S = 90  # a child still running after this is killed and counted as a failure
+
+
 def run_once(cmd: list[str], clock: EnergyClock | None, env: dict) -> dict:
     start = clock.wait_tick() if clock else None  # spawn on a counter tick: E(t0) is known
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    watchdog = threading.Timer(CHILD_TIMEOUT_S, proc.kill)
+    watchdog.start()
     first = None
     after_first: list = []
     out = bytearray()
@@ -154,6 +168,7 @@ def run_once(cmd: list[str], clock: EnergyClock | None, env: dict) -> dict:
     err = proc.stderr.read()
     proc.wait()
     t_exit = time.perf_counter()
+    watchdog.cancel()
     row = {"rc": proc.returncode, "spawn_to_first_output_s": (first - t0) if first else None,
            "spawn_to_exit_s": t_exit - t0, "stdout_head": out[:80].decode(errors="replace"),
            "stderr_tail": err[-300:].decode(errors="replace")}
@@ -191,65 +206,116 @@ def _measured_row(cmd, clock, env, idle, record_path) -> dict:
             row["net_joules_to_first_output"] = row["joules_to_first_output"] - idle * row["spawn_to_first_output_s"]
         if row.get("joules_to_exit") is not None:
             row["net_joules_to_exit"] = row["joules_to_exit"] - idle * row["spawn_to_exit_s"]
+    cs = (row.get("child_record") or {}).get("coldstart") or {}
+    row["child_joules_process_start_to_first_token"] = cs.get("joules_process_start_to_first_token")
+    row["child_energy_estimated_joules"] = cs.get("energy_estimated_joules")
     return row
 
 
-def run_case(name: str, cmd: list[str], runs: int, clock: EnergyClock | None, model: str | None, cache: str,
-             idle_s: float, record_path: str | None) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+class Case:
+    """One command to time: its argv, extra environment, and where its child writes a record."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict | None = None, record_path: str | None = None):
+        self.name, self.cmd, self.record_path = name, cmd, record_path
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+
+
+def run_case(case: Case, runs: int, clock: EnergyClock | None, model: str | None, cache: str, idle_s: float) -> dict:
     idle = idle_watts(clock, idle_s) if clock else None
     rows, method = [], None
-    subprocess.run(cmd, capture_output=True, env=env)  # one untimed run: imports and files into page cache
+    _untimed(case)  # imports and files into the page cache
     for _ in range(runs):
         if cache == "cold":
             method = drop_page_cache(model)
         else:
             warm_page_cache(model)
-        rows.append(_measured_row(cmd, clock, env, idle, record_path))
-    return _summarize(name, cmd, rows, cache, method, idle, clock)
+        rows.append(_measured_row(case.cmd, clock, case.env, idle, case.record_path))
+        _progress(case.name, rows[-1])
+    return _summarize(case, rows, cache, method, idle, clock)
 
 
-def run_paired(cases: list[tuple[str, list[str]]], runs: int, clock: EnergyClock | None, model: str, idle_s: float,
-               record_path: str | None) -> tuple[list[dict], dict]:
-    """Two commands run alternately (A B B A A B ...), page cache warm: whatever drifts on the machine
-    during the benchmark then affects both alike, so the per-pair difference of their first-output
-    times compares them more fairly than two cases run one after the other."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _untimed(case: Case) -> None:
+    try:
+        r = subprocess.run(case.cmd, capture_output=True, env=case.env, timeout=CHILD_TIMEOUT_S)
+        print(f"  untimed run {case.name}: rc {r.returncode}", flush=True)
+    except subprocess.TimeoutExpired:
+        print(f"  untimed run {case.name}: killed after {CHILD_TIMEOUT_S} s", flush=True)
+
+
+def _progress(name: str, row: dict) -> None:
+    """One line per run as it ends (a long benchmark cut short still shows what it measured)."""
+    f, j = row.get("spawn_to_first_output_s"), row.get("joules_to_first_output")
+    rec = row.get("child_joules_process_start_to_first_token")
+    print(f"  run {name}: rc {row['rc']} first {_ms(f)} exit {_ms(row['spawn_to_exit_s'])} J {_j(j)} record J {_j(rec)}"
+          + ("" if row["rc"] == 0 else f" stderr: {row['stderr_tail'][-160:]!r}"), flush=True)
+
+
+def run_interleaved(cases: list[Case], runs: int, clock: EnergyClock | None, model: str | None,
+                    idle_s: float) -> tuple[list[dict], dict]:
+    """Every case once per round, the starting case rotating each round (A B C, B C A, C A B...):
+    whatever drifts on the machine during the benchmark affects every case alike, so per-round
+    differences of first-output times compare them more fairly than cases run one after another."""
     idle = idle_watts(clock, idle_s) if clock else None
-    for _, cmd in cases:
-        subprocess.run(cmd, capture_output=True, env=env)
-    rows: dict[str, list] = {name: [] for name, _ in cases}
+    for c in cases:
+        _untimed(c)
+    rows: dict[str, list] = {c.name: [] for c in cases}
     for r in range(runs):
-        for name, cmd in cases if r % 2 == 0 else cases[::-1]:  # A B, B A, ...: neither always goes first
+        k = r % len(cases)
+        for c in cases[k:] + cases[:k]:
             warm_page_cache(model)
-            rows[name].append(_measured_row(cmd, clock, env, idle, record_path))
-    (a, _), (b, _) = cases
-    diffs = [(y["spawn_to_first_output_s"] - x["spawn_to_first_output_s"]) * 1000 for x, y in zip(rows[a], rows[b])
+            rows[c.name].append(_measured_row(c.cmd, clock, c.env, idle, c.record_path))
+            _progress(c.name, rows[c.name][-1])
+    first = cases[0].name
+    diffs = {}
+    for c in cases[1:]:
+        d = [(y["spawn_to_first_output_s"] - x["spawn_to_first_output_s"]) * 1000 for x, y in zip(rows[first], rows[c.name])
              if x["rc"] == 0 and y["rc"] == 0 and x["spawn_to_first_output_s"] and y["spawn_to_first_output_s"]]
-    pair = {"first": a, "second": b, "pairs": len(diffs),
-            "second_minus_first_ms": {"p50": pct(diffs, 0.5), "mean": statistics.mean(diffs) if diffs else None,
-                                      "p05": pct(diffs, 0.05), "p95": pct(diffs, 0.95)}}
-    return [_summarize(f"{name} (paired)", cmd, rows[name], "warm", None, idle, clock) for name, cmd in cases], pair
+        diffs[c.name] = {"rounds": len(d), "p50": pct(d, 0.5), "mean": statistics.mean(d) if d else None,
+                         "p05": pct(d, 0.05), "p95": pct(d, 0.95)}
+    return ([_summarize(c, rows[c.name], "warm", None, idle, clock) for c in cases],
+            {"reference_case": first, "minus_reference_first_output_ms": diffs})
 
 
-def _summarize(name, cmd, rows, cache, method, idle, clock) -> dict:
+def _summarize(case: Case, rows, cache, method, idle, clock) -> dict:
     ok = [r for r in rows if r["rc"] == 0]
 
     def stat(key):
         vals = [r.get(key) for r in ok]
-        return {"p50": pct(vals, 0.5), "p95": pct(vals, 0.95), "min": pct(vals, 0.0)}
+        return {"p50": pct(vals, 0.5), "p90": pct(vals, 0.9), "p95": pct(vals, 0.95), "min": pct(vals, 0.0)}
 
-    summary = {"case": name, "cmd": " ".join(shlex.quote(c) for c in cmd), "page_cache": cache, "cache_drop_method": method,
-               "runs": len(rows), "failures": len(rows) - len(ok), "idle_watts": idle,
+    summary = {"case": case.name, "cmd": " ".join(shlex.quote(c) for c in case.cmd),
+               "env": {k: v for k, v in case.env.items() if k.startswith("REFLEX_")}, "page_cache": cache,
+               "cache_drop_method": method, "runs": len(rows), "failures": len(rows) - len(ok), "idle_watts": idle,
                "spawn_to_first_output_s": stat("spawn_to_first_output_s"), "spawn_to_exit_s": stat("spawn_to_exit_s")}
     if clock:
-        for k in ("joules_to_first_output", "net_joules_to_first_output", "joules_to_exit", "net_joules_to_exit"):
+        for k in ("joules_to_first_output", "net_joules_to_first_output", "joules_to_exit", "net_joules_to_exit",
+                  "child_joules_process_start_to_first_token", "child_energy_estimated_joules"):
             summary[k] = stat(k)
+        summary["record_vs_external"] = energy_agreement(ok, clock)
     stages = _median_stages([r["child_record"] for r in ok if "child_record" in r])
     if stages:
         summary["child_stages_ms"] = stages
     summary["rows"] = rows
     return summary
+
+
+def energy_agreement(rows: list[dict], clock: EnergyClock) -> dict | None:
+    """The child's own process-start -> first-token joules against ours over spawn -> first
+    output, for the same runs: medians, per-run differences, and whether the medians agree within
+    one counter step or 20%, whichever is larger."""
+    pairs = [(r["child_joules_process_start_to_first_token"], r["joules_to_first_output"]) for r in rows
+             if r.get("child_joules_process_start_to_first_token") is not None and r.get("joules_to_first_output") is not None]
+    if not pairs:
+        return None
+    rec, ext = [p[0] for p in pairs], [p[1] for p in pairs]
+    m_rec, m_ext = statistics.median(rec), statistics.median(ext)
+    step = clock.step_j
+    bound = max(step or 0.0, 0.2 * abs(m_ext))
+    return {"runs": len(pairs), "record_median_j": m_rec, "external_median_j": m_ext,
+            "median_difference_j": m_rec - m_ext, "per_run_difference_j": {"p05": pct([a - b for a, b in pairs], 0.05),
+                                                                        "p50": pct([a - b for a, b in pairs], 0.5),
+                                                                        "p95": pct([a - b for a, b in pairs], 0.95)},
+            "counter_step_j": step, "bound_j": bound, "agree": abs(m_rec - m_ext) <= bound}
 
 
 def _median_stages(records: list[dict]) -> dict | None:
@@ -268,8 +334,12 @@ def _median_stages(records: list[dict]) -> dict | None:
     return {"marks_at_ms": out, "background_ms": spans,
             "process_start_to_first_token_ms": statistics.median(c["process_start_to_first_token_ms"] for c in cs
                                                                   if c.get("process_start_to_first_token_ms")),
-            "joules_to_first_token": _median_or_none([c.get("joules_to_first_token") for c in cs]),
-            "joules_above_idle_to_first_token": _median_or_none([c.get("joules_above_idle_to_first_token") for c in cs])}
+            "joules_process_start_to_first_token": _median_or_none([c.get("joules_process_start_to_first_token")
+                                                                    for c in cs]),
+            "energy_estimated_joules": _median_or_none([c.get("energy_estimated_joules") for c in cs]),
+            "energy_estimated_span_ms": _median_or_none([c.get("energy_estimated_span_ms") for c in cs]),
+            "joules_above_idle_process_start_to_first_token": _median_or_none(
+                [c.get("joules_above_idle_process_start_to_first_token") for c in cs])}
 
 
 def _median_or_none(vals):
@@ -308,23 +378,49 @@ def waterfall(cases: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def long_prompt(n_tokens: int) -> str:
+    """About n_tokens of plain English (one token per word and comma, roughly, for BPE vocabularies)."""
+    words = ("The capital of France is the city where the river Seine meets the old roads of the north and "
+             "the markets of the south, and people have lived there for a very long time").split()
+    return " ".join(words[i % len(words)] for i in range(max(1, int(n_tokens * 0.85))))
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    name, _, envs = spec.partition(":")
+    env = {}
+    for kv in filter(None, envs.split(",")):
+        k, _, v = kv.partition("=")
+        if not k.startswith("REFLEX_"):
+            raise SystemExit(f"--variant {spec}: only REFLEX_* variables")
+        env[k] = v
+    return name, env
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", default=[], help="GGUF file (repeatable)")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="use a prompt of about this many tokens instead")
     ap.add_argument("--cache", default="warm,cold", help="page-cache states to run: warm, cold")
     ap.add_argument("--system1", action="store_true", help="also time `reflex system1` with 3 candidates")
-    ap.add_argument("--paired", action="store_true",
-                    help="with --system1: run generate and system1 alternately for the warm-cache case and report "
-                         "the per-pair difference of their first-output times")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:REFLEX_X=V[,REFLEX_Y=W]",
+                    help="also time `reflex generate` with these environment settings (repeatable)")
+    ap.add_argument("--llama-simple", default=None, metavar="BIN", help="llama.cpp's llama-simple: timed on the same files")
+    ap.add_argument("--embedded", action="store_true",
+                    help="also time `reflex generate` with no --model (the embedded model, or $REFLEX_EMBEDDED_MODEL: "
+                         "what a container image bakes in); llama-simple gets that file")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD", help="another command to time the same way")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--idle-s", type=float, default=2.0)
     ap.add_argument("--out", required=True, help="output folder")
     args = ap.parse_args()
-    if args.paired and not args.system1:
-        ap.error("--paired compares generate with system1: give --system1 too")
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    if not args.model and not args.embedded:
+        ap.error("give --model FILE (repeatable) and/or --embedded")
+    variants = [parse_variant(v) for v in args.variant]
+    prompt = long_prompt(args.prompt_tokens) if args.prompt_tokens else args.prompt
     os.makedirs(args.out, exist_ok=True)
     try:
         nv = Nvml()
@@ -332,45 +428,57 @@ def main() -> int:
         print(f"no NVML ({e}); timing only", file=sys.stderr)
         nv = None
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": nv.name if nv else None,
-              "prompt": args.prompt, "python": sys.version.split()[0], "cases": []}
+              "prompt": prompt, "python": sys.version.split()[0], "cases": [], "interleaved": []}
     trace = EnergyClock(nv) if nv else None
     if nv:
         result["energy_counter"] = counter_resolution(nv)
-        check = run_case("sleep 1 (method check: net must be ~0 J)", ["sleep", "1"], 3, trace, None, "warm", args.idle_s,
-                         None)
+        step = result["energy_counter"]["median_step_mj"]
+        trace.step_j = step / 1000 if step else None
+        check = run_case(Case("sleep 1 (method check: net must be ~0 J)", ["sleep", "1"]), 3, trace, None, "warm",
+                         args.idle_s)
         result["method_check_sleep_1"] = {k: check[k] for k in ("idle_watts", "joules_to_exit", "net_joules_to_exit")}
-    rec = os.path.join(tempfile.mkdtemp(), "record.json")
+    tmp = tempfile.mkdtemp()
     base = [sys.executable, "-m", "reflex_runtime.cli"]
-    for model in args.model:
-        tag = os.path.basename(model)
-        cases = [("generate", base + ["generate", args.prompt, "-n", "1", "--backend", "cuda", "--model", model, "--record", rec])]
+    models = args.model + ([None] if args.embedded else [])
+    for model in models:
+        tag = os.path.basename(model) if model else "embedded model"
+        margs = ["--model", model] if model else []
+        peer_file = model or os.environ.get("REFLEX_EMBEDDED_MODEL")
+
+        def rec(name):
+            return os.path.join(tmp, name.replace(" ", "_") + ".json")
+
+        cases = [Case(f"reflex generate {tag}", base + ["generate", prompt, "-n", "1", "--backend", "cuda", *margs,
+                                                        "--record", rec("generate")], record_path=rec("generate"))]
+        for name, env in variants:
+            cases.append(Case(f"reflex generate {tag} [{name}]", base + ["generate", prompt, "-n", "1", "--backend", "cuda",
+                                                                          *margs, "--record", rec(name)], env, rec(name)))
         if args.system1:
-            cases.append(("system1", base + ["system1", args.prompt, "-c", " Paris", "-c", " London", "-c", " Berlin",
-                                             "--backend", "cuda", "--model", model, "--record", rec]))
-        paired = args.paired and len(cases) == 2 and "warm" in args.cache.split(",")
-        for what, cmd in cases:
-            for cache in args.cache.split(","):
-                if cache == "warm" and paired:
-                    continue  # measured below, alternating with the other command
-                c = run_case(f"reflex {what} {tag}", cmd, args.runs, trace, model, cache, args.idle_s, rec)
-                result["cases"].append(c)
-                _print_case(c)
-        if paired:
-            pcases, pair = run_paired([(f"reflex {w} {tag}", cmd) for w, cmd in cases], args.runs, trace, model,
-                                      args.idle_s, rec)
-            result["cases"] += pcases
-            result.setdefault("paired", []).append(pair)
-            for c in pcases:
-                _print_case(c)
-            d = pair["second_minus_first_ms"]
-            if pair["pairs"]:
-                print(f"    paired, {pair['pairs']} pairs: system1 - generate first output p50 {d['p50']:+.1f} ms, "
-                      f"mean {d['mean']:+.1f} ms (p05 {d['p05']:+.1f}, p95 {d['p95']:+.1f})", flush=True)
-            else:
-                print("    paired: no pair where both runs succeeded", flush=True)
+            cases.append(Case(f"reflex system1 {tag}", base + ["system1", prompt, "-c", " Paris", "-c", " London", "-c",
+                                                               " Berlin", "--backend", "cuda", *margs, "--record",
+                                                               rec("system1")], record_path=rec("system1")))
+        if args.llama_simple and peer_file:
+            cases.append(Case(f"llama-simple {tag}", [args.llama_simple, "-m", peer_file, "-n", "1", "-ngl", "99", prompt]))
+        for cache in args.cache.split(","):
+            if cache == "warm":
+                summaries, diffs = run_interleaved(cases, args.runs, trace, peer_file, args.idle_s)
+                result["cases"] += summaries
+                result["interleaved"].append(diffs)
+                for c in summaries:
+                    _print_case(c)
+                for name, d in diffs["minus_reference_first_output_ms"].items():
+                    if d["rounds"]:
+                        print(f"    per round, {name} - {diffs['reference_case']}: first output p50 {d['p50']:+.1f} ms, "
+                              f"mean {d['mean']:+.1f} ms (p05 {d['p05']:+.1f}, p95 {d['p95']:+.1f})", flush=True)
+            elif cache == "cold" and model:
+                for c in cases:
+                    if c.name.startswith("reflex"):
+                        summary = run_case(c, args.runs, trace, model, "cold", args.idle_s)
+                        result["cases"].append(summary)
+                        _print_case(summary)
     for peer in args.peer:
         name, _, cmd = peer.partition("=")
-        c = run_case(name, shlex.split(cmd), args.peer_runs or args.runs, trace, None, "warm", args.idle_s, None)
+        c = run_case(Case(name, shlex.split(cmd)), args.peer_runs or args.runs, trace, None, "warm", args.idle_s)
         result["cases"].append(c)
         _print_case(c)
     with open(os.path.join(args.out, "results.json"), "w") as f:
@@ -381,20 +489,27 @@ def main() -> int:
 
 def _print_case(c: dict) -> None:
     f, x = c["spawn_to_first_output_s"], c["spawn_to_exit_s"]
-    line = (f"{c['case']:<48} {c['page_cache']:<4} first p50 {_ms(f['p50'])} p95 {_ms(f['p95'])}  exit p50 {_ms(x['p50'])}"
+    line = (f"{c['case']:<56} {c['page_cache']:<4} first p50 {_ms(f['p50'])} p90 {_ms(f['p90'])}  exit p50 {_ms(x['p50'])}"
             f"  fails {c['failures']}")
     if "joules_to_first_output" in c:
         line += (f"  J first {_j(c['joules_to_first_output']['p50'])} (net {_j(c['net_joules_to_first_output']['p50'])})"
-                 f"  J exit {_j(c['joules_to_exit']['p50'])} (net {_j(c['net_joules_to_exit']['p50'])})")
+                 f"  J exit {_j(c['joules_to_exit']['p50'])}")
     print(line, flush=True)
+    agree = c.get("record_vs_external")
+    if agree:
+        print(f"    energy, child record vs external (medians): {agree['record_median_j']:.1f} J vs "
+              f"{agree['external_median_j']:.1f} J, difference {agree['median_difference_j']:+.1f} J, bound "
+              f"{agree['bound_j']:.1f} J: {'AGREE' if agree['agree'] else 'DISAGREE'}", flush=True)
     st = c.get("child_stages_ms")
     if st:
         marks = " ".join(f"{k}@{v:.0f}" for k, v in sorted(st["marks_at_ms"].items(), key=lambda kv: kv[1]))
         spans = " ".join(f"{k}[{a:.0f}-{b:.0f}]" for k, (a, b) in sorted(st["background_ms"].items(), key=lambda kv: kv[1][0]))
         print(f"    child marks (ms from process start): {marks}", flush=True)
         print(f"    child threads: {spans}", flush=True)
-        print(f"    child first token {st['process_start_to_first_token_ms']:.1f} ms, {st['joules_to_first_token']} J "
-              f"({st['joules_above_idle_to_first_token']} J above idle)", flush=True)
+        print(f"    child first token {st['process_start_to_first_token_ms']:.1f} ms, "
+              f"{st['joules_process_start_to_first_token']} J (of which estimated {st['energy_estimated_joules']} J over "
+              f"{st['energy_estimated_span_ms']} ms; {st['joules_above_idle_process_start_to_first_token']} J above idle)",
+              flush=True)
 
 
 def _ms(v):

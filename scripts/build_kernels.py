@@ -75,8 +75,8 @@ def sources_digest(root: str) -> str:
     return h.hexdigest()
 
 
-def build(out_dir: str, nvcc: str, root: str = ROOT, force: bool = False, log=print) -> dict:
-    archs = supported_archs(nvcc)
+def build(out_dir: str, nvcc: str, root: str = ROOT, force: bool = False, log=print, only: list[int] | None = None) -> dict:
+    archs = [a for a in supported_archs(nvcc) if not only or a in only]
     if not archs:
         raise RuntimeError(f"{nvcc} supports none of sm_{', sm_'.join(map(str, WANTED_ARCHS))}")
     version = nvcc_version(nvcc)
@@ -132,12 +132,15 @@ def main() -> int:
     ap.add_argument("--out", default=default_out())
     ap.add_argument("--nvcc", default=None)
     ap.add_argument("--force", action="store_true")
+    ap.add_argument("--archs", default=None, metavar="90[,100]",
+                    help="only these SM architectures (a quick build for one GPU; the package ships all of them)")
     args = ap.parse_args()
     nvcc = args.nvcc or find_nvcc()
     if nvcc is None:
         print("nvcc not found: install the CUDA toolkit or `pip install nvidia-cuda-nvcc`", file=sys.stderr)
         return 1
-    build(args.out, nvcc, force=args.force)
+    only = [int(a) for a in args.archs.split(",")] if args.archs else None
+    build(args.out, nvcc, force=args.force, only=only)
     return 0
 
 

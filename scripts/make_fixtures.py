@@ -5,7 +5,7 @@ The tests compare our numpy reference (and later the GPU engine) with `transform
 same random model. To make sure our GGUF conventions are the ones real files use, the GGUF is
 written by llama.cpp's UNMODIFIED `convert_hf_to_gguf.py` from the pinned sdist
 (scripts/llama_cpp_sdist.py), run in a subprocess. Types the converter cannot write (Q4_0,
-Q5_0, K-quants, the Q4_K_M mix) are made from the f32 GGUF by scripts/quantize_gguf.py.
+Q4_1, Q5_0, Q5_1, K-quants, the Q4_K_M mix) are made from the f32 GGUF by scripts/quantize_gguf.py.
 
 Adding an architecture is one function: `build_<arch>(overrides, hf_dir) -> ArchBuild` that
 returns the `transformers` config and writes/lists the tokenizer files, plus one line in ARCHS.
@@ -122,9 +122,11 @@ Scientists measured the temperature of the water every hour for three weeks.
 """
 
 
-def train_spm(out_dir: Path, vocab_size: int = 512, user_symbols=("<start_of_turn>", "<end_of_turn>")) -> Path:
+def train_spm(out_dir: Path, vocab_size: int = 512, user_symbols=("<start_of_turn>", "<end_of_turn>"),
+              llama: bool = False) -> Path:
     """Train a tiny Gemma-like SentencePiece BPE model (byte fallback, split digits, no dummy
-    prefix; ids 0..3 = <pad>, <eos>, <bos>, <unk> as in Gemma) and return tokenizer.model."""
+    prefix; ids 0..3 = <pad>, <eos>, <bos>, <unk> as in Gemma) and return tokenizer.model.
+    llama=True: Llama 2's layout instead (a dummy prefix space; ids 0..2 = <unk>, <s>, </s>)."""
     import sentencepiece as spm
 
     lines = _CORPUS.splitlines()
@@ -142,13 +144,14 @@ def train_spm(out_dir: Path, vocab_size: int = 512, user_symbols=("<start_of_tur
         hard_vocab_limit=False,
         byte_fallback=True,
         split_digits=True,
-        add_dummy_prefix=False,
+        add_dummy_prefix=llama,
         remove_extra_whitespaces=False,
         allow_whitespace_only_pieces=True,
         normalization_rule_name="identity",
         character_coverage=1.0,
-        pad_id=0, eos_id=1, bos_id=2, unk_id=3,
-        pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+        **(dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1) if llama else dict(
+            pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+            pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>")),
         user_defined_symbols=list(user_symbols),
         num_threads=1,
         minloglevel=2,
@@ -250,12 +253,14 @@ def build_gemma3(overrides: dict, hf_dir: Path) -> ArchBuild:
     return ArchBuild(cfg, norm_center=0.0)
 
 
+from fixtures_llama import build_llama, llama_to_hf  # noqa: E402
 from fixtures_qwen3moe import build_qwen3moe  # noqa: E402
 
 ARCHS: dict[str, Callable[[dict, Path], ArchBuild]] = {
     "qwen3": build_qwen3,
     "gemma3": build_gemma3,
     "qwen3moe": build_qwen3moe,
+    "llama": build_llama,
     "qwen35": lambda overrides, hf_dir: __import__("fixtures_qwen35").build_qwen35(overrides, hf_dir),
     "qwen35moe": lambda overrides, hf_dir: __import__("fixtures_qwen35").build_qwen35moe(overrides, hf_dir),
     "deepseek_v2": lambda overrides, hf_dir: __import__("fixtures_deepseek").build_deepseek_v2(overrides, hf_dir),
@@ -269,6 +274,12 @@ PRESETS: dict[str, tuple[str, dict]] = {
         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
         rope_theta=1_000_000.0, max_position_embeddings=40960,
     )),
+    # SmolLM2-135M's shape (the real file is the `smollm2` short name; this one has random weights)
+    "smollm2-135m": ("llama", dict(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
+        rope_theta=100_000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
+    )),
     "gemma3-270m": ("gemma3", dict(
         hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
         num_key_value_heads=1, head_dim=256, sliding_window=512, max_position_embeddings=32768,
@@ -280,18 +291,22 @@ PRESETS: dict[str, tuple[str, dict]] = {
 #
 # To test a quantized file against transformers, we load the HF model and overwrite each
 # parameter with the dequantized GGUF tensor. Names go through gguf-py's TensorNameMap (the
-# table the converter uses); what the converter did to the values is undone per architecture.
-# Qwen3 and Gemma 3 need no q/k permutation (only the llama family gets one).
+# table the converter uses); what the converter did to the values is undone per architecture
+# (fix(gguf_name, array, source file)). Qwen3 and Gemma 3 need no q/k permutation (only the
+# llama family gets one).
 
 
-def _gemma3_to_hf(gguf_name: str, arr):
+def _gemma3_to_hf(gguf_name: str, arr, src=None):
     # The converter stores Gemma's RMSNorm weight w as w + 1 (Gemma3RMSNorm computes x*(1+w)).
     return arr - 1.0 if gguf_name.endswith("norm.weight") else arr
 
 
-GGUF_TO_HF: dict[str, Callable[[str, Any], Any]] = {
+GGUF_TO_HF: dict[str, Callable[[str, Any, Any], Any]] = {
     "gemma3": _gemma3_to_hf,
+    "llama": llama_to_hf,
 }
+# Tensors the converter derives from the config that transformers recomputes itself.
+DERIVED_TENSORS = frozenset({"rope_freqs.weight"})
 
 
 def hf_model_from_gguf(gguf_path: str | os.PathLike, config_or_dir):
@@ -321,7 +336,7 @@ def hf_model_from_gguf(gguf_path: str | os.PathLike, config_or_dir):
     n_blocks = int(src.get(f"{arch}.block_count"))
     arch_id = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
     tmap = gguf.get_tensor_name_map(arch_id, n_blocks)
-    fix = GGUF_TO_HF.get(arch, lambda name, arr: arr)
+    fix = GGUF_TO_HF.get(arch, lambda name, arr, src: arr)
     tensors = {name: (shape, t, off) for name, shape, t, off in src.tensors}
     used = set()
     with torch.no_grad():
@@ -331,11 +346,11 @@ def hf_model_from_gguf(gguf_path: str | os.PathLike, config_or_dir):
                 raise KeyError(f"no GGUF tensor for parameter {name} (mapped to {gname})")
             shape, t, off = tensors[gname]
             arr = gguf.quants.dequantize(src.tensor_bytes(shape, t, off), gguf.GGMLQuantizationType(t))
-            arr = fix(gname, np.array(arr, dtype=np.float32).reshape(tuple(p.shape)))
+            arr = fix(gname, np.array(arr, dtype=np.float32).reshape(tuple(p.shape)), src)
             p.copy_(torch.from_numpy(arr))
             used.add(gname)
-    if set(tensors) - used:
-        raise KeyError(f"GGUF tensors not used by the HF model: {sorted(set(tensors) - used)}")
+    if set(tensors) - used - DERIVED_TENSORS:
+        raise KeyError(f"GGUF tensors not used by the HF model: {sorted(set(tensors) - used - DERIVED_TENSORS)}")
     return model
 
 
@@ -526,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("arch", nargs="?", help=f"one of {', '.join(sorted(ARCHS))}")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="a real model's shape (random weights)")
-    ap.add_argument("--outtype", default="f32", help="f32, f16, bf16, q8_0 (converter) or q4_0, q5_0, q4_k, q5_k, q6_k, q4_k_m")
+    ap.add_argument("--outtype", default="f32", help="f32, f16, bf16, q8_0 (converter) or q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m")
     ap.add_argument("--out", type=Path, help="write DIR/hf and DIR/<arch>-<outtype>.gguf here instead of the cache")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (JSON value)")
     ap.add_argument("--seed", type=int, default=0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Requantize an f32/f16/bf16 GGUF into Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K or a Q4_K_M-like mix.
+"""Requantize an f32/f16/bf16 GGUF into Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K or a Q4_K_M-like mix.
 
     python scripts/quantize_gguf.py IN.gguf OUT.gguf Q4_K_M
 
@@ -7,13 +7,13 @@ Every metadata key is copied exactly (same value types, raw string bytes), excep
 `general.file_type`, which is set to the scheme's llama_ftype, and `general.quantization_version`,
 which is set to 2 if missing. Tensors keep their order; 1-D tensors (norms) stay as they are.
 
-Q4_0/Q5_0/Q8_0 use gguf-py's quantizers (they follow llama.cpp's reference code). gguf-py cannot
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 use gguf-py's quantizers (they follow llama.cpp's reference code). gguf-py cannot
 write K-quants, so Q4_K, Q5_K and Q6_K are implemented here in numpy (see the block layouts
 below); the scale search is a small grid search with a least-squares refit, not llama.cpp's
 exact algorithm, but its round-trip error is in the same range (tests/test_quantize.py).
 
 Schemes:
-- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: every matrix in that type ("pure", like llama-quantize
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: every matrix in that type ("pure", like llama-quantize
   --pure), so tests exercise the type in every role, the LM head included.
 - Q4_K_M: llama.cpp's Q4_K_M recipe as we understand it: Q4_K for most matrices; Q6_K for the
   output matrix (the token embedding when tied), and for attn_v and ffn_down in the layers that
@@ -21,9 +21,8 @@ Schemes:
   integer division as llama.cpp does). On the embedded Gemma 3 270M Q4_K_M file this choice
   matches llama-quantize's for every tensor (tests/test_quantize.py).
 A K-quant needs rows (ne[0]) that are a multiple of 256. Otherwise we fall back the way
-llama.cpp does, except that its Q5_K -> Q5_1 becomes Q5_K -> Q5_0 (our kernels do not read
-Q5_1): Q4_K -> Q5_0, Q5_K -> Q5_0, Q6_K -> Q8_0; and an output/tied embedding that cannot be
-K-quantized becomes Q8_0. A 32-block type whose row is not a multiple of 32 falls back to F16.
+llama.cpp does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; and an output/tied embedding that
+cannot be K-quantized becomes Q8_0. A 32-block type whose row is not a multiple of 32 falls back to F16.
 """
 
 from __future__ import annotations
@@ -36,19 +35,19 @@ from typing import Callable
 
 import numpy as np
 
-QUANTIZER_VERSION = 3
+QUANTIZER_VERSION = 4
 QK_K = 256
 
 # scheme -> llama_ftype written to general.file_type (gguf.LlamaFileType values).
 SCHEMES = {
-    "Q4_0": 2, "Q8_0": 7, "Q5_0": 8,
+    "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
     "Q4_K": 14,  # MOSTLY_Q4_K_S: the closest llama_ftype to "all Q4_K"
     "Q5_K": 16,  # MOSTLY_Q5_K_S
     "Q6_K": 18,  # MOSTLY_Q6_K
     "Q4_K_M": 15,
 }
-_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_0", "Q6_K": "Q8_0"}
-_BLOCK = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "F16": 1, "F32": 1}
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "F16": 1, "F32": 1}
 
 
 # -- K-quant encoders ---------------------------------------------------------------------------

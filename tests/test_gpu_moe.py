@@ -64,7 +64,7 @@ def _bound(x, w):
     return np.abs(x).astype(np.float64) @ np.abs(w).T.astype(np.float64)
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok,n_expert,k", [(1, 8, 2), (1, 6, 6), (5, 12, 3), (3, 40, 8)])
 def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
     rng = np.random.default_rng([int(qtype), n_tok, n_expert, k])
@@ -99,7 +99,7 @@ def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
 
 # -- experts, grouped prefill -------------------------------------------------------------------
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok,n_expert,k,skewed", [(70, 8, 3, False), (130, 5, 2, True), (64, 16, 8, False)])
 def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
     rng = np.random.default_rng([int(qtype), n_tok, n_expert, k, skewed])
@@ -191,3 +191,147 @@ def test_qwen3moe_long_prompt_grouped_prefill_and_greedy_32():
     assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect
     assert eng.runner.info()["decode_graph_nodes"] > 0  # the whole step was one captured graph
     assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect  # replayed warm
+
+
+# -- experts, grouped prefill on sm_80+ (gemm.cu): two launches for all experts ------------------
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,n_expert,k,skewed", [(1, 8, 2, False), (70, 8, 3, False), (130, 5, 2, True),
+                                                      (300, 64, 8, False)])
+def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
+    """reflex_moe_group's tile list, then gate+up+act for every expert in one launch and down with
+    the weighted sum into the residual in another, against numpy; the sum is deterministic (two
+    runs agree bit for bit) and the completion counters are left at zero."""
+    from reflex_runtime.gpu.launch import MOE_TILE, MoeGroups, moe_down_col_tiles, moe_max_tiles
+
+    if tuple(gpu.dev.cc) < (8, 0):
+        pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
+    rng = np.random.default_rng([int(qtype), n_tok, n_expert, k, skewed, 80])
+    E, F = k_for(qtype, True), _ff_for(qtype, True)
+    (wg, wu, wd), (dg, du, dd) = _experts(gpu, qtype, n_expert, E, F, rng)
+    logits = rng.standard_normal((n_tok, n_expert)).astype(np.float32)
+    if skewed:  # every token's first choice is expert 3: one group of n_tok > 2 tiles
+        logits[:, 3] = 10
+    ids, w = _route(logits, k, True)
+    ids = ids.astype(np.int32)
+    pairs, max_tiles = n_tok * k, moe_max_tiles(n_tok * k, n_expert)
+    grp = MoeGroups(gpu.poisoned((n_expert,), np.int32), gpu.poisoned((n_expert,), np.int32),
+                    gpu.poisoned((pairs,), np.int32), gpu.poisoned((pairs,), np.int32),
+                    gpu.poisoned((max_tiles,), np.int32), gpu.poisoned((max_tiles,), np.int32),
+                    gpu.poisoned((1,), np.int32), max_tiles)
+    gpu.launch.moe_group(gpu.put(ids), pairs, n_expert, k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id,
+                         grp.tile_e, grp.tile_m0, grp.n_tiles)
+    counts = np.bincount(ids.reshape(-1), minlength=n_expert)
+    want_tiles = [(e, m0) for e in range(n_expert) for m0 in range(0, counts[e], MOE_TILE)]
+    n_tiles = int(gpu.get(grp.n_tiles, (1,), np.int32)[0])
+    assert n_tiles == len(want_tiles) <= max_tiles
+    got_tiles = list(zip(gpu.get(grp.tile_e, (max_tiles,), np.int32)[:n_tiles],
+                         gpu.get(grp.tile_m0, (max_tiles,), np.int32)[:n_tiles]))
+    assert got_tiles == want_tiles
+    order = np.argsort(ids.reshape(-1), kind="stable")  # pair ids by expert, then pair order
+    assert (gpu.get(grp.pair_id, (pairs,), np.int32) == order).all()
+
+    # gate + up + SiLU into act, rows in expert order; inputs scaled so gate/up outputs are O(1)
+    h = (rng.standard_normal((n_tok, E)) / (dg.std() * np.sqrt(E))).astype(np.float32)
+    act = gpu.poisoned((pairs, F))
+    gpu.launch.moe_gemm_glu(wg, wu, F * wg.row_bytes, F, grp, gpu.put(h), act, 0)
+    got_act = gpu.get(act, (pairs, F))
+    assert not np.isnan(got_act).any(), "a routed row was left unwritten"
+    for i, p in enumerate(order):
+        t, e = p // k, ids.flat[p]
+        g, u = h[t].astype(np.float64) @ dg[e].T, h[t].astype(np.float64) @ du[e].T
+        bg, bu = _bound(h[t:t + 1], dg[e])[0], _bound(h[t:t + 1], du[e])[0]
+        tol = 1.2 * 2e-3 * (bg * np.abs(u) + (np.abs(g) + bg) * bu) + 1e-5  # f16 inputs (test_gpu_kernels)
+        assert (np.abs(got_act[i] - act_ref(g, 0) * u) <= tol).all(), (i, p, e)
+
+    # down, weighted, summed over each token's slots into the residual
+    base = rng.standard_normal((n_tok, E)).astype(np.float32)
+    counters = gpu.put(np.zeros(n_tok * moe_down_col_tiles(E), np.int32))
+    ybuf = gpu.poisoned((pairs, E))
+    w_d = gpu.put(w)
+    results = []
+    for _ in range(2):
+        x = gpu.put(base)
+        gpu.launch.moe_gemm_down(wd, E * wd.row_bytes, E, grp, act, w_d, k, ybuf, x, counters)
+        results.append(gpu.get(x, (n_tok, E)))
+        assert not gpu.get(counters, (n_tok * moe_down_col_tiles(E),), np.int32).any(), "counters not reset"
+    assert np.array_equal(results[0], results[1]), "the weighted sum depends on the schedule"
+    expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-4)
+    for i, p in enumerate(order):
+        t, e = p // k, ids.flat[p]
+        expect[t] += w.flat[p] * (got_act[i].astype(np.float64) @ dd[e].T)
+        tol[t] += 2e-3 * w.flat[p] * _bound(got_act[i:i + 1], dd[e])[0]
+    assert (np.abs(results[0] - expect) <= tol).all(), np.abs(results[0] - expect).max()
+# -- one token (decode): router + top-k fused, routed rows staged in shared memory --------------
+
+@pytest.mark.parametrize("n_expert,k,budget_rows", [(128, 8, 4), (60, 5, 1), (8, 8, 100), (257, 3, 9)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_fused_router_topk_one_token(gpu, n_expert, k, budget_rows, normalize):
+    rng = np.random.default_rng([n_expert, k, budget_rows, normalize])
+    E = 640
+    w, dense = random_weight(gpu, Q.F32, n_expert, E, rng)
+    x = rng.standard_normal((1, E)).astype(np.float32)
+    nw = (rng.random(E) + 0.5).astype(np.float32)
+    L = gpu.launch
+    saved = L.mvs_budget
+    L.mvs_budget = budget_rows * w.row_bytes + 64
+    try:
+        logits, ids, wts = gpu.poisoned((1, n_expert)), gpu.poisoned((1, k), np.int32), gpu.poisoned((1, k))
+        counter = gpu.put(np.zeros(1, np.int32))
+        for replay in range(2):  # the counter is left at zero for the next layer and step
+            with L.record() as rec:
+                assert L.moe_router_topk(w, gpu.put(x), gpu.put(nw), 1e-6, logits, k, normalize, ids, wts, counter)
+            assert [ln.kernel.name for ln in rec] == ["reflex_moe_router_f32"]
+            got_logits = gpu.get(logits, (1, n_expert))
+            xn = rms_ref(x, nw, 1e-6)
+            np.testing.assert_allclose(got_logits, xn @ dense.T.astype(np.float64), rtol=1e-4, atol=1e-4)
+            want_ids, want_w = _route(got_logits, k, normalize)  # routing of the logits the GPU computed
+            assert (gpu.get(ids, (1, k), np.int32) == want_ids).all()
+            np.testing.assert_allclose(gpu.get(wts, (1, k)), want_w, rtol=2e-6, atol=1e-7)
+            assert gpu.get(counter, (1,), np.int32)[0] == 0
+    finally:
+        L.mvs_budget = saved
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K],
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("n_expert,k,budget_rows", [(8, 2, 1000), (12, 6, 5), (40, 8, 3)])
+@pytest.mark.parametrize("early", [False, True])
+def test_staged_experts_one_token(gpu, qtype, n_expert, k, budget_rows, early):
+    rng = np.random.default_rng([int(qtype), n_expert, k, budget_rows, early])
+    E, F = k_for(qtype, False), _ff_for(qtype, False)
+    (wg, wu, wd), (dg, du, dd) = _experts(gpu, qtype, n_expert, E, F, rng)
+    x = (rng.standard_normal((1, E)) * 0.5).astype(np.float32)
+    nw = (rng.random(E) + 0.5).astype(np.float32)
+    ids, w = _route(rng.standard_normal((1, n_expert)).astype(np.float32), k, True)
+    ids_d, w_d = gpu.put(ids.astype(np.int32)), gpu.put(w)
+    L = gpu.launch
+    saved = L.mvs_budget
+    L.mvs_budget = budget_rows * wg.row_bytes * 2 + 64
+    try:
+        act = gpu.poisoned((k, F))
+        with L.record() as rec:
+            assert L.moe_glu_mv1(wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, F, 0, gpu.put(nw), 1e-6)
+        got_act = gpu.get(act, (k, F))
+        xn = rms_ref(x, nw, 1e-6)
+        assert not np.isnan(got_act).any(), "the kernel left poisoned outputs"
+        for s in range(k):
+            e = ids.flat[s]
+            g, u = xn[0] @ dg[e].T, xn[0] @ du[e].T
+            tol = 6e-4 * _bound(xn, dg[e])[0] * _bound(xn, du[e])[0] + 1e-5
+            assert (np.abs(got_act[s] - act_ref(g, 0) * u) <= tol).all(), (s, np.abs(got_act[s] - act_ref(g, 0) * u).max())
+        base = rng.standard_normal((1, E)).astype(np.float32)
+        xd = gpu.put(base)
+        L.mvs_budget = budget_rows * k * wd.row_bytes + 4 * k * F + 128
+        with L.record() as rec2:
+            assert L.moe_down_mv1(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, E, early)
+        assert [ln.kernel.name for ln in rec + rec2] == [f"reflex_mvs_glu_{wg.suffix}", f"reflex_moe_mvs_down_{wd.suffix}"]
+        expect, tol = base[0].astype(np.float64), np.full(E, 1e-5)
+        for s in range(k):
+            e = ids.flat[s]
+            expect += w.flat[s] * (got_act[s].astype(np.float64) @ dd[e].T)
+            tol += 2e-4 * w.flat[s] * _bound(got_act[s:s + 1], dd[e])[0]
+        got = gpu.get(xd, (1, E))[0]
+        assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+    finally:
+        L.mvs_budget = saved

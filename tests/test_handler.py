@@ -1,7 +1,7 @@
 """handlers/app.py in-process: every route and event shape (the samples in events/), bad input,
 the printed log record and EMF metrics, and the model-load failure path.
 
-The engine is the fake one from test_ops.py (the real Engine over a scripted runner), put in
+The engine is the fake one from tests/fake_engine.py (the real Engine over a scripted runner), put in
 place of loader.load_engine before the module is imported fresh, so each test sees a cold
 container. One test runs the real embedded model in a subprocess.
 """
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 import reflex_runtime.loader
-from test_ops import REPLY, make_engine
+from fake_engine import REPLY, make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = ROOT / "events"
@@ -39,13 +39,12 @@ def event(name: str, **body_changes) -> dict:
     return ev
 
 
-def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None):
+def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None):
     engine = make_engine()
     engine.timeline = timeline
     for stage in ("model_resolved", "gguf_open", "tokenizer", "weights_loaded"):
         timeline.mark(stage)
     timeline.no_energy("fake engine: no GPU")
-    engine.fallback_reason = None
     return engine
 
 
@@ -124,7 +123,7 @@ def test_direct_generate_cold_then_warm(load_app, capsys):
     assert m["ProcessStartToFirstTokenMs"] == ([cs["process_start_to_first_token_ms"]], "Milliseconds")
     assert m["GeneratedTokens"] == ([5.0], "Count") and m["PromptTokens"][0] == [float(log["reflex"]["prompt_tokens"])]
     assert m["DecodeTokensPerSecond"][1] == "Count/Second"
-    assert "JoulesToFirstToken" not in m  # no energy reading without a GPU: no made-up number
+    assert "JoulesProcessStartToFirstToken" not in m  # no energy reading without a GPU: no made-up number
 
     r = app.lambda_handler(event("generate", max_tokens=3), CTX)
     assert r["statusCode"] == 200 and r["text"] == REPLY[:3]

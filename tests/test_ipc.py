@@ -1,4 +1,4 @@
-"""`reflex stdio` / `reflex uds`: the line protocol in process (fake engine, see test_ops.py), then
+"""`reflex stdio` / `reflex uds`: the line protocol in process (fake engine, tests/fake_engine.py), then
 the real commands as subprocesses on the embedded Gemma 3 270M with the CPU backend."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from reflex_runtime import ipc
 from reflex_runtime.errors import ReflexError
 
-from test_ops import REPLY, make_engine
+from fake_engine import REPLY, make_engine
 
 
 def _run_lines(engine, text: bytes):
@@ -54,7 +54,8 @@ def test_requests_are_answered_in_order_and_errors_do_not_stop_the_loop():
     assert out[1]["error"]["message"].startswith("invalid JSON")
     assert out[2]["error"]["field"] == "max_tokens"
     assert out[3]["error"]["field"] == "op"
-    assert out[4]["error"] == {"message": out[4]["error"]["message"], "type": "invalid_request_error", "field": "top_p"}
+    assert out[4]["error"] == {"message": out[4]["error"]["message"], "type": "invalid_request_error", "field": "top_p",
+                               "code": None, "status": 400}
     assert out[6]["error"]["field"] == "id"
     assert out[7]["op"] == "system1" and out[7]["best_index"] == 0
     assert out[8] == {"id": 5, "op": "ping", "ok": True, "model": "fake-model", "requests_served": 2}

@@ -1,4 +1,4 @@
-"""openai_api.py against the fake engine (see test_ops.py): shapes, streaming, validation."""
+"""api/openai_mapping.py against the fake engine (tests/fake_engine.py): shapes, streaming, validation."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from reflex_runtime import openai_api as api
+from reflex_runtime.api import openai_mapping as api
+from reflex_runtime.api.json_wire import parse_object
+from reflex_runtime.api.responses import error_response, sse_lines
 from reflex_runtime.errors import ModelFileError, RequestError
 
-from test_ops import REPLY, make_engine
+from fake_engine import REPLY, make_engine
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -26,7 +28,7 @@ def _chat(engine, **body):
 def _events(resp):
     """Parse sse_lines() output back into objects, checking the framing."""
     out = []
-    for line in api.sse_lines(resp.stream):
+    for line in sse_lines(resp.stream):
         assert line.startswith(b"data: ") and line.endswith(b"\n\n")
         out.append(line[6:-2].decode())
     assert out[-1] == "[DONE]"
@@ -138,7 +140,7 @@ def test_chat_validation_names_the_param(engine, patch, param):
     with pytest.raises(RequestError) as ei:
         _chat(engine, **patch)
     assert ei.value.field == param
-    r = api.error_response(ei.value)
+    r = error_response(ei.value)
     assert r.status == 400 and r.body["error"]["param"] == param
     assert r.body["error"]["type"] == "invalid_request_error"
 
@@ -173,7 +175,7 @@ def test_prompt_beyond_context_is_400_before_streaming():
 
 def test_closing_a_stream_closes_the_generation(engine):
     r = _chat(engine, stream=True, max_tokens=40)
-    lines = api.sse_lines(r.stream)
+    lines = sse_lines(r.stream)
     next(lines), next(lines), next(lines)
     lines.close()
     runner = engine.runner
@@ -192,26 +194,26 @@ def test_error_mid_stream_becomes_an_error_event():
         yield {"a": 1}
         raise RequestError("boom", field="x")
 
-    out = list(api.sse_lines(chunks()))
+    out = list(sse_lines(chunks()))
     assert out[0] == b'data: {"a":1}\n\n'
     assert json.loads(out[1][6:])["error"]["message"] == "boom" and len(out) == 2
 
 
 def test_error_response_kinds():
-    r = api.error_response(ModelFileError("bad file"))
+    r = error_response(ModelFileError("bad file"))
     assert r.status == 503 and r.body["error"]["type"] == "model_file_error"
-    r = api.error_response(ValueError("oops\nsecond line"))
+    r = error_response(ValueError("oops\nsecond line"))
     assert r.status == 500 and r.body["error"]["message"] == "internal error: ValueError: oops second line"
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"[1]", b'"x"', b'{"a": NaN}', b"\xff\xfe"])
 def test_parse_json_body_rejects(raw):
     with pytest.raises(RequestError):
-        api.parse_json_body(raw)
+        parse_object(raw)
 
 
 def test_parse_json_body_ok():
-    assert api.parse_json_body('{"a": "é"}'.encode()) == {"a": "é"}
+    assert parse_object('{"a": "é"}'.encode()) == {"a": "é"}
 
 
 def test_models(engine):

@@ -15,14 +15,14 @@ from reference_checks import (TOL, assert_copy_is_independent, assert_greedy_mat
 from reflex_runtime.errors import RequestError
 
 ARCHS = ["qwen3", "gemma3"]
-QUANT_TYPES = ["f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q5_k", "q6_k", "q4_k_m"]
+QUANT_TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m"]
 # ggml types each file must contain (so a test cannot pass on a file that is secretly f32)
 EXPECTED_TYPES = {
-    "f16": {"F16"}, "bf16": {"BF16"}, "q8_0": {"Q8_0"}, "q4_0": {"Q4_0"}, "q5_0": {"Q5_0"},
+    "f16": {"F16"}, "bf16": {"BF16"}, "q8_0": {"Q8_0"}, "q4_0": {"Q4_0"}, "q4_1": {"Q4_1"}, "q5_0": {"Q5_0"}, "q5_1": {"Q5_1"},
     "q4_k": {"Q4_K"}, "q5_k": {"Q5_K"}, "q6_k": {"Q6_K"}, "q4_k_m": {"Q4_K", "Q6_K"},
 }
-MIN_CORR = {"f16": 0.9999, "bf16": 0.999, "q8_0": 0.999, "q6_k": 0.99, "q5_0": 0.94, "q5_k": 0.94,
-            "q4_0": 0.8, "q4_k": 0.8, "q4_k_m": 0.8}
+MIN_CORR = {"f16": 0.9999, "bf16": 0.999, "q8_0": 0.999, "q6_k": 0.99, "q5_0": 0.94, "q5_1": 0.94, "q5_k": 0.94,
+            "q4_0": 0.8, "q4_1": 0.8, "q4_k": 0.8, "q4_k_m": 0.8}
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -186,5 +186,5 @@ def test_unsupported_architecture_is_named(reference_for):
     from reflex_runtime.families import load_reference
 
     ref = reference_for("gemma3")
-    with pytest.raises(UnsupportedModelError, match="llama"):
-        load_reference(ref.gguf, replace(ref.config, arch="llama"))
+    with pytest.raises(UnsupportedModelError, match="mamba"):
+        load_reference(ref.gguf, replace(ref.config, arch="mamba"))

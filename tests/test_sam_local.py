@@ -2,8 +2,11 @@
 Gemma 3 270M baked in) and `sam local invoke`s every sample event in events/, checking the
 answers ("Paris"), the 400s, and the CPU-fallback and cold-start logs.
 
-Slow (minutes: docker build + one container per event). Skipped only when Docker cannot run on
-this machine at all (the script exits 77: not root and no daemon, or dockerd will not start).
+Slow (minutes: docker build + one container per event). It changes the machine (installs
+docker.io, starts dockerd, pip-installs SAM into a cache venv), so it carries the `system` marker
+and runs only with REFLEX_SYSTEM_TESTS=1 (.ci/run sets it; tests/conftest.py skips it otherwise).
+Skipped also when Docker cannot run on this machine at all (the script exits 77: not root and no
+daemon, or dockerd will not start).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.timeout(1800)
 def test_sam_local_invoke_every_event(tmp_path):
     if shutil.which("bash") is None or not Path("/proc").is_dir():

@@ -1,4 +1,4 @@
-"""`reflex serve`: HTTP edges in process (fake engine, see test_ops.py), then the real server as a
+"""`reflex serve`: HTTP edges in process (fake engine, tests/fake_engine.py), then the real server as a
 subprocess on the embedded Gemma 3 270M (CPU backend), driven by the official openai SDK."""
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import threading
 import time
 from types import SimpleNamespace
 
-import openai
+import pytest
+
+openai = pytest.importorskip("openai")  # a dev dependency; GPU machines without it still collect this module
 import pytest
 
 from reflex_runtime import serve
 from reflex_runtime.errors import ModelFileError
 
-from test_ops import REPLY, make_engine
+from fake_engine import REPLY, make_engine
 
 KEY = "test-key"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -27,8 +29,9 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 class Server:
     """serve.start() in this process with a replaceable loader."""
 
-    def __init__(self, load, api_key=KEY):
-        args = SimpleNamespace(host="127.0.0.1", port=0, api_key=api_key, model=None, backend="cpu", ctx=None)
+    def __init__(self, load, api_key=KEY, stay_up=True):
+        args = SimpleNamespace(host="127.0.0.1", port=0, api_key=api_key, model=None, backend="cpu", ctx=None,
+                               stay_up=stay_up)
         self.srv = serve.start(args, None, load=load)
         self.port = self.srv.server_address[1]
         self.thread = threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -61,7 +64,7 @@ def fake():
     engine = make_engine()
     s = Server(lambda args, tl: engine)
     s.engine = engine
-    s.srv.state.ready.wait(5)
+    s.srv.state.model.wait_settled(5)
     yield s
     s.close()
 
@@ -97,7 +100,7 @@ def test_load_failure_is_503_with_the_reason():
 
     s = Server(load)
     try:
-        s.srv.state.ready.wait(5)
+        s.srv.state.model.wait_settled(5)
         r, body = s.request("GET", "/healthz", key=None)
         assert r.status == 503 and "not a GGUF" in body["error"]["message"]
         assert body["error"]["type"] == "model_file_error"
@@ -105,6 +108,58 @@ def test_load_failure_is_503_with_the_reason():
         assert r.status == 503 and "not a GGUF" in body["error"]["message"]
     finally:
         s.close()
+
+
+def test_without_stay_up_a_load_failure_stops_the_server(monkeypatch):
+    def load(args, tl):
+        raise ModelFileError("/models/x.gguf is not a GGUF file")
+
+    monkeypatch.setattr(serve, "_load", load)
+    args = SimpleNamespace(host="127.0.0.1", port=0, api_key=None, model=None, backend="cpu", ctx=None, stay_up=False)
+    t0 = time.monotonic()
+    with pytest.raises(ModelFileError, match="not a GGUF"):  # the CLI prints it as its one error line
+        serve.main(args, None)
+    assert time.monotonic() - t0 < 5
+
+
+def _cli_serve(*extra, port):
+    return subprocess.Popen([sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", "cpu", "--port", str(port),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_cli_serve_refuses_to_start_on_a_bad_model_unless_told_to_stay_up(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    p = _cli_serve("--model", str(bad), port=_free_port())
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == ModelFileError.exit_code and out == ""
+    errors = [ln for ln in err.splitlines() if "error" in ln]
+    assert len(errors) == 1 and errors[0] == err.splitlines()[-1] and errors[0].startswith("reflex: error: ")
+    assert "not a GGUF" in errors[0] and "Traceback" not in err
+
+    port = _free_port()
+    p = _cli_serve("--model", str(bad), "--stay-up", port=port)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert p.poll() is None, p.stderr.read()
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/healthz")
+                r = c.getresponse()
+                status, body = r.status, r.read()
+                c.close()
+                if status == 503:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        err = json.loads(body)["error"]
+        assert err["type"] == "model_file_error" and err["stage"] == "open_model" and "not a GGUF" in err["message"]
+    finally:
+        p.terminate()
+        p.wait(10)
 
 
 def test_routes_methods_and_head(fake):
@@ -278,6 +333,8 @@ def test_real_chat_completion(real, baseline):
     assert 1 <= out.usage.completion_tokens <= 6 and out.usage.prompt_tokens > 5
     rec = out.model_extra["reflex"]
     assert rec["backend"] == "cpu" and rec["generated_tokens"] == out.usage.completion_tokens
+    # The embedded Gemma 3 270M is a base model with no chat template: the record says so.
+    assert rec["chat_template"] == "none (plain Gemma turn fallback)" and "no chat template" in rec["notice"]
 
 
 def test_real_chat_stream_matches_non_stream(real, baseline):

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from reflex_runtime.api.direct_ops import parse_system1
 from reflex_runtime.errors import RequestError
 
 CANDIDATES = [" Paris", " London", " Berlin", " the city of lights", " Paris"]
@@ -83,9 +84,10 @@ def test_bad_requests_get_one_line_errors(fixture_paths, monkeypatch):
         (dict(prompt=PROMPT, candidates=[" word" * (eng.limits.max_candidate_tokens + 1)]), "limit"),
         (dict(prompt=None, candidates=[" Paris"]), "prompt"),
     ]
-    for kwargs, needle in cases:
+    for kwargs, needle in cases:  # through the request layer, as every front end sends them
         with pytest.raises(RequestError) as e:
-            eng.system1(**kwargs)
+            req = parse_system1({k: v for k, v in kwargs.items() if v is not None}, eng.limits)
+            eng.system1(req.prompt, req.candidates, req.messages, req.chat)
         msg = str(e.value)
         assert needle in msg and "\n" not in msg, msg
     # a candidate the tokenizer turns into nothing (the vocabulary decides which strings do)

@@ -27,7 +27,7 @@ from reflex_runtime.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_DIR = Path("/work/shared/data/qwen3-tokenizer")
-VOCAB_TESTS = ("qwen2", "qwen35", "deepseek-llm", "llama-spm")
+VOCAB_TESTS = ("qwen2", "qwen35", "deepseek-llm", "llama-spm", "llama-bpe")
 
 
 # -- fixtures -------------------------------------------------------------------------------
@@ -226,6 +226,99 @@ def test_llama_spm_adds_bos_and_leading_space(llama_models):
         assert ids[0] == 1 and ids[-1] == 2
         assert tokenizer.decode(ids) == "<s>Hi</s>"
         assert tokenizer.stop_ids == frozenset({2})
+
+
+def test_llama_bpe_adds_bos_by_default_and_takes_whole_vocabulary_words(llama_models):
+    """llama.cpp's rules for `llama-bpe` (Llama 3): a BOS unless the file says add_bos_token =
+    false, and a pre-tokenizer piece that is itself a token is that token (HF's ignore_merges)."""
+    with GGUFFile(llama_models / "ggml-vocab-llama-bpe.gguf") as gguf_file:
+        assert gguf_file.get("tokenizer.ggml.add_bos_token") is None
+        tokenizer = Tokenizer.from_gguf(gguf_file)
+        ids = tokenizer.encode("Hello world")
+        assert ids[0] == tokenizer.bos_id == 128000 and tokenizer.decode(ids[1:]) == "Hello world"
+        assert tokenizer.stop_ids == frozenset({128001, 128009})  # <|end_of_text|>, <|eot_id|>
+        no_bos = Tokenizer.from_metadata(dict(gguf_file.metadata, **{"tokenizer.ggml.add_bos_token": False}))
+        assert no_bos.encode("Hello world") == ids[1:]
+        # A vector whose expected ids need ignore_merges: merging it would give other ids.
+        merged = Tokenizer.from_gguf(gguf_file)
+        merged._ignore_merges = False
+        vectors = _read_vectors(llama_models, "llama-bpe")
+        differ = [text for text, want in vectors if merged.encode(text, add_special=False, parse_special=False) != want]
+        assert differ and all(tokenizer.encode(t, add_special=False, parse_special=False) ==
+                              dict(vectors)[t] for t in differ)
+
+
+# -- SmolLM2 (smollm pre-tokenizer) vs transformers' tokenizer read from its GGUF -------------------
+
+# Digits next to letters, signs and other scripts' numerals: the `smollm` pre-tokenizer isolates
+# every numeric character before GPT-2's split.
+SMOLLM_EXTRA = ["abc123def 4567 8.9e10", "x²+y³=z¹ and ½ + ¼", "٣٤٥ ४५६ 二〇二四", "v1.2.3-rc4 #12 @3pm",
+                "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf(smollm2_path) -> GGUFFile:
+    gguf_file = GGUFFile(smollm2_path)
+    yield gguf_file
+    gguf_file.close()
+
+
+@pytest.fixture(scope="module")
+def hf_smollm2(smollm2_path):
+    """transformers' tokenizer built from the GGUF's own vocabulary (gguf_file=...)."""
+    transformers = pytest.importorskip("transformers")
+    path = Path(smollm2_path)
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def test_smollm2_metadata(smollm2_gguf):
+    tokenizer = Tokenizer.from_gguf(smollm2_gguf)
+    assert (tokenizer.model, tokenizer.pre, tokenizer.vocab_size) == ("gpt2", "smollm", 49152)
+    assert not tokenizer.add_bos and tokenizer.eos_id == 2
+    assert {0, 2} <= tokenizer.stop_ids  # <|endoftext|>, <|im_end|>
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+
+
+@pytest.mark.slow
+def test_smollm2_matches_transformers(smollm2_gguf, hf_smollm2):
+    from reflex_runtime.pretokenize import BYTE_CHARS
+
+    ours = Tokenizer.from_gguf(smollm2_gguf)
+    # SmolLM2's vocabulary has no token for 21 bytes (e.g. 0x1D): both sides drop them.
+    lost = {b for b in range(256) if BYTE_CHARS[b] not in ours._ids()}
+    assert 0x1D in lost
+    mismatches = []
+    for text in CORPUS + SPLIT_EXTRA + SMOLLM_EXTRA:
+        expected = hf_smollm2.encode(text, add_special_tokens=False)
+        got = ours.encode(text)
+        if got != expected:
+            mismatches.append((text, expected, got))
+        if not lost.intersection(text.encode("utf-8")):
+            assert ours.decode(got) == text
+            assert hf_smollm2.decode(got) == text
+    # transformers' GGUF reader splits with ByteLevel alone, without the Digits step of SmolLM's
+    # tokenizer.json (and of llama.cpp's `smollm`): the two differ only where a numeral that is
+    # not an ASCII digit (no merges across ASCII digits exist) sits next to a mergeable
+    # neighbour, e.g. " ½". Those texts are checked against the published pre-tokenizer below.
+    assert [text for text, _, _ in mismatches] == [t for t in CORPUS + SPLIT_EXTRA + SMOLLM_EXTRA
+                                                   if t in ("Ⅻ ½ ¾ ²³ ٣٤٥ ४५६ numbers in other scripts",
+                                                            "x²+y³=z¹ and ½ + ¼")]
+
+
+@pytest.mark.slow
+def test_smollm2_matches_its_published_pre_tokenizer(smollm2_gguf, hf_smollm2):
+    """transformers' GGUF reader gives SmolLM2 plain ByteLevel splitting; the published
+    tokenizer.json first isolates every digit (Digits, individual_digits). Set that up on the
+    same vocabulary and compare again."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads(hf_smollm2.backend_tokenizer.to_str())
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+    reference = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    ours = Tokenizer.from_gguf(smollm2_gguf)
+    for text in CORPUS + SPLIT_EXTRA + SMOLLM_EXTRA:
+        assert ours.encode(text) == reference.encode(text, add_special_tokens=False).ids, text
 
 
 # -- Qwen3 vs tokenizers -----------------------------------------------------------------------
@@ -533,8 +626,8 @@ def test_tiny_vocab_and_defaults():
 def test_unknown_model_or_pre_is_named():
     with pytest.raises(UnsupportedModelError, match="'bert'"):
         Tokenizer.from_metadata(_tiny_bpe(**{"tokenizer.ggml.model": "bert"}))
-    with pytest.raises(UnsupportedModelError, match="'llama-bpe'"):
-        Tokenizer.from_metadata(_tiny_bpe(**{"tokenizer.ggml.pre": "llama-bpe"}))
+    with pytest.raises(UnsupportedModelError, match="'falcon'"):
+        Tokenizer.from_metadata(_tiny_bpe(**{"tokenizer.ggml.pre": "falcon"}))
     with pytest.raises(UnsupportedModelError, match="missing"):
         Tokenizer.from_metadata({k: v for k, v in _tiny_bpe().items() if k != "tokenizer.ggml.pre"})
 

@@ -26,6 +26,7 @@ FAMILIES = {
     "gemma3": "gemma3",
     "qwen35": "qwen35", "qwen35moe": "qwen35",
     "deepseek2": "deepseek2",
+    "llama": "llama",
 }
 
 

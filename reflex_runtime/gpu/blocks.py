@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
 from .. import tensor_names as T
-from .launch import ATTN_SPLITS_DECODE, Launcher, Weight, matvec_path, weight_from_tensor
+from .launch import ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX, AtdRope, Launcher, Weight, matvec_path, weight_from_tensor
 
 
 class TensorReader:
@@ -45,7 +45,10 @@ class TensorReader:
 @dataclass
 class Batch:
     """One forward pass: n tokens whose ids, positions and cache slots sit in the device state
-    arrays from index `first`; `tree` passes system1's segment starts to attention."""
+    arrays from index `first`; `tree` passes system1's segment starts to attention. Recurrent
+    layers see the batch as `n_seq` independent sequences (their starts in the device array
+    `seq_start`; 0: one sequence of all n tokens), each continuing its own copy of the recurrent
+    state when `forked` (GpuModel.fork)."""
 
     n: int
     tokens: int
@@ -54,6 +57,13 @@ class Batch:
     seg_lo: int  # 0: plain causal attention
     prefix_len: int
     n_kv: int  # device int: visible cache slots
+    n_seq: int = 1
+    seq_start: int = 0  # device ints [n_seq + 1]
+    seq_max: int = 0  # tokens in the longest sequence
+    forked: bool = False
+    # every cache slot j holds position j + c (prompts, decode, check; not system1's trees): a
+    # sliding window then bounds the slots decode attention reads
+    slots_in_order: bool = True
 
     @property
     def matvec(self) -> bool:
@@ -80,10 +90,11 @@ class Residual:
         self.launch, self.x, self.h, self.o, self.n_embd, self.eps = launch, x, h, o, n_embd, eps
         self.h_holds = 0  # the norm weight h was last normalized with (0: h is stale)
 
-    def normed(self, b: Batch, norm_w: int) -> Input:
+    def normed(self, b: Batch, norm_w: int, fold: bool = True) -> Input:
+        """fold=False: always norm(x) in h, for blocks that read it while others add into x."""
         if self.h_holds == norm_w:
             return Input(self.h, 0)
-        if b.matvec:
+        if b.matvec and fold:
             return Input(self.x, norm_w)
         self.launch.rmsnorm(self.x, norm_w, self.h, b.n, self.n_embd, self.eps)
         self.h_holds = norm_w
@@ -118,14 +129,21 @@ class AttnWeights:
 
 
 class Attention:
-    """Multi-head attention of one layer: q/k/v projections, per-head q/k norms + NeoX RoPE +
-    the f16 cache store in one kernel, attention over the cache (split across blocks for a
-    single decode token), and the output projection. Its KV cache is a piece of the arena."""
+    """Multi-head attention of one layer: q/k/v projections, per-head q/k norms + RoPE + the f16
+    cache store in one kernel, attention over the cache (split across blocks for a single decode
+    token), and the output projection. Its KV cache is a piece of the arena.
 
-    def __init__(self, model, il: int, rope_base: float, window: int = 0, scale: float | None = None):
+    RoPE: NeoX halves by default; `rope_pairs` rotates adjacent dims (Llama); `rope_freq_scale`
+    multiplies every frequency (1 / a linear scaling factor); `rope_factors` names an F32 tensor
+    of rope_dim/2 per-pair divisors (Llama 3.1+'s rope_freqs), read in place."""
+
+    def __init__(self, model, il: int, rope_base: float, window: int = 0, scale: float | None = None,
+                 rope_pairs: bool = False, rope_freq_scale: float = 1.0, rope_factors: str | None = None):
         c = model.cfg
         self.cfg, self.il, self.n_ctx = c, il, model.n_ctx
         self.rope_base, self.window = rope_base, window
+        self.rope_pairs, self.rope_freq_scale, self._rope_factors_name = rope_pairs, rope_freq_scale, rope_factors
+        self.rope_factors = 0
         self.scale = 1.0 / math.sqrt(c.head_dim) if scale is None else scale
         self.eps = c.rms_eps
         k_bytes = c.n_head_kv * model.n_ctx * c.head_dim * 2
@@ -138,48 +156,76 @@ class Attention:
     def unsupported(c) -> str | None:
         if c.head_dim > 256 or c.head_dim_v > 256 or c.head_dim_v % 32 or c.head_dim % 2:
             return f"head sizes {c.head_dim}/{c.head_dim_v} are outside what the attention kernel handles"
+        if c.rope_dim > c.head_dim or c.rope_dim % 2:
+            return f"a rotary dimension of {c.rope_dim} does not fit heads of {c.head_dim}"
         if c.n_head % c.n_head_kv:
             return f"{c.n_head} query heads do not divide into {c.n_head_kv} KV heads"
         return None
 
     @staticmethod
     def buffers(c, t: int) -> list[tuple[str, int]]:
+        splits = max(ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX)  # the legacy and the decode kernel's slices
         return [("q", t * c.n_head * c.head_dim), ("k", t * c.n_head_kv * c.head_dim),
                 ("v", t * c.n_head_kv * c.head_dim_v), ("att", t * c.n_head * c.head_dim_v),
-                ("part_o", c.n_head * ATTN_SPLITS_DECODE * c.head_dim_v), ("part_ml", c.n_head * ATTN_SPLITS_DECODE * 2),
+                ("part_o", c.n_head * splits * c.head_dim_v), ("part_ml", c.n_head * splits * 2),
                 ("attn_counters", c.n_head)]
 
     def bind(self, model, weights: AttnWeights) -> None:
         self.w, self.p, self.launch = weights, model.p, model.launch
+        if self._rope_factors_name:
+            self.rope_factors = model.tensors.vector(self._rope_factors_name)
         self.k_cache = model.p(f"kv{self.il}")
         self.v_cache = self.k_cache + self._k_bytes
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         """out (+)= Wo attention(q, k, v of the input)."""
-        c, L, p, w = self.cfg, self.launch, self.p, self.w
+        L, p, w = self.launch, self.p, self.w
         q, k, v, att = p("q"), p("k"), p("v"), p("att")
         self._qkv(b, inp, q, k, v)
-        with L.role("qk-norm + rope + cache store"):
-            L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache, b.n,
-                            c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base, 1.0, self.eps,
-                            self.n_ctx)
-        n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
-        with L.role("attention"):
-            L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att,
-                        p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
-                        c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
+        self.attend(b, q, k, v, att)
         with L.role("attn output", w.o.nbytes):
             L.matmul(w.o, att, out, b.n, accumulate=accumulate)
 
+    def attend(self, b: Batch, q: int, k: int, v: int, att: int) -> None:
+        """q/k norms, RoPE and the cache store of the new keys and values, then att = softmax(q K^T) V.
+        One token: the decode kernel (K/V read once per KV head, slices by context length; in a PDL
+        graph its first keys are copied before it waits, being older launches' writes), with the
+        qk-norm + rope + cache store fused in where the launcher allows it. Prompts and system1's
+        trees: flash attention on tensor cores (sm_80+), else the split-K scalar kernel."""
+        c, L, p, w = self.cfg, self.launch, self.p, self.w
+        decode = b.n == 1 and not b.seg_lo and L.attn_decode_fits(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        rope = None
+        if decode and L.fuse_rope:
+            rope = AtdRope(k, v, w.q_norm or None, w.k_norm or None, self.rope_factors or None, self.eps,
+                           self.rope_base, self.rope_freq_scale, c.rope_dim, 1 if self.rope_pairs else 0)
+        else:
+            with L.role("qk-norm + rope + cache store"):
+                L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache,
+                                b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base,
+                                self.rope_freq_scale, self.eps, self.n_ctx, freq_factors=self.rope_factors,
+                                pairwise=self.rope_pairs)
+        with L.role("attention + qk-norm + rope + cache store" if rope is not None else "attention"):
+            if decode and L.attention_decode(
+                    q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"), p("part_ml"),
+                    p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
+                    self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=rope):
+                return
+            assert rope is None, "the rope was left to the decode attention"
+            if L.flash_ok(b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
+                L.flash_attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len,
+                                  b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx, self.window,
+                                  self.scale, 0.0)
+            else:
+                n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
+                L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv,
+                            att, p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
+                            c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
+
     def _qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
         """q, k, v projections: one launch when the three share a type (most files), else three."""
-        ws = (self.w.q, self.w.k, self.w.v)
+        ws = [self.w.q, self.w.k, self.w.v]
         with self.launch.role("qkv", sum(w.nbytes for w in ws)):
-            if b.matvec and len({(w.type_name, w.k) for w in ws}) == 1:
-                self.launch.matmul_segments(list(ws), inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
-                return
-            for w, y in zip(ws, (q, k, v)):
-                self.launch.matmul(w, inp.ptr, y, b.n, norm_w=inp.norm_w, eps=self.eps)
+            self.launch.matmul_many(ws, inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
 
 
 @dataclass
@@ -240,10 +286,20 @@ class LmHead:
         if embedding.k != c.n_embd or self.w.rows != c.vocab_size:
             raise UnsupportedModelError("token embedding / output shapes do not match the config")
 
-    def __call__(self, x_rows: int, n_rows: int, out: int) -> None:
-        """out[i] = logits of row i of x_rows (n_rows rows of n_embd floats)."""
+    def __call__(self, x_rows: int, n_rows: int, out: int, pick=None) -> bool:
+        """out[i] = logits of row i of x_rows (n_rows rows of n_embd floats). pick = (state, last):
+        the greedy choice may be fused into the head (one token, no soft-capping: tanh can turn
+        distinct logits into ties); returns True when it was, and the state is advanced."""
         c, L = self.cfg, self.launch
-        with L.role("lm head", self.w.nbytes):
+        fuse = pick is not None and self.softcap <= 0
+        with L.role("lm head + argmax" if fuse else "lm head", self.w.nbytes):
+            if n_rows == 1:
+                p = self.p
+                head_pick = (p("amax_v"), p("amax_i"), p("mvs_counters"), pick[0], pick[1]) if fuse else None
+                if L.mv_head(self.w, x_rows, out, self.norm_w, c.rms_eps, head_pick):
+                    if self.softcap > 0:
+                        L.softcap(out, c.vocab_size, self.softcap)
+                    return fuse
             if matvec_path(n_rows):
                 L.matmul(self.w, x_rows, out, n_rows, norm_w=self.norm_w, eps=c.rms_eps)
             else:
@@ -251,3 +307,4 @@ class LmHead:
                 L.matmul(self.w, self.p("h"), out, n_rows)
         if self.softcap > 0:
             L.softcap(out, n_rows * c.vocab_size, self.softcap)
+        return False

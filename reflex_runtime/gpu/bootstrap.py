@@ -109,7 +109,8 @@ class DeviceBootstrap:
         self._start_energy()
 
     def _start_energy(self) -> None:
-        self.tl.start_energy(self.ordinal)
+        self.tl.nvml_start = nvml_start_mode()
+        self.tl.start_energy(self.ordinal, nvml_init_flags())
         self.energy_started = True
 
     def _bring_up(self) -> None:
@@ -180,6 +181,13 @@ def _bindings_version() -> str | None:
 def nvml_start_mode() -> str:
     mode = os.environ.get("REFLEX_NVML_START", "early")
     return mode if mode in ("early", "before_context", "after_context") else "early"
+
+
+def nvml_init_flags() -> int:
+    """REFLEX_NVML_FLAGS: nvmlInitWithFlags flags for measuring start-up variants (2 =
+    NVML_INIT_FLAG_NO_ATTACH: attach only the device we open). 0: plain nvmlInit_v2."""
+    v = os.environ.get("REFLEX_NVML_FLAGS", "0")
+    return int(v) if v.isdigit() else 0
 
 
 def _no_gpu_reason(e: Exception) -> str:

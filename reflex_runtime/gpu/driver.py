@@ -37,17 +37,27 @@ def check(result, call: str):
     return result[1] if len(result) == 2 else result[1:]
 
 
+DEFAULT_SHARED = 48 * 1024  # dynamic shared memory a kernel may take without opting in
+
+
 class Kernel:
-    __slots__ = ("name", "func")
+    __slots__ = ("name", "func", "shared_limit")
 
     def __init__(self, name: str, func):
         self.name, self.func = name, func
+        self.shared_limit = DEFAULT_SHARED
 
     def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False) -> None:
         """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order.
-        pdl: launch as a programmatic dependent of the previous kernel on the stream (sm_90+;
-        the kernels wait for it in rx_pdl_begin). Used while capturing the decode graph only:
-        building the launch config costs Python time an eager launch should not pay."""
+        shmem: dynamic shared memory bytes; above 48 KB the kernel is opted in once (up to the
+        device's Device.max_shared). pdl: launch as a programmatic dependent of the previous
+        kernel on the stream (sm_90+; the kernels wait for it in rx_pdl_begin). Used while
+        capturing the decode graph only: building the launch config costs Python time an eager
+        launch should not pay."""
+        if shmem > self.shared_limit:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.func, attr, shmem), f"cuFuncSetAttribute({self.name}, {shmem} bytes)")
+            self.shared_limit = shmem
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
         if pdl:
@@ -89,6 +99,12 @@ class Device:
         )
         self.sm_count = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.dev),
                               "cuDeviceGetAttribute")
+        # shared memory one block may take once opted in (227 KB on sm_90, 99 KB on sm_86/89/120), and
+        # one SM holds (the staged decode kernels plan their blocks with both)
+        self.max_shared = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                                        self.dev), "cuDeviceGetAttribute")
+        self.smem_per_sm = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                                                         self.dev), "cuDeviceGetAttribute")
         self.total_mem = check(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")
         self.driver_version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
         self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")

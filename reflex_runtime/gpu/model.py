@@ -18,6 +18,7 @@ from .blocks import Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
 
 ARGMAX_PARTS = 128
+MAX_SEQS = 256  # independent sequences in one forward pass (system1 candidates on recurrent models)
 
 
 class GpuModel:
@@ -26,6 +27,12 @@ class GpuModel:
 
     embed_scale = 1.0
     softcap = 0.0
+    # How system1 scores candidates (gpu/runner.py). "tree": the prompt and every candidate in one
+    # pass, each candidate attending to the prompt and to itself (a tree mask: attention-only
+    # models). "fork": recurrent state cannot be masked, so the prompt runs once, its state is
+    # copied once per candidate (fork) and the candidates run as one batch of independent
+    # sequences (forward(seqs=...)), their attention layers still under the tree mask.
+    scoring = "tree"
 
     def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int):
         self.cfg, self.gguf = config, gguf
@@ -36,13 +43,16 @@ class GpuModel:
         self._needs: dict[str, int] = {}
         c, t = config, max_batch
         self.need([(name, t * c.n_embd) for name in Residual.BUFFERS])
-        self.need([("logits", c.vocab_size), ("amax_v", ARGMAX_PARTS), ("amax_i", ARGMAX_PARTS)])
+        # argmax partials: ARGMAX_PARTS for reflex_argmax_*, one per block (<= one per row) for the
+        # LM head with the pick fused; mvs_counters: [0] that head's, [1] the MoE router's (zeroed)
+        self.need([("logits", c.vocab_size), ("amax_v", max(ARGMAX_PARTS, c.vocab_size)),
+                   ("amax_i", max(ARGMAX_PARTS, c.vocab_size)), ("mvs_counters", 4)])
         self.plan()
         self.head = LmHead(self, self.softcap)
         self.arena.reserve_f32(self._needs.items())
         nt = max(t, n_ctx)  # per-token inputs cover a whole prompt, prefilled in chunks
         self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
-                                ("out_tokens", max_new + 1), ("kv_pos", n_ctx)])
+                                ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1)])
         self.arena.reserve("sampling", 64)
 
     # -- for families ---------------------------------------------------------------------
@@ -61,6 +71,15 @@ class GpuModel:
     def layer(self, il: int, b: Batch) -> None:
         raise NotImplementedError
 
+    def fork(self, n_seq: int) -> None:
+        """(scoring = "fork") Copy the recurrent state after the prompt into sequence slots
+        0..n_seq-1 for a forward(seqs=n_seq) pass."""
+        raise NotImplementedError(f"{type(self).__name__} scores by tree mask; it has no state to fork")
+
+    def max_forks(self) -> int:
+        """How many sequences one forked pass may hold (device memory for their state copies)."""
+        return MAX_SEQS
+
     def unread_bytes_per_token(self) -> int:
         """Weight bytes a decode step does not read beyond the embedding rows (routed experts
         not chosen); for decode_bytes_per_token."""
@@ -78,8 +97,9 @@ class GpuModel:
     def bind(self, base: int, launch: Launcher) -> None:
         self.arena.base = base
         self.launch = launch
-        if "attn_counters" in self.arena.offsets:  # the split-attention counters start (and stay) at zero
-            launch.dev.memset32(self.p("attn_counters"), 0, self.cfg.n_head, launch.stream)
+        for name in self.arena.offsets:  # completion counters (split attention, grouped experts) start and stay at 0
+            if name.endswith("counters"):
+                launch.dev.memset32(self.p(name), 0, self.arena.sizes[name] // 4, launch.stream)
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
         self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)
@@ -97,19 +117,25 @@ class GpuModel:
     # -- the forward pass ---------------------------------------------------------------------
 
     def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
-                logit_row: int = -1, logit_rows: int = 1, logits: int = 0) -> None:
+                logit_row: int = -1, logit_rows: int = 1, logits: int = 0, seqs: int = 0, seq_max: int = 0,
+                pick=None) -> bool:
         """Run n tokens (state arrays from index `first`) through every layer, then the LM head
         for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
-        one-row logits buffer). logit_rows = 0 skips the head."""
+        one-row logits buffer). logit_rows = 0 skips the head. seqs > 0: the batch is that many
+        independent sequences (starts in the seq_start array, the longest seq_max tokens), each
+        continuing its own state copy from fork(seqs). pick = (RxState, last): the head may take
+        the greedy choice itself; True when it did (the caller then launches no pick)."""
         p, E = self.p, self.cfg.n_embd
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
-                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"))
+                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
+                  seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0,
+                  slots_in_order=not tree)
         with self.launch.role("embedding", n * self.embedding.row_bytes):
             self.launch.embed(self.embedding, b.tokens, self.res.x, n, self.embed_scale)
         self.res.added()
         for il in range(self.cfg.n_layers):
             self.layer(il, b)
         if logit_rows <= 0:
-            return
+            return False
         row = (n - 1) if logit_row < 0 else logit_row
-        self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"))
+        return self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"), pick=pick)

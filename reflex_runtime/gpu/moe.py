@@ -5,10 +5,14 @@ Routing is decided on the GPU (router logits in float32 through the matrix-vecto
 softmax + top-k), so a decode step needs nothing from the host and stays one CUDA graph. The
 experts are read in place from the stacked GGUF tensors: only the routed experts' rows.
 
+  one token (decode):     router + top-k -> gate/up per slot -> down summed over the slots,
+                          into x; each block's rows staged in shared memory      3 launches
   matrix-vector batches:  router (norm fused) -> top-k -> gate/up per (token, slot)
                                     -> down per token summed over its slots, into x       4 launches
-  prefill:  norm -> router -> top-k -> group pairs by expert -> gate, up on tensor cores per
-            expert over its gathered tokens -> act -> down likewise -> weighted sum into x  9 launches
+  prefill (sm_80+):  norm -> router -> top-k -> group pairs by expert (and list 64-pair tiles)
+            -> gate+up+act, every expert in one grouped launch -> down, every expert in one
+            launch, each token's weighted sum added to x in slot order (deterministic)     6 launches
+  prefill (older GPUs): ... group -> gate, up (WMMA) per expert -> act -> down -> combine     9 launches
 """
 
 from __future__ import annotations
@@ -18,13 +22,18 @@ from dataclasses import dataclass
 from .. import tensor_names as T
 from ..errors import UnsupportedModelError
 from .blocks import Batch, Input, TensorReader
-from .launch import Weight
+from .launch import MoeGroups, Weight, moe_down_col_tiles, moe_max_tiles
 
 MAX_EXPERTS = 1024  # kernels/moe.cu MOE_MAX_EXPERTS (router probabilities live in shared memory)
 # Experts per token. A policy with headroom (real models use 8-10): the hard limits are 256 (the
 # top-k block normalizes with one thread per weight) and 127 (tokens x k in gridDim.y < 65536 for
 # a 512-token batch on the per-pair kernels).
 MAX_USED = 64
+
+
+def per_layer(value, il: int | None):
+    """A config value that is one int for every layer or a tuple with one per layer (Qwen3.5)."""
+    return value if isinstance(value, int) else (max(value) if il is None else value[il])
 
 
 @dataclass(frozen=True)
@@ -55,13 +64,16 @@ class MoeWeights:
 
 def moe_unsupported(config, gguf=None) -> str | None:
     ex = config.extra
+    used, n_ff = per_layer(ex["n_expert_used"], None), ex["n_ff_exp"]
     if ex["n_expert"] > MAX_EXPERTS:
         return f"{ex['n_expert']} experts exceed the router kernel's {MAX_EXPERTS}"
-    if ex["n_expert_used"] > min(MAX_USED, ex["n_expert"]):
-        return f"{ex['n_expert_used']} experts per token exceed the CUDA engine's {MAX_USED}"
-    if ex["n_ff_exp"] % 32:
+    if used > min(MAX_USED, ex["n_expert"]):
+        return f"{used} experts per token exceed the CUDA engine's {MAX_USED}"
+    if any(f % 32 for f in ((n_ff,) if isinstance(n_ff, int) else n_ff)):
         return "the expert FFN size must be a multiple of 32"
     for il in range(config.n_layers if gguf is not None else 0):
+        if T.blk(il, T.FFN_GATE_UP_EXPS) in getattr(gguf, "tensors", {}):
+            continue  # one fused tensor: gate and up alike
         gate, up = (gguf.tensor(T.blk(il, name)).type_name for name in (T.FFN_GATE_EXPS, T.FFN_UP_EXPS))
         if gate != up:  # one expert kernel decodes gate and up rows with the same type and stride
             return f"layer {il} stores its expert gate as {gate} and up as {up}; the CUDA engine needs them alike"
@@ -71,10 +83,11 @@ def moe_unsupported(config, gguf=None) -> str | None:
 class MoeFFN:
     """x += sum over the token's k routed experts of weight * expert(norm(x)), for one layer."""
 
-    def __init__(self, model, act: int = 0):
+    def __init__(self, model, act: int = 0, il: int | None = None):
         ex = model.cfg.extra
         self.n_embd, self.eps, self.act = model.cfg.n_embd, model.cfg.rms_eps, act
-        self.n_expert, self.k, self.n_ff = ex["n_expert"], ex["n_expert_used"], ex["n_ff_exp"]
+        self.n_expert = ex["n_expert"]
+        self.k, self.n_ff = per_layer(ex["n_expert_used"], il), per_layer(ex["n_ff_exp"], il)
         self.normalize = bool(ex.get("norm_topk_prob", True))
         self.w: MoeWeights | None = None
 
@@ -82,37 +95,74 @@ class MoeFFN:
     def buffers(c, t: int) -> list[tuple[str, int]]:
         """(name, float32/int32 count) of the activations to reserve in the model's arena."""
         ex = c.extra
-        n_expert, k, n_ff = ex["n_expert"], ex["n_expert_used"], ex["n_ff_exp"]
+        n_expert, k, n_ff = ex["n_expert"], per_layer(ex["n_expert_used"], None), per_layer(ex["n_ff_exp"], None)
         pairs = t * k
         return [("moe_logits", t * n_expert), ("moe_ids", pairs), ("moe_w", pairs),
                 ("moe_counts", n_expert), ("moe_offsets", n_expert), ("moe_pair_tok", pairs),
                 ("moe_pair_id", pairs), ("moe_gate", pairs * n_ff), ("moe_up", pairs * n_ff),
-                ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd)]
+                ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd),
+                ("moe_tile_e", moe_max_tiles(pairs, n_expert)), ("moe_tile_m0", moe_max_tiles(pairs, n_expert)),
+                ("moe_n_tiles", 1), ("moe_counters", t * moe_down_col_tiles(c.n_embd))]
 
     def bind(self, model, weights: MoeWeights) -> None:
         self.w, self.p, self.launch = weights, model.p, model.launch
 
-    def grouped(self) -> bool:
-        """The tensor-core path needs rows of a multiple of 64 weights on both sides."""
-        return self.w.gate.k % 64 == 0 and self.w.down.k % 64 == 0
+    def grouped(self) -> str | None:
+        """Which tensor-core expert path the weights allow: "gemm" (sm_80+, gemm.cu), "wmma"
+        (matmul.cu's tiles: rows of a multiple of 64 weights on both sides), or None."""
+        m, L = self.w, self.launch
+        if all(L.gemm_ok(w) for w in (m.gate, m.up, m.down)):
+            return "gemm"
+        return "wmma" if m.gate.k % 64 == 0 and m.down.k % 64 == 0 else None
 
     def unread_bytes(self) -> int:
         """Expert bytes a token does not read (the n_expert - k experts the router skips)."""
         m = self.w
         return (self.n_expert - self.k) * (2 * m.gate_up_stride + m.down_stride)
 
-    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True) -> None:
-        """out += MoE(input) for b.n tokens (the kernels add into out: the residual stream)."""
+    def route(self, b: Batch, inp: Input, ids: int, wts: int, also=()) -> None:
+        """ids/wts (b.n x k): each token's experts and weights. Softmax top-k here (Qwen3-MoE);
+        a family with another rule overrides this and keeps the expert kernels below.
+        also: up to two more (Weight, y) products of the same input (a shared expert's gate),
+        run in the router's launch when their type and row length match it."""
+        L, m, n = self.launch, self.w, b.n
+        logits = self.p("moe_logits")
+        # One token: router and top-k in one launch (kernels/moe_decode.cu, float routers).
+        if n == 1 and not also and L.moe_router_topk(m.router, inp.ptr, inp.norm_w, self.eps, logits, self.k,
+                                                     self.normalize, ids, wts, self.p("mvs_counters") + 4):
+            return
+        # float32 router through the matrix-vector kernel at every batch size: the tensor-core
+        # kernel rounds inputs to f16, which could flip a close top-k choice
+        same = [(w, y) for w, y in also if (w.type_name, w.k) == (m.router.type_name, m.router.k)]
+        L.matmul_segments([m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,
+                          norm_w=inp.norm_w, eps=self.eps)
+        for w, y in also:
+            if (w, y) not in same:
+                L.matmul_segments([w], inp.ptr, [y], n, norm_w=inp.norm_w, eps=self.eps)
+        L.moe_topk(logits, n, self.n_expert, self.k, self.normalize, ids, wts)
+
+    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True, also=()) -> None:
+        """out += MoE(input) for b.n tokens (the kernels add into out: the residual stream);
+        `also` as in route()."""
         assert accumulate, "the expert kernels add into their output"
         x = out
         L, p, m, k, E, n = self.launch, self.p, self.w, self.k, self.n_embd, b.n
-        ids, wts, logits = p("moe_ids"), p("moe_w"), p("moe_logits")
+        ids, wts = p("moe_ids"), p("moe_w")
         with L.role("moe router + top-k", m.router.nbytes):
-            # float32 router through the matrix-vector kernel at every batch size: the tensor-core
-            # kernel rounds inputs to f16, which could flip a close top-k choice
-            L.matmul_segments([m.router], inp.ptr, [logits], n, norm_w=inp.norm_w, eps=self.eps)
-            L.moe_topk(logits, n, self.n_expert, k, self.normalize, ids, wts)
-        if b.matvec or not self.grouped():
+            self.route(b, inp, ids, wts, also)
+        if n == 1:  # the routed rows staged in shared memory; down may stage its rows before it waits,
+            # since a gate/up launch always sits between it and the top-k that wrote the ids
+            with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
+                if not L.moe_glu_mv1(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), self.n_ff, self.act,
+                                     inp.norm_w, self.eps):
+                    L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
+                                 inp.norm_w, self.eps)
+            with L.role("moe experts down (+residual)", k * m.down_stride):
+                if not L.moe_down_mv1(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, E, early=True):
+                    L.moe_down_mv(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
+            return
+        path = None if b.matvec else self.grouped()
+        if path is None:
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
                 L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
                              inp.norm_w, self.eps)
@@ -120,6 +170,17 @@ class MoeFFN:
                 L.moe_down_mv(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
             return
         counts, offsets, pair_tok, pair_id = p("moe_counts"), p("moe_offsets"), p("moe_pair_tok"), p("moe_pair_id")
+        if path == "gemm":  # two grouped launches
+            grp = MoeGroups(counts, offsets, pair_tok, pair_id, p("moe_tile_e"), p("moe_tile_m0"), p("moe_n_tiles"),
+                            moe_max_tiles(n * k, self.n_expert))
+            L.moe_group(ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id, grp.tile_e, grp.tile_m0,
+                        grp.n_tiles)
+            with L.role("moe experts gate/up + act", 2 * self.n_expert * m.gate_up_stride):
+                L.moe_gemm_glu(m.gate, m.up, m.gate_up_stride, self.n_ff, grp, inp.ptr, p("moe_act"), self.act)
+            with L.role("moe experts down (+residual)", self.n_expert * m.down_stride):
+                L.moe_gemm_down(m.down, m.down_stride, E, grp, p("moe_act"), wts, k, p("moe_out"), x,
+                                p("moe_counters"))
+            return
         L.moe_group(ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id)
         for w, out in ((m.gate, p("moe_gate")), (m.up, p("moe_up"))):
             L.moe_mm(w, m.gate_up_stride, self.n_expert, self.n_ff, counts, offsets, pair_tok, pair_id, inp.ptr, out)

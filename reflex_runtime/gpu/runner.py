@@ -18,7 +18,7 @@ from ..sampling import SamplingParams
 from ..tree import tree_layout
 from .driver import RxSampling, RxState
 from .launch import Launcher
-from .model import ARGMAX_PARTS
+from .model import ARGMAX_PARTS, MAX_SEQS
 from .upload import StagingRing, default_threads, upload_file_range
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
@@ -78,9 +78,10 @@ class CudaRunner:
             self.launch = Launcher(dev, self.stream)
             self.model.bind(base, self.launch)
             # Small pinned buffers for request inputs and token read-back. Layout in ints:
-            # tokens | pos | slot | seg_lo (cap each) | n_kv, step, pad, pad | sampling (8) | scoring
+            # tokens | pos | slot | seg_lo (cap each) | n_kv, step, pad, pad | sampling (8) | scoring | seq_start
             self._cap = max(self.max_context, MAX_BATCH)
-            self._in_ptr, self._in_view = dev.alloc_pinned(4 * (4 * self._cap + 16 + 3 * MAX_SCORED))
+            self._seq_at = 4 * self._cap + 16 + 3 * MAX_SCORED
+            self._in_ptr, self._in_view = dev.alloc_pinned(4 * (self._seq_at + MAX_SEQS + 1))
             self._rb_ptr, self._rb_view = dev.alloc_pinned(4 * READBACK_SLOTS)
             self._rb_events = [dev.event() for _ in range(READBACK_SLOTS)]
             d = self.model
@@ -111,8 +112,10 @@ class CudaRunner:
 
     # -- inputs ------------------------------------------------------------------------------
 
-    def _write_inputs(self, tokens, pos, slot, seg_lo=None, n_kv: int = 0, sampling: SamplingParams | None = None) -> None:
-        """Copy per-token inputs (and the step counter, n_kv, sampling settings) to the device."""
+    def _write_inputs(self, tokens, pos, slot, seg_lo=None, n_kv: int = 0, sampling: SamplingParams | None = None,
+                      seq_start=None) -> None:
+        """Copy per-token inputs (and the step counter, n_kv, sampling settings, the starts of a
+        forked batch's sequences) to the device."""
         n = len(tokens)
         ints = self._in_view.cast("i")
         cap = self._cap
@@ -135,6 +138,9 @@ class CudaRunner:
             sp.temperature, sp.top_k, sp.top_p, sp.min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
             sp.seed = (sampling.seed or 0) & 0xFFFFFFFFFFFFFFFF
             dev.htod(d.p("sampling"), self._in_ptr + 4 * (scalars + 4), ctypes.sizeof(RxSampling), s)
+        if seq_start is not None:
+            ints[self._seq_at:self._seq_at + len(seq_start)] = _int_array(seq_start)
+            dev.htod(d.p("seq_start"), self._in_ptr + 4 * self._seq_at, 4 * len(seq_start), s)
 
     def _prefill(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1) -> None:
         """Forward the n input tokens in chunks; the LM head runs on the last chunk only."""
@@ -164,13 +170,22 @@ class CudaRunner:
             dev.begin_capture(s)
             self.launch.pdl = pdl
             try:
-                self.model.forward(1, first=0)
-                self._pick(greedy, 0)
+                self._step(greedy)
             finally:
                 self.launch.pdl = False
                 g = dev.end_capture(s)
             self._graphs[(greedy, pdl)] = g
         return g
+
+    def reset_graphs(self) -> None:
+        """Drop the captured decode graphs (after changing which kernels the launcher picks)."""
+        self._graphs.clear()
+
+    def _step(self, greedy: bool) -> None:
+        """One decode step: the forward pass of tokens[0], then the pick (fused into the LM head
+        for greedy decoding where the head can)."""
+        if not self.model.forward(1, first=0, pick=(self._state, 0) if greedy else None):
+            self._pick(greedy, 0)
 
     def pdl_available(self) -> bool:
         if self.pdl is not None:
@@ -217,6 +232,8 @@ class CudaRunner:
             self.dev.sync(self.stream)  # nothing in flight touches the inputs of the next request
 
     def score(self, prompt_ids, candidates) -> list[list[float]]:
+        if self.model.scoring == "fork":
+            return self._score_forked(prompt_ids, candidates)
         ids, positions, seg_lo, predictors = tree_layout(prompt_ids, candidates)
         n_p, n = len(prompt_ids), len(ids)
         if n > MAX_BATCH:
@@ -244,6 +261,58 @@ class CudaRunner:
             self._prefill(len(ids), logit_rows=len(cand), logits=logits, logit_row=n_p - 1)
             out += self._gather_logprobs(logits, list(range(len(cand))), list(cand), [len(cand)])
         return out
+
+    def _score_forked(self, prompt_ids, candidates) -> list[list[float]]:
+        """Recurrent models (GpuModel.scoring == "fork"): the prompt once (logits of its last row
+        score every candidate's first token), then the state after it copied once per candidate
+        and all candidates' tokens but their last in one pass of independent sequences (tree
+        mask for attention: each sees the prompt and itself). More than one pass only when the
+        candidates exceed a batch (MAX_BATCH tokens, model.max_forks() sequences)."""
+        n_p, d = len(prompt_ids), self.model
+        tails = [list(c[:-1]) for c in candidates]  # the tokens whose logits score the next one
+        logits = self._logits_buffer(1 + sum(len(t) for t in tails))
+        pos = list(range(n_p))
+        self._write_inputs(prompt_ids, pos, pos, n_kv=n_p)
+        self._prefill(n_p, logits=logits)
+        groups: list[list[int]] = [[]]  # candidates per pass: normally all of them in one
+        size, limit = 0, d.max_forks()
+        for ci in (i for i, t in enumerate(tails) if t):
+            if groups[-1] and (size + len(tails[ci]) > MAX_BATCH or len(groups[-1]) >= limit):
+                groups.append([])
+                size = 0
+            groups[-1].append(ci)
+            size += len(tails[ci])
+        row, first_row = 1, {}  # logits row of each candidate's first tail token
+        for group in filter(None, groups):
+            start = row
+            for ci in group:
+                first_row[ci] = row
+                row += len(tails[ci])
+            self._forked_pass(n_p, [tails[ci] for ci in group], logits + 4 * start * self.config.vocab_size)
+        flat_rows, flat_toks = [], []
+        for ci, cand in enumerate(candidates):
+            flat_rows += [0] + [first_row[ci] + j for j in range(len(cand) - 1)]
+            flat_toks += list(cand)
+        return self._gather_logprobs(logits, flat_rows, flat_toks, [len(c) for c in candidates])
+
+    def _forked_pass(self, n_p: int, seqs: list[list[int]], logits: int) -> None:
+        """One forward pass over `seqs`, each continuing its own copy of the prompt's state, in the
+        cache slots after the prompt; every row's logits into `logits`."""
+        toks, pos, slots, seg_lo, starts = [], [], [], [], [0]
+        for seq in seqs:
+            start = n_p + len(toks)
+            for j, tok in enumerate(seq):
+                slots.append(n_p + len(toks))
+                toks.append(tok)
+                pos.append(n_p + j)
+                seg_lo.append(start)
+            starts.append(len(toks))
+        n = len(toks)
+        self._write_inputs(toks, pos, slots, seg_lo=seg_lo, n_kv=n_p + n, seq_start=starts)
+        self.model.fork(len(seqs))
+        self.model.forward(n, tree=True, prefix_len=n_p, logit_row=0, logit_rows=n, logits=logits, seqs=len(seqs),
+                           seq_max=max(len(x) for x in seqs))
+        self.forward_passes += 1
 
     def _gather_logprobs(self, logits, rows, toks, lengths) -> list[list[float]]:
         dev, s = self.dev, self.stream
@@ -277,6 +346,7 @@ class CudaRunner:
         ptr, have = self._big_logits
         if have < rows:
             if ptr:
+                self.dev.sync(self.stream)  # no kernel queued earlier may still write the old buffer
                 self.dev.free(ptr)
             ptr = self.dev.alloc(4 * rows * self.config.vocab_size)
             self._big_logits = (ptr, rows)
@@ -298,19 +368,20 @@ class CudaRunner:
         so a benchmark can replay each role over every layer on its own."""
         self.prefill([(7 * i + 11) % min(self.config.vocab_size, 1000) + 1 for i in range(context)])
         with self.launch.record() as launches:
-            self.model.forward(1)
-            with self.launch.role("pick (argmax)"):
-                self._pick(True, 0)
+            if not self.model.forward(1, pick=(self._state, 0)):
+                with self.launch.role("pick (argmax)"):
+                    self._pick(True, 0)
         self.dev.sync(self.stream)
         return launches
 
-    def graph_of(self, launches):
-        """A CUDA graph replaying recorded launches in order (no Python in the timed path)."""
+    def graph_of(self, launches, pdl: bool = False):
+        """A CUDA graph replaying recorded launches in order (no Python in the timed path); pdl:
+        chained as programmatic dependent launches, as in the decode graph."""
         dev, s = self.dev, self.stream
         dev.begin_capture(s)
         try:
             for ln in launches:
-                ln.kernel.launch(ln.grid, ln.block, ln.args, s)
+                ln.kernel.launch(ln.grid, ln.block, ln.args, s, shmem=ln.shmem, pdl=pdl)
         finally:
             graph = dev.end_capture(s)
         return graph

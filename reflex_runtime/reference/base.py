@@ -213,9 +213,9 @@ class _Step:
         self.positions, self.key_pos, self.allowed = positions, key_pos, allowed
         self.memo: dict = {}  # per-call values layers share (RoPE tables)
 
-    def rope(self, rope_dim: int, theta: float):
-        key = (rope_dim, theta)
+    def rope(self, rope_dim: int, theta: float, freq_scale: float = 1.0, factors=None):
+        key = (rope_dim, theta, freq_scale, None if factors is None else id(factors))
         cs = self.memo.get(key)
         if cs is None:
-            cs = self.memo[key] = layers.rope_cos_sin(self.positions, rope_dim, theta)
+            cs = self.memo[key] = layers.rope_cos_sin(self.positions, rope_dim, theta, freq_scale, factors)
         return cs

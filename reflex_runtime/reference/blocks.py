@@ -16,9 +16,12 @@ MIN_WEIGHT_SUM = _F32(6.103515625e-5)
 
 
 def self_attention(model, il: int, h: np.ndarray, step, rope_theta: float, scale: float, window: int = 0,
-                   query_scale: float | None = None) -> np.ndarray:
+                   query_scale: float | None = None, rope_pairs: bool = False, rope_freq_scale: float = 1.0,
+                   rope_factors: np.ndarray | None = None) -> np.ndarray:
     """Wo attention(h): q/k/v projections, per-head RMSNorm of q and k (when the file has their
-    weights), NeoX RoPE, q times query_scale (Gemma), GQA over cache + new tokens."""
+    weights), RoPE (NeoX halves, or adjacent pairs with rope_pairs; frequencies times
+    rope_freq_scale and divided by rope_factors), q times query_scale (Gemma), GQA over cache +
+    new tokens."""
     c, w, n = model.config, model.w.get, h.shape[0]
     q = layers.linear(h, w(T.blk(il, T.ATTN_Q))).reshape(n, c.n_head, c.head_dim)
     k = layers.linear(h, w(T.blk(il, T.ATTN_K))).reshape(n, c.n_head_kv, c.head_dim)
@@ -26,11 +29,12 @@ def self_attention(model, il: int, h: np.ndarray, step, rope_theta: float, scale
     if T.blk(il, T.ATTN_Q_NORM) in model.w:
         q = layers.rmsnorm(q, w(T.blk(il, T.ATTN_Q_NORM)), c.rms_eps)
         k = layers.rmsnorm(k, w(T.blk(il, T.ATTN_K_NORM)), c.rms_eps)
-    cos, sin = step.rope(c.rope_dim, rope_theta)
-    q = layers.rope_neox(q, cos, sin)
+    cos, sin = step.rope(c.rope_dim, rope_theta, rope_freq_scale, rope_factors)
+    rotate = layers.rope_pairs if rope_pairs else layers.rope_neox
+    q = rotate(q, cos, sin)
     if query_scale is not None:
         q = q * _F32(query_scale)
-    k = layers.rope_neox(k, cos, sin)
+    k = rotate(k, cos, sin)
     a = model.attend(il, q, k, v, step, scale=scale, window=window)
     return layers.linear(a, w(T.blk(il, T.ATTN_OUT)))
 

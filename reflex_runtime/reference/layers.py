@@ -13,12 +13,28 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x * (1.0 / np.sqrt(ms + _F32(eps)))).astype(_F32, copy=False) * w
 
 
-def rope_cos_sin(positions: np.ndarray, rope_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin (n, rope_dim/2) for NeoX RoPE; angle_i = pos * theta^(-2i/rope_dim), computed in
-    float64 and rounded once to float32."""
-    inv_freq = float(theta) ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+def rope_cos_sin(positions: np.ndarray, rope_dim: int, theta: float, freq_scale: float = 1.0,
+                 factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin (n, rope_dim/2) of each rotation pair i: angle_i = pos * freq_scale *
+    theta^(-2i/rope_dim) / factors[i] (freq_scale = 1 / a linear scaling factor; factors: Llama
+    3.1+'s per-pair rope_freqs, or None), computed in float64 and rounded once to float32."""
+    inv_freq = float(theta) ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim) * float(freq_scale)
+    if factors is not None:
+        inv_freq = inv_freq / np.asarray(factors, dtype=np.float64).reshape(-1)[: rope_dim // 2]
     ang = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(ang).astype(_F32), np.sin(ang).astype(_F32)
+
+
+def rope_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims by the angle of pair i
+    (llama.cpp's "normal" rope: Llama, DeepSeek's rope part); x is (n, heads, head_dim)."""
+    d = 2 * cos.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    x0, x1 = x[..., 0:d:2], x[..., 1:d:2]
+    out = x.copy()
+    out[..., 0:d:2] = x0 * c - x1 * s
+    out[..., 1:d:2] = x1 * c + x0 * s
+    return out
 
 
 def rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

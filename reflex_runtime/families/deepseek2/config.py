@@ -71,6 +71,42 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def rope_frequencies(e: dict, theta: float) -> list[float]:
+    """The rotation frequency of each rope pair i (radians per position), in double:
+    theta^(-2i/rope); linear scaling divides by the factor; YaRN mixes f_i / factor
+    (interpolation) and f_i (extrapolation) with ggml's ramp over the correction dims. The
+    numpy reference and the GPU's table (kernels/mla.cu) both take them from here."""
+    d = e["qk_rope"]
+    freqs = [float(theta) ** (-(2 * i) / d) for i in range(d // 2)]
+    kind = e["rope_scaling"]
+    if kind == "linear":
+        return [f / e["rope_factor"] for f in freqs]
+    if kind != "yarn":
+        return freqs
+
+    def corr_dim(n_rot: float) -> float:
+        return d * math.log(e["yarn_orig_ctx"] / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(0.0, math.floor(corr_dim(e["yarn_beta_fast"])))
+    high = min(d - 1.0, math.ceil(corr_dim(e["yarn_beta_slow"])))
+    span = max(0.001, high - low)
+    out = []
+    for i, f in enumerate(freqs):
+        extrap = 1.0 - min(max((i - low) / span, 0.0), 1.0)  # 1: keep f_i, 0: f_i / factor
+        out.append(f / e["rope_factor"] * (1.0 - extrap) + f * extrap)
+    return out
+
+
+def kv_cache_bytes_per_token(config, bytes_per_value: int = 2) -> dict:
+    """KV-cache bytes one token adds over all layers (f16 by default): `latent`, what MLA keeps
+    (one row of kv_lora_rank + qk_rope values per layer), against `expanded`, what a cache of the
+    decompressed heads would keep (per head qk_nope + qk_rope key and v_head_dim value values)."""
+    e, n = config.extra, config.n_layers
+    latent = n * (e["kv_lora_rank"] + e["qk_rope"]) * bytes_per_value
+    expanded = n * config.n_head * (e["qk_nope"] + e["qk_rope"] + e["v_head_dim"]) * bytes_per_value
+    return {"latent": latent, "expanded": expanded, "expanded_over_latent": round(expanded / latent, 2)}
+
+
 def _rope_settings(gguf, md: MetadataReader, k_mla: int) -> dict:
     kind = md.str("rope.scaling.type", "none") or "none"
     factor = md.float("rope.scaling.factor", 0.0, lo=0.0) or 0.0

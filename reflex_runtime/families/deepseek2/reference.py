@@ -1,5 +1,5 @@
 """DeepSeek-V2 / V2-Lite / V3 in numpy (the layer diagram, routing rules and llama.cpp's
-conventions are in reflex_runtime/models/deepseek2.py).
+conventions are in config.py).
 
 The cache holds, per layer and token, only the latent key row [c | k_pe] (kv_lora_rank +
 qk_rope floats, one MQA head); values are its first kv_lora_rank columns. Attention runs in the
@@ -13,46 +13,23 @@ import numpy as np
 from ... import tensor_names as T
 from ...reference import blocks, layers
 from ...reference.base import ReferenceModel
+from .config import rope_frequencies
 
 _F32 = np.float32
 
 
 def rope_tables(positions: np.ndarray, e: dict, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin (n, rope/2) for pair i: angle = pos * f_i, f_i = theta^(-2i/rope); YaRN mixes
-    f_i / factor (interpolation) and f_i (extrapolation) with ggml's ramp over the correction
-    dims; cos/sin are multiplied by the rope attention factor. float64, rounded once."""
-    d = e["qk_rope"]
-    freq = float(theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    kind = e["rope_scaling"]
-    if kind == "linear":
-        freq = freq / e["rope_factor"]
-    elif kind == "yarn":
-        def corr_dim(n_rot: float) -> float:
-            return d * np.log(e["yarn_orig_ctx"] / (n_rot * 2 * np.pi)) / (2 * np.log(theta))
-
-        low = max(0.0, np.floor(corr_dim(e["yarn_beta_fast"])))
-        high = min(d - 1.0, np.ceil(corr_dim(e["yarn_beta_slow"])))
-        y = (np.arange(d // 2, dtype=np.float64) - low) / max(0.001, high - low)
-        extrap = 1.0 - np.clip(y, 0.0, 1.0)  # 1: keep f_i, 0: f_i / factor
-        freq = freq / e["rope_factor"] * (1.0 - extrap) + freq * extrap
+    """cos/sin (n, rope/2) for pair i: angle = pos * f_i with config.rope_frequencies (YaRN
+    included); cos/sin are multiplied by the rope attention factor. float64, rounded once."""
+    freq = np.array(rope_frequencies(e, theta), dtype=np.float64)  # the table the GPU kernels get
     ang = np.asarray(positions, dtype=np.float64)[:, None] * freq[None, :]
     a = e["rope_attn_factor"]
     return (np.cos(ang) * a).astype(_F32), (np.sin(ang) * a).astype(_F32)
 
 
-def rope_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate adjacent pairs (x[2i], x[2i+1]) by the angle of pair i; x is (n, heads, rope)."""
-    c, s = cos[:, None, :], sin[:, None, :]
-    x0, x1 = x[..., 0::2], x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = x0 * c - x1 * s
-    out[..., 1::2] = x1 * c + x0 * s
-    return out
-
-
 def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Router logits (n, n_expert) -> (expert ids (n, k) int64, weights (n, k) float32), by the
-    rules in models/deepseek2.py. Stable sorts: equal scores go to the lower id."""
+    rules in config.py. Stable sorts: equal scores go to the lower id."""
     z = logits.astype(_F32, copy=False)
     if e["gating"] == "sigmoid":
         with np.errstate(over="ignore"):  # exp(-z) = inf for very negative z: probability 0
@@ -111,8 +88,8 @@ class DeepSeek2(ReferenceModel):
         latent = layers.rmsnorm(kv[:, :r], w(T.ATTN_KV_A_NORM), c.rms_eps)
         cos, sin = step.memo.get("deepseek2_rope") or step.memo.setdefault(
             "deepseek2_rope", rope_tables(step.positions, e, c.rope_theta))
-        k_pe = rope_pairs(kv[:, None, r:], cos, sin)
-        q_pe = rope_pairs(q[..., nope:], cos, sin)
+        k_pe = layers.rope_pairs(kv[:, None, r:], cos, sin)
+        q_pe = layers.rope_pairs(q[..., nope:], cos, sin)
         k_b, v_b = self._kv_b(il)
         q_abs = np.einsum("nhd,hrd->nhr", q[..., :nope], k_b)  # W_k[h]^T q_nope: (n, H, kv_lora_rank)
         cache, s = step.cache, step.start

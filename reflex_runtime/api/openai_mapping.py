@@ -1,10 +1,14 @@
-"""OpenAI chat/completions <-> engine mapping, transport-neutral (serve.py and handlers/app.py
-adapt HTTP or Lambda events around it; see docs/INTERNALS.md).
+"""OpenAI chat/completions (and reflex's system1 and models) bodies <-> engine calls.
 
-Each entry point validates the whole body first (a RequestError names the field), then starts
-the generation and pulls its first event before returning, so prompt/limit errors and the
-prefill happen before a transport commits to a 200 and a stream. The caller must therefore hold
-the engine (one request at a time) from the call until the stream is exhausted or closed.
+Each endpoint is two steps, so a transport can keep slow work off the engine:
+- `validate_*(engine, body)` checks the whole body (a RequestError names the field) and returns
+  a Call; nothing is tokenized yet.
+- `call.prepare(engine)` tokenizes the prompt (chat template included) and settles the default
+  max_tokens. It touches no runner state: `serve` runs it on the connection's thread, beside a
+  generation in progress.
+- `call.run(engine)` takes the engine: it starts the generation and pulls its first event before
+  returning, so limit errors and the prefill happen before a transport commits to a 200 and a
+  stream. The caller holds the engine until the stream is exhausted or closed.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
-from .errors import ReflexError, RequestError
-from .ops import check_bool, check_int, check_messages, check_num, check_stop, parse_system1
+from ..engine import Finished, GenerateRequest
+from ..errors import RequestError
+from ..sampling import SamplingParams
+from .direct_ops import parse_system1
+from .fields import (BRIEF_CHARS, check_bool, check_int, check_max_tokens, check_messages, check_num, check_stop,
+                     check_temperature, check_text)
+from .responses import Response
 
 # Fields clients send that we accept but cannot honour unless they hold their neutral value.
 _NEUTRAL = {
@@ -47,95 +55,37 @@ CHAT_KEYS = _COMMON | {"messages", "max_completion_tokens", "enable_thinking", "
                        "tool_choice", "function_call", "response_format", "modalities", "prediction", "audio"}
 COMPLETION_KEYS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of", "presence_penalty",
                              "frequency_penalty", "logit_bias"}
-MAX_LOGGED_PARAM = 64
-
-
-@dataclass
-class ApiResponse:
-    status: int
-    body: dict | None = None
-    stream: Iterator[dict] | None = None  # chunk objects; sse_lines() frames them
-    headers: dict = field(default_factory=dict)
-
-
-def api_error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-              code: str | None = None, headers: dict | None = None) -> ApiResponse:
-    return ApiResponse(status, {"error": {"message": message, "type": type_, "param": param, "code": code}},
-                       headers=headers or {})
-
-
-def error_response(err: BaseException) -> ApiResponse:
-    """Our errors keep their status and kind; anything else is a bug: 500, one line."""
-    if isinstance(err, ReflexError):
-        return api_error(err.http_status, str(err), err.kind, getattr(err, "field", None))
-    msg = " ".join(f"{type(err).__name__}: {err}".split())
-    return api_error(500, f"internal error: {msg}", "internal_error")
-
-
-def parse_json_body(raw: bytes) -> dict:
-    """A request body as a JSON object. NaN/Infinity are refused: no field can use them."""
-    def no_constants(name):
-        raise RequestError(f"invalid JSON body: {name} is not allowed")
-
-    try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=no_constants)
-    except UnicodeDecodeError:
-        raise RequestError("invalid JSON body: not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise RequestError(f"invalid JSON body: {e.msg} at line {e.lineno} column {e.colno}") from None
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    return body
-
-
-def sse_lines(chunks: Iterator[dict]) -> Iterator[bytes]:
-    """Server-sent events in OpenAI's framing. An error mid-stream becomes one `{"error": ...}`
-    event (the SDK raises it); closing this generator closes the generation behind it."""
-    try:
-        for chunk in chunks:
-            yield b"data: " + _dumps(chunk) + b"\n\n"
-    except Exception as e:  # headers are sent: the error can only travel in the stream
-        yield b"data: " + _dumps(error_response(e).body) + b"\n\n"
-        return
-    finally:
-        close = getattr(chunks, "close", None)
-        if close:
-            close()
-    yield b"data: [DONE]\n\n"
-
-
-def _dumps(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
 # -- request checks -------------------------------------------------------------------------
 
 
 def _check_fields(body: dict, allowed: frozenset) -> None:
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
     for k, v in body.items():
         if k in _IGNORED:
             continue
         if k not in allowed:
-            raise RequestError(f"unrecognized request argument '{k[:MAX_LOGGED_PARAM]}'", field=k[:MAX_LOGGED_PARAM])
+            raise RequestError(f"unrecognized request argument {k[:BRIEF_CHARS]!r}", field=k[:BRIEF_CHARS])
         if k in _NEUTRAL and v not in _NEUTRAL[k]:
             what = "logprobs not supported" if k in ("logprobs", "top_logprobs") else f"'{k}' is not supported"
-            raise RequestError(f"{what} by this server (got {json.dumps(v)[:MAX_LOGGED_PARAM]})", field=k)
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError("'model' must be a string", field="model")
+            raise RequestError(f"{what} by this server (got {json.dumps(v)[:BRIEF_CHARS]})", field=k)
+    _check_model(body)
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(f"'n' must be 1: one choice per request is supported, got {n!r}", field="n")
 
 
-def _sampling(body: dict):
-    from .sampling import SamplingParams
+def _check_model(body: dict) -> None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string", field="model")
 
+
+def _sampling(body: dict) -> SamplingParams:
     # OpenAI's defaults: temperature 1, top_p 1 (reflex's direct API defaults to greedy instead).
     return SamplingParams(
-        temperature=check_num(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=check_temperature(body, 1.0, 2.0),
         top_k=check_int(body, "top_k", 0, lo=0),
         top_p=check_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         min_p=check_num(body, "min_p", 0.0, 0.0, 1.0),
@@ -155,92 +105,114 @@ def _stream_opts(body: dict) -> tuple[bool, bool]:
     return stream, check_bool(opts, "include_usage", False)
 
 
-def _given_max(body: dict, keys: tuple[str, ...]) -> int | None:
-    given = {k: check_int(body, k, None, lo=1) for k in keys if body.get(k) is not None}
+def _given_max(body: dict, keys: tuple[str, ...], limits) -> int | None:
+    given = {k: check_max_tokens(body, k, None, limits) for k in keys if body.get(k) is not None}
     if len(set(given.values())) > 1:
         raise RequestError(f"give one of {' or '.join(repr(k) for k in keys)}, not both", field=keys[0])
     return next(iter(given.values()), None)
 
 
-def _room(engine, n_prompt: int) -> int:
-    """No limit given: like OpenAI's chat, run to the end of the context (and the engine's limit)."""
-    room = engine.runner.max_context - n_prompt
-    if room < 1:
-        raise RequestError(f"the prompt ({n_prompt} tokens) fills the context of {engine.runner.max_context}",
-                           field="messages")
-    return min(engine.limits.max_new_tokens, room)
+# -- calls ------------------------------------------------------------------------------------
 
 
-# -- endpoints --------------------------------------------------------------------------------
+class GenerateCall:
+    """A validated chat or text completion: prepare() tokenizes, run() generates."""
+
+    def __init__(self, req: GenerateRequest, kind: str, stream: bool, include_usage: bool,
+                 max_given: bool, prompt_ids: list[int] | None = None):
+        self.req, self.kind, self.stream, self.include_usage = req, kind, stream, include_usage
+        self.max_given, self.prompt_ids = max_given, prompt_ids
+
+    def prepare(self, engine) -> None:
+        r = self.req
+        if self.prompt_ids is None:
+            self.prompt_ids = engine.prompt_ids(r.prompt, r.messages, r.chat, r.enable_thinking)
+        if not self.max_given:  # the default: at most Limits.default_max_tokens, and what the context holds
+            room = engine.runner.max_context - len(self.prompt_ids)
+            if room < 1:
+                raise RequestError(f"the prompt ({len(self.prompt_ids)} tokens) fills the context of "
+                                   f"{engine.runner.max_context}", field="messages" if r.messages else "prompt")
+            r.max_tokens = min(r.max_tokens, room)
+
+    def run(self, engine) -> Response:
+        if self.prompt_ids is None:
+            self.prepare(engine)
+        return _respond(engine, self.req, self.prompt_ids, self.kind, self.stream, self.include_usage)
 
 
-def chat_completions(engine, body: dict) -> ApiResponse:
-    from .engine import GenerateRequest
+class System1Call:
+    def __init__(self, req):
+        self.req = req
 
+    def prepare(self, engine) -> None:
+        """Nothing: Engine.system1 tokenizes its candidates and prompt itself (bounded in characters)."""
+
+    def run(self, engine) -> Response:
+        r = self.req
+        result = engine.system1(prompt=r.prompt, candidates=r.candidates, messages=r.messages, chat=r.chat)
+        return Response(200, {"object": "system1.result", "model": engine.model_name, **result})
+
+
+def validate_chat(engine, body: dict) -> GenerateCall:
+    limits = engine.limits
     _check_fields(body, CHAT_KEYS)
     if "messages" not in body:
         raise RequestError("'messages' is required", field="messages")
-    messages = check_messages(body["messages"])
+    messages = check_messages(body["messages"], limits)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and (not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}):
         raise RequestError("'chat_template_kwargs' supports only 'enable_thinking'", field="chat_template_kwargs")
     thinking = check_bool(body, "enable_thinking", check_bool(kwargs or {}, "enable_thinking", None))
-    sampling, stop, ignore_eos = _sampling(body), check_stop(body), check_bool(body, "ignore_eos", False)
+    sampling, stop, ignore_eos = _sampling(body), check_stop(body, limits), check_bool(body, "ignore_eos", False)
     stream, include_usage = _stream_opts(body)
-    max_new, ids = _given_max(body, ("max_completion_tokens", "max_tokens")), None
-    if max_new is None:  # the default depends on the prompt's length: tokenize it here
-        ids = engine.prompt_ids(messages=messages, enable_thinking=thinking)
-        max_new = _room(engine, len(ids))
-    req = GenerateRequest(messages=messages, max_tokens=max_new, sampling=sampling, stop=stop,
-                          enable_thinking=thinking, ignore_eos=ignore_eos)
-    return _respond(engine, req, ids, "chat", stream, include_usage)
+    max_new = _given_max(body, ("max_completion_tokens", "max_tokens"), limits)
+    req = GenerateRequest(messages=messages, max_tokens=max_new or min(limits.default_max_tokens, limits.max_new_tokens),
+                          sampling=sampling, stop=stop, enable_thinking=thinking, ignore_eos=ignore_eos,
+                          time_limit_s=limits.request_timeout_s)
+    return GenerateCall(req, "chat", stream, include_usage, max_new is not None)
 
 
-def completions(engine, body: dict) -> ApiResponse:
-    from .engine import GenerateRequest
-
+def validate_completion(engine, body: dict) -> GenerateCall:
+    limits = engine.limits
     _check_fields(body, COMPLETION_KEYS)
-    sampling, stop, ignore_eos = _sampling(body), check_stop(body), check_bool(body, "ignore_eos", False)
+    sampling, stop, ignore_eos = _sampling(body), check_stop(body, limits), check_bool(body, "ignore_eos", False)
     stream, include_usage = _stream_opts(body)
     prompt, ids = _completion_prompt(engine, body.get("prompt"))
-    max_new = _given_max(body, ("max_tokens",)) or 16  # OpenAI's default for completions
-    req = GenerateRequest(prompt=prompt, max_tokens=max_new, sampling=sampling, stop=stop, ignore_eos=ignore_eos)
-    return _respond(engine, req, ids, "text", stream, include_usage)
+    max_new = _given_max(body, ("max_tokens",), limits) or min(COMPLETION_DEFAULT_MAX_TOKENS, limits.max_new_tokens)
+    req = GenerateRequest(prompt=prompt, max_tokens=max_new, sampling=sampling, stop=stop, ignore_eos=ignore_eos,
+                          time_limit_s=limits.request_timeout_s)
+    return GenerateCall(req, "text", stream, include_usage, True, ids)
 
 
 def _completion_prompt(engine, p) -> tuple[str, list[int] | None]:
     """(text, None) or ("", token ids); a list of exactly one of either is unwrapped (batches of
-    prompts are not supported). Text is tokenized inside Engine.generate, on its clock."""
+    prompts are not supported)."""
+    limits = engine.limits
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]
     if isinstance(p, str):
-        return p, None
+        return check_text(p, "prompt", limits.max_prompt_chars) if p else p, None
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         vocab = engine.tokenizer.vocab_size
+        if len(p) > limits.max_prompt_tokens:
+            raise RequestError(f"prompt has {len(p)} tokens, the limit is {limits.max_prompt_tokens}", field="prompt")
         if not all(0 <= t < vocab for t in p):
             raise RequestError(f"'prompt' token ids must be in [0, {vocab})", field="prompt")
-        if len(p) > engine.limits.max_prompt_tokens:
-            raise RequestError(f"prompt has {len(p)} tokens, the limit is {engine.limits.max_prompt_tokens}", field="prompt")
         return "", list(p)
     raise RequestError("'prompt' must be a string, a list of token ids, or a list of one of either "
                        "(several prompts per request are not supported)", field="prompt")
 
 
-def system1(engine, body: dict) -> ApiResponse:
+def validate_system1(engine, body: dict) -> System1Call:
     """Reflex's scoring endpoint: `{"prompt" | "messages", "candidates", "chat"}` (+ optional model)."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
     body = dict(body)
-    model = body.pop("model", None)
-    if model is not None and not isinstance(model, str):
-        raise RequestError("'model' must be a string", field="model")
-    prompt, candidates, messages, chat = parse_system1(body)
-    result = engine.system1(prompt=prompt, candidates=candidates, messages=messages, chat=chat)
-    return ApiResponse(200, {"object": "system1.result", "model": engine.model_name, **result})
+    _check_model(body)
+    body.pop("model", None)
+    return System1Call(parse_system1(body, engine.limits))
 
 
-def models(engine) -> ApiResponse:
-    return ApiResponse(200, {"object": "list", "data": [_model_card(engine)]})
+def models(engine) -> Response:
+    return Response(200, {"object": "list", "data": [_model_card(engine)]})
 
 
 def _model_card(engine) -> dict:
@@ -255,16 +227,14 @@ def _model_card(engine) -> dict:
 # -- running a generation --------------------------------------------------------------------
 
 
-def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, include_usage: bool) -> ApiResponse:
-    from .engine import Finished
-
+def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, include_usage: bool) -> Response:
     gen = engine.generate(req, prompt_ids=ids)
     first = next(gen)  # engine checks + prefill: errors here are still a clean 4xx
     meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex(),
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()), "model": engine.model_name}
     if stream:
-        return ApiResponse(200, stream=_Closing(_chunks(first, gen, meta, kind, include_usage), gen))
+        return Response(200, stream=_Closing(_chunks(first, gen, meta, kind, include_usage), gen))
     parts, ev = [], first
     try:
         while not isinstance(ev, Finished):
@@ -275,7 +245,7 @@ def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, includ
     text = "".join(parts)
     choice = {"index": 0, "finish_reason": ev.finish_reason, "logprobs": None}
     choice.update({"message": {"role": "assistant", "content": text}} if kind == "chat" else {"text": text})
-    return ApiResponse(200, {**meta, "choices": [choice], "usage": _usage(ev.record), "reflex": ev.record})
+    return Response(200, {**meta, "choices": [choice], "usage": _usage(ev.record), "reflex": ev.record})
 
 
 def _usage(rec: dict) -> dict:
@@ -303,8 +273,6 @@ class _Closing:
 
 def _chunks(first, gen, meta: dict, kind: str, include_usage: bool) -> Iterator[dict]:
     """chat.completion.chunk / text_completion chunks; the last choice chunk carries the record."""
-    from .engine import Finished
-
     meta = {**meta, "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
     extra = {"usage": None} if include_usage else {}
 
@@ -325,3 +293,27 @@ def _chunks(first, gen, meta: dict, kind: str, include_usage: bool) -> Iterator[
     yield {**chunk(None, ev.finish_reason), "reflex": ev.record}
     if include_usage:
         yield {**meta, "choices": [], "usage": _usage(ev.record)}
+
+
+# -- one call, for callers that do not split the steps ---------------------------------------
+
+VALIDATORS = {"chat": validate_chat, "completion": validate_completion, "system1": validate_system1}
+
+
+def call(engine, endpoint: str, body: dict) -> Response:
+    """validate + prepare + run, in one thread (the handler; tests)."""
+    c = VALIDATORS[endpoint](engine, body)
+    c.prepare(engine)
+    return c.run(engine)
+
+
+def chat_completions(engine, body: dict) -> Response:
+    return call(engine, "chat", body)
+
+
+def completions(engine, body: dict) -> Response:
+    return call(engine, "completion", body)
+
+
+def system1(engine, body: dict) -> Response:
+    return call(engine, "system1", body)

@@ -1,102 +1,15 @@
-"""ops.py: the direct request shapes, and the fake engine the transport tests share.
-
-The fake engine is the real Engine class (stop strings, records, limits are the real code) over a
-byte-level tokenizer and a scripted runner, so transport tests run in milliseconds.
-"""
+"""api/direct_ops.py: the direct request shapes (JSON lines, Lambda direct invokes)."""
 
 from __future__ import annotations
 
-import codecs
-import threading
-import time
-from types import SimpleNamespace
-
 import pytest
 
-from reflex_runtime.engine import Engine, GenerateRequest, Limits
+from reflex_runtime.api.direct_ops import parse_generate, parse_system1, run_generate
+from reflex_runtime.api.fields import check_messages
+from reflex_runtime.engine import GenerateRequest
 from reflex_runtime.errors import RequestError
-from reflex_runtime.ops import check_messages, parse_generate, parse_system1, run_generate
 
-BOS, EOS, OFFSET = 1, 2, 10
-REPLY = "Hello world! The quick brown fox."
-
-
-class ByteTokenizer:
-    """One token per UTF-8 byte (id = byte + 10); 1 = BOS, 2 = EOS."""
-
-    bos_id, eos_id, vocab_size = BOS, EOS, 256 + OFFSET
-    stop_ids = frozenset({EOS})
-
-    def encode(self, text, add_special=True, parse_special=True):
-        return ([BOS] if add_special else []) + [b + OFFSET for b in text.encode("utf-8")]
-
-    def token_bytes(self, i):
-        return {BOS: b"<bos>", EOS: b"<eos>"}.get(i, bytes([i - OFFSET]) if i >= OFFSET else b"")
-
-    def decode(self, ids, skip_special=False):
-        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", "replace")
-
-    def is_special(self, i):
-        return i < OFFSET
-
-    def stream_decoder(self):
-        tok, dec = self, codecs.getincrementaldecoder("utf-8")("replace")
-        return SimpleNamespace(push=lambda i: dec.decode(tok.token_bytes(i)), flush=lambda: dec.decode(b"", final=True))
-
-
-class ScriptedRunner:
-    """Answers every prompt with REPLY then EOS; `delay` seconds per token; records what it did."""
-
-    name = "fake"
-
-    def __init__(self, reply: str = REPLY, delay: float = 0.0, max_context: int = 512):
-        self.reply, self.delay, self.max_context = reply, delay, max_context
-        self.started = self.closed = 0
-        self.tokens = 0  # tokens produced over all requests
-        self.threads: set[str] = set()
-        self.busy = threading.Lock()  # proves requests never overlap
-
-    def info(self):
-        return {"device": "fake"}
-
-    def generate_ids(self, prompt_ids, params, max_new, stop_ids):
-        assert self.busy.acquire(blocking=False), "two generations ran at once"
-        self.started += 1
-        self.threads.add(threading.current_thread().name)
-        try:
-            ids = [b + OFFSET for b in self.reply.encode("utf-8")] + [EOS]
-            for step, tok in enumerate(ids[:max_new]):
-                if self.delay:
-                    time.sleep(self.delay)
-                self.tokens += 1
-                yield tok
-                if tok in stop_ids:
-                    return
-        finally:
-            self.closed += 1
-            self.busy.release()
-
-    def score(self, prompt_ids, candidates):
-        # A candidate token scores 0 when it matches REPLY at that position, else -5.
-        want = [b + OFFSET for b in self.reply.encode("utf-8")]
-        return [[0.0 if j < len(want) and t == want[j] else -5.0 for j, t in enumerate(c)] for c in candidates]
-
-
-class FakeEngine(Engine):
-    def render_messages(self, messages, enable_thinking=None):
-        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
-
-
-def make_engine(reply: str = REPLY, delay: float = 0.0, max_context: int = 512) -> FakeEngine:
-    gguf = SimpleNamespace(path="/nonexistent/fake.gguf", get=lambda key: None)
-    config = SimpleNamespace(name="fake-model", arch="fake", file_type="F32")
-    return FakeEngine(gguf, config, ByteTokenizer(), ScriptedRunner(reply, delay, max_context),
-                      model_ref="fake", limits=Limits(max_new_tokens=256))
-
-
-@pytest.fixture
-def engine():
-    return make_engine()
+from fake_engine import engine  # noqa: F401 (a fixture)
 
 
 # -- parse_generate -----------------------------------------------------------------------------
@@ -219,3 +132,24 @@ def test_engine_limits_surface_as_request_errors(engine):
     with pytest.raises(RequestError) as ei:
         run_generate(engine, parse_generate({"prompt": "hi", "max_tokens": 10_000}))
     assert ei.value.field == "max_tokens"
+
+
+def test_chat_records_say_which_template_laid_out_the_messages(engine):
+    """A file without a chat template (a base model) still answers chat requests, laid out in the
+    plain fallback format, and the record says so; prompt requests carry no chat fields."""
+    assert "no chat template" in engine.chat_notice and "ChatML" in engine.chat_notice
+    res = run_generate(engine, parse_generate({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+    assert res["record"]["chat_template"] == "none (plain ChatML fallback)"
+    assert res["record"]["notice"] == engine.chat_notice
+    res = run_generate(engine, parse_generate({"prompt": "hi", "chat": True, "max_tokens": 3}))
+    assert res["record"]["notice"] == engine.chat_notice
+    plain = run_generate(engine, parse_generate({"prompt": "hi", "max_tokens": 3}))["record"]
+    assert "notice" not in plain and "chat_template" not in plain
+    scored = engine.system1(prompt="hi", candidates=["Hello", "Bye"], chat=True)["record"]
+    assert scored["notice"] == engine.chat_notice
+
+    templated = make_engine()
+    templated._chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert templated.chat_notice is None
+    rec = run_generate(templated, parse_generate({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))["record"]
+    assert rec["chat_template"] == "model" and "notice" not in rec

@@ -1,0 +1,392 @@
+// delta_net.cu: the Gated DeltaNet ("linear attention") layers of Qwen3.5, after their input
+// projections (the matrix kernels) wrote per token: qkv (C = 2 nk dk + nv dv channels, [q heads |
+// k heads | v heads]), z (nv dv), alpha and beta (nv).
+//
+//   reflex_dn_conv        causal depthwise conv of each channel over its last K inputs (the K-1
+//                         before a sequence's first token come from the rolling state), SiLU, and
+//                         the L2 norm of every q and k head (q also times 1/sqrt(dk)).
+//                         Grid (2 nk + nv heads, ceil(n_tok / 8)), 256 threads: one warp per
+//                         (token, head). With roll = 1 (every sequence is one token: decode) the
+//                         warp also rolls the state of its channels.
+//   reflex_dn_conv_state  the rolling state <- the last K-1 inputs of each sequence, after
+//                         reflex_dn_conv of a batch with longer sequences. Grid (ceil(C/256), n_seq).
+//   reflex_dn_recurrent   the gated delta rule token by token, per (value head, sequence) block of
+//                         256 threads holding the head's (dk x dv) state in registers, with the
+//                         gates and the gated output norm fused:
+//                           beta = sigmoid(beta), g = ssm_a * softplus(alpha + dt_bias),
+//                           S <- exp(g) S;  d = beta (v - S^T k);  S <- S + k d^T;  o = S^T q,
+//                           out = rmsnorm(o) * norm_w * silu(z)    (rmsnorm over the head's dv)
+//   reflex_dn_chunked     the same rule DN_CHUNK tokens at a time with matrix products (prompts),
+//                         per (value head, 32 state columns, sequence) block; its unnormalized o
+//                         then goes through reflex_dn_gated_norm. Within a chunk with cumulative
+//                         log-decay c_i and start state S0 (families/qwen35/delta_net.py derives it):
+//                           (I + A) D = beta (V - exp(c) K S0),  A_ij = beta_i e^(c_i - c_j) k_i.k_j (j < i)
+//                           O = exp(c) Q S0 + P D,                P_ij = e^(c_i - c_j) q_i.k_j   (j <= i)
+//                           S_end = e^(c_L) S0 + sum_j e^(c_L - c_j) k_j D_j^T
+//                         Every factor e^(..) is <= 1: no overflow however strong the decay.
+//
+// State per layer and sequence slot (slot s at state + s * stride floats): conv (K-1, C), delta
+// rule (nv, dk, dv). A batch holds n_seq independent sequences, [seq_start[s], seq_start[s+1])
+// (seq_start NULL: one sequence of all n_tok tokens) and sequence s uses slot s. A sequence whose
+// first token is at position 0 starts from zero state (a new request): nothing resets the arena.
+// Value head h reads key head h % nk (the converter's tiled order).
+// Limits (checked on the host): dk, dv <= 128; K <= DN_MAX_K.
+// Bound by: decode, reading and writing the f32 state once (nv dk dv 8 bytes per layer); prompts,
+// the chunked form's f32 math on CUDA cores (~4 (dk dv + DN_CHUNK (dk + dv)) flops per token and head).
+#include "common.cuh"
+
+#define DN_MAX_K 8
+#define DN_MAX_HD 128
+#define DN_CHUNK 32  // tokens per chunk: one per lane of a warp (the decay scan)
+#define DN_CV 32     // state columns per block of the chunked kernel
+
+__device__ __forceinline__ float dn_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float dn_softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float dn_silu(float x) { return x / (1.f + expf(-x)); }
+
+// The sequence holding batch token t: the largest s with seq_start[s] <= t.
+__device__ __forceinline__ int dn_seq_of(const int* seq_start, int n_seq, int t) {
+    if (!seq_start) return 0;
+    int lo = 0, hi = n_seq - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (seq_start[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+extern "C" __global__ void __launch_bounds__(256) reflex_dn_conv(
+    const float* x, const float* w, float* state, long state_stride, const int* seq_start, int n_seq, const int* pos,
+    float* out, int n_tok, int K, int nk, int nv, int dk, int dv, float q_scale, float eps, int roll) {
+    rx_pdl_begin();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int t = blockIdx.y * 8 + warp;
+    if (t >= n_tok) return;  // warps are independent: no block barrier below
+    int C = 2 * nk * dk + nv * dv;
+    int h = blockIdx.x;
+    bool qk = h < 2 * nk;
+    int c0 = qk ? h * dk : 2 * nk * dk + (h - 2 * nk) * dv;
+    int hd = qk ? dk : dv;
+    int s = dn_seq_of(seq_start, n_seq, t);
+    int lo = seq_start ? seq_start[s] : 0;
+    bool fresh = pos[lo] == 0;
+    float* st = state + (long)s * state_stride;  // (K-1, C)
+    int r = t - lo;  // the token's index in its sequence
+    float v[DN_MAX_HD / 32];
+    float ss = 0.f;
+#pragma unroll
+    for (int m = 0; m < DN_MAX_HD / 32; m++) {
+        int c = lane + 32 * m;
+        v[m] = 0.f;
+        if (c < hd) {
+            int ch = c0 + c;
+            float acc = 0.f;
+            for (int j = 0; j < K; j++) {
+                int i = r + j - (K - 1);  // input index in the sequence; < 0: state row K-1+i
+                float xin = i >= 0 ? x[(long)(lo + i) * C + ch] : (fresh ? 0.f : st[(long)(K - 1 + i) * C + ch]);
+                acc += w[(long)ch * K + j] * xin;
+            }
+            v[m] = dn_silu(acc);
+            ss += v[m] * v[m];
+        }
+    }
+    float scale = 1.f;
+    if (qk) scale = rsqrtf(warp_sum(ss) + eps) * (h < nk ? q_scale : 1.f);
+#pragma unroll
+    for (int m = 0; m < DN_MAX_HD / 32; m++) {
+        int c = lane + 32 * m;
+        if (c < hd) out[(long)t * C + c0 + c] = v[m] * scale;
+    }
+    if (!roll || K < 2) return;
+    // This token is its sequence's only one: shift its channels' state by one input (each lane
+    // owns its channels; every read above came first).
+    for (int m = 0; m < DN_MAX_HD / 32; m++) {
+        int c = lane + 32 * m;
+        if (c >= hd) continue;
+        int ch = c0 + c;
+        for (int i = 0; i + 1 < K - 1; i++) st[(long)i * C + ch] = fresh ? 0.f : st[(long)(i + 1) * C + ch];
+        st[(long)(K - 2) * C + ch] = x[(long)t * C + ch];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) reflex_dn_conv_state(const float* x, float* state, long state_stride,
+                                                                        const int* seq_start, int n_seq, const int* pos,
+                                                                        int n_tok, int C, int K) {
+    rx_pdl_begin();
+    int ch = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
+    if (ch >= C || K < 2) return;
+    int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
+    int n = hi - lo;
+    bool fresh = pos[lo] == 0;
+    float* st = state + (long)s * state_stride;
+    float old[DN_MAX_K];
+    for (int i = 0; i < K - 1; i++) old[i] = fresh ? 0.f : st[(long)i * C + ch];
+    // new row i = input n + i of [old state; the sequence's inputs]
+    for (int i = 0; i < K - 1; i++) {
+        int k = n + i;
+        st[(long)i * C + ch] = k < K - 1 ? old[k] : x[(long)(lo + k - (K - 1)) * C + ch];
+    }
+}
+
+#define DN_ROWS (DN_MAX_HD / 8)   // state rows per thread (8 warps)
+#define DN_COLS (DN_MAX_HD / 32)  // state columns per thread
+
+extern "C" __global__ void __launch_bounds__(256) reflex_dn_recurrent(
+    const float* qkv, const float* alpha, const float* beta, const float* z, const float* ssm_a, const float* dt_bias,
+    const float* norm_w, float* state, long state_stride, const int* seq_start, int n_seq, const int* pos, float* out,
+    int n_tok, int nk, int nv, int dk, int dv, float eps) {
+    rx_pdl_begin();
+    __shared__ float qs[DN_MAX_HD], ks[DN_MAX_HD];
+    __shared__ float red[8][DN_MAX_HD], red2[8][DN_MAX_HD];
+    int h = blockIdx.x, s = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kh = h % nk, C = 2 * nk * dk + nv * dv;
+    int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
+    bool fresh = pos[lo] == 0;
+    float* S = state + (long)s * state_stride + (long)h * dk * dv;
+    // Thread (warp, lane) holds S[i][j] for rows i = warp + 8 r and columns j = lane + 32 c.
+    float st[DN_COLS][DN_ROWS];
+#pragma unroll
+    for (int c = 0; c < DN_COLS; c++)
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; r++) {
+            int i = warp + 8 * r, j = lane + 32 * c;
+            st[c][r] = (!fresh && i < dk && j < dv) ? S[(long)i * dv + j] : 0.f;
+        }
+    float a = ssm_a[h], bias = dt_bias[h];
+    for (int t = lo; t < hi; t++) {
+        const float* row = qkv + (long)t * C;
+        for (int i = threadIdx.x; i < DN_MAX_HD; i += blockDim.x) {
+            qs[i] = i < dk ? row[kh * dk + i] : 0.f;
+            ks[i] = i < dk ? row[nk * dk + kh * dk + i] : 0.f;
+        }
+        float decay = expf(a * dn_softplus(alpha[(long)t * nv + h] + bias));
+        float b = dn_sigmoid(beta[(long)t * nv + h]);
+        __syncthreads();
+        // kv_j = sum_i (decayed S)_ij k_i: partial over this warp's rows
+#pragma unroll
+        for (int c = 0; c < DN_COLS; c++) {
+            float p = 0.f;
+#pragma unroll
+            for (int r = 0; r < DN_ROWS; r++) {
+                st[c][r] *= decay;
+                p += st[c][r] * ks[warp + 8 * r];
+            }
+            red[warp][lane + 32 * c] = p;
+        }
+        __syncthreads();
+        // d_j = beta (v_j - kv_j); S += k d^T; o_j = sum_i S_ij q_i (partial over this warp's rows)
+#pragma unroll
+        for (int c = 0; c < DN_COLS; c++) {
+            int j = lane + 32 * c;
+            float kv = 0.f;
+#pragma unroll
+            for (int w8 = 0; w8 < 8; w8++) kv += red[w8][j];
+            float vj = j < dv ? row[2 * nk * dk + h * dv + j] : 0.f;
+            float d = b * (vj - kv);
+            float p = 0.f;
+#pragma unroll
+            for (int r = 0; r < DN_ROWS; r++) {
+                st[c][r] += ks[warp + 8 * r] * d;
+                p += st[c][r] * qs[warp + 8 * r];
+            }
+            red2[warp][j] = p;
+        }
+        __syncthreads();
+        if (warp == 0) {  // gated RMS norm of the head's output, written out
+            float o[DN_COLS];
+            float ss = 0.f;
+#pragma unroll
+            for (int c = 0; c < DN_COLS; c++) {
+                int j = lane + 32 * c;
+                o[c] = 0.f;
+#pragma unroll
+                for (int w8 = 0; w8 < 8; w8++) o[c] += red2[w8][j];
+                if (j < dv) ss += o[c] * o[c];
+            }
+            float inv = rsqrtf(warp_sum(ss) / dv + eps);
+            long base = ((long)t * nv + h) * dv;
+#pragma unroll
+            for (int c = 0; c < DN_COLS; c++) {
+                int j = lane + 32 * c;
+                if (j < dv) out[base + j] = o[c] * inv * norm_w[j] * dn_silu(z[base + j]);
+            }
+        }
+        __syncthreads();  // qs, ks, red, red2 are rewritten by the next token
+    }
+#pragma unroll
+    for (int c = 0; c < DN_COLS; c++)
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; r++) {
+            int i = warp + 8 * r, j = lane + 32 * c;
+            if (i < dk && j < dv) S[(long)i * dv + j] = st[c][r];
+        }
+}
+
+// One warp's dot products of row vector `a` (held as a[lane + 32 m] in registers, shuffled out)
+// with rows Bs[lane] of a shared matrix: returns sum_d a[d] * Bs[lane][d] for d < n.
+__device__ __forceinline__ float dn_dot_rows(const float (&a)[DN_MAX_HD / 32], const float (*Bs)[DN_MAX_HD + 1], int n) {
+    int lane = threadIdx.x & 31;
+    float acc = 0.f;
+#pragma unroll
+    for (int m = 0; m < DN_MAX_HD / 32; m++) {
+        if (32 * m >= n) break;
+#pragma unroll 8
+        for (int dd = 0; dd < 32; dd++) acc += __shfl_sync(0xffffffffu, a[m], dd) * Bs[lane][32 * m + dd];
+    }
+    return acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
+    const float* qkv, const float* alpha, const float* beta, const float* ssm_a, const float* dt_bias, float* state,
+    long state_stride, const int* seq_start, int n_seq, const int* pos, float* out, int n_tok, int nk, int nv, int dk,
+    int dv) {
+    rx_pdl_begin();
+    __shared__ float Ks[DN_CHUNK][DN_MAX_HD + 1];  // the chunk's keys (padded: column reads hit distinct banks)
+    __shared__ float Ss[DN_MAX_HD][DN_CV];         // this block's 32 columns of the state
+    __shared__ float A[DN_CHUNK][DN_CHUNK + 1];
+    __shared__ float P[DN_CHUNK][DN_CHUNK + 1];
+    __shared__ float D[DN_CHUNK][DN_CV + 1];
+    __shared__ float bet[DN_CHUNK], cum[DN_CHUNK], ecum[DN_CHUNK], tail[DN_CHUNK];
+    int h = blockIdx.x, j0 = blockIdx.y * DN_CV, s = blockIdx.z;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kh = h % nk, C = 2 * nk * dk + nv * dv;
+    int qoff = kh * dk, koff = nk * dk + kh * dk, voff = 2 * nk * dk + h * dv;
+    int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
+    bool fresh = pos[lo] == 0;
+    bool col_ok = j0 + lane < dv;
+    float* Sg = state + (long)s * state_stride + (long)h * dk * dv;
+    for (int idx = threadIdx.x; idx < DN_MAX_HD * DN_CV; idx += blockDim.x) {
+        int i = idx / DN_CV, c = idx % DN_CV;
+        Ss[i][c] = (!fresh && i < dk && j0 + c < dv) ? Sg[(long)i * dv + j0 + c] : 0.f;
+    }
+    float a = ssm_a[h], bias = dt_bias[h];
+    for (int c0 = lo; c0 < hi; c0 += DN_CHUNK) {
+        int L = min(DN_CHUNK, hi - c0);
+        for (int idx = threadIdx.x; idx < DN_CHUNK * DN_MAX_HD; idx += blockDim.x) {
+            int t = idx / DN_MAX_HD, i = idx % DN_MAX_HD;
+            Ks[t][i] = (t < L && i < dk) ? qkv[(long)(c0 + t) * C + koff + i] : 0.f;
+        }
+        if (warp == 0) {  // gates; cumulative log-decay by a shuffle scan (one token per lane)
+            float g = 0.f, b = 0.f;
+            if (lane < L) {
+                g = a * dn_softplus(alpha[(long)(c0 + lane) * nv + h] + bias);
+                b = dn_sigmoid(beta[(long)(c0 + lane) * nv + h]);
+            }
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, g, o);
+                if (lane >= o) g += y;
+            }
+            float last = __shfl_sync(0xffffffffu, g, L - 1);
+            bet[lane] = b;
+            cum[lane] = g;
+            ecum[lane] = lane < L ? expf(g) : 0.f;
+            tail[lane] = lane < L ? expf(last - g) : 0.f;
+        }
+        __syncthreads();
+        // A and P: warp w fills rows i = w + 8 m, lane j the column. The row's q and k vectors are
+        // held in registers (one element per lane) and shuffled to every lane.
+#pragma unroll
+        for (int m = 0; m < DN_CHUNK / 8; m++) {
+            int i = warp + 8 * m;
+            float qr[DN_MAX_HD / 32], kr[DN_MAX_HD / 32];
+#pragma unroll
+            for (int u = 0; u < DN_MAX_HD / 32; u++) {
+                int d = lane + 32 * u;
+                qr[u] = (i < L && d < dk) ? qkv[(long)(c0 + i) * C + qoff + d] : 0.f;
+                kr[u] = Ks[i][d];
+            }
+            float kk = dn_dot_rows(kr, Ks, dk), qk = dn_dot_rows(qr, Ks, dk);
+            int j = lane;
+            float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
+            A[i][j] = j < i ? bet[i] * e * kk : 0.f;
+            P[i][j] = e * qk;
+        }
+        // right-hand side and the S0 part of the output: thread (warp, lane) takes tokens
+        // t = warp + 8 m of column j0 + lane
+        float o[DN_CHUNK / 8];
+#pragma unroll
+        for (int m = 0; m < DN_CHUNK / 8; m++) {
+            int t = warp + 8 * m;
+            float qr[DN_MAX_HD / 32];
+#pragma unroll
+            for (int u = 0; u < DN_MAX_HD / 32; u++) {
+                int d = lane + 32 * u;
+                qr[u] = (t < L && d < dk) ? qkv[(long)(c0 + t) * C + qoff + d] : 0.f;
+            }
+            float ks0 = 0.f, qs0 = 0.f;
+#pragma unroll
+            for (int u = 0; u < DN_MAX_HD / 32; u++) {
+                if (32 * u >= dk) break;
+#pragma unroll 8
+                for (int dd = 0; dd < 32; dd++) {
+                    float sd = Ss[32 * u + dd][lane];
+                    ks0 += Ks[t][32 * u + dd] * sd;
+                    qs0 += __shfl_sync(0xffffffffu, qr[u], dd) * sd;
+                }
+            }
+            float v = (t < L && col_ok) ? qkv[(long)(c0 + t) * C + voff + j0 + lane] : 0.f;
+            D[t][lane] = t < L ? bet[t] * (v - ecum[t] * ks0) : 0.f;
+            o[m] = ecum[t] * qs0;
+        }
+        __syncthreads();
+        if (warp == 0)  // forward substitution, one column per lane: D_i -= sum_{j<i} A_ij D_j
+            for (int i = 1; i < L; i++) {  // (four partial sums: the chain of dependent adds is this kernel's serial part)
+                float a0 = D[i][lane], a1 = 0.f, a2 = 0.f, a3 = 0.f;
+                int j = 0;
+                for (; j + 4 <= i; j += 4) {
+                    a0 -= A[i][j] * D[j][lane];
+                    a1 -= A[i][j + 1] * D[j + 1][lane];
+                    a2 -= A[i][j + 2] * D[j + 2][lane];
+                    a3 -= A[i][j + 3] * D[j + 3][lane];
+                }
+                for (; j < i; j++) a0 -= A[i][j] * D[j][lane];
+                D[i][lane] = (a0 + a1) + (a2 + a3);
+            }
+        __syncthreads();
+        // O += P D for this thread's tokens; S <- e^(c_L) S + sum_j e^(c_L - c_j) k_j D_j^T for its
+        // (row, column) cells. Loops over j outside: one read of D_j serves every token and row.
+        float e_last = ecum[L - 1];
+        float acc[DN_ROWS];
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; r++) acc[r] = warp + 8 * r < dk ? e_last * Ss[warp + 8 * r][lane] : 0.f;
+        for (int j = 0; j < L; j++) {
+            float dj = D[j][lane], tj = tail[j] * dj;
+#pragma unroll
+            for (int m = 0; m < DN_CHUNK / 8; m++)
+                if (j <= warp + 8 * m) o[m] += P[warp + 8 * m][j] * dj;
+#pragma unroll
+            for (int r = 0; r < DN_ROWS; r++) acc[r] += Ks[j][warp + 8 * r] * tj;
+        }
+#pragma unroll
+        for (int m = 0; m < DN_CHUNK / 8; m++) {
+            int t = warp + 8 * m;
+            if (t < L && col_ok) out[((long)(c0 + t) * nv + h) * dv + j0 + lane] = o[m];
+        }
+#pragma unroll
+        for (int r = 0; r < DN_ROWS; r++)
+            if (warp + 8 * r < dk) Ss[warp + 8 * r][lane] = acc[r];
+        __syncthreads();  // the next chunk rewrites Ks, D and reads every row of Ss
+    }
+    for (int idx = threadIdx.x; idx < DN_MAX_HD * DN_CV; idx += blockDim.x) {
+        int i = idx / DN_CV, c = idx % DN_CV;
+        if (i < dk && j0 + c < dv) Sg[(long)i * dv + j0 + c] = Ss[i][c];
+    }
+}
+
+// out = rmsnorm(o) * w * silu(z) per (token, head) row of dv values; one warp per row. out may be o.
+extern "C" __global__ void __launch_bounds__(256) reflex_dn_gated_norm(const float* o, const float* z, const float* w,
+                                                                        float* out, int rows, int dv, float eps) {
+    rx_pdl_begin();
+    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float* x = o + (long)row * dv;
+    float ss = 0.f;
+    for (int c = lane; c < dv; c += 32) ss += x[c] * x[c];
+    float inv = rsqrtf(warp_sum(ss) / dv + eps);
+    for (int c = lane; c < dv; c += 32) out[(long)row * dv + c] = x[c] * inv * w[c] * dn_silu(z[(long)row * dv + c]);
+}

@@ -1,0 +1,479 @@
+// gemm.cu: Y[t, r] = sum_k X[t, k] W[r, k] on tensor cores for prompts (sm_80+), W read in its
+// GGUF blocks in place, and the routed-expert (MoE) forms of it.
+//
+// Tile: BM tokens x BN weight rows, warps in a WM x WN grid, each warp MT x NT mma tiles of
+// 16 tokens x 8 rows (mma.sync m16n8k16, f16 inputs, f32 accumulate). Two configurations:
+//   L  128 x 128, 8 warps (2 x 4), 4 x 4 mma tiles per warp: long prompts, wide matrices
+//   S   64 x 64,  4 warps (2 x 2), 2 x 4 mma tiles per warp: more blocks for small grids
+// The host picks one per launch (gpu/launch.py); scripts/bench_prefill.py times both.
+//
+// Pipeline over K. Weights: the raw GGUF bytes of a stage (KB weights of each of the tile's
+// rows: one K-quant super-block, four 32-blocks, 64 f16 or 32 f32 values) go global -> shared
+// with cp.async while the previous stage is being multiplied (double buffer). Rows are only
+// 2-byte aligned in general (Q8_0 rows of 640 weights are 680 bytes), so each row's stage is
+// copied as the 16-byte aligned chunks that cover it, keeping its address modulo 16: the
+// decoders then read shared memory exactly as they read global memory. Chunk reads are clipped
+// at the stage's end (cp.async src-size), so nothing outside the tensor is ever read provided
+// the tensor starts 16-byte aligned (the host checks; GGUF aligns tensors to 32).
+// Activations: f32 rows, 32 k at a time, loaded into registers one step ahead, rounded to f16
+// and stored to shared memory (double buffer), so the global loads overlap the math.
+// Fragments: each thread decodes 8 consecutive weights (dequant8) straight into its B
+// registers for two k16 steps. That is legal because the mma sums over k: thread t (lane % 4)
+// holds physical k 8t..8t+7 of a 32-wide step in place of the logical 2t.., 2t+8.., 16+2t..,
+// 24+2t.., for A and B alike, so A is one 16-byte shared load per row and B needs no shuffle.
+//
+// Kernels (per weight type, L and S):
+//   reflex_gemm_<type>_<cfg>      up to 3 matrices of one type and K (q, k, v) into their own
+//                                 outputs, optionally added to them (residual)
+//   reflex_gemm_glu_<type>_<cfg>  gate and up in one pass: out = act(gate x) * (up x); the
+//                                 tile's 8-row mma tiles alternate gate and up rows
+// MoE (config S): (token, expert) pairs grouped by expert (reflex_moe_group, with a list of
+// 64-pair tiles), then one launch each, every expert at once:
+//   reflex_moe_gemm_glu_<type>    act[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]), pairs i in
+//                                 expert order
+//   reflex_moe_gemm_down_<type>   x[t] += sum over t's k slots s of w[t,s] * down_e act[t,s]:
+//                                 each tile writes w * y for its pairs to a scratch row, and the
+//                                 block that completes a token's k slots for a column tile (an
+//                                 atomic counter per token and column tile) adds them to x in
+//                                 slot order. The sum is deterministic: the same order and
+//                                 roundings whatever the schedule (counters are left at zero).
+// Bound by tensor-core math for long prompts; weights are read once per BM tokens (per 64
+// pairs of an expert).
+// Requirements (host): K % 32 == 0, W 16-byte aligned, x rows 16-byte aligned, x < 2^31 floats.
+#include "common.cuh"
+#include "mma.cuh"
+
+// -- weight geometry at compile time --------------------------------------------------------------
+// Type ids as in quant.cuh (3 = Q4_1, 7 = Q5_1: their decoders live in quant.cuh when present).
+__host__ __device__ constexpr int rx_qk(int T) {
+    return (T == RX_F32 || T == RX_F16 || T == RX_BF16) ? 1 : (T == RX_Q4_K || T == RX_Q5_K || T == RX_Q6_K) ? 256 : 32;
+}
+__host__ __device__ constexpr int rx_qbytes(int T) {
+    return T == RX_F32 ? 4 : (T == RX_F16 || T == RX_BF16) ? 2 : T == RX_Q8_0 ? 34 : T == RX_Q4_0 ? 18
+         : T == 3 ? 20 : T == RX_Q5_0 ? 22 : T == 7 ? 24 : T == RX_Q4_K ? 144 : T == RX_Q5_K ? 176
+         : T == RX_Q6_K ? 210 : -1;
+}
+
+template <int T>
+struct GemmRaw {
+    static constexpr int QK = rx_qk(T);
+    static constexpr int KB = T == RX_F32 ? 32 : QK == 1 ? 64 : QK == 256 ? 256 : 128;  // weights per stage
+    static constexpr int SB = KB / QK * rx_qbytes(T);  // bytes of one row per stage
+    static constexpr int SLOT = (SB + 15) / 16 * 16 + 16;  // shared bytes per row: covering chunks
+    static constexpr int CPR = SLOT / 16;  // 16-byte chunks per row
+    static_assert(rx_qbytes(T) > 0, "unknown weight type");
+};
+
+template <int WM_, int WN_, int MT_, int NT_, int MIN_BLOCKS_>
+struct GemmCfg {
+    static constexpr int WM = WM_, WN = WN_, MT = MT_, NT = NT_, MIN_BLOCKS = MIN_BLOCKS_;
+    static constexpr int THREADS = 32 * WM * WN;
+    static constexpr int BM = WM * MT * 16;  // tokens per tile
+    static constexpr int BN = WN * NT * 8;   // weight rows per tile
+    static constexpr int APT = BM * 8 / THREADS;  // float4 loads of x per thread per 32-k step
+    static_assert(APT * THREADS == BM * 8, "x tile must split evenly");
+    static_assert(NT % 2 == 0, "gate/up pairs need an even number of 8-row tiles per warp");
+};
+using GemmL = GemmCfg<2, 4, 4, 4, 2>;
+using GemmS = GemmCfg<2, 2, 2, 4, 4>;
+
+template <int T, class C>
+struct GemmSmem {
+    static constexpr int B_BYTES = 2 * C::BN * GemmRaw<T>::SLOT;
+    static constexpr int A_BYTES = 2 * C::BM * 32 * 2;
+    static constexpr int BYTES = B_BYTES + A_BYTES;
+};
+
+// -- decoding 8 weights into two k16 B fragments (4 registers of 2 halves) --------------------------
+template <int T>
+__device__ __forceinline__ void gemm_dequant8(const uint8_t* p, int g, uint32_t* h) {
+    if constexpr (T == RX_F16) {
+        uint4 v = *reinterpret_cast<const uint4*>(p + 16 * g);
+        h[0] = v.x, h[1] = v.y, h[2] = v.z, h[3] = v.w;
+    } else if constexpr (T == RX_Q8_0) {
+        // int8 -> half exactly: 0x64XX is 1024 + XX, so (q ^ 0x80) placed under 0x64 minus 1152 is q
+        const uint8_t* b = p + 34 * (g >> 2);
+        __half2 d = __half2half2(*reinterpret_cast<const __half*>(b));
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 2 + 8 * (g & 3));
+        uint32_t w[2] = {((uint32_t)q[0] | ((uint32_t)q[1] << 16)) ^ 0x80808080u,
+                         ((uint32_t)q[2] | ((uint32_t)q[3] << 16)) ^ 0x80808080u};
+        const __half2 bias = __half2half2(__ushort_as_half((unsigned short)0x6480));  // 1152
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t u = __byte_perm(w[i >> 1], 0x64646464u, (i & 1) ? 0x4342 : 0x4140);
+            __half2 v = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&u), bias), d);
+            h[i] = *reinterpret_cast<uint32_t*>(&v);
+        }
+    } else if constexpr (T == RX_Q5_0) {
+        // 5-bit values 0..31: low nibbles | (qh bit << 4), then (1024 + v) - 1040 = v - 16, times d
+        const uint8_t* b = p + 22 * (g >> 2);
+        __half2 d = __half2half2(*reinterpret_cast<const __half*>(b));
+        const uint16_t* b16 = reinterpret_cast<const uint16_t*>(b);
+        uint32_t qh = (uint32_t)b16[1] | ((uint32_t)b16[2] << 16);
+        int part = g & 3, shift = (part >> 1) * 4;
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 6 + 8 * (part & 1));
+        uint32_t hb = qh >> (8 * part);
+        const __half2 bias = __half2half2(__ushort_as_half((unsigned short)0x6410));  // 1040
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            uint32_t lo = (((uint32_t)q[2 * j] | ((uint32_t)q[2 * j + 1] << 16)) >> shift) & 0x0F0F0F0Fu;
+            // bits 4j..4j+3 of hb to bit 4 of bytes 0..3 (shifts by 4, 11, 18, 25 never overlap)
+            uint32_t hi = (((hb >> (4 * j)) & 15u) * 0x02040810u) & 0x10101010u;
+            uint32_t v = lo | hi;
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                uint32_t u = __byte_perm(v, 0x64646464u, k ? 0x4342 : 0x4140);
+                __half2 r = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&u), bias), d);
+                h[2 * j + k] = *reinterpret_cast<uint32_t*>(&r);
+            }
+        }
+    } else {
+        float w[8];
+        dequant8<T>(p, g, w);
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = rx_pack_h2(w[2 * i], w[2 * i + 1]);
+    }
+}
+
+// -- the tile's operands --------------------------------------------------------------------------
+
+struct GemmA {  // x rows of the tile: row m is x[idx ? idx[m0 + m] : m0 + m], valid while m0 + m < m_end
+    const float* x;
+    int stride;
+    const int* idx;
+    int m0, m_end;
+};
+
+struct GemmB {  // weight rows of the tile; glu: 8-row groups alternate w0 (gate) and w1 (up)
+    const uint8_t* w0;
+    const uint8_t* w1;
+    long row_bytes;
+    int n0, n_rows;
+    bool glu;
+
+    __device__ __forceinline__ const uint8_t* row(int v) const {
+        int r = glu ? n0 + (v >> 4) * 8 + (v & 7) : n0 + v;
+        if (r >= n_rows) return nullptr;
+        const uint8_t* w = (glu && (v & 8)) ? w1 : w0;
+        return w + (long)r * row_bytes;
+    }
+};
+
+// acc[mt][j] = the warp's 16 x 8 tile (mt, j) of X W^T over all of K.
+template <int T, class C>
+__device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, int K, unsigned char* smem,
+                                              float (&acc)[C::MT][C::NT][4]) {
+    using R = GemmRaw<T>;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / C::WN, wn = warp % C::WN, g = lane >> 2, t = lane & 3;
+    unsigned char* Bs = smem;
+    half* As = reinterpret_cast<half*>(smem + GemmSmem<T, C>::B_BYTES);
+
+#pragma unroll
+    for (int i = 0; i < C::MT; i++)
+#pragma unroll
+        for (int j = 0; j < C::NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    // x: each thread loads the same APT (row, 4-float column) pieces of every 32-k step
+    // (as float offsets from x, -1 for rows past the tile's end: half the registers of pointers)
+    int aoff[C::APT];
+#pragma unroll
+    for (int i = 0; i < C::APT; i++) {
+        int idx = tid + C::THREADS * i, m = A.m0 + (idx >> 3);
+        aoff[i] = m < A.m_end ? (A.idx ? A.idx[m] : m) * A.stride + (idx & 7) * 4 : -1;
+    }
+    float4 areg[C::APT];
+    auto load_a = [&](int u) {
+#pragma unroll
+        for (int i = 0; i < C::APT; i++)
+            areg[i] = aoff[i] >= 0 ? *reinterpret_cast<const float4*>(A.x + aoff[i] + 32 * u)
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+    };
+    auto store_a = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < C::APT; i++) {
+            int idx = tid + C::THREADS * i;
+            uint2 v = make_uint2(rx_pack_h2(areg[i].x, areg[i].y), rx_pack_h2(areg[i].z, areg[i].w));
+            *reinterpret_cast<uint2*>(As + (buf * C::BM + (idx >> 3)) * 32 + (idx & 7) * 4) = v;
+        }
+    };
+    // weights: the rows this thread decodes (one per 8-row tile), by their address modulo 16
+    uint32_t boff[C::NT];
+#pragma unroll
+    for (int j = 0; j < C::NT; j++) boff[j] = (uint32_t)(uintptr_t)B.row(wn * C::NT * 8 + j * 8 + g) & 15u;
+    auto copy_b = [&](int s, int buf) {
+        int kv = min(R::KB, K - s * R::KB);
+        int sbytes = kv / R::QK * rx_qbytes(T);
+        for (int c = tid; c < C::BN * R::CPR; c += C::THREADS) {
+            int v = c / R::CPR, ch = c % R::CPR;
+            const uint8_t* rp = B.row(v);
+            if (!rp) continue;
+            const uint8_t* lo = rp + (long)s * R::SB;
+            const uint8_t* src = reinterpret_cast<const uint8_t*>((uintptr_t)lo & ~(uintptr_t)15) + 16 * ch;
+            long left = lo + sbytes - src;
+            if (left > 0) rx_cp16(Bs + (buf * C::BN + v) * R::SLOT + 16 * ch, src, left < 16 ? (int)left : 16);
+        }
+    };
+
+    // a warp whose 16-row tiles all lie past the tile's last token (a half-full expert tile, the
+    // prompt's last tile) skips its decoding and math; it still loads and stores its share of x
+    const bool live = A.m0 + wm * C::MT * 16 < A.m_end;
+    const int n_stage = (K + R::KB - 1) / R::KB, n_u = K / 32;
+    copy_b(0, 0);
+    rx_cp_commit();
+    load_a(0);
+    store_a(0);
+    int u = 0;
+    for (int s = 0; s < n_stage; s++) {
+        rx_cp_wait<0>();  // this thread's copies of stage s landed
+        __syncthreads();  // everyone's did; stage s - 1's buffers are no longer read
+        if (s + 1 < n_stage) copy_b(s + 1, (s + 1) & 1);
+        rx_cp_commit();
+        const int nq = min(R::KB, K - s * R::KB) / 32;
+        const unsigned char* bstage = Bs + (s & 1) * C::BN * R::SLOT;
+        for (int q = 0; q < nq; q++, u++) {
+            if (u + 1 < n_u) load_a(u + 1);
+            const half* a_s = As + (u & 1) * C::BM * 32;
+            uint32_t b[C::NT][4];
+#pragma unroll
+            for (int j = 0; j < C::NT; j++) {
+                const unsigned char* rowp = bstage + (wn * C::NT * 8 + j * 8 + g) * R::SLOT;
+                if (live) gemm_dequant8<T>(rowp + ((boff[j] + (uint32_t)(s * R::SB)) & 15u), q * 4 + t, b[j]);
+            }
+#pragma unroll
+            for (int i = 0; i < C::MT && live; i++) {
+                int row = wm * C::MT * 16 + i * 16 + g;
+                uint4 lo = *reinterpret_cast<const uint4*>(a_s + row * 32 + t * 8);
+                uint4 hi = *reinterpret_cast<const uint4*>(a_s + (row + 8) * 32 + t * 8);
+#pragma unroll
+                for (int j = 0; j < C::NT; j++) {
+                    rx_mma(acc[i][j], lo.x, hi.x, lo.y, hi.y, b[j][0], b[j][1]);
+                    rx_mma(acc[i][j], lo.z, hi.z, lo.w, hi.w, b[j][2], b[j][3]);
+                }
+            }
+            // into the buffer step u - 1 read: every warp finished that step before the barrier
+            // ahead of this one (here, or at the stage start)
+            if (u + 1 < n_u) store_a((u + 1) & 1);
+            if (q + 1 < nq) __syncthreads();
+        }
+    }
+}
+
+// Visit the warp's accumulators: f(m, n, v0, v1) for tile row m and tile columns n, n + 1.
+template <class C, class F>
+__device__ __forceinline__ void gemm_for_each(const float (&acc)[C::MT][C::NT][4], F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp / C::WN, wn = warp % C::WN, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < C::MT; i++)
+#pragma unroll
+        for (int j = 0; j < C::NT; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                f(wm * C::MT * 16 + i * 16 + g + 8 * h, wn * C::NT * 8 + j * 8 + 2 * t, acc[i][j][2 * h],
+                  acc[i][j][2 * h + 1]);
+}
+
+// Gate/up pairs: f(m, c, act(gate) * up) for output column c (tile-relative, of BN / 2).
+template <class C, class F>
+__device__ __forceinline__ void gemm_for_each_glu(const float (&acc)[C::MT][C::NT][4], int act, F f) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp / C::WN, wn = warp % C::WN, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < C::MT; i++)
+#pragma unroll
+        for (int j = 0; j < C::NT; j += 2)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                int m = wm * C::MT * 16 + i * 16 + g + 8 * (c >> 1);
+                int col = (wn * C::NT / 2 + j / 2) * 8 + 2 * t + (c & 1);
+                f(m, col, rx_act(acc[i][j][c], act) * acc[i][j + 1][c]);
+            }
+}
+
+struct GemmSegs {  // up to three matrices of one type and K; outputs of rows[s] floats per token
+    const uint8_t* w[3];
+    float* y[3];
+    int rows[3];
+    int tile_end[3];  // cumulative row tiles (BN) of segments 0..s
+};
+
+template <int T, class C>
+__device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, const float* x, int x_stride, int K,
+                                           int n_tok, int accumulate) {
+#if RX_SM80
+    extern __shared__ __align__(16) unsigned char rx_smem[];
+    // the block's segment, by selects (indexing a parameter array would copy it to local memory)
+    int bx = blockIdx.x, s1 = bx >= sg.tile_end[0], s2 = bx >= sg.tile_end[1];
+    int n0 = (bx - (s2 ? sg.tile_end[1] : s1 ? sg.tile_end[0] : 0)) * C::BN, m0 = blockIdx.y * C::BM;
+    int rows = s2 ? sg.rows[2] : s1 ? sg.rows[1] : sg.rows[0];
+    float* y = s2 ? sg.y[2] : s1 ? sg.y[1] : sg.y[0];
+    const uint8_t* w = s2 ? sg.w[2] : s1 ? sg.w[1] : sg.w[0];
+    float acc[C::MT][C::NT][4];
+    gemm_mainloop<T, C>(GemmA{x, x_stride, nullptr, m0, n_tok}, GemmB{w, nullptr, row_bytes, n0, rows, false}, K,
+                        rx_smem, acc);
+    bool pairs = (rows & 1) == 0;  // float2 stores stay 8-byte aligned
+    gemm_for_each<C>(acc, [&](int m, int n, float v0, float v1) {
+        int tk = m0 + m, r = n0 + n;
+        if (tk >= n_tok || r >= rows) return;
+        float* dst = y + (long)tk * rows + r;
+        if (pairs) {  // rows even: r + 1 < rows too
+            float2 o = make_float2(v0, v1);
+            if (accumulate) {
+                float2 a = *reinterpret_cast<float2*>(dst);
+                o.x += a.x, o.y += a.y;
+            }
+            *reinterpret_cast<float2*>(dst) = o;
+            return;
+        }
+        dst[0] = accumulate ? dst[0] + v0 : v0;
+        if (r + 1 < rows) dst[1] = accumulate ? dst[1] + v1 : v1;
+    });
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+#endif
+}
+
+template <int T, class C>
+__device__ __forceinline__ void gemm_glu_dense(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x,
+                                               int x_stride, float* out, int n_ff, int K, int n_tok, int act) {
+#if RX_SM80
+    extern __shared__ __align__(16) unsigned char rx_smem[];
+    int n0 = blockIdx.x * (C::BN / 2), m0 = blockIdx.y * C::BM;
+    float acc[C::MT][C::NT][4];
+    gemm_mainloop<T, C>(GemmA{x, x_stride, nullptr, m0, n_tok}, GemmB{Wg, Wu, row_bytes, n0, n_ff, true}, K, rx_smem,
+                        acc);
+    gemm_for_each_glu<C>(acc, act, [&](int m, int c, float v) {
+        if (m0 + m < n_tok && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
+    });
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+#endif
+}
+
+#define RX_GEMM(name, T)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(GemmL::THREADS, GemmL::MIN_BLOCKS) reflex_gemm_##name##_l(        \
+        GemmSegs segs, long row_bytes, const float* x, int x_stride, int K, int n_tok, int accumulate) {          \
+        rx_pdl_begin();                                                                                            \
+        gemm_dense<T, GemmL>(segs, row_bytes, x, x_stride, K, n_tok, accumulate);                                  \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GemmS::THREADS, GemmS::MIN_BLOCKS) reflex_gemm_##name##_s(        \
+        GemmSegs segs, long row_bytes, const float* x, int x_stride, int K, int n_tok, int accumulate) {          \
+        rx_pdl_begin();                                                                                            \
+        gemm_dense<T, GemmS>(segs, row_bytes, x, x_stride, K, n_tok, accumulate);                                  \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GemmL::THREADS, GemmL::MIN_BLOCKS) reflex_gemm_glu_##name##_l(    \
+        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride, float* out, int n_ff,  \
+        int K, int n_tok, int act) {                                                                               \
+        rx_pdl_begin();                                                                                            \
+        gemm_glu_dense<T, GemmL>(Wg, Wu, row_bytes, x, x_stride, out, n_ff, K, n_tok, act);                        \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GemmS::THREADS, GemmS::MIN_BLOCKS) reflex_gemm_glu_##name##_s(    \
+        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, const float* x, int x_stride, float* out, int n_ff,  \
+        int K, int n_tok, int act) {                                                                               \
+        rx_pdl_begin();                                                                                            \
+        gemm_glu_dense<T, GemmS>(Wg, Wu, row_bytes, x, x_stride, out, n_ff, K, n_tok, act);                        \
+    }
+
+RX_FOR_EACH_TYPE(RX_GEMM)
+
+// -- routed experts --------------------------------------------------------------------------------
+
+using GemmMoe = GemmS;  // 64-pair tiles: reflex_moe_group is given the same size by the host
+
+template <int T>
+__device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes,
+                                             const int* counts, const int* offsets, const int* tile_e,
+                                             const int* tile_m0, const int* n_tiles, const int* pair_tok,
+                                             const float* x, int x_stride, float* out, int n_ff, int K, int act) {
+#if RX_SM80
+    using C = GemmMoe;
+    extern __shared__ __align__(16) unsigned char rx_smem[];
+    int tile = blockIdx.y;
+    if (tile >= *n_tiles) return;
+    int e = tile_e[tile], off = offsets[e];
+    int m0 = off + tile_m0[tile], m_end = off + counts[e], n0 = blockIdx.x * (C::BN / 2);
+    float acc[C::MT][C::NT][4];
+    gemm_mainloop<T, C>(GemmA{x, x_stride, pair_tok, m0, m_end},
+                        GemmB{Wg + e * expert_bytes, Wu + e * expert_bytes, row_bytes, n0, n_ff, true}, K, rx_smem, acc);
+    gemm_for_each_glu<C>(acc, act, [&](int m, int c, float v) {
+        if (m0 + m < m_end && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
+    });
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+#endif
+}
+
+template <int T>
+__device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes, long expert_bytes, const int* counts,
+                                              const int* offsets, const int* tile_e, const int* tile_m0,
+                                              const int* n_tiles, const int* pair_id, const float* act, int K,
+                                              const float* wts, int k, float* ybuf, float* x, int n_embd,
+                                              int* counters) {
+#if RX_SM80
+    using C = GemmMoe;
+    extern __shared__ __align__(16) unsigned char rx_smem[];
+    __shared__ int done_tok[C::BM];
+    __shared__ int n_done;
+    int tile = blockIdx.y;
+    if (tile >= *n_tiles) return;
+    int e = tile_e[tile], off = offsets[e];
+    int m0 = off + tile_m0[tile], m_end = off + counts[e], n0 = blockIdx.x * C::BN;
+    float acc[C::MT][C::NT][4];
+    gemm_mainloop<T, C>(GemmA{act, K, nullptr, m0, m_end}, GemmB{Wd + e * expert_bytes, nullptr, row_bytes, n0, n_embd, false},
+                        K, rx_smem, acc);
+    gemm_for_each<C>(acc, [&](int m, int n, float v0, float v1) {
+        if (m0 + m >= m_end || n0 + n >= n_embd) return;
+        int p = pair_id[m0 + m];
+        float w = wts[p];
+        float* dst = ybuf + (long)p * n_embd + n0 + n;
+        dst[0] = w * v0;
+        if (n0 + n + 1 < n_embd) dst[1] = w * v1;
+    });
+    // Count this tile's pairs done for their tokens (this column tile); the block that brings a
+    // token to k adds the token's k rows, in slot order, to x.
+    if (threadIdx.x == 0) n_done = 0;
+    __threadfence();  // our ybuf rows are visible device-wide before we count them
+    __syncthreads();
+    for (int m = threadIdx.x; m < C::BM && m0 + m < m_end; m += C::THREADS) {
+        int tok = pair_id[m0 + m] / k;
+        if (atomicAdd(&counters[(long)tok * gridDim.x + blockIdx.x], 1) == k - 1) done_tok[atomicAdd(&n_done, 1)] = tok;
+    }
+    __syncthreads();
+    if (n_done == 0) return;
+    __threadfence();
+    int cols = min(C::BN, n_embd - n0);
+    for (int i = threadIdx.x; i < n_done * cols; i += C::THREADS) {
+        int tok = done_tok[i / cols], c = n0 + i % cols;
+        const float* src = ybuf + (long)tok * k * n_embd + c;
+        float s = 0.f;
+        for (int sl = 0; sl < k; sl++) s += __ldcg(src + (long)sl * n_embd);
+        x[(long)tok * n_embd + c] += s;
+    }
+    for (int i = threadIdx.x; i < n_done; i += C::THREADS) counters[(long)done_tok[i] * gridDim.x + blockIdx.x] = 0;
+#else
+    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+#endif
+}
+
+#define RX_MOE_GEMM(name, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GemmMoe::THREADS, GemmMoe::MIN_BLOCKS) reflex_moe_gemm_glu_##name( \
+        const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* counts,                \
+        const int* offsets, const int* tile_e, const int* tile_m0, const int* n_tiles, const int* pair_tok,       \
+        const float* x, int x_stride, float* out, int n_ff, int K, int act) {                                      \
+        rx_pdl_begin();                                                                                            \
+        moe_gemm_glu<T>(Wg, Wu, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_tok, x,   \
+                        x_stride, out, n_ff, K, act);                                                              \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GemmMoe::THREADS, GemmMoe::MIN_BLOCKS) reflex_moe_gemm_down_##name( \
+        const uint8_t* Wd, long row_bytes, long expert_bytes, const int* counts, const int* offsets,               \
+        const int* tile_e, const int* tile_m0, const int* n_tiles, const int* pair_id, const float* act, int K,     \
+        const float* wts, int k, float* ybuf, float* x, int n_embd, int* counters) {                               \
+        rx_pdl_begin();                                                                                            \
+        moe_gemm_down<T>(Wd, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_id, act, K,  \
+                         wts, k, ybuf, x, n_embd, counters);                                                       \
+    }
+
+RX_FOR_EACH_TYPE(RX_MOE_GEMM)

@@ -1,0 +1,112 @@
+// moe_decode.cu: the routed-expert FFN of one decode token, three launches per layer, each block's
+// weights staged into shared memory (stage.cuh) and applied from there (mvs.cu's pieces):
+//
+//   reflex_moe_router_*   logits = W_router x' (x' = RMS-normalized x), then the last block to
+//                         finish takes the softmax top-k (moe_topk_row) and writes ids, weights
+//   reflex_mvs_glu_* (mvs.cu) with ids: act[s] = act(gate_e x') * (up_e x') for slot s, e = ids[s],
+//                         grid (ceil(n_ff / rb), k): each routed expert's rows are read once
+//   reflex_moe_mvs_down_* x[r] += sum_s w[s] * down_e act[s]  (slot order: deterministic)
+//                         grid ceil(n_embd / rb): a block holds rows r0.. of all k experts
+//
+// Early reads (common.cuh, rx_pdl_weights_first): the router stages its weights before it waits.
+// The down kernel, with `early`, reads ids / weights and stages the routed experts' rows before it
+// waits: the top-k that wrote them is two launches back (router -> gate/up -> down), and a kernel
+// is only launched once its predecessor has passed its own wait, i.e. once everything before the
+// predecessor has finished. The gate/up kernel needs ids from its predecessor: it stages after.
+// Launch: 256 threads; rb, wpr and dynamic smem from gpu/launch.py (Launcher._mvs_plan).
+// Bound by the routed experts' bytes: k * 3 * n_ff * n_embd weights per token.
+// Included by all.cu after moe.cu and mvs.cu, whose pieces it uses.
+
+// Router logits for the block's rb experts; the last block to finish picks the top k.
+template <int T>
+__device__ void moe_router_body(const uint8_t* W, long row_bytes, const float* x, const float* norm_w, float eps,
+                                float* logits, int n_expert, int K, int rb, int wpr, int k, int normalize, int* ids,
+                                float* weights, int* counter) {
+    __shared__ float scratch[MVS_WARPS];
+    __shared__ int is_last;
+    int r0 = blockIdx.x * rb, n = min(rb, n_expert - r0);
+    long span = rx_stage_bytes((long)rb * row_bytes);
+    const uint8_t* srow = rx_stage(rx_dyn_smem, W + (long)r0 * row_bytes, (long)n * row_bytes);
+    rx_cp_commit();
+    constexpr int RL = MvsRun<T>::RL;
+    int part = (threadIdx.x >> 5) % wpr;
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
+    rx_cp_wait_all();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
+    mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) logits[r0 + i] = mvs_total(red, i, wpr);
+    __threadfence();  // our logits are visible before this block counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    moe_topk_row(logits, n_expert, k, normalize, ids, weights);
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next layer and replay
+}
+
+// Stage rows r0 .. r0 + n of each slot's expert, range s at smem + s * span.
+__device__ __forceinline__ void moe_stage_down(const uint8_t* Wd, long row_bytes, long expert_bytes, const int* ids,
+                                               int k, int r0, int n, long span) {
+    for (int s = 0; s < k; s++)
+        rx_stage(rx_dyn_smem + s * span, Wd + (long)ids[s] * expert_bytes + (long)r0 * row_bytes, (long)n * row_bytes);
+    rx_cp_commit();
+}
+
+template <int T>
+__device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert_bytes, const int* ids,
+                                  const float* wts, int k, const float* act, float* x, int n_embd, int K, int rb,
+                                  int wpr, int early) {
+    int r0 = blockIdx.x * rb, n = min(rb, n_embd - r0);
+    long span = rx_stage_bytes((long)rb * row_bytes);
+    if (early) moe_stage_down(Wd, row_bytes, expert_bytes, ids, k, r0, n, span);
+    rx_pdl_begin();
+    if (!early) moe_stage_down(Wd, row_bytes, expert_bytes, ids, k, r0, n, span);
+    float prev = (int)threadIdx.x < n ? x[r0 + threadIdx.x] : 0.f;  // the residual, issued now, used last
+    // every slot's activations (the predecessor's output) in one staged run after the experts
+    const float* acts = reinterpret_cast<const float*>(
+        rx_stage(rx_dyn_smem + k * span, reinterpret_cast<const uint8_t*>(act), (long)k * K * 4));
+    rx_cp_commit();
+    rx_cp_wait_all();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + k * span + rx_stage_bytes((long)k * K * 4));
+    int part = (threadIdx.x >> 5) % wpr;
+    for (int s = 0; s < k; s++) {
+        float xr[MVS_NX][8], xsum[MVS_NX];
+        mvs_load_x_plain<MvsRun<T>::RL>(acts + (long)s * K, K, part, wpr, xr, xsum);
+        long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
+        const uint8_t* srow = rx_dyn_smem + s * span + ((reinterpret_cast<uintptr_t>(Wd) + off) & 15);
+        mvs_range<T>(srow, row_bytes, n, xr, xsum, K >> 3, wpr, red, 0, s > 0, wts[s]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) x[r0 + i] = (i == (int)threadIdx.x ? prev : x[r0 + i]) + mvs_total(red, i, wpr);
+}
+
+#define RX_MOE_ROUTER(name, T)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_moe_router_##name(                         \
+        const uint8_t* W, long row_bytes, const float* x, const float* norm_w, float eps, float* logits,            \
+        int n_expert, int K, int rb, int wpr, int k, int normalize, int* ids, float* weights, int* counter) {       \
+        rx_pdl_weights_first();                                                                                     \
+        moe_router_body<T>(W, row_bytes, x, norm_w, eps, logits, n_expert, K, rb, wpr, k, normalize, ids, weights,  \
+                           counter);                                                                                \
+    }
+
+// Routers are stored as floats (ffn_gate_inp stays F32 in quantized files): no quantized copies.
+RX_MOE_ROUTER(f32, RX_F32)
+RX_MOE_ROUTER(f16, RX_F16)
+RX_MOE_ROUTER(bf16, RX_BF16)
+
+#define RX_MOE_DOWN(name, T)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_moe_mvs_down_##name(                       \
+        const uint8_t* Wd, long row_bytes, long expert_bytes, const int* ids, const float* wts, int k,              \
+        const float* act, float* x, int n_embd, int K, int rb, int wpr, int early) {                                \
+        rx_pdl_weights_first();                                                                                     \
+        moe_mvs_down_body<T>(Wd, row_bytes, expert_bytes, ids, wts, k, act, x, n_embd, K, rb, wpr, early);          \
+    }
+
+RX_FOR_EACH_TYPE(RX_MOE_DOWN)

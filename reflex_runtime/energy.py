@@ -1,0 +1,155 @@
+"""GPU energy from process start to a mark (the first token), from NVML's total-energy counter.
+
+NVML is read through ctypes: the `pynvml` module costs ~0.1 s of GIL-holding import that the cold
+path does not need. The counter (mJ since the driver loaded) does not move continuously: it steps
+on a fixed period (100 ms on an H200: 99.7-100.2 ms measured in five runs), and a read returns the
+value of the last step. Reading it often costs the cold path (polling every 10 ms while cuInit
+runs slowed cuInit several-fold on the H200), so it is read:
+  - once when NVML is up (time t_n, value V_n: the energy up to the step before t_n);
+  - once at the end mark (the first token: value V_e, up to the step before the mark);
+  - then every 5 ms until it steps (time t_s, value V_s), on a thread: at most one period.
+The step seen after the mark fixes the phase of the counter's grid, which dates V_n's step
+(tau_n, the last grid point <= t_n) and V_e's (tau_e = t_s - period). Then
+  measured   E(mark) - V_n over [tau_n, mark], E(mark) interpolated linearly over [tau_e, t_s];
+  estimated from process start to tau_n (NVML cannot be read earlier) at the idle power NVML
+             reported when it came up;
+and the record carries both parts, their spans and the power of the estimate. `window_energy` is
+that arithmetic, a pure function (tested with fake counters). A GPU without the counter has its
+power sampled at each mark instead (coldstart.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+NVML_PERIOD_S = 0.1  # the H200's energy counter period (measured: see the docstring)
+POLL_S = 0.005  # how often the counter is read while waiting for its step after the end mark
+
+
+class EnergyMeter:
+    """NVML's energy counter and power for one GPU, read at the window's two ends."""
+
+    def __init__(self, device_index: int = 0):
+        self.method: str | None = None  # "total_energy_counter" | "power_samples" | None
+        self.error: str | None = None
+        self.idle_watts: float | None = None
+        self._nvml = None
+        self._handle = None
+        self._device_index = device_index
+        self.start_read: tuple[float, int] | None = None  # (t_n, V_n)
+        self.end_reads: list[tuple[float, int]] = []  # (t, V) at the end mark, then the step after it
+        self._end_done = threading.Event()
+
+    # -- NVML -----------------------------------------------------------------------------
+
+    def start(self, clock, flags: int = 0) -> None:
+        """Load libnvidia-ml, open the device, read the idle power and the counter once."""
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            self.error = "NVML not available (libnvidia-ml.so.1 not found: no NVIDIA driver)"
+            return
+        rc = nvml.nvmlInitWithFlags(ctypes.c_uint(flags)) if flags else nvml.nvmlInit_v2()
+        if rc != 0:
+            self.error = f"nvmlInit failed (NVML error {rc})"
+            return
+        handle = ctypes.c_void_p()
+        rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(self._device_index), ctypes.byref(handle))
+        if rc != 0:
+            self.error = f"nvmlDeviceGetHandleByIndex({self._device_index}) failed (NVML error {rc})"
+            return
+        self._nvml, self._handle = nvml, handle
+        self._ready(clock)
+
+    def _ready(self, clock) -> None:
+        """NVML is open: idle power, which method, the first counter read."""
+        self.idle_watts = self.power_watts()
+        v = self.counter_mj()
+        if v is not None:
+            self.method = "total_energy_counter"
+            self.start_read = (clock(), v)
+        elif self.idle_watts is not None:
+            self.method = "power_samples"
+        else:
+            self.error = "NVML reports neither the energy counter nor power on this GPU"
+
+    def counter_mj(self) -> int | None:
+        value = ctypes.c_ulonglong()
+        if self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle, ctypes.byref(value)) != 0:
+            return None
+        return value.value
+
+    def power_watts(self) -> float | None:
+        if self._nvml is None:
+            return None
+        mw = ctypes.c_uint()
+        if self._nvml.nvmlDeviceGetPowerUsage(self._handle, ctypes.byref(mw)) != 0:
+            return None
+        return mw.value / 1000.0
+
+    # -- the end of the window --------------------------------------------------------------
+
+    def mark_end(self, clock, t_end: float, max_wait_s: float = 2.5 * NVML_PERIOD_S) -> None:
+        """At the end mark: read the counter now and, on a thread, again every POLL_S until it
+        steps (at most max_wait_s). Only the first call counts."""
+        if self.method != "total_energy_counter" or self.end_reads or self._end_done.is_set():
+            return
+        self.end_reads = [(t_end, self.counter_mj())]
+
+        def wait_step():
+            try:
+                first = self.end_reads[0][1]
+                deadline = clock() + max_wait_s
+                while clock() < deadline:
+                    time.sleep(POLL_S)
+                    v = self.counter_mj()
+                    if v is not None and v != first:
+                        self.end_reads.append((clock(), v))
+                        return
+            finally:
+                self._end_done.set()
+
+        threading.Thread(target=wait_step, name="reflex-energy", daemon=True).start()
+
+    def end_window(self, timeout: float = 3 * NVML_PERIOD_S) -> list[tuple[float, int]]:
+        """The end reads, once the step after the end mark was seen (or the wait gave up)."""
+        self._end_done.wait(timeout)
+        return list(self.end_reads)
+
+
+def window_energy(start: tuple[float, int] | None, end: list[tuple[float, int]], idle_watts: float | None,
+                  period: float = NVML_PERIOD_S, poll: float = POLL_S) -> dict:
+    """Joules from process start (t = 0) to the end mark, from the start read (t_n, V_n) and the
+    end reads [(t_end, V_e), (t_s, V_s)] (see the module docstring)."""
+    out = {"joules": None, "measured_joules": None, "measured_from_ms": None, "estimated_joules": None,
+           "estimated_span_ms": None, "estimated_watts": None, "estimated_from": None,
+           "counter_period_ms": round(period * 1000, 1), "end_interpolated_over_ms": None, "error": None}
+    if start is None:
+        out["error"] = "the energy counter was not read when NVML came up"
+        return out
+    if len(end) < 2:
+        out["error"] = "the energy counter did not step after the end of the window"
+        return out
+    (t_n, v_n), ((t_end, v_e), (t_s, v_s)) = start, end[:2]
+    step = t_s - poll / 2  # when the counter stepped: seen at most one poll after it did
+    tau_e = step - period  # the step whose value V_e holds
+    if t_n >= t_end or tau_e > t_end + poll:
+        out["error"] = "the counter reads around the window are out of order"
+        return out
+    tau_n = step - period * max(1, -(-(step - t_n) // period))  # the last grid point <= t_n
+    e_end = v_e + (v_s - v_e) * min(max((t_end - tau_e) / period, 0.0), 1.0)
+    t_from = max(tau_n, 0.0)
+    measured = (e_end - v_n) / 1000
+    if tau_n < 0:  # NVML read the counter less than a period after process start: prorate
+        measured *= (t_end - 0.0) / (t_end - tau_n)
+    estimated = (idle_watts or 0.0) * t_from
+    out.update(joules=round(measured + estimated, 3), measured_joules=round(measured, 3),
+               measured_from_ms=round(t_from * 1000, 3), estimated_joules=round(estimated, 3),
+               estimated_span_ms=round(t_from * 1000, 3), estimated_watts=idle_watts if t_from > 0 else None,
+               estimated_from="idle power at NVML start" if t_from > 0 else None,
+               end_interpolated_over_ms=round(period * 1000, 1))
+    if idle_watts is not None:
+        out["joules_above_idle"] = round(out["joules"] - idle_watts * t_end, 3)
+    return out

@@ -1,0 +1,116 @@
+"""Qwen3.5 (`qwen35`, `qwen35moe`) on the GPU (the layer diagram is in config.py):
+
+    x += mixer(norm(x))     Gated DeltaNet (blocks.DeltaNet) on recurrent layers, gated full
+                            attention (blocks.GatedAttention) on the others
+    x += ffn(norm(x))       SwiGLU (qwen35), or routed experts + gated shared expert (qwen35moe)
+Every block adds into the residual stream in its last kernel.
+
+The DeltaNet layers' conv and delta-rule states sit in one arena piece, `dn_state` (a "slot":
+every recurrent layer's states, laid out by plan()), which a new request (position 0) restarts
+from zero and a decode step updates in place, so the step stays one CUDA graph. system1 scores by
+forking (GpuModel.scoring): fork(n) copies the slot n times into a separate allocation, and a
+forward(seqs=n) runs sequence s on copy s.
+MTP (nextn) blocks a file may hold are never read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import tensor_names as T
+from ...gpu.blocks import Batch, FfnWeights, GatedFFN
+from ...gpu.model import MAX_SEQS, GpuModel
+from .blocks import DeltaNet, DeltaNetWeights, GatedAttention, SharedMoe, attn_weights
+
+
+@dataclass
+class Layer:
+    mixer: object  # DeltaNet or GatedAttention
+    ffn: object  # GatedFFN or SharedMoe
+    attn_norm: int = 0
+    ffn_norm: int = 0
+
+
+class Qwen35Gpu(GpuModel):
+    scoring = "fork"
+
+    def plan(self) -> None:
+        c, t = self.cfg, self.max_batch
+        recurrent = c.extra["recurrent_layers"]
+        moe = c.arch == "qwen35moe"
+        self.layers, slot = [], 0
+        for il in range(c.n_layers):
+            if recurrent[il]:
+                conv_bytes, ssm_bytes = DeltaNet.state_bytes(c)
+                mixer = DeltaNet(self, il, slot, slot + conv_bytes)
+                slot += conv_bytes + ssm_bytes
+            else:
+                mixer = GatedAttention(self, il, c.rope_theta)
+            ffn = SharedMoe(self, il) if moe else GatedFFN(self, c.n_ff, GatedFFN.SILU)
+            self.layers.append(Layer(mixer, ffn))
+        self.slot_bytes = slot
+        self.arena.reserve("dn_state", slot)
+        self._forks = (0, 0)  # (device pointer, slots) of the forked state copies
+        if any(recurrent):
+            self.need(DeltaNet.buffers(c, t))
+        if not all(recurrent):
+            self.need(GatedAttention.buffers(c, t))
+        self.need(SharedMoe.buffers(c, t) if moe else GatedFFN.buffers(t, c.n_ff))
+
+    def bind_weights(self) -> None:
+        r, c = self.tensors, self.cfg
+        for il, ly in enumerate(self.layers):
+            ly.attn_norm, ly.ffn_norm = r.vector(T.blk(il, T.ATTN_NORM)), r.vector(T.blk(il, T.POST_ATTN_NORM))
+            if isinstance(ly.mixer, DeltaNet):
+                ly.mixer.bind(self, DeltaNetWeights.read(r, il))
+            else:
+                ly.mixer.bind(self, attn_weights(r, il, c))
+            if isinstance(ly.ffn, SharedMoe):
+                ly.ffn.bind(self, il)
+            else:
+                ly.ffn.bind(self, FfnWeights.read(r, il))
+
+    def layer(self, il: int, b: Batch) -> None:
+        ly, r = self.layers[il], self.res
+        ly.mixer(b, r.normed(b, ly.attn_norm), r.x, accumulate=True)
+        r.added()
+        ly.ffn(b, r.normed(b, ly.ffn_norm), r.x, accumulate=True)
+        r.added()
+
+    # -- recurrent state ------------------------------------------------------------------------
+
+    def state_of(self, b: Batch) -> tuple[int, int]:
+        """(slot 0's device pointer, bytes between slots) of the state this batch continues."""
+        if b.forked:
+            return self._forks[0], self.slot_bytes
+        return self.p("dn_state"), 0
+
+    def fork(self, n_seq: int) -> None:
+        dev, s = self.launch.dev, self.launch.stream
+        ptr, have = self._forks
+        if have < n_seq:
+            if ptr:
+                dev.sync(s)  # earlier passes may still read the old copies
+                dev.free(ptr)
+            ptr = dev.alloc(max(n_seq * self.slot_bytes, 4))
+            self._forks = (ptr, n_seq)
+        for k in range(n_seq if self.slot_bytes else 0):
+            dev.dtod(ptr + k * self.slot_bytes, self.p("dn_state"), self.slot_bytes, s)
+
+    def max_forks(self) -> int:
+        """Sequences per forked pass: up to half the free device memory for their state copies."""
+        if not self.slot_bytes:
+            return MAX_SEQS
+        free, _ = self.launch.dev.mem_info()
+        return max(1, min(MAX_SEQS, free // 2 // self.slot_bytes))
+
+    # -- for decode_bytes_per_token ---------------------------------------------------------------
+
+    def unread_bytes_per_token(self) -> int:
+        """Experts the router skips, and the MTP blocks (blk.n_layers and up)."""
+        unread = sum(ly.ffn.unread_bytes() for ly in self.layers if isinstance(ly.ffn, SharedMoe))
+        for name, ti in self.gguf.tensors.items():
+            if name.startswith("blk.") and int(name.split(".")[1]) >= self.cfg.n_layers:
+                unread += ti.nbytes
+        return unread
+

@@ -1,0 +1,161 @@
+"""Multi-head latent attention (DeepSeek-V2/V3 MLA, kernels/mla.cu) over a latent KV cache.
+
+Per token the cache keeps only [c (kv_lora_rank) | k_pe (qk_rope)] in f16, one row shared by
+every head (the layer diagram is in families/deepseek2/config.py). Every batch runs the absorbed
+form (the first version: prefill included; the expanded form, K/V decompressed per head for long
+prompts, is not written yet):
+
+    q      attn_q x', or attn_q_b rmsnorm(attn_q_a x')       (q_a and kv_a share one launch)
+    kv     attn_kv_a_mqa x' = [c | k_pe]
+    rope   q_pe -> qm[:, :, r:]; rmsnorm(c), rope(k_pe) -> the cache slot         1 launch
+    absorb qm[:, :, :r] = W_k[h]^T q_nope per head                                1 launch
+    attend att = softmax(qm . cache rows * kq_scale) . c per head                 1 launch
+    up     o = W_v[h] att per head                                                1 launch
+    out    x += attn_output o                                                     1 launch
+
+W_k and W_v are read in place: split files store attn_k_b (per head W_k^T, rows of qk_nope)
+and attn_v_b (per head W_v, rows of kv_lora_rank); legacy files one attn_kv_b with rows per head
+[W_k | W_v] (rows of kv_lora_rank), whose W_k side runs the transposed kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .. import tensor_names as T
+from .blocks import Batch, Input, TensorReader
+from .launch import MLA_HEADS, MLA_MAX_PAIRS, MLA_SPLITS_DECODE, MlaRope, Weight
+
+
+@dataclass(frozen=True)
+class HeadMatrix:
+    """One matrix per head: head h's rows start at w.ptr + h * head_bytes; w.rows is per head."""
+
+    w: Weight
+    head_bytes: int
+
+
+@dataclass(frozen=True)
+class MlaWeights:
+    q: Weight | None  # attn_q (no q_lora)
+    q_a: Weight | None  # attn_q_a, attn_q_a_norm, attn_q_b (q_lora)
+    q_a_norm: int
+    q_b: Weight | None
+    kv_a: Weight  # attn_kv_a_mqa: kv_lora_rank + qk_rope rows
+    kv_a_norm: int
+    k_b: HeadMatrix  # split: W_k[h]^T (kv_lora_rank rows of qk_nope); legacy: W_k[h] (qk_nope rows of kv_lora_rank)
+    k_b_transposed: bool  # legacy layout: absorb with the transposed product
+    v_b: HeadMatrix  # W_v[h]: v_head_dim rows of kv_lora_rank
+    o: Weight
+
+    @classmethod
+    def read(cls, r: TensorReader, il: int, n_head: int, extra: dict) -> "MlaWeights":
+        nope, v = extra["qk_nope"], extra["v_head_dim"]
+        if extra["q_lora_rank"]:
+            q, q_a, q_b = None, r.matrix(T.blk(il, T.ATTN_Q_A)), r.matrix(T.blk(il, T.ATTN_Q_B))
+            q_a_norm = r.vector(T.blk(il, T.ATTN_Q_A_NORM))
+        else:
+            q, q_a, q_b, q_a_norm = r.matrix(T.blk(il, T.ATTN_Q)), None, None, 0
+        if extra["kv_b_split"]:
+            k_b, v_b = r.matrix(T.blk(il, T.ATTN_K_B)), r.matrix(T.blk(il, T.ATTN_V_B))
+            k_rows, v_rows = k_b.rows // n_head, v_b.rows // n_head
+            k_head = HeadMatrix(replace(k_b, rows=k_rows), k_rows * k_b.row_bytes)
+            v_head = HeadMatrix(replace(v_b, rows=v_rows), v_rows * v_b.row_bytes)
+            transposed = False
+        else:  # rows per head [W_k (qk_nope) | W_v (v_head_dim)], each of kv_lora_rank: views, no copy
+            kv = r.matrix(T.blk(il, T.ATTN_KV_B))
+            stride = (nope + v) * kv.row_bytes
+            k_head = HeadMatrix(replace(kv, rows=nope), stride)
+            v_head = HeadMatrix(replace(kv, ptr=kv.ptr + nope * kv.row_bytes, rows=v), stride)
+            transposed = True
+        return cls(q, q_a, q_a_norm, q_b, r.matrix(T.blk(il, T.ATTN_KV_A_MQA)), r.vector(T.blk(il, T.ATTN_KV_A_NORM)),
+                   k_head, transposed, v_head, r.matrix(T.blk(il, T.ATTN_OUT)))
+
+
+class LatentAttention:
+    """out (+)= Wo MLA(input) for one layer; its latent cache (n_ctx rows of kv_lora_rank + qk_rope
+    halves) is a piece of the arena."""
+
+    def __init__(self, model, il: int, rope_freqs: list[float]):
+        c, e = model.cfg, model.cfg.extra
+        self.cfg, self.il, self.n_ctx = c, il, model.n_ctx
+        self.r, self.rope, self.nope, self.v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
+        self.d = self.r + self.rope
+        self.q_lora = e["q_lora_rank"]
+        self.scale, self.attn_factor, self.eps = e["kq_scale"], e["rope_attn_factor"], c.rms_eps
+        self.tab = MlaRope.of(rope_freqs)
+        model.arena.reserve(f"mla{il}", model.n_ctx * self.d * 2)
+        self.w: MlaWeights | None = None
+
+    @staticmethod
+    def unsupported(c) -> str | None:
+        e = c.extra
+        r, rope, nope, v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
+        if r % 32 or r > 512:
+            return f"kv_lora_rank {r} is outside what the latent attention kernel handles (a multiple of 32, <= 512)"
+        if rope % 8 or rope > 2 * MLA_MAX_PAIRS:
+            return f"rope dimension {rope} is outside what the latent attention kernel handles (a multiple of 8, <= 128)"
+        if nope % 32 or v % 32 or e["q_lora_rank"] % 32:
+            return "qk_nope, v_head_dim and q_lora_rank must be multiples of 32"
+        return None
+
+    @staticmethod
+    def buffers(c, t: int) -> list[tuple[str, int]]:
+        e, H = c.extra, c.n_head
+        r, rope, nope, v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
+        groups = -(-H // MLA_HEADS)
+        return [("q", t * H * (nope + rope)), ("mla_qa", t * max(e["q_lora_rank"], 1)), ("mla_kv", t * (r + rope)),
+                ("mla_q", t * H * (r + rope)), ("mla_att", t * H * r), ("mla_o", t * H * v),
+                ("mla_part_o", H * MLA_SPLITS_DECODE * r), ("mla_part_ml", H * MLA_SPLITS_DECODE * 2),
+                # named like Attention's so GpuModel.bind zeroes them (n_head ints >= the head groups)
+                ("attn_counters", max(H, groups))]
+
+    def bind(self, model, weights: MlaWeights) -> None:
+        self.w, self.p, self.launch = weights, model.p, model.launch
+        self.cache = model.p(f"mla{self.il}")
+
+    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
+        c, L, p, w = self.cfg, self.launch, self.p, self.w
+        H, r, d, n = c.n_head, self.r, self.d, b.n
+        q, kv, qm, att, o = p("q"), p("mla_kv"), p("mla_q"), p("mla_att"), p("mla_o")
+        self._project(b, inp, q, kv)
+        with L.role("mla rope + latent cache store"):
+            L.mla_rope_store(q, qm, kv, w.kv_a_norm, b.pos, b.slot, self.cache, self.tab, self.attn_factor, n, H,
+                             self.nope, self.rope, r, self.eps)
+        qk = self.nope + self.rope
+        with L.role("mla q absorb (W_k)", w.k_b.w.nbytes * H):
+            if w.k_b_transposed:
+                L.mla_heads_t(w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H)
+            else:
+                L.mla_heads(w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H)
+        n_split = MLA_SPLITS_DECODE if n == 1 else 1
+        with L.role("mla attention"):
+            L.mla_attention(qm, self.cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
+                            p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split)
+        with L.role("mla v up (W_v)", w.v_b.w.nbytes * H):
+            L.mla_heads(w.v_b.w, w.v_b.head_bytes, att, H * r, r, o, H * self.v, self.v, n, H)
+        with L.role("attn output", w.o.nbytes):
+            L.matmul(w.o, o, out, n, accumulate=accumulate)
+
+    def _project(self, b: Batch, inp: Input, q: int, kv: int) -> None:
+        """q (n x H(qk_nope + qk_rope)) and kv (n x (kv_lora_rank + qk_rope)) from the input; the
+        two input-side matrices share a launch when their types agree (small batches)."""
+        L, w, n = self.launch, self.w, b.n
+        first = w.q_a if self.q_lora else w.q
+        first_out = self.p("mla_qa") if self.q_lora else q
+        ws = (first, w.kv_a)
+        with L.role("mla q/kv_a", sum(x.nbytes for x in ws)):
+            if b.matvec and len({(x.type_name, x.k) for x in ws}) == 1:
+                L.matmul_segments(list(ws), inp.ptr, [first_out, kv], n, norm_w=inp.norm_w, eps=self.eps)
+            else:
+                for x, y in zip(ws, (first_out, kv)):
+                    L.matmul(x, inp.ptr, y, n, norm_w=inp.norm_w, eps=self.eps)
+        if not self.q_lora:
+            return
+        qa = self.p("mla_qa")
+        with L.role("mla q_b", w.q_b.nbytes):
+            if b.matvec:  # the q_a norm folds into the matrix-vector kernel
+                L.matmul(w.q_b, qa, q, n, norm_w=w.q_a_norm, eps=self.eps)
+            else:
+                L.rmsnorm(qa, w.q_a_norm, qa, n, self.q_lora, self.eps)  # in place: rows are reduced before written
+                L.matmul(w.q_b, qa, q, n)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Make .gpu/ on the development machine: what a run on the lent GPU machine (no network) needs
+# beside the working tree. Carry it with `carry: [".gpu", "reflex_runtime/_kernels"]` and run
+# `bash scripts/gpu_run.sh STEPS` there. Everything here is git-ignored and rebuilt on demand.
+#
+#   bash scripts/gpu_bundle.sh [--peers] [--old REV] [--skeleton GGUF]...
+#     --peers         llama.cpp's llama-bench/llama-simple/llama-quantize (41.5 MB of the 64 MiB a call may carry)
+#     --old REV       that commit's package and fatbin, to benchmark against in the same run
+#     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
+#     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm)
+# Always: the sm_90 fatbin of this tree, the wheels the GPU machine lacks, the pinned converter
+# (without its test vocabularies) and the real Qwen3 tokenizer (xz).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+SHARED=${SHARED:-../shared}
+B=.gpu
+mkdir -p $B
+grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info 2>/dev/null; echo "/.gpu/" >> "$(git rev-parse --git-path info/exclude)"; }
+
+python3 scripts/build_kernels.py --archs 90 | tail -1
+[ -d $B/whl ] || bash $SHARED/tools/gpu-wheels.sh $B/whl >/dev/null
+conv=$(python3 scripts/llama_cpp_sdist.py)
+rm -rf $B/converter && mkdir -p $B/converter
+(cd "$conv" && cp -r LICENSE convert_hf_to_gguf.py conversion gguf-py .complete "$OLDPWD/$B/converter/")
+[ -f $B/qwen3-tokenizer.tar.xz ] || tar cJf $B/qwen3-tokenizer.tar.xz -C $SHARED/data qwen3-tokenizer
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --peers) mkdir -p $B/peers && cp $SHARED/peers/llama.cpp-sm90.tar.xz $B/peers/ ;;
+    --old)
+      rev=$2; shift
+      rm -rf $B/old /tmp/reflex-old && git worktree add -f -q --detach /tmp/reflex-old "$rev"
+      python3 -c "import sys; sys.path.insert(0, 'scripts'); import build_kernels as b; \
+b.build('$B/old/_kernels', b.find_nvcc(), root='/tmp/reflex-old', only=[90])" | tail -1
+      cp -r /tmp/reflex-old/reflex_runtime $B/old/ && rm -rf $B/old/reflex_runtime/_kernels
+      echo "$rev" > $B/old/REV
+      git worktree remove --force /tmp/reflex-old ;;
+    --vocab) mkdir -p $B/converter/models && cp "$conv/models/ggml-vocab-$2.gguf" $B/converter/models/; shift ;;
+    --skeleton)
+      python3 scripts/gguf_skeleton.py take "$2" "$B/$(basename "$2" .gguf).skel" && xz -f -9 "$B/$(basename "$2" .gguf).skel"
+      shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+du -sh $B reflex_runtime/_kernels
+echo "tracked + untracked tree: $(git ls-files -co --exclude-standard | xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1) bytes"

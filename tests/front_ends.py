@@ -1,0 +1,187 @@
+"""Every front end over the same fake engine (tests/fake_engine.py), behind one small interface,
+so a test can send one input everywhere and compare what comes back.
+
+- `ServeFront`: `reflex serve` in this process, over real HTTP on 127.0.0.1.
+- `LinesFront`: the stdio/uds line loop (ipc.serve_lines) in this process.
+- `HandlerFront`: handlers/app.py imported fresh, fed Function URL events (`http`) or direct
+  invokes (`direct`).
+Each `send` returns an Outcome: the status, and for errors the kind, message, field and code,
+read from that transport's own error shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import http.client
+import importlib
+import io
+import json
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from reflex_runtime import ipc, serve
+from reflex_runtime.api.json_wire import dumps
+
+from fake_engine import make_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "test-key"
+CTX = SimpleNamespace(function_name="reflex-fn", memory_limit_in_mb=3008, aws_request_id="req-1",
+                      invoked_function_arn="arn:aws:lambda:us-east-1:123456789012:function:reflex-fn")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int
+    kind: str | None = None
+    message: str | None = None
+    field: str | None = None
+    code: str | None = None
+    body: object = None  # the success body (compared loosely), excluded from equality
+    headers: object = None
+
+    def same(self) -> tuple:
+        return (self.status, self.kind, self.message, self.field, self.code)
+
+
+def _from_http(status: int, body: dict | None, headers=None) -> Outcome:
+    if body and "error" in body:
+        e = body["error"]
+        return Outcome(status, e["type"], e["message"], e["param"], e["code"], headers=headers)
+    return Outcome(status, body=body, headers=headers)
+
+
+def _from_line(obj: dict) -> Outcome:
+    if "error" in obj:
+        e = obj["error"]
+        return Outcome(e["status"], e["type"], e["message"], e["field"], e["code"])
+    return Outcome(200, body=obj)
+
+
+class ServeFront:
+    name = "serve"
+
+    def __init__(self, engine=None, api_key=KEY, load_error: BaseException | None = None):
+        self.engine = engine or make_engine()
+
+        def load(args, timeline):
+            if load_error is not None:
+                raise load_error
+            return self.engine
+
+        args = SimpleNamespace(host="127.0.0.1", port=0, api_key=api_key, model=None, backend="cpu", ctx=None,
+                               stay_up=True)
+        self.srv = serve.start(args, None, load=load)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.srv.state.model.wait_settled(10)
+
+    def http(self, method: str, path: str, raw: bytes | None, credential: str | None) -> Outcome:
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        h = {"Content-Type": "application/json"}
+        if credential is not None:
+            h["Authorization"] = credential
+        c.request(method, path, body=raw, headers=h)
+        r = c.getresponse()
+        payload = r.read()
+        c.close()
+        body = json.loads(payload) if payload and r.getheader("Content-Type") == "application/json" else None
+        return _from_http(r.status, body, dict(r.getheaders()))
+
+    def close(self):
+        self.srv.shutdown()
+        serve.stop(self.srv)
+
+
+class LinesFront:
+    name = "stdio"
+
+    def __init__(self, engine=None, api_key=KEY):
+        self.engine, self.api_key = engine or make_engine(), api_key
+
+    def lines(self, raw: bytes) -> list[dict]:
+        """Every line answered to `raw`, through the same encoder the transports write with."""
+        out = []
+        ipc.serve_lines(self.engine, io.BytesIO(raw + b"\n").readline, lambda obj: out.append(json.loads(dumps(obj))),
+                        self.api_key)
+        return out
+
+    def line(self, raw: bytes) -> Outcome:
+        out = self.lines(raw)
+        assert len(out) >= 1, "no answer line"
+        return _from_line(out[-1])
+
+    def direct(self, obj: dict, credential: str | None) -> Outcome:
+        d = dict(obj)
+        if credential is not None:
+            d["authorization"] = credential
+        return self.line(json.dumps(d).encode())
+
+
+class HandlerFront:
+    name = "handler"
+
+    def __init__(self, monkeypatch, engine=None, api_key=KEY, load_error: BaseException | None = None, **env):
+        import reflex_runtime.loader
+
+        self.engine = engine or make_engine()
+
+        def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None):
+            if load_error is not None:
+                timeline.begin("open_model")
+                timeline.fail()
+                raise load_error
+            self.engine.timeline = timeline
+            timeline.no_energy("fake engine: no GPU")
+            return self.engine
+
+        for k in ("REFLEX_MODEL", "REFLEX_API_KEY", "REFLEX_CTX", "REFLEX_REQUEST_TIMEOUT"):
+            monkeypatch.delenv(k, raising=False)
+        if api_key:
+            monkeypatch.setenv("REFLEX_API_KEY", api_key)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr(reflex_runtime.loader, "load_engine", fake_load)
+        logging.Logger.manager.loggerDict.pop(os.environ.get("POWERTOOLS_SERVICE_NAME", "reflex"), None)
+        sys.modules.pop("handlers.app", None)
+        self.app = importlib.import_module("handlers.app")
+        self.template = json.loads((ROOT / "events" / "furl_chat.json").read_text())
+
+    def event(self, method: str, path: str, raw: bytes | None, credential: str | None) -> dict:
+        ev = copy.deepcopy(self.template)
+        ev["rawPath"] = ev["requestContext"]["http"]["path"] = path
+        ev["requestContext"]["http"]["method"] = method
+        if credential is not None:
+            ev["headers"]["authorization"] = credential
+        if raw is None:
+            ev.pop("body", None)
+        else:
+            try:
+                ev["body"], ev["isBase64Encoded"] = raw.decode("utf-8"), False
+            except UnicodeDecodeError:  # bytes that are not text travel as base64, as Lambda sends them
+                ev["body"], ev["isBase64Encoded"] = base64.b64encode(raw).decode(), True
+        return ev
+
+    def http(self, method: str, path: str, raw: bytes | None, credential: str | None) -> Outcome:
+        r = self.app.lambda_handler(self.event(method, path, raw, credential), CTX)
+        r["body"].encode("utf-8")  # what the Function URL / API Gateway must send on
+        ct = r["headers"].get("Content-Type")
+        return _from_http(r["statusCode"], json.loads(r["body"]) if ct == "application/json" else None, r["headers"])
+
+    def direct(self, obj: dict, credential: str | None) -> Outcome:
+        ev = dict(obj)
+        if credential is not None:
+            ev["authorization"] = credential
+        r = self.app.lambda_handler(ev, CTX)
+        json.dumps(r, ensure_ascii=False).encode("utf-8")  # the runtime serializes the result
+        status = r.pop("statusCode")
+        return _from_http(status, r)
+
+    def close(self):
+        sys.modules.pop("handlers.app", None)

@@ -1,0 +1,55 @@
+"""scripts/bench_coldstart.py's own logic, without a GPU: interleaving, the record-vs-external
+energy comparison, variants and usage errors."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import bench_coldstart as bc  # noqa: E402
+
+
+def test_interleaved_rounds_rotate_and_time_every_case(tmp_path):
+    order = tmp_path / "order.txt"
+    cases = [bc.Case(n, ["sh", "-c", f"echo {n} >> {order}; echo out"]) for n in ("a", "b", "c")]
+    summaries, diffs = bc.run_interleaved(cases, 3, None, None, 0.0)
+    assert [s["case"] for s in summaries] == ["a", "b", "c"]
+    assert all(s["runs"] == 3 and s["failures"] == 0 for s in summaries)
+    assert all(s["spawn_to_first_output_s"]["p50"] > 0 for s in summaries)
+    runs = order.read_text().split()
+    assert runs[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # after one untimed run each
+    assert set(diffs["minus_reference_first_output_ms"]) == {"b", "c"}
+
+
+def test_energy_agreement_uses_one_counter_step_or_20_percent():
+    class Clock:
+        step_j = 12.0
+
+    rows = [{"child_joules_process_start_to_first_token": a, "joules_to_first_output": b}
+            for a, b in ((50, 58), (52, 61), (49, 60))]
+    r = bc.energy_agreement(rows, Clock())
+    assert r["record_median_j"] == 50 and r["external_median_j"] == 60
+    assert r["bound_j"] == 12.0 and r["agree"]  # 10 J apart: within one 12 J step (20% would be 12 J too)
+    rows = [{"child_joules_process_start_to_first_token": 20, "joules_to_first_output": 60}]
+    assert not bc.energy_agreement(rows, Clock())["agree"]
+    assert bc.energy_agreement([{"child_joules_process_start_to_first_token": None, "joules_to_first_output": 60}],
+                               Clock()) is None
+
+
+def test_variants_and_long_prompts():
+    assert bc.parse_variant("late:REFLEX_NVML_START=after_context,REFLEX_NVML_FLAGS=2") == (
+        "late", {"REFLEX_NVML_START": "after_context", "REFLEX_NVML_FLAGS": "2"})
+    with pytest.raises(SystemExit):
+        bc.parse_variant("bad:PATH=/tmp")
+    words = bc.long_prompt(1000).split()
+    assert 800 <= len(words) <= 900
+
+
+def test_usage_errors_are_one_line():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_coldstart.py"), "--runs", "0", "--out", "/tmp/x"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--runs must be at least 1" in r.stderr and "Traceback" not in r.stderr
