@@ -26,8 +26,8 @@ from typing import Any, Iterable, Mapping
 from .errors import ModelFileError, RequestError, UnsupportedModelError
 from .gguf_file import printable
 from .merges import bpe_merge, spm_merge
-from .pretokenize import (ADD_BOS_DEFAULT, BYTE_CHARS, FROM_BYTE_CHARS, IGNORE_MERGES, PATTERNS, TO_BYTE_CHARS,
-                          SpecialTokens, ids_of_types, splitter)
+from .pretokenize import (ADD_BOS_DEFAULT, FROM_BYTE_CHARS, IGNORE_MERGES, PATTERNS, TO_BYTE_CHARS, SpecialTokens,
+                          ids_of_types, splitter)
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -163,14 +163,8 @@ class Tokenizer:
         return self
 
     def prepare(self) -> "Tokenizer":
-        """Build every lookup table now instead of on first encode. Safe to run in a thread.
-        Byte-level BPE vocabularies must hold all 256 byte symbols (real ones do; llama.cpp fails
-        on the first text that needs a missing one): ModelFileError otherwise."""
-        ids = self._ids()
-        if not self._is_spm:
-            missing = sum(1 for c in BYTE_CHARS if c not in ids)
-            if missing:
-                raise ModelFileError(f"GGUF byte-level BPE vocabulary lacks {missing} of the 256 byte tokens")
+        """Build every lookup table now instead of on first encode. Safe to run in a thread."""
+        self._ids()
         self._special_tokens(True)
         self._special_tokens(False)
         if not self._is_spm:

@@ -5,7 +5,7 @@ none), no case growing the process by RSS_GROWTH_LIMIT (512 MiB; its own peak RS
 resetting VmHWM before it) and an address-space limit that turns anything bigger into a
 failure, no memory left behind, every message valid UTF-8.
 
-Seeds: Qwen3 (Q4_K_M), Gemma 3, Qwen3-MoE, Qwen3.5 and DeepSeek-V3 (f32), each with its
+Seeds: Qwen3 (Q4_K_M), Gemma 3, Qwen3-MoE, Qwen3.5, DeepSeek-V3 and Llama (f32), each with its
 vocabulary cut to ~540 tokens so a case costs milliseconds, plus the untouched 151,936-token Qwen3
 file for the mutations that hit the big arrays. Two worker processes (this machine's cores)."""
 
@@ -26,8 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (seed name, make_fixtures arch, outtype): one K-quant file, the rest f32 (dequantizing costs
 # the accepted cases most of their time; other types come in through the retype mutations)
 SEEDS = [("qwen3", "qwen3", "q4_k_m"), ("gemma3", "gemma3", "f32"), ("qwen3moe", "qwen3moe", "f32"),
-         ("qwen35", "qwen35", "f32"), ("deepseek2", "deepseek_v3", "f32")]
-CASES_PER_SEED = 2000
+         ("qwen35", "qwen35", "f32"), ("deepseek2", "deepseek_v3", "f32"), ("llama", "llama", "f32")]
+CASES_PER_SEED = 1700
 FULL_VOCAB_CASES = 30
 WORKERS = 2
 VOCAB_KEEP = 512

@@ -206,7 +206,7 @@ def validate(config: "ModelConfig", gguf) -> "ModelConfig":
         (1 <= c.vocab_size, f"vocabulary of {c.vocab_size}"),
         (1 <= c.context_length <= MAX_INT, f"context length {c.context_length}"),
         (math.isfinite(c.rms_eps) and 0 < c.rms_eps <= 1, f"RMS norm epsilon {c.rms_eps!r}"),
-        (math.isfinite(c.rope_theta) and c.rope_theta > 0, f"rope base {c.rope_theta!r}"),
+        (math.isfinite(c.rope_theta) and c.rope_theta > 1, f"rope base {c.rope_theta!r} (need > 1)"),
     )
     for ok, what in checks:
         if not ok:

@@ -94,7 +94,7 @@ def config_from_gguf(gguf) -> ModelConfig:
         vocab_size=vocab,
         context_length=md.int("context_length", 4096, lo=1),
         rms_eps=md.float("attention.layer_norm_rms_epsilon", 1e-5, lo=0.0, hi=1.0, lo_open=True),
-        rope_theta=md.float("rope.freq_base", 10_000.0, lo=0.0, lo_open=True),
+        rope_theta=md.float("rope.freq_base", 10_000.0, lo=1.0, lo_open=True),
         rope_dim=rope_dim,
         tied_embeddings=T.OUTPUT not in gguf.tensors,
         extra={
