@@ -38,7 +38,8 @@ def _assert_close_bound(got, expect, bound, what):
                                                         (3, 64, 8, 96, "none"), (5, 32, 32, 160, "linear")])
 def test_mla_rope_and_latent_cache_store(gpu, n_head, nope, rope, r, scaling):
     from reflex_runtime.families.deepseek2.config import rope_frequencies
-    from reflex_runtime.families.deepseek2.reference import rope_pairs, rope_tables
+    from reflex_runtime.families.deepseek2.reference import rope_tables
+    from reflex_runtime.reference.layers import rope_pairs
     from reflex_runtime.gpu.launch import MlaRope
 
     rng = np.random.default_rng([n_head, nope, rope, r])

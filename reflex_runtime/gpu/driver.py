@@ -37,20 +37,19 @@ def check(result, call: str):
     return result[1] if len(result) == 2 else result[1:]
 
 
-DEFAULT_SHARED = 48 * 1024  # dynamic shared memory a kernel may take without opting in
-
-
 class Kernel:
     __slots__ = ("name", "func", "shared_limit")
 
     def __init__(self, name: str, func):
         self.name, self.func = name, func
-        self.shared_limit = DEFAULT_SHARED
+        # dynamic shared memory this kernel was allowed: none until asked (the default allowance is
+        # 48 KB minus the kernel's static shared memory, which a launch cannot see)
+        self.shared_limit = 0
 
     def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False) -> None:
         """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order.
-        shmem: dynamic shared memory bytes; above 48 KB the kernel is opted in once (up to the
-        device's Device.max_shared). pdl: launch as a programmatic dependent of the previous
+        shmem: dynamic shared memory bytes; the kernel's allowance is raised to it on first need
+        (up to the device's Device.max_shared). pdl: launch as a programmatic dependent of the previous
         kernel on the stream (sm_90+; the kernels wait for it in rx_pdl_begin). Used while
         capturing the decode graph only: building the launch config costs Python time an eager
         launch should not pay."""
