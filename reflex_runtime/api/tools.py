@@ -51,7 +51,9 @@ def check_tools(body: dict, engine) -> ToolPlan:
     if choice == "none":
         return ToolPlan(None, False)  # the model is not told about tools it may not call
     if choice == "required":
-        return ToolPlan(tools, True, _forced_grammar(tools, several=body.get("parallel_tool_calls") is not False))
+        # One call unless parallel calls are asked for explicitly: small models, once forced, tend
+        # to repeat the call until max_tokens (OpenAI's default for parallel_tool_calls is true).
+        return ToolPlan(tools, True, _forced_grammar(tools, several=body.get("parallel_tool_calls") is True))
     if (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
             and set(choice) <= {"type", "function"}):
         name = choice["function"].get("name")
