@@ -9,7 +9,7 @@ from reflex_runtime.api.fields import check_messages
 from reflex_runtime.engine import GenerateRequest
 from reflex_runtime.errors import RequestError
 
-from fake_engine import engine  # noqa: F401 (a fixture)
+from fake_engine import engine, make_engine  # noqa: F401 (engine is a fixture)
 
 
 # -- parse_generate -----------------------------------------------------------------------------
