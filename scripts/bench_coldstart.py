@@ -148,8 +148,12 @@ CHILD_TIMEOUT_S = 90  # a child still running after this is killed and counted a
 
 def run_once(cmd: list[str], clock: EnergyClock | None, env: dict) -> dict:
     start = clock.wait_tick() if clock else None  # spawn on a counter tick: E(t0) is known
+    # stderr to a file, not a pipe: llama.cpp writes more than a pipe holds (64 KB) to stderr while
+    # we read stdout, and a child blocked on a full stderr pipe never finishes (every llama-simple
+    # run of the 2026-12-01 GPU run hung here until the watchdog)
+    err_file = tempfile.TemporaryFile()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, env=env)
     watchdog = threading.Timer(CHILD_TIMEOUT_S, proc.kill)
     watchdog.start()
     first = None
@@ -165,10 +169,12 @@ def run_once(cmd: list[str], clock: EnergyClock | None, env: dict) -> dict:
             if clock:
                 threading.Thread(target=lambda: after_first.append(clock.wait_tick()), daemon=True).start()
         out += chunk
-    err = proc.stderr.read()
     proc.wait()
     t_exit = time.perf_counter()
     watchdog.cancel()
+    err_file.seek(0)
+    err = err_file.read()
+    err_file.close()
     row = {"rc": proc.returncode, "spawn_to_first_output_s": (first - t0) if first else None,
            "spawn_to_exit_s": t_exit - t0, "stdout_head": out[:80].decode(errors="replace"),
            "stderr_tail": err[-300:].decode(errors="replace")}

@@ -53,3 +53,11 @@ def test_usage_errors_are_one_line():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_coldstart.py"), "--runs", "0", "--out", "/tmp/x"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--runs must be at least 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_child_that_floods_stderr_does_not_hang_the_benchmark():
+    """llama.cpp writes more to stderr than a pipe holds while the benchmark reads stdout."""
+    flood = [sys.executable, "-c", "import sys; sys.stderr.write('x' * 400000); sys.stderr.flush(); print('out')"]
+    row = bc.run_once(flood, None, dict(os.environ))
+    assert row["rc"] == 0 and row["spawn_to_first_output_s"] is not None and row["spawn_to_exit_s"] < 30
+    assert row["stderr_tail"].endswith("x")

@@ -31,7 +31,8 @@ class _HostKernel:
 
 
 class _HostDevice:
-    sm_count, cc, max_shared = 132, (9, 0), 232448  # an H200's, for the launcher's choices
+    sm_count, cc = 132, (9, 0)  # an H200's, for the launcher's choices
+    max_shared, smem_per_sm = 232448, 233472  # opt-in shared memory per block, and per SM
 
     def __init__(self, lib):
         self.lib = lib

@@ -9,7 +9,7 @@ from reflex_runtime.api.fields import check_messages
 from reflex_runtime.engine import GenerateRequest
 from reflex_runtime.errors import RequestError
 
-from fake_engine import engine, make_engine  # noqa: F401 (engine: a fixture)
+from fake_engine import engine, make_engine  # noqa: F401 (engine is a fixture)
 
 
 # -- parse_generate -----------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_check_messages_normalizes():
     ([{"role": "user", "content": 3}], "messages[0].content"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content"),
     ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": [{}]}],
-     "messages[1].tool_calls[0]"),
+     "messages[1].tool_calls"),
 ])
 def test_check_messages_errors(msgs, field):
     with pytest.raises(RequestError) as ei:
