@@ -18,3 +18,4 @@
 #include "flash_attn.cu"
 #include "delta_net.cu"
 #include "gated.cu"
+#include "constrain.cu"

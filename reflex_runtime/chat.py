@@ -91,6 +91,29 @@ def render_chat(template: str | None, messages: Sequence[dict], add_generation_p
         _budget.steps = None
 
 
+# -- tools ------------------------------------------------------------------------------------
+
+_tool_formats: dict[str, str | None] = {}
+
+
+def tool_call_format(template: str | None) -> str | None:
+    """How a chat template lays out tools: "hermes" when it reads the `tools` variable and shows
+    calls as `<tool_call>{json}</tool_call>` (Qwen2.5/3, Hermes, and templates written after them);
+    None when it cannot describe tools to the model (it never reads `tools`: SmolLM2-135M's,
+    Gemma 3's, no template at all) or calls them in a format reflex does not parse."""
+    if template is None:
+        return None
+    if template not in _tool_formats:
+        from jinja2 import meta
+
+        try:
+            reads_tools = "tools" in meta.find_undeclared_variables(_jinja_environment().parse(template))
+        except Exception:  # a template that does not parse cannot render tools either
+            reads_tools = False
+        _tool_formats[template] = "hermes" if reads_tools and "<tool_call>" in template else None
+    return _tool_formats[template]
+
+
 # -- messages ---------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from typing import Iterator, Protocol
 
 from .coldstart import Timeline
 from .errors import RequestError
-from .sampling import SamplingParams
+from .sampling import MAX_TOP_LOGPROBS, Sampled, SamplingParams  # noqa: F401 (re-exported for runners' callers)
 
 
 # `--ctx` and REFLEX_CTX: the context a runner may allocate, in tokens.
@@ -76,12 +76,16 @@ class GenerateRequest:
     enable_thinking: bool | None = None
     ignore_eos: bool = False
     time_limit_s: float | None = None  # see Limits.request_timeout_s
+    logprobs: int | None = None  # None: none; k: each token's logprob and the k most likely (k <= 20)
+    grammar: object = None  # a grammar.Grammar the output must follow (structured output, forced tool calls)
+    tools: list[dict] | None = None  # rendered through the chat template (chat requests only)
 
 
 @dataclass
 class TextDelta:
     text: str
     token_id: int
+    logprobs: list[Sampled] | None = None  # the tokens this text came from (logprobs requests)
 
 
 @dataclass
@@ -97,8 +101,14 @@ class Runner(Protocol):
     name: str
     max_context: int
 
-    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, max_new: int, stop_ids: frozenset) -> Iterator[int]:
-        """Yield sampled ids; the first after prefill. Stops after a stop id or max_new ids."""
+    def generate_ids(self, prompt_ids: list[int], params: SamplingParams, max_new: int, stop_ids: frozenset,
+                     logprobs: int | None = None, constraint=None) -> Iterator[int | Sampled]:
+        """Yield sampled ids; the first after prefill. Stops after a stop id or max_new ids.
+        logprobs=k (0..MAX_TOP_LOGPROBS): yield Sampled instead, from the same logits the pick used.
+        constraint (grammar.Constraint): before each pick `constraint.fill_mask(ptr, nbytes)` writes
+        the allowed tokens' bitmask (False: none allowed, stop), the pick sees only those, and
+        `constraint.accept(id)` follows. Runners without these features may omit the keywords: the
+        engine passes them only when a request asks."""
 
     def score(self, prompt_ids: list[int], candidates: list[list[int]]) -> list[list[float]]:
         """log P(token | prompt, earlier candidate tokens) for every candidate token."""
@@ -153,24 +163,33 @@ class Engine:
                 f"in the plain {fallback_name(self.config.arch)} format and the reply is a continuation, not an "
                 f"answer; for chat, use an instruct model (e.g. --model smollm2)")
 
-    def render_messages(self, messages: list[dict], enable_thinking: bool | None = None) -> str:
+    @property
+    def tool_call_format(self) -> str | None:
+        """How this model's chat template describes tools and its output calls them ("hermes":
+        `<tool_call>{json}</tool_call>`), or None when the template cannot render tools."""
+        from .chat import tool_call_format
+
+        return tool_call_format(self._chat_template)
+
+    def render_messages(self, messages: list[dict], enable_thinking: bool | None = None,
+                        tools: list[dict] | None = None) -> str:
         from .chat import render_chat
 
         tok = self.tokenizer
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
         return render_chat(self._chat_template, messages, add_generation_prompt=True,
-                           enable_thinking=enable_thinking, bos_token=bos, eos_token=eos,
+                           enable_thinking=enable_thinking, tools=tools or None, bos_token=bos, eos_token=eos,
                            architecture=self.config.arch)
 
     def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
-                   chat: bool = False, enable_thinking: bool | None = None) -> list[int]:
+                   chat: bool = False, enable_thinking: bool | None = None, tools: list[dict] | None = None) -> list[int]:
         if messages is None and prompt is None:
             raise RequestError("a 'prompt' or 'messages' is required", field="prompt")
         if messages is None and chat:
             messages = [{"role": "user", "content": prompt}]
         if messages is not None:
-            text = self.render_messages(messages, enable_thinking)
+            text = self.render_messages(messages, enable_thinking, tools)
             tok = self.tokenizer
             bos_text = tok.decode([tok.bos_id]) if tok.bos_id is not None else None
             # Templates that write the BOS text themselves must not get a second BOS.
@@ -194,7 +213,8 @@ class Engine:
         assert 1 <= req.max_tokens <= self.limits.max_new_tokens, req.max_tokens
         stops = tuple(req.stop or ())
         t_req = time.perf_counter()
-        ids = prompt_ids if prompt_ids is not None else self.prompt_ids(req.prompt, req.messages, req.chat, req.enable_thinking)
+        ids = prompt_ids if prompt_ids is not None else self.prompt_ids(req.prompt, req.messages, req.chat,
+                                                                         req.enable_thinking, req.tools)
         if len(ids) + req.max_tokens > self.runner.max_context:
             raise RequestError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the context of {self.runner.max_context}",
@@ -216,9 +236,18 @@ class Engine:
         t_first = None
         deadline = t_req + req.time_limit_s if req.time_limit_s else None
         timed_out = False
-        gen = self.runner.generate_ids(ids, params, req.max_tokens, stop_ids)
+        extra, constraint = {}, None
+        if req.logprobs is not None:
+            extra["logprobs"] = req.logprobs
+        if req.grammar is not None:
+            constraint = req.grammar.constraint(self.tokenizer, self.config.vocab_size, stop_ids)
+            extra["constraint"] = constraint
+        lps: list[Sampled] = []  # logprobs of tokens whose text is not out yet
+        gen = self.runner.generate_ids(ids, params, req.max_tokens, stop_ids, **extra)
         try:
             for tok in gen:
+                if isinstance(tok, Sampled):
+                    sampled, tok = tok, tok.token_id
                 n_gen += 1
                 if t_first is None:
                     t_first = time.perf_counter()
@@ -229,6 +258,8 @@ class Engine:
                 if tok in stop_ids:
                     finish = "stop"
                     break
+                if req.logprobs is not None:
+                    lps.append(sampled)
                 pending += decoder.push(tok)
                 cut = _find_stop(pending, stops)
                 if cut is not None:
@@ -239,20 +270,27 @@ class Engine:
                 if emit:
                     pending = pending[len(emit):]
                     text_parts.append(emit)
-                    yield TextDelta(emit, tok)
+                    yield TextDelta(emit, tok, lps or None)
+                    lps = []
+                if constraint is not None and constraint.finished:
+                    finish = "stop"  # the grammar is complete: only a stop token could follow
+                    pending += decoder.flush()
+                    break
                 if deadline is not None and time.perf_counter() > deadline:
                     timed_out = True  # ends like max_tokens: finish "length"
                     break
         finally:
             gen.close()
+        if constraint is not None and constraint.error:
+            finish = "stop"  # the runner stopped: the grammar allowed nothing more
         if finish == "length":
             pending += decoder.flush()
             cut = _find_stop(pending, stops)
             if cut is not None:
                 pending, finish = pending[:cut], "stop"
-        if pending:
+        if pending or lps:
             text_parts.append(pending)
-            yield TextDelta(pending, -1)
+            yield TextDelta(pending, -1, lps or None)
         t_end = time.perf_counter()
         if tl:
             tl.mark("last_token")
@@ -260,6 +298,10 @@ class Engine:
         rec = self._record("generate", ids, n_gen, t_req, t_first, t_end, params, finish, tl)
         if timed_out:
             rec["time_limited"] = True
+        if constraint is not None:
+            rec["constrained"] = req.grammar.kind
+            if constraint.error:
+                rec["grammar_error"] = constraint.error
         if req.messages is not None or req.chat:
             self._chat_fields(rec)
         yield Finished(rec, "".join(text_parts), finish)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MASK64 = (1 << 64) - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs; the GPU kernel keeps this many
 
 
 @dataclass(frozen=True)
@@ -41,3 +42,15 @@ def uniform(seed: int, step: int) -> float:
     s = splitmix64(seed & MASK64)
     r = splitmix64(s ^ (step & MASK64))
     return (r >> 40) / 16777216.0
+
+
+@dataclass
+class Sampled:
+    """A generated token with what `logprobs` reports (Runner.generate_ids with logprobs=k): the
+    log-softmax of the model's logits (before temperature, filters or a grammar mask) for it,
+    and the k most likely tokens (larger first, lower id on ties)."""
+
+    token_id: int
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]

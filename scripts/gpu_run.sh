@@ -13,6 +13,7 @@
 #              baked-in default model, variants in COLD_VARIANTS, llama-simple when carried
 #   smol       the real SmolLM2-135M-Instruct Q4_1 (needs .smolA + .smolB): reflex check, reflex bench,
 #              llama-bench, and greedy --chat on the GPU
+#   structured decode tok/s plain, with logprobs, with a JSON schema, both (scripts/bench_structured.py, 0.6B Q8_0)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -148,6 +149,9 @@ if has smol && [ -d /tmp/wheels ]; then
     [ -n "${PEER:-}" ] && timeout 200 $PEER/llama-bench -m $S -p ${PEER_P:-16,128,512,2048} -n 128 -ngl 99 -o json \
       > "$W/llama-bench-smollm2.json" 2> "$W/llama-bench-smollm2.err"
   fi
+fi
+if has structured; then step structured
+  timeout 300 python3 scripts/bench_structured.py --model "$Q8" --out "$W/structured.json" 2>&1 | tee "$W/structured.log" | tail -8
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
 cp "$W"/coldstart/waterfall.png "$OUT"/ 2>/dev/null

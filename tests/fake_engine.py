@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from reflex_runtime.engine import Engine, Limits
+from reflex_runtime.sampling import Sampled
 
 BOS, EOS, OFFSET = 1, 2, 10
 REPLY = "Hello world! The quick brown fox."
@@ -59,7 +60,10 @@ class ScriptedRunner:
     def info(self):
         return {"device": "fake"}
 
-    def generate_ids(self, prompt_ids, params, max_new, stop_ids):
+    def generate_ids(self, prompt_ids, params, max_new, stop_ids, logprobs=None, constraint=None):
+        """logprobs: scripted values (token j gets -0.1 * (j % 5), its top list the token itself and
+        the ids after it); constraints are not followed (the reply is fixed)."""
+        assert constraint is None, "the scripted runner cannot follow a grammar"
         assert self.busy.acquire(blocking=False), "two generations ran at once"
         self.started += 1
         self.threads.add(threading.current_thread().name)
@@ -69,7 +73,12 @@ class ScriptedRunner:
                 if self.delay:
                     time.sleep(self.delay)
                 self.tokens += 1
-                yield tok
+                if logprobs is not None:
+                    lp = -0.1 * (step % 5)
+                    top = [tok] + [OFFSET + (tok + j) % 256 for j in range(1, logprobs)]
+                    yield Sampled(tok, lp, top[:logprobs], [lp - j for j in range(len(top[:logprobs]))])
+                else:
+                    yield tok
                 if tok in stop_ids:
                     return
         finally:
@@ -83,8 +92,15 @@ class ScriptedRunner:
 
 
 class FakeEngine(Engine):
-    def render_messages(self, messages, enable_thinking=None):
-        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+    tools_format = None  # "hermes": the fake template describes tools (tool requests are accepted)
+
+    @property
+    def tool_call_format(self):
+        return self.tools_format
+
+    def render_messages(self, messages, enable_thinking=None, tools=None):
+        head = f"<tools>{len(tools)}\n" if tools else ""
+        return head + "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
 
 def make_engine(reply: str = REPLY, delay: float = 0.0, max_context: int = 512, **limits) -> FakeEngine:

@@ -185,3 +185,23 @@ class HandlerFront:
 
     def close(self):
         sys.modules.pop("handlers.app", None)
+
+
+def sdk_over_handler(front: "HandlerFront", api_key: str = KEY, timeout: float = 600):
+    """The official openai client whose HTTP goes to handlers/app.py as Function URL events (an
+    httpx MockTransport: no socket), so SDK-level tests cover the handler as they cover serve."""
+    import openai
+
+    try:  # the SDK's HTTP library: httpx, renamed httpx2 in the openai 3.x line
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+
+    def handle(request):
+        ev = front.event(request.method, request.url.path, request.content or None, request.headers.get("authorization"))
+        r = front.app.lambda_handler(ev, CTX)
+        body = base64.b64decode(r["body"]) if r.get("isBase64Encoded") else r["body"].encode("utf-8")
+        return httpx.Response(r["statusCode"], headers=r.get("headers") or {}, content=body)
+
+    return openai.OpenAI(base_url="http://handler.invalid/v1", api_key=api_key, max_retries=0, timeout=timeout,
+                         http_client=httpx.Client(transport=httpx.MockTransport(handle)))

@@ -86,7 +86,7 @@ def test_check_messages_normalizes():
     ([{"role": "user", "content": 3}], "messages[0].content"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content"),
     ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": [{}]}],
-     "messages[1].tool_calls"),
+     "messages[1].tool_calls[0]"),
 ])
 def test_check_messages_errors(msgs, field):
     with pytest.raises(RequestError) as ei:

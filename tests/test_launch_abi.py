@@ -164,7 +164,14 @@ class FakeDevice:
         pass
 
     def end_capture(self, stream):
-        return None
+        return _FakeGraph()
+
+
+class _FakeGraph:
+    n_nodes = 0
+
+    def launch(self, stream):
+        pass
 
 
 def test_fake_device_has_the_whole_device_interface():
@@ -264,6 +271,13 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
     dec.launch.argmax(dec.p("logits"), cfg.vocab_size, dec.p("amax_v"), dec.p("amax_i"), ARGMAX_PARTS, st, 0)
     dec.launch.sample(dec.p("logits"), cfg.vocab_size, dec.p("sampling"), st, 0)
     dec.launch.logprob_rows(dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("o"), 3)
+    from reflex_runtime.gpu.constrained import STATS_PARTS, STATS_TOPK  # logprobs and grammar masks
+
+    part = dev.alloc(4 * STATS_PARTS * (2 + 2 * STATS_TOPK))
+    dec.launch.logit_stats(dec.p("logits"), cfg.vocab_size, 5, part, part + 4 * STATS_PARTS * (2 + STATS_TOPK),
+                           STATS_PARTS)
+    dec.launch.mask_logits(dec.p("logits"), dev.alloc(4 * (cfg.vocab_size + 31) // 32), cfg.vocab_size)
+    dec.launch.token_logit(dec.p("logits"), dec.p("tokens"), part)
     names = {n for n, _, _ in dev.launches}
     if arch.startswith("deepseek_"):  # latent attention and DeepSeek's routing, no GQA attention
         kinds = ["reflex_mla_rope_store", "reflex_mla_attn", "reflex_mla_mv_", "reflex_moe_route", "reflex_moe_mv_glu_",
@@ -501,3 +515,51 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
     assert not any(n.startswith(("reflex_mv_", "reflex_moe_mv_", "reflex_attn_")) or n == "reflex_attn" for n in names
                    if n != "reflex_attn_decode"), names
     assert "reflex_mvs_mixed" in names
+
+
+class _FakeBoot:
+    def __init__(self, dev):
+        self.dev, self.stream, self.error, self.kernel_format = dev, None, None, "fake"
+
+    def wait(self):
+        return self.dev
+
+
+class _AllowAll:
+    """A grammar constraint that allows every token (what matters here is the launches)."""
+
+    def __init__(self):
+        self.accepted = []
+
+    def fill_mask(self, ptr, nbytes):
+        ctypes.memset(ptr, 0xFF, nbytes)
+        return True
+
+    def accept(self, tok):
+        self.accepted.append(tok)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the fake device's copies bring back zeros
+def test_logprobs_and_grammar_generation_launches_match_abi(ptx_params):
+    """CudaRunner's checked loop (gpu/constrained.py) on the fake device: every launch matches its
+    kernel, every copy stays inside its buffers, one token per step, the mask before the pick."""
+    from reflex_runtime.coldstart import Timeline
+    from reflex_runtime.families import gpu_model_class, read_config
+    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.gpu.runner import CudaRunner
+    from reflex_runtime.sampling import Sampled, SamplingParams
+
+    g = GGUFFile(_fixture_file("qwen3"))
+    cfg = read_config(g)
+    dev = FakeDevice(ptx_params)
+    runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=128)
+    runner.wait_ready()
+    c = _AllowAll()
+    out = list(runner.generate_ids([1, 2, 3], SamplingParams(0.7, seed=1), 4, frozenset(), logprobs=3, constraint=c))
+    assert len(out) == 4 and all(isinstance(s, Sampled) and len(s.top_ids) <= 3 for s in out)
+    assert len(c.accepted) == 4
+    names = [n for n, _, _ in dev.launches]
+    assert names.count("reflex_logit_stats") == names.count("reflex_mask_logits") == 4
+    assert names.count("reflex_sample") == names.count("reflex_token_logit") == 4
+    first_mask = names.index("reflex_mask_logits")
+    assert names.index("reflex_logit_stats") < first_mask < names.index("reflex_sample")  # stats see raw logits

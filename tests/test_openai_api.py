@@ -117,8 +117,15 @@ def test_completions_stream(engine):
 @pytest.mark.parametrize("patch, param", [
     ({"n": 2}, "n"),
     ({"n": True}, "n"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+    ({"response_format": "json"}, "response_format"),
+    ({"tool_choice": "required"}, "tool_choice"),  # without tools
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"temperature": 3}, "temperature"),
@@ -145,9 +152,10 @@ def test_chat_validation_names_the_param(engine, patch, param):
     assert r.body["error"]["type"] == "invalid_request_error"
 
 
-def test_logprobs_message_is_explicit(engine):
-    with pytest.raises(RequestError, match="logprobs not supported"):
-        _chat(engine, logprobs=True)
+def test_tools_on_a_template_without_tool_support_name_the_field(engine):
+    with pytest.raises(RequestError, match="does not describe tools") as ei:
+        _chat(engine, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert ei.value.field == "tools"
 
 
 def test_neutral_values_are_accepted(engine):

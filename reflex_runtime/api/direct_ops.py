@@ -2,7 +2,10 @@
 direct invokes.
 
 `{"op": "generate", "prompt" | "messages", "max_tokens", "temperature", "top_k", "top_p",
-"min_p", "seed", "stop", "chat", "enable_thinking", "ignore_eos"}`,
+"min_p", "seed", "stop", "chat", "enable_thinking", "ignore_eos", "logprobs", "response_format",
+"tools", "tool_choice"}` (the last four as in the OpenAI mapping: `logprobs` is how many most likely
+tokens to list per generated token, 0-20; the result then carries `"logprobs": [{"token_id",
+"token", "logprob", "bytes", "top_logprobs"}]`, and with tools `"tool_calls"`),
 `{"op": "system1", "prompt" | "messages", "candidates", "chat"}`, `{"op": "ping"}` and, on the
 JSON-lines transports only, `{"op": "shutdown"}`. Transport keys (`op`, `id`, `stream`,
 `authorization`) sit beside the fields; any other unknown field is an error naming it.
@@ -18,14 +21,15 @@ from typing import Iterator, NamedTuple
 
 from ..engine import Finished, GenerateRequest
 from ..errors import RequestError
-from ..sampling import SamplingParams
+from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
 from . import auth
 from .fields import (DEFAULT_LIMITS, brief, check_bool, check_candidates, check_int, check_keys, check_max_tokens,
                      check_num, check_stop, check_temperature, prompt_or_messages)
 
 TRANSPORT_KEYS = frozenset({"op", "id", "stream", "authorization"})
 GENERATE_KEYS = frozenset({"prompt", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p",
-                           "seed", "stop", "chat", "enable_thinking", "ignore_eos"})
+                           "seed", "stop", "chat", "enable_thinking", "ignore_eos", "logprobs", "response_format",
+                           "tools", "tool_choice"})
 SYSTEM1_KEYS = frozenset({"prompt", "messages", "candidates", "chat"})
 OPS = ("generate", "system1", "ping")  # every direct transport
 LINE_OPS = OPS + ("shutdown",)  # JSON lines only: it ends the process
@@ -41,9 +45,23 @@ class System1Request(NamedTuple):
     chat: bool
 
 
-def parse_generate(d: dict, limits=DEFAULT_LIMITS, time_limit_s: float | None = None) -> GenerateRequest:
+def parse_generate(d: dict, limits=DEFAULT_LIMITS, time_limit_s: float | None = None, engine=None) -> GenerateRequest:
+    """A generate request; `engine` is needed only for tools (its chat template decides them)."""
     check_keys(d, GENERATE_KEYS, TRANSPORT_KEYS, "generate")
     prompt, messages = prompt_or_messages(d, limits)
+    grammar, tools = None, None
+    if d.get("response_format") is not None or d.get("tools") or d.get("tool_choice") is not None:
+        from .tools import check_response_format, check_tools
+
+        plan = check_tools(d, engine) if d.get("tools") or d.get("tool_choice") is not None else None
+        if plan is not None and plan.tools and messages is None and not check_bool(d, "chat", False):
+            raise RequestError("'tools' need a chat request ('messages' or 'chat': true)", field="tools")
+        grammar = check_response_format(d)
+        if plan is not None:
+            if grammar is not None and plan.grammar is not None:
+                raise RequestError("'response_format' cannot be combined with a 'tool_choice' that forces a call",
+                                   field="response_format")
+            grammar, tools = grammar or plan.grammar, plan.tools
     sampling = SamplingParams(
         temperature=check_temperature(d, 0.0, 100.0),
         top_k=check_int(d, "top_k", 0, lo=0),
@@ -57,6 +75,7 @@ def parse_generate(d: dict, limits=DEFAULT_LIMITS, time_limit_s: float | None = 
         sampling=sampling, stop=check_stop(d, limits),
         chat=check_bool(d, "chat", False), enable_thinking=check_bool(d, "enable_thinking", None),
         ignore_eos=check_bool(d, "ignore_eos", False), time_limit_s=time_limit_s,
+        logprobs=check_int(d, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS), grammar=grammar, tools=tools,
     )
 
 
@@ -68,11 +87,40 @@ def parse_system1(d: dict, limits=DEFAULT_LIMITS) -> System1Request:
 
 
 def run_generate(engine, req: GenerateRequest) -> dict:
-    """Run a generate request to the end: {"text", "finish_reason", "record"}."""
+    """Run a generate request to the end: {"text", "finish_reason", "record"} (+ "logprobs",
+    "tool_calls" when asked)."""
+    sampled = []
     for ev in engine.generate(req):
         if isinstance(ev, Finished):
-            return {"text": ev.text, "finish_reason": ev.finish_reason, "record": ev.record}
+            return _result(engine, req, ev, sampled)
+        sampled += ev.logprobs or []
     raise RuntimeError("the engine ended a generation without a Finished event")
+
+
+def _result(engine, req: GenerateRequest, ev: Finished, sampled: list) -> dict:
+    out = {"text": ev.text, "finish_reason": ev.finish_reason}
+    if req.logprobs is not None:
+        out["logprobs"] = token_logprobs(engine.tokenizer, sampled)
+    if req.tools:
+        from .tools import HermesCalls
+
+        content, calls = HermesCalls.parse(ev.text)
+        if calls:
+            out.update(text=content or "", tool_calls=calls,
+                       finish_reason="tool_calls" if ev.finish_reason == "stop" else ev.finish_reason)
+    out["record"] = ev.record
+    return out
+
+
+def token_logprobs(tokenizer, sampled: list) -> list[dict]:
+    """The direct shape: OpenAI's chat entries with each token's id beside it."""
+    from .logprobs import chat_entries
+
+    out = []
+    for s, e in zip(sampled, chat_entries(tokenizer, sampled)):
+        e["top_logprobs"] = [{"token_id": i, **t} for i, t in zip(s.top_ids, e["top_logprobs"])]
+        out.append({"token_id": s.token_id, **e})
+    return out
 
 
 def check_op(d: dict, ops: tuple[str, ...]) -> str:
@@ -99,14 +147,20 @@ def answer(engine, d: dict, *, api_key: str | None = None, ops: tuple[str, ...] 
         yield {"op": "shutdown", "ok": True}
     elif op == "generate":
         stream = check_bool(d, "stream", False) and deltas
-        req = parse_generate(d, engine.limits, engine.limits.request_timeout_s)
+        req = parse_generate(d, engine.limits, engine.limits.request_timeout_s, engine)
         gen = engine.generate(req)
+        sampled = []
         try:  # a write that fails (client gone) closes the generation at this token
             for ev in gen:
                 if isinstance(ev, Finished):
-                    yield {"op": "generate", "text": ev.text, "finish_reason": ev.finish_reason, "record": ev.record}
-                elif stream:
-                    yield {"delta": ev.text}
+                    yield {"op": "generate", **_result(engine, req, ev, sampled)}
+                    continue
+                sampled += ev.logprobs or []
+                if stream:
+                    delta = {"delta": ev.text}
+                    if req.logprobs is not None:
+                        delta["logprobs"] = token_logprobs(engine.tokenizer, ev.logprobs or [])
+                    yield delta
         finally:
             gen.close()
     else:

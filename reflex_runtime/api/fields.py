@@ -13,8 +13,11 @@ from ..engine import Limits
 from ..errors import RequestError
 from .json_wire import well_formed
 
-ROLES = ("system", "developer", "user", "assistant")
+import json
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MESSAGE_KEYS = frozenset({"role", "content", "name"})
+ROLE_KEYS = {"assistant": frozenset({"tool_calls"}), "tool": frozenset({"tool_call_id"})}
 # Below this a temperature is the T -> 0 limit: greedy. (1e-40 would make logits / T overflow
 # float32 and pick the last token id on every backend.) vLLM draws the line at the same place.
 GREEDY_BELOW = 1e-5
@@ -116,10 +119,40 @@ def _content_text(content, where: str) -> str:
     raise RequestError(f"'{where}.content' must be a string or a list of text parts", field=f"{where}.content")
 
 
+def _tool_calls(v, where: str) -> tuple[list[dict], int]:
+    """An assistant message's `tool_calls` (a previous response echoed back) in the form chat
+    templates read: arguments as an object (OpenAI sends a JSON string). Returns them and their size."""
+    if not isinstance(v, list):
+        raise RequestError(f"'{where}' must be a list of tool calls", field=where)
+    out, chars = [], 0
+    for j, c in enumerate(v):
+        at = f"{where}[{j}]"
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or c.get("type", "function") != "function" or not isinstance(f.get("name"), str):
+            raise RequestError(f"'{at}' must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}",
+                               field=at)
+        args = f.get("arguments", {})
+        if isinstance(args, str):
+            chars += len(args)
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise RequestError(f"'{at}.function.arguments' is not valid JSON", field=f"{at}.function.arguments") from None
+        if not isinstance(args, dict):
+            raise RequestError(f"'{at}.function.arguments' must be a JSON object", field=f"{at}.function.arguments")
+        call = {"type": "function", "function": {"name": well_formed(f["name"]), "arguments": args}}
+        if isinstance(c.get("id"), str):
+            call["id"] = well_formed(c["id"])
+        chars += len(f["name"])
+        out.append(call)
+    return out, chars
+
+
 def check_messages(v, limits: Limits = DEFAULT_LIMITS, key: str = "messages") -> list[dict]:
-    """A non-empty list of {role, content}; returns plain {role, content: str} dicts for the template.
-    `developer` becomes `system` (chat templates know only the older name). The contents together
-    are bounded like a prompt, in characters."""
+    """A non-empty list of {role, content}; returns plain {role, content: str} dicts for the template
+    (assistant messages may carry `tool_calls`, their content then optional; `tool` messages a
+    `tool_call_id`). `developer` becomes `system` (chat templates know only the older name). The
+    contents together are bounded like a prompt, in characters."""
     if not isinstance(v, list) or not v:
         raise RequestError(f"'{key}' must be a non-empty list of messages", field=key)
     if len(v) > limits.max_messages:
@@ -133,19 +166,31 @@ def check_messages(v, limits: Limits = DEFAULT_LIMITS, key: str = "messages") ->
         if role not in ROLES:
             raise RequestError(f"'{where}.role' must be one of {', '.join(ROLES)}, got {brief(role)}", field=f"{where}.role")
         # Clients often echo a previous response's message back, with null tool fields: allow nulls.
+        allowed = MESSAGE_KEYS | ROLE_KEYS.get(role, frozenset())
         for k, val in m.items():
-            if k not in MESSAGE_KEYS and val not in (None, [], {}):
+            if k not in allowed and val not in (None, [], {}):
                 raise RequestError(f"'{where}.{k}' is not supported", field=f"{where}.{k}")
         name = m.get("name")
         if name is not None and not isinstance(name, str):
             raise RequestError(f"'{where}.name' must be a string", field=f"{where}.name")
-        if "content" not in m or m["content"] is None:
+        calls = None
+        if role == "assistant" and m.get("tool_calls"):
+            calls, n = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+            chars += n
+        if ("content" not in m or m["content"] is None) and calls is None:
             raise RequestError(f"'{where}.content' is required", field=f"{where}.content")
-        text = _content_text(m["content"], where)
+        text = _content_text(m["content"], where) if m.get("content") is not None else ""
         chars += len(text)
         if chars > limits.max_prompt_chars:
             raise RequestError(f"messages have more than {limits.max_prompt_chars} characters (the limit)", field=key)
-        out.append({"role": "system" if role == "developer" else role, "content": well_formed(text)})
+        msg = {"role": "system" if role == "developer" else role, "content": well_formed(text)}
+        if calls is not None:
+            msg["tool_calls"] = calls
+        if role == "tool" and m.get("tool_call_id") is not None:
+            if not isinstance(m["tool_call_id"], str):
+                raise RequestError(f"'{where}.tool_call_id' must be a string", field=f"{where}.tool_call_id")
+            msg["tool_call_id"] = well_formed(m["tool_call_id"])
+        out.append(msg)
     return out
 
 

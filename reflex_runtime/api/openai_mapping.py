@@ -20,27 +20,24 @@ from typing import Iterator
 
 from ..engine import Finished, GenerateRequest
 from ..errors import RequestError
-from ..sampling import SamplingParams
+from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
+from . import logprobs as lp_shapes
 from .direct_ops import parse_system1
 from .fields import (BRIEF_CHARS, check_bool, check_int, check_max_tokens, check_messages, check_num, check_stop,
                      check_temperature, check_text)
 from .responses import Response
+from .tools import HermesCalls, check_response_format, check_tools
 
 # Fields clients send that we accept but cannot honour unless they hold their neutral value.
 _NEUTRAL = {
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
     "functions": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "top_logprobs": (None, 0),
-    "logprobs": (None, False),
     "modalities": (None, ["text"]),
     "prediction": (None,),
     "audio": (None,),
@@ -54,7 +51,7 @@ CHAT_KEYS = _COMMON | {"messages", "max_completion_tokens", "enable_thinking", "
                        "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "tools", "functions",
                        "tool_choice", "function_call", "response_format", "modalities", "prediction", "audio"}
 COMPLETION_KEYS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of", "presence_penalty",
-                             "frequency_penalty", "logit_bias"}
+                             "frequency_penalty", "logit_bias", "response_format"}  # response_format: an extension
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 
@@ -68,8 +65,7 @@ def _check_fields(body: dict, allowed: frozenset) -> None:
         if k not in allowed:
             raise RequestError(f"unrecognized request argument {k[:BRIEF_CHARS]!r}", field=k[:BRIEF_CHARS])
         if k in _NEUTRAL and v not in _NEUTRAL[k]:
-            what = "logprobs not supported" if k in ("logprobs", "top_logprobs") else f"'{k}' is not supported"
-            raise RequestError(f"{what} by this server (got {json.dumps(v)[:BRIEF_CHARS]})", field=k)
+            raise RequestError(f"'{k}' is not supported by this server (got {json.dumps(v)[:BRIEF_CHARS]})", field=k)
     _check_model(body)
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
@@ -112,6 +108,25 @@ def _given_max(body: dict, keys: tuple[str, ...], limits) -> int | None:
     return next(iter(given.values()), None)
 
 
+def _chat_logprobs(body: dict) -> int | None:
+    """`logprobs` (true/false) and `top_logprobs` (0..20, only with logprobs): the k the runner gets."""
+    want = check_bool(body, "logprobs", False)
+    top = check_int(body, "top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    if top is not None and not want:
+        raise RequestError("'top_logprobs' needs 'logprobs': true", field="top_logprobs")
+    return (top or 0) if want else None
+
+
+def _constraints(body: dict, engine):
+    """(grammar, ToolPlan): response_format and tools/tool_choice, checked (400s name the field)."""
+    plan = check_tools(body, engine)
+    grammar = check_response_format(body)
+    if grammar is not None and plan.grammar is not None:
+        raise RequestError("'response_format' cannot be combined with a 'tool_choice' that forces a call",
+                           field="response_format")
+    return grammar or plan.grammar, plan
+
+
 # -- calls ------------------------------------------------------------------------------------
 
 
@@ -119,14 +134,18 @@ class GenerateCall:
     """A validated chat or text completion: prepare() tokenizes, run() generates."""
 
     def __init__(self, req: GenerateRequest, kind: str, stream: bool, include_usage: bool,
-                 max_given: bool, prompt_ids: list[int] | None = None):
+                 max_given: bool, prompt_ids: list[int] | None = None, parse_tools: bool = False):
         self.req, self.kind, self.stream, self.include_usage = req, kind, stream, include_usage
-        self.max_given, self.prompt_ids = max_given, prompt_ids
+        self.max_given, self.prompt_ids, self.parse_tools = max_given, prompt_ids, parse_tools
 
     def prepare(self, engine) -> None:
         r = self.req
         if self.prompt_ids is None:
-            self.prompt_ids = engine.prompt_ids(r.prompt, r.messages, r.chat, r.enable_thinking)
+            self.prompt_ids = engine.prompt_ids(r.prompt, r.messages, r.chat, r.enable_thinking, r.tools)
+        if r.grammar is not None:  # build llguidance's vocabulary here, off the engine thread (once)
+            from ..grammar import lltokenizer
+
+            lltokenizer(engine.tokenizer, engine.config.vocab_size)
         if not self.max_given:  # the default: at most Limits.default_max_tokens, and what the context holds
             room = engine.runner.max_context - len(self.prompt_ids)
             if room < 1:
@@ -137,7 +156,8 @@ class GenerateCall:
     def run(self, engine) -> Response:
         if self.prompt_ids is None:
             self.prepare(engine)
-        return _respond(engine, self.req, self.prompt_ids, self.kind, self.stream, self.include_usage)
+        return _respond(engine, self.req, self.prompt_ids, self.kind, self.stream, self.include_usage,
+                        self.parse_tools)
 
 
 class System1Call:
@@ -166,10 +186,12 @@ def validate_chat(engine, body: dict) -> GenerateCall:
     sampling, stop, ignore_eos = _sampling(body), check_stop(body, limits), check_bool(body, "ignore_eos", False)
     stream, include_usage = _stream_opts(body)
     max_new = _given_max(body, ("max_completion_tokens", "max_tokens"), limits)
+    logprobs = _chat_logprobs(body)
+    grammar, plan = _constraints(body, engine)
     req = GenerateRequest(messages=messages, max_tokens=max_new or min(limits.default_max_tokens, limits.max_new_tokens),
                           sampling=sampling, stop=stop, enable_thinking=thinking, ignore_eos=ignore_eos,
-                          time_limit_s=limits.request_timeout_s)
-    return GenerateCall(req, "chat", stream, include_usage, max_new is not None)
+                          time_limit_s=limits.request_timeout_s, logprobs=logprobs, grammar=grammar, tools=plan.tools)
+    return GenerateCall(req, "chat", stream, include_usage, max_new is not None, parse_tools=plan.parse)
 
 
 def validate_completion(engine, body: dict) -> GenerateCall:
@@ -179,8 +201,11 @@ def validate_completion(engine, body: dict) -> GenerateCall:
     stream, include_usage = _stream_opts(body)
     prompt, ids = _completion_prompt(engine, body.get("prompt"))
     max_new = _given_max(body, ("max_tokens",), limits) or min(COMPLETION_DEFAULT_MAX_TOKENS, limits.max_new_tokens)
+    # legacy logprobs: an integer, how many most likely tokens to list (0: only the chosen one's)
+    logprobs = check_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     req = GenerateRequest(prompt=prompt, max_tokens=max_new, sampling=sampling, stop=stop, ignore_eos=ignore_eos,
-                          time_limit_s=limits.request_timeout_s)
+                          time_limit_s=limits.request_timeout_s, logprobs=logprobs,
+                          grammar=check_response_format(body))
     return GenerateCall(req, "text", stream, include_usage, True, ids)
 
 
@@ -227,25 +252,57 @@ def _model_card(engine) -> dict:
 # -- running a generation --------------------------------------------------------------------
 
 
-def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, include_usage: bool) -> Response:
+def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, include_usage: bool,
+             parse_tools: bool = False) -> Response:
     gen = engine.generate(req, prompt_ids=ids)
     first = next(gen)  # engine checks + prefill: errors here are still a clean 4xx
     meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex(),
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()), "model": engine.model_name}
+    shape = _Shape(engine.tokenizer, kind, req.logprobs, parse_tools)
     if stream:
-        return Response(200, stream=_Closing(_chunks(first, gen, meta, kind, include_usage), gen))
-    parts, ev = [], first
+        return Response(200, stream=_Closing(_chunks(first, gen, meta, shape, include_usage), gen))
+    parts, sampled, ev = [], [], first
     try:
         while not isinstance(ev, Finished):
             parts.append(ev.text)
+            sampled += ev.logprobs or []
             ev = next(gen)
     finally:
         gen.close()
     text = "".join(parts)
-    choice = {"index": 0, "finish_reason": ev.finish_reason, "logprobs": None}
-    choice.update({"message": {"role": "assistant", "content": text}} if kind == "chat" else {"text": text})
+    choice = {"index": 0, "finish_reason": ev.finish_reason, "logprobs": shape.logprobs(sampled)}
+    if kind == "chat":
+        message = {"role": "assistant", "content": text}
+        if parse_tools:
+            content, calls = HermesCalls.parse(text)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = _tool_finish(ev.finish_reason)
+        choice["message"] = message
+    else:
+        choice["text"] = text
     return Response(200, {**meta, "choices": [choice], "usage": _usage(ev.record), "reflex": ev.record})
+
+
+def _tool_finish(finish: str) -> str:
+    return "tool_calls" if finish == "stop" else finish
+
+
+class _Shape:
+    """How one response spells logprobs (chat or legacy completions; None when not asked)."""
+
+    def __init__(self, tokenizer, kind: str, k: int | None, parse_tools: bool):
+        self.tok, self.kind, self.k, self.parse_tools = tokenizer, kind, k, parse_tools
+        self.offset = 0  # legacy text_offset: characters of the completion so far
+
+    def logprobs(self, sampled: list):
+        if self.k is None:
+            return None
+        if self.kind == "chat":
+            return lp_shapes.chat_logprobs(self.tok, sampled)
+        obj, self.offset = lp_shapes.completion_logprobs(self.tok, sampled, self.offset, self.k > 0)
+        return obj
 
 
 def _usage(rec: dict) -> dict:
@@ -271,26 +328,63 @@ class _Closing:
         self._gen.close()
 
 
-def _chunks(first, gen, meta: dict, kind: str, include_usage: bool) -> Iterator[dict]:
-    """chat.completion.chunk / text_completion chunks; the last choice chunk carries the record."""
+def _chunks(first, gen, meta: dict, shape: _Shape, include_usage: bool) -> Iterator[dict]:
+    """chat.completion.chunk / text_completion chunks; the last choice chunk carries the record.
+    With tools, content is held while it could open a `<tool_call>` and each call goes out whole
+    as one `tool_calls` delta (index, id, type, name and all its arguments)."""
+    kind = shape.kind
     meta = {**meta, "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
     extra = {"usage": None} if include_usage else {}
+    calls = HermesCalls() if shape.parse_tools else None
 
-    def chunk(text: str | None, finish: str | None, role: bool = False) -> dict:
+    def chunk(delta: dict | None, finish: str | None, sampled=None, text: str = "") -> dict:
+        lps = shape.logprobs(sampled or []) if sampled is not None else None
         if kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
-            c = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            c = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": lps}
         else:
-            c = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            c = {"index": 0, "text": text, "finish_reason": finish, "logprobs": lps}
         return {**meta, "choices": [c], **extra}
 
+    held = ""  # whitespace-only content between or after tool calls, sent only if more text follows
+
+    def deltas(events) -> list[dict]:
+        nonlocal held
+        out = []
+        for what, v in events:
+            if what == "call":
+                out.append({"tool_calls": [{"index": v[0], **v[1]}]})
+            elif not v.strip():
+                held += v
+            else:
+                out.append({"content": held + v})
+                held = ""
+        return out
+
     if kind == "chat":
-        yield chunk(None, None, role=True)
+        yield chunk({"role": "assistant", "content": ""}, None)
     ev = first
     while not isinstance(ev, Finished):
-        yield chunk(ev.text, None)
+        sampled = ev.logprobs if shape.k is not None else None
+        if kind != "chat":
+            yield chunk(None, None, sampled, ev.text)
+        elif calls is None:
+            yield chunk({"content": ev.text}, None, sampled)
+        else:
+            out = deltas(calls.feed(ev.text))
+            if not out and sampled:
+                out = [{}]  # an empty delta still carries these tokens' logprobs
+            for j, d in enumerate(out):  # logprobs ride on the first chunk of their text
+                yield chunk(d, None, sampled if j == 0 else None)
         ev = next(gen)
-    yield {**chunk(None, ev.finish_reason), "reflex": ev.record}
+    finish = ev.finish_reason
+    if calls is not None:
+        for d in deltas(calls.end()):
+            yield chunk(d, None)
+        if held and not calls.calls:
+            yield chunk({"content": held}, None)
+        if calls.calls:
+            finish = _tool_finish(finish)
+    yield {**chunk(None, finish), "reflex": ev.record}
     if include_usage:
         yield {**meta, "choices": [], "usage": _usage(ev.record)}
 

@@ -29,6 +29,7 @@ _SINGLE = (
     "reflex_flash_attn_64", "reflex_flash_attn_128", "reflex_flash_attn_256",
     "reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_chunked", "reflex_dn_gated_norm",
     "reflex_gate_split", "reflex_sigmoid_mul",
+    "reflex_logit_stats", "reflex_mask_logits", "reflex_token_logit",  # logprobs and grammars (constrain.cu)
     "reflex_moe_router_f32", "reflex_moe_router_f16", "reflex_moe_router_bf16",  # float routers only
 )
 

@@ -833,3 +833,17 @@ class Launcher:
     def logprob_rows(self, logits: int, n_vocab: int, rows: int, tokens: int, out: int, n: int) -> None:
         self._go("reflex_logprob_rows", n, 1024, [c_void_p(logits), c_int(n_vocab), c_void_p(rows), c_void_p(tokens),
                                                    c_void_p(out)])
+
+    # -- logprobs and grammar masks (kernels/constrain.cu) -------------------------------------
+
+    def logit_stats(self, logits: int, n: int, k: int, part_f: int, part_i: int, n_part: int) -> None:
+        """Per slice of the row: max, sum of exp(x - max), the k largest (value, id); part_f holds
+        (2 + STATS_TOPK) floats and part_i STATS_TOPK ints per slice (gpu/logprobs.py merges them)."""
+        self._go("reflex_logit_stats", n_part, 256, [c_void_p(logits), c_int(n), c_int(k), c_void_p(part_f),
+                                                      c_void_p(part_i)])
+
+    def mask_logits(self, logits: int, words: int, n: int) -> None:
+        self._go("reflex_mask_logits", (n + 255) // 256, 256, [c_void_p(logits), c_void_p(words), c_int(n)])
+
+    def token_logit(self, logits: int, tokens: int, out: int) -> None:
+        self._go("reflex_token_logit", 1, 32, [c_void_p(logits), c_void_p(tokens), c_void_p(out)])

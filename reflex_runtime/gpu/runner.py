@@ -42,7 +42,8 @@ class CudaRunner:
         self.model = model_cls(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)  # a family's gpu.model.GpuModel
         self.error: str | None = None
         self.dev = None
-        self._graphs: dict[tuple[bool, bool], object] = {}  # (greedy, pdl) -> decode graph
+        self._graphs: dict[tuple[str, bool], object] = {}  # ("greedy" | "sample" | "forward", pdl) -> decode graph
+        self._constrain_bufs = None  # gpu/constrained.py StepBuffers, on the first logprobs or grammar request
         self._big_logits = (0, 0)  # (ptr, rows)
         self.upload_stats: dict = {}
         self.forward_passes = 0
@@ -107,7 +108,7 @@ class CudaRunner:
                "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev else None,
                "kernel_format": self.boot.kernel_format, "context": self.max_context}
         out.update(self.upload_stats)
-        for (greedy, pdl), g in self._graphs.items():
+        for (_, pdl), g in self._graphs.items():
             out["decode_graph_nodes"] = g.n_nodes
             out["decode_graph_pdl"] = pdl
         return out
@@ -165,18 +166,25 @@ class CudaRunner:
         """The decode step as one CUDA graph (captured on first use). Its kernels are chained
         as programmatic dependent launches where the GPU has them (sm_90+): each one's launch
         then overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares)."""
+        return self._graph("greedy" if greedy else "sample", lambda: self._step(greedy), pdl)
+
+    def _forward_graph(self, pdl: bool | None = None):
+        """The decode step's forward pass without the pick (gpu/constrained.py picks after its own kernels)."""
+        return self._graph("forward", lambda: self.model.forward(1, first=0), pdl)
+
+    def _graph(self, kind: str, body, pdl: bool | None):
         pdl = self.pdl_available() if pdl is None else pdl
-        g = self._graphs.get((greedy, pdl))
+        g = self._graphs.get((kind, pdl))
         if g is None:
             dev, s = self.dev, self.stream
             dev.begin_capture(s)
             self.launch.pdl = pdl
             try:
-                self._step(greedy)
+                body()
             finally:
                 self.launch.pdl = False
                 g = dev.end_capture(s)
-            self._graphs[(greedy, pdl)] = g
+            self._graphs[(kind, pdl)] = g
         return g
 
     def reset_graphs(self) -> None:
@@ -207,10 +215,17 @@ class CudaRunner:
 
     # -- the Runner interface --------------------------------------------------------------------
 
-    def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids) -> Iterator[int]:
+    def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids, logprobs: int | None = None,
+                     constraint=None) -> Iterator[int]:
+        """engine.Runner.generate_ids; requests with logprobs or a grammar run gpu/constrained.py's loop."""
         n = len(prompt_ids)
         if n + max_new > self.max_context:
             raise RequestError(f"prompt ({n}) + max_tokens ({max_new}) exceed the context of {self.max_context}")
+        if logprobs is not None or constraint is not None:
+            from .constrained import generate_checked
+
+            yield from generate_checked(self, prompt_ids, params, max_new, stop_ids, logprobs, constraint)
+            return
         greedy = params.temperature <= 0 or params.top_k == 1
         positions = range(n)
         self._write_inputs(prompt_ids, positions, positions, n_kv=n, sampling=None if greedy else params)

@@ -6,9 +6,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..sampling import SamplingParams
+from ..sampling import Sampled, SamplingParams
 from ..tree import tree_layout
-from .sampling import sample
+from .sampling import allowed_bits, sample, token_logprobs
 
 
 def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
@@ -36,12 +36,26 @@ class ReferenceRunner:
     def info(self) -> dict:
         return {"device": "cpu (numpy reference)"}
 
-    def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids) -> Iterator[int]:
+    def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids, logprobs: int | None = None,
+                     constraint=None) -> Iterator[int]:
+        """engine.Runner.generate_ids: logprobs from the same logits row the pick reads; a
+        constraint's bitmask applied before the pick (reference/sampling.py)."""
         cache = self.model.new_cache(len(prompt_ids) + max_new)
         logits = self.model.forward(prompt_ids, cache)[-1]
+        words = np.zeros((logits.shape[-1] + 31) // 32, dtype=np.uint32) if constraint is not None else None
         for step in range(max_new):
-            tok = sample(logits, params, step)
-            yield tok
+            allow = None
+            if constraint is not None:
+                if not constraint.fill_mask(words.ctypes.data, words.nbytes):
+                    return
+                allow = allowed_bits(words, logits.shape[-1])
+            tok = sample(logits, params, step, allow)
+            if constraint is not None:
+                constraint.accept(tok)
+            if logprobs is None:
+                yield tok
+            else:
+                yield Sampled(tok, *token_logprobs(logits, tok, logprobs))
             if tok in stop_ids or step + 1 == max_new:
                 return
             logits = self.model.forward([tok], cache)[-1]

@@ -139,6 +139,30 @@ inline float warp_sum(float v) {
     return v;
 }
 
+inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = std::fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// kernels/common.cuh's block reductions, written again over the stand-ins above.
+inline float block_sum(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < n_warps ? scratch[lane] : 0.0f);
+}
+
+inline float block_max(float v, float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_max(lane < n_warps ? scratch[lane] : -INFINITY);
+}
+
 // Run kernel(args...) over grid (gx, gy, gz) with `threads` (<= 1024) threads per block.
 template <typename... P, typename... A>
 void emu_launch(void (*kernel)(P...), dim3 grid, unsigned threads, A... args) {
