@@ -133,6 +133,42 @@ def test_direct_generate_cold_then_warm(load_app, capsys):
     assert "ColdStart" not in m and "ProcessStartToFirstTokenMs" not in m and m["GeneratedTokens"][0] == [3.0]
 
 
+def test_first_log_line_carries_the_energy_record(load_app, capsys, monkeypatch):
+    """With an energy counter (test_coldstart.FakeMeter: 150 W, stepping every 100 ms) the first
+    request's log line and its EMF metric carry the record's process-start -> first-token joules,
+    the same figures `reflex generate` prints."""
+    import time
+
+    from test_coldstart import FakeMeter
+
+    born = time.monotonic()
+    monkeypatch.setattr("reflex_runtime.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
+
+    def metered_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None):
+        engine = make_engine()
+        engine.timeline = timeline
+        timeline.start_energy()  # where the CUDA runner starts it: beside the device's bring-up
+        assert timeline.wait_for_meter(5)
+        time.sleep(0.25)  # a counter step or two inside the window
+        return engine
+
+    app = load_app(loader=metered_load)
+    printed(capsys)
+    r = app.lambda_handler(event("generate", max_tokens=4), CTX)
+    assert r["statusCode"] == 200
+    logs, emf = printed(capsys)
+    cs = logs[0]["reflex"]["coldstart"]
+    assert cs["energy_error"] is None, cs["energy_error"]
+    t_first = cs["process_start_to_first_token_ms"] / 1000
+    assert cs["joules_process_start_to_first_token"] == pytest.approx(150 * t_first, rel=0.01, abs=2.0)
+    assert cs["energy_measured_joules"] + cs["energy_estimated_joules"] == pytest.approx(
+        cs["joules_process_start_to_first_token"], abs=0.01)
+    assert cs["energy_measured_joules"] > 15  # at least one 100 ms step of the counter was measured
+    m = metric_values(emf)
+    assert m["JoulesProcessStartToFirstToken"][0] == [cs["joules_process_start_to_first_token"]]
+    assert m["ProcessStartToFirstTokenMs"][0] == [cs["process_start_to_first_token_ms"]]
+
+
 def test_direct_system1(load_app, capsys):
     app = load_app()
     r = app.lambda_handler(event("system1", candidates=["Hello", "Howdy", "Bye"]), CTX)
