@@ -6,6 +6,15 @@ cannot derail the rest), then the graph-replayed `generate` tokens. Errors are r
 row's logit range: max |gpu - ref| / max |ref|. PASS needs every row within the tolerance for
 the file's weight type and every greedy token equal where the reference's top-2 margin exceeds
 twice the observed error. `--golden` compares generated ids and text byte for byte instead.
+
+Routing near-ties (MoE files whose reference reports `route_margin`): a row whose expert choice
+in some layer was closer than the tolerance (relative to its largest choice score) may pick the
+other expert on the GPU, whose f16 cache and tensor-core inputs move the router's input by about
+that much; its logits then differ by far more than any rounding (0.29 and 0.41 on the tiny V3
+fixture, reproduced on the CPU by rounding the reference's products and cache to f16: see
+tests/test_check_routing_ties.py). Such a row is excused from the tolerance and the greedy-token
+test, listed in `routing_tie_rows`, and the generated tokens are compared only up to the first
+excused decode row. Every other row is held to the tolerance as before.
 """
 
 from __future__ import annotations
@@ -49,40 +58,59 @@ def run_check(engine, ref_model, prompt: str, steps: int) -> dict:
     # 1. prefill logits at every prompt position
     cache = ref_model.new_cache(len(ids) + steps + 1)
     ref_prompt = ref_model.forward(ids, cache)
+    prompt_margin = _route_margins(ref_model, len(ids))
     gpu_prompt = runner.prompt_logits(ids)
     prompt_errs = [rel_err(gpu_prompt[i], ref_prompt[i]) for i in range(len(ids))]
     # 2. greedy steps through the decode path, fed the reference's own tokens
-    ref_tokens, ref_rows = [], [ref_prompt[-1]]
+    ref_tokens, ref_rows, row_margin = [], [ref_prompt[-1]], [prompt_margin[-1]]
     for _ in range(steps):
         tok = int(np.argmax(ref_rows[-1]))
         ref_tokens.append(tok)
         ref_rows.append(ref_model.forward([tok], cache)[0])
+        row_margin.append(_route_margins(ref_model, 1)[0])
     gpu_rows = runner.decode_logits(ids, ref_tokens)
     step_errs = [rel_err(g, r) for g, r in zip(gpu_rows, ref_rows)]
+    # rows off by more than the tolerance where the reference's routing was a near-tie
+    tie_prompt = [i for i, e in enumerate(prompt_errs) if e > tol and prompt_margin[i] < tol]
+    tie_decode = [j for j, e in enumerate(step_errs) if e > tol and row_margin[j] < tol]
+    checked_steps = [e for j, e in enumerate(step_errs) if j not in tie_decode]
     mismatches = 0
-    for g, r in zip(gpu_rows[:steps], ref_rows[:steps]):
+    for j, (g, r) in enumerate(zip(gpu_rows[:steps], ref_rows[:steps])):
         top2 = np.sort(r)[-2:]
         margin = float(top2[1] - top2[0]) / max(float(np.abs(r).max()), 1e-30)
-        if int(np.argmax(g)) != int(np.argmax(r)) and margin > 2 * max(step_errs):
+        if (j not in tie_decode and int(np.argmax(g)) != int(np.argmax(r))
+                and margin > 2 * max(checked_steps, default=0.0)):
             mismatches += 1
-    # 3. the real generate path (prefill + graph replay) must produce the same greedy tokens
+    # 3. the real generate path (prefill + graph replay) must produce the same greedy tokens, up to
+    # the first token chosen from an excused row (after it the two sequences may part)
     gen_tokens = list(runner.generate_ids(ids, _greedy(), steps, frozenset()))
-    gen_equal = gen_tokens == ref_tokens
+    upto = min([j for j in tie_decode if j < steps], default=steps)
+    gen_equal = gen_tokens[:upto] == ref_tokens[:upto] and len(gen_tokens) == len(ref_tokens)
     text = None
     for ev in engine.generate(GenerateRequest(prompt=prompt, max_tokens=steps, ignore_eos=True)):
         if isinstance(ev, Finished):
             text = ev.text
-    worst = max(prompt_errs + step_errs)
+    worst = max([e for i, e in enumerate(prompt_errs) if i not in set(tie_prompt)] + checked_steps, default=0.0)
     ok = worst <= tol and mismatches == 0 and gen_equal
     return {
         "model": engine.gguf.path, "architecture": engine.config.arch, "weight_type": wtype, "prompt_tokens": len(ids),
         "max_rel_err_prompt": max(prompt_errs), "max_rel_err_decode": max(step_errs), "tolerance": tol,
+        "max_rel_err_checked": worst,
         "max_abs_err": float(max(np.abs(gpu_prompt - ref_prompt).max(),
                                  max(float(np.abs(g - r).max()) for g, r in zip(gpu_rows, ref_rows)))),
+        "routing_tie_rows": {"prompt": tie_prompt, "decode": tie_decode},
         "steps": steps, "greedy_mismatches": mismatches, "generate_tokens_equal": gen_equal,
         "reference_tokens": ref_tokens, "generate_tokens": gen_tokens, "generate_text": text,
         "result": "PASS" if ok else "FAIL",
     }
+
+
+def _route_margins(ref_model, n: int):
+    """The reference's per-row routing margins of its last forward (inf where it reports none)."""
+    import numpy as np
+
+    m = getattr(ref_model, "route_margin", None)
+    return np.full(n, np.inf) if m is None else np.asarray(m, dtype=np.float64)
 
 
 def _greedy():
@@ -110,6 +138,7 @@ def main(args) -> int:
               f"max_rel_err_prompt={res['max_rel_err_prompt']:.3e} max_rel_err_decode={res['max_rel_err_decode']:.3e} "
               f"max_abs_err={res['max_abs_err']:.3e} tolerance={res['tolerance']:.0e} steps={res['steps']} "
               f"greedy_mismatches={res['greedy_mismatches']} generate_equal={res['generate_tokens_equal']} "
+              f"routing_tie_rows={len(res['routing_tie_rows']['prompt']) + len(res['routing_tie_rows']['decode'])} "
               f"{res['result']}", flush=True)
     return 0 if res["result"] == "PASS" else 1
 

@@ -136,6 +136,10 @@ class ReferenceModel:
         self.gguf = gguf
         self.config = config
         self.w = Weights(gguf, keep=keep_weights)
+        # Per row of the last forward: the smallest relative margin of any routing decision its
+        # MoE layers made (None: the family reports none). `reflex check` reads it: a row whose
+        # routing was a near-tie may legitimately differ on the GPU (check.py).
+        self.route_margin: np.ndarray | None = None
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -171,6 +175,7 @@ class ReferenceModel:
         allowed = np.concatenate([np.ones((n, start), dtype=bool), mask], axis=1)
         key_pos = np.concatenate([cache.positions[:start], positions])
         step = _Step(cache, start, n, positions, key_pos, allowed)
+        self.route_margin = None
         x = self.embed(ids)
         for il in range(self.config.n_layers):
             x = self.layer(il, x, step)
@@ -180,6 +185,11 @@ class ReferenceModel:
         return logits
 
     # -- helpers for subclasses -------------------------------------------------------------
+
+    def note_route_margin(self, margin: np.ndarray) -> None:
+        """A MoE layer's per-row routing margins (n,) for route_margin (the minimum over layers)."""
+        m = np.asarray(margin, dtype=np.float64)
+        self.route_margin = m if self.route_margin is None else np.minimum(self.route_margin, m)
 
     def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, step: "_Step",
                scale: float, window: int = 0) -> np.ndarray:

@@ -27,9 +27,9 @@ def rope_tables(positions: np.ndarray, e: dict, theta: float) -> tuple[np.ndarra
     return (np.cos(ang) * a).astype(_F32), (np.sin(ang) * a).astype(_F32)
 
 
-def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Router logits (n, n_expert) -> (expert ids (n, k) int64, weights (n, k) float32), by the
-    rules in config.py. Stable sorts: equal scores go to the lower id."""
+def _choices(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(probs, choice scores with the dropped groups' experts at -inf, the margin of the group
+    choice: the last kept group's score minus the best dropped one's, inf without groups)."""
     z = logits.astype(_F32, copy=False)
     if e["gating"] == "sigmoid":
         with np.errstate(over="ignore"):  # exp(-z) = inf for very negative z: probability 0
@@ -39,7 +39,8 @@ def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndar
         probs = (ez / ez.sum(axis=-1, keepdims=True)).astype(_F32, copy=False)
     choice = probs + bias if bias is not None else probs
     n, n_exp = choice.shape
-    g = e["n_group"]
+    g, used = e["n_group"], e["n_group_used"]
+    group_margin = np.full(n, np.inf)
     if g > 1:
         per = choice.reshape(n, g, n_exp // g)
         if e["group_score"] == "top2":  # V3: the sum of each group's two best
@@ -47,15 +48,44 @@ def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndar
             group_score = top.sum(axis=-1)
         else:  # V2 group_limited_greedy: each group's best
             group_score = per.max(axis=-1)
-        keep = np.argsort(-group_score, axis=-1, kind="stable")[:, :e["n_group_used"]]
+        order = np.argsort(-group_score, axis=-1, kind="stable")
+        keep = order[:, :used]
+        if used < g:
+            ranked = np.take_along_axis(group_score, order, axis=-1)
+            group_margin = (ranked[:, used - 1] - ranked[:, used]).astype(np.float64)
         mask = np.zeros((n, g), dtype=bool)
         np.put_along_axis(mask, keep, True, axis=-1)
         choice = np.where(np.repeat(mask, n_exp // g, axis=-1), choice, _F32(-np.inf))
+    return probs, choice, group_margin
+
+
+def route(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits (n, n_expert) -> (expert ids (n, k) int64, weights (n, k) float32), by the
+    rules in config.py. Stable sorts: equal scores go to the lower id."""
+    probs, choice, _ = _choices(logits, e, bias)
     ids = np.argsort(-choice, axis=-1, kind="stable")[:, :e["n_expert_used"]]
     w = np.take_along_axis(probs, ids, axis=-1)
     if e["weights_norm"]:
         w = blocks.normalize_weights(w)
     return ids, (w * _F32(e["weights_scale"])).astype(_F32, copy=False)
+
+
+def route_margin(logits: np.ndarray, e: dict, bias: np.ndarray | None) -> np.ndarray:
+    """Per token (n,): how close its routing came to another choice, relative to its largest
+    choice score: min(last chosen expert - best unchosen one, last kept group - best dropped
+    one) / max |choice score|; inf when nothing was left out. A small margin is a near-tie that
+    any rounding of the router's input (the GPU's f16 latent cache, f16 tensor-core inputs) may
+    resolve the other way, changing that token's experts and so its logits by far more than the
+    rounding itself (`reflex check` excuses such rows, see check.py)."""
+    probs, choice, margin = _choices(logits, e, bias)
+    k = e["n_expert_used"]
+    unmasked = probs + bias if bias is not None else probs
+    scale = np.maximum(np.abs(unmasked).max(axis=-1).astype(np.float64), 1e-30)
+    if k < choice.shape[1]:
+        ranked = -np.sort(-choice, axis=-1)
+        gap = ranked[:, k - 1].astype(np.float64) - ranked[:, k]  # -inf past the kept groups: inf
+        margin = np.minimum(margin, gap)
+    return margin / scale
 
 
 class DeepSeek2(ReferenceModel):
@@ -105,7 +135,9 @@ class DeepSeek2(ReferenceModel):
     def moe(self, il: int, h: np.ndarray) -> np.ndarray:
         e, bias_name = self.config.extra, T.blk(il, T.FFN_EXP_PROBS_B)
         bias = self.w.get(bias_name) if bias_name in self.w else None
-        ids, weights = route(layers.linear(h, self.w.get(T.blk(il, T.FFN_ROUTER))), e, bias)
+        logits = layers.linear(h, self.w.get(T.blk(il, T.FFN_ROUTER)))
+        ids, weights = route(logits, e, bias)
+        self.note_route_margin(route_margin(logits, e, bias))
         out = blocks.routed_experts(h, ids, weights, blocks.swiglu_expert(self, il))
         if e["n_expert_shared"]:
             out = out + blocks.gated_ffn(self, il, h, gate=T.FFN_GATE_SHEXP, up=T.FFN_UP_SHEXP, down=T.FFN_DOWN_SHEXP)
