@@ -15,9 +15,9 @@ per tokenizer and kept.
     c.finished                            # the grammar is complete: nothing but a stop may follow
 
 The mask is a little-endian bitmask of ceil(vocab / 32) uint32 words: the runners apply it before
-argmax / sampling (reference/sampling.py, kernels/sample.cu). When the grammar allows its end, every
-stop id of the request is allowed too (llguidance knows one end-of-sequence token; chat models end
-a turn with another).
+argmax / sampling (reference/sampling.py; on the GPU gpu/constrained.py, kernels/constrain.cu).
+When the grammar allows its end, every stop id of the request is allowed too (llguidance knows
+one end-of-sequence token; chat models end a turn with another).
 """
 
 from __future__ import annotations

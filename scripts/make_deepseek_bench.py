@@ -280,20 +280,9 @@ def kv_cache_bytes(path: str | os.PathLike) -> dict:
 
 
 def _parse_set(items: list[str]) -> dict:
-    """--set KEY=VALUE items -> shape overrides; ValueError (one line) on a bad one."""
-    out = {}
-    for item in items:
-        key, sep, val = item.partition("=")
-        if not sep or key not in DEFAULT_SHAPE:
-            raise ValueError(f"--set wants KEY=VALUE with KEY one of {', '.join(DEFAULT_SHAPE)}; got {item!r}")
-        try:
-            out[key] = float(val) if key in _FLOAT_KEYS else int(val)
-        except ValueError:
-            raise ValueError(f"--set {key} wants a {'number' if key in _FLOAT_KEYS else 'whole number'}; "
-                             f"got {val!r}") from None
-        if out[key] < 0 or (out[key] == 0 and key not in ("q_lora", "shared", "dense_layers")):
-            raise ValueError(f"--set {key} must be positive; got {val!r}")
-    return out
+    from make_moe_bench import parse_shape_overrides
+
+    return parse_shape_overrides(items, DEFAULT_SHAPE, _FLOAT_KEYS, zero_ok=("q_lora", "shared", "dense_layers"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -206,21 +206,27 @@ def active_bytes_per_token(path: str | os.PathLike) -> int:
         return total
 
 
-def _parse_set(items: list[str]) -> dict:
-    """--set KEY=VALUE items -> shape overrides; ValueError (one line) on a bad one."""
+def parse_shape_overrides(items: list[str], known, float_keys=(), zero_ok=()) -> dict:
+    """--set KEY=VALUE items -> shape overrides (the bench-file makers share it); ValueError (one
+    line) on a bad one: an unknown key, a value of the wrong kind, or one below 1 (0 where allowed)."""
+    known = list(known)
     out = {}
     for item in items:
         key, sep, val = item.partition("=")
-        if not sep or key not in DEFAULT_SHAPE:
-            raise ValueError(f"--set wants KEY=VALUE with KEY one of {', '.join(DEFAULT_SHAPE)}; got {item!r}")
+        if not sep or key not in known:
+            raise ValueError(f"--set wants KEY=VALUE with KEY one of {', '.join(known)}; got {item!r}")
         try:
-            out[key] = float(val) if key in _FLOAT_KEYS else int(val)
+            out[key] = float(val) if key in float_keys else int(val)
         except ValueError:
-            raise ValueError(f"--set {key} wants a {'number' if key in _FLOAT_KEYS else 'whole number'}; "
+            raise ValueError(f"--set {key} wants a {'number' if key in float_keys else 'whole number'}; "
                              f"got {val!r}") from None
-        if out[key] <= 0:
+        if out[key] < 0 or (out[key] == 0 and key not in zero_ok):
             raise ValueError(f"--set {key} must be positive; got {val!r}")
     return out
+
+
+def _parse_set(items: list[str]) -> dict:
+    return parse_shape_overrides(items, DEFAULT_SHAPE, _FLOAT_KEYS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -336,21 +336,10 @@ def write_qwen35_bench(out: str | os.PathLike, model: str = "0.8b", qtype: str =
 
 
 def _parse_set(items: list[str], model: str) -> dict:
-    """--set KEY=VALUE items -> shape overrides; ValueError (one line) on a bad one."""
-    known = [k for k in MODELS[model] if k != "arch"]
-    out = {}
-    for item in items:
-        key, sep, val = item.partition("=")
-        if not sep or key not in known:
-            raise ValueError(f"--set wants KEY=VALUE with KEY one of {', '.join(known)}; got {item!r}")
-        try:
-            out[key] = float(val) if key in _FLOAT_KEYS else int(val)
-        except ValueError:
-            raise ValueError(f"--set {key} wants a {'number' if key in _FLOAT_KEYS else 'whole number'}; "
-                             f"got {val!r}") from None
-        if out[key] < 0 or (out[key] == 0 and key not in ("tied", "experts", "used", "expert_ff", "shared_ff", "ff")):
-            raise ValueError(f"--set {key} must be positive; got {val!r}")
-    return out
+    from make_moe_bench import parse_shape_overrides
+
+    return parse_shape_overrides(items, [k for k in MODELS[model] if k != "arch"], _FLOAT_KEYS,
+                                 zero_ok=("tied", "experts", "used", "expert_ff", "shared_ff", "ff"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ read from that transport's own error shape.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import http.client
 import importlib
@@ -205,3 +206,23 @@ def sdk_over_handler(front: "HandlerFront", api_key: str = KEY, timeout: float =
 
     return openai.OpenAI(base_url="http://handler.invalid/v1", api_key=api_key, max_retries=0, timeout=timeout,
                          http_client=httpx.Client(transport=httpx.MockTransport(handle)))
+
+
+@contextlib.contextmanager
+def sdk_clients(engine, timeout: float = 600):
+    """{"serve": ..., "handler": ...}: the official openai client against serve (127.0.0.1) and
+    against the handler (sdk_over_handler), both over `engine`."""
+    import openai
+    import pytest
+
+    serve = ServeFront(engine=engine)
+    mp = pytest.MonkeyPatch()
+    handler = HandlerFront(mp, engine=engine)
+    try:
+        yield {"serve": openai.OpenAI(base_url=f"http://127.0.0.1:{serve.port}/v1", api_key=KEY, max_retries=0,
+                                      timeout=timeout),
+               "handler": sdk_over_handler(handler, timeout=timeout)}
+    finally:
+        serve.close()
+        handler.close()
+        mp.undo()

@@ -23,7 +23,7 @@ from reflex_runtime.api.tools import HermesCalls
 from reflex_runtime.reference.sampling import allowed_bits, kept_probabilities, sample, token_logprobs
 from reflex_runtime.sampling import SamplingParams
 
-from front_ends import KEY, HandlerFront, ServeFront, sdk_over_handler
+from front_ends import KEY, ServeFront, sdk_clients
 from fake_engine import make_engine
 
 # -- the reference sampler under a mask ------------------------------------------------------------
@@ -85,15 +85,8 @@ def tiny(fixture_paths):
 @pytest.fixture(scope="module")
 def clients(tiny):
     """One client per front end, over the same engine."""
-    serve = ServeFront(engine=tiny)
-    mp = pytest.MonkeyPatch()
-    handler = HandlerFront(mp, engine=tiny)
-    yield {"serve": openai.OpenAI(base_url=f"http://127.0.0.1:{serve.port}/v1", api_key=KEY, max_retries=0,
-                                  timeout=300),
-           "handler": sdk_over_handler(handler)}
-    serve.close()
-    handler.close()
-    mp.undo()
+    with sdk_clients(tiny, timeout=300) as c:
+        yield c
 
 
 def _reference_rows(engine, prompt_ids, generated):

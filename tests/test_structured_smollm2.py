@@ -15,7 +15,6 @@ against the handler (an httpx transport into handlers/app.py), and the JSON-line
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
@@ -23,7 +22,7 @@ import pytest
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from front_ends import KEY, HandlerFront, LinesFront, ServeFront, sdk_over_handler
+from front_ends import KEY, LinesFront, ServeFront, sdk_clients
 from reflex_runtime.loader import load_engine  # before HandlerFront patches loader.load_engine
 
 
@@ -92,15 +91,8 @@ def smol_tools(smollm2_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fronts(smol):
-    serve = ServeFront(engine=smol)
-    mp = pytest.MonkeyPatch()
-    handler = HandlerFront(mp, engine=smol)
-    yield {"serve": openai.OpenAI(base_url=f"http://127.0.0.1:{serve.port}/v1", api_key=KEY, max_retries=0,
-                                  timeout=600),
-           "handler": sdk_over_handler(handler)}
-    serve.close()
-    handler.close()
-    mp.undo()
+    with sdk_clients(smol) as c:
+        yield c
 
 
 def _schema_format(schema=PERSON):
