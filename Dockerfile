@@ -32,9 +32,12 @@ FROM ${KERNELS_BASE} AS kernels-nvcc
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 g++ \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-# Only what the kernel build reads, so Python-only changes reuse this layer.
+# Only what the kernel build reads (the sources, and the kernel names in gpu/ops/, which import
+# nothing else; tests/test_fatbin.py checks that), so Python-only changes reuse this layer.
 COPY kernels/ kernels/
-COPY reflex_runtime/gpu/kernels.py reflex_runtime/gpu/kernels.py
+COPY reflex_runtime/__init__.py reflex_runtime/ggml_types.py reflex_runtime/
+COPY reflex_runtime/gpu/__init__.py reflex_runtime/gpu/
+COPY reflex_runtime/gpu/ops/ reflex_runtime/gpu/ops/
 COPY scripts/build_kernels.py scripts/build_kernels.py
 RUN python3 scripts/build_kernels.py --out /out
 

@@ -30,9 +30,9 @@
 //                            (j < prefix_len or j >= seg_lo[t]). r <= 512, d <= 640, d % 8 == 0.
 // Bound by reading the latent cache once per 8 heads (decode: n_kv * d * 2 bytes per head group)
 // and by the per-head weight bytes of W_k and W_v.
-// Uses matvec.cu (mv_accumulate, mv_reduce), matmul.cu (mm_tile) and attention.cu (attn_merge):
-// all.cu includes this file after them.
-#include "common.cuh"
+#include "attention.cuh"  // attn_merge
+#include "matmul.cuh"     // mm_tile
+#include "matvec.cuh"     // mv_accumulate, mv_reduce
 
 #define MLA_MAX_PAIRS 64  // rope dims <= 128
 #define MLA_HEADS 8       // query heads per attention block (one per warp in the softmax step)

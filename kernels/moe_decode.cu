@@ -15,7 +15,8 @@
 // predecessor has finished. The gate/up kernel needs ids from its predecessor: it stages after.
 // Launch: 256 threads; rb, wpr and dynamic smem from gpu/launch.py (Launcher._mvs_plan).
 // Bound by the routed experts' bytes: k * 3 * n_ff * n_embd weights per token.
-// Included by all.cu after moe.cu and mvs.cu, whose pieces it uses.
+#include "moe.cuh"  // moe_topk_row
+#include "mvs.cuh"
 
 // Router logits for the block's rb experts; the last block to finish picks the top k.
 template <int T>

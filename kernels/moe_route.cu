@@ -11,8 +11,7 @@
 //   weights divided by their sum (clamped to >= 2^-14) when `normalize`, then times `scale`
 // Equal scores go to the lower group / expert id, as a stable sort orders them. Negligible work
 // next to the expert matrices; it only has to keep the decode step on the GPU.
-// Uses moe.cu's moe_block_argmax: all.cu includes this file after it.
-#include "common.cuh"
+#include "moe.cuh"  // moe_block_argmax
 
 #define ROUTE_MAX_GROUPS 64
 

@@ -19,6 +19,8 @@ import json
 import statistics
 import time
 
+from .gpu.step import Seq, Step
+
 
 def _events_ms(dev, stream, fn, repeats: int) -> float:
     start, end = dev.event(timing=True), dev.event(timing=True)
@@ -85,14 +87,14 @@ def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
     n_tokens decode-graph replays back to back after one prefill of `depth` tokens, the state
     rewound to just after the prefill for each repeat (median)."""
     dev, s = runner.dev, runner.stream
-    graph = runner._decode_graph(True)
+    graph = runner.step_graph(greedy=True)
     out = []
     for depth in depths:
         if depth + n_tokens + 2 > runner.max_context:
             out.append({"depth": depth, "skipped": f"context {runner.max_context}"})
             continue
         ids = [(7 * i + 11) % min(runner.config.vocab_size, 1000) + 1 for i in range(depth)]
-        runner.prefill(ids)
+        runner.prefill_greedy(ids)
         dev.sync(s)  # the prefill's input copies have left the pinned buffer we rewrite below
 
         def run():
@@ -101,7 +103,7 @@ def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
 
         times = []
         for _ in range(repeats):
-            runner._write_inputs([ids[-1]], [depth], [depth], n_kv=depth + 1)  # any token: the time is the same
+            runner.write(Step.of(Seq.prompt([ids[-1]], start=depth)))  # rewind; any token: the time is the same
             times.append(_events_ms(dev, s, run, 1))
         ms = statistics.median(times)
         out.append({"depth": depth, "tokens": n_tokens, "ms": round(ms, 3), "tok_s": round(n_tokens / (ms / 1000), 1)})
@@ -123,8 +125,8 @@ def decode_rate(engine, n_tokens: int, repeats: int) -> dict:
 
 def prefill_rate(runner, n: int, repeats: int) -> dict:
     ids = [(7 * i + 11) % min(runner.config.vocab_size, 1000) + 1 for i in range(n)]
-    runner.prefill(ids)
-    ms = _events_ms(runner.dev, runner.stream, lambda: runner.prefill(ids), repeats)
+    runner.prefill_greedy(ids)
+    ms = _events_ms(runner.dev, runner.stream, lambda: runner.prefill_greedy(ids), repeats)
     return {"tokens": n, "ms": round(ms, 3), "tok_s": round(n / (ms / 1000), 1)}
 
 

@@ -30,6 +30,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from reflex_runtime.gpu import products  # noqa: E402  (the kernels' launchers; no driver import)
+from reflex_runtime.gpu.ops import attention, attn_decode, moe, moe_decode, mvs, sample  # noqa: E402
+from reflex_runtime.gpu.ops.common import Weight  # noqa: E402
+from reflex_runtime.gpu.ops.sample import RxState  # noqa: E402
+from reflex_runtime.gpu.step import Seq, Step  # noqa: E402
+
 L2_CYCLE_BYTES = 256 << 20  # weights cycled per chain: well past the H200's 50 MB L2
 CHAIN = 64  # launches per timed graph
 
@@ -161,7 +167,6 @@ class Bench:
 def weight_copies(pool: int, pool_bytes: int, type_name: str, rows: list[int], k: int) -> list[list]:
     """Copies of the matrices of one launch (its segments), laid out one after another in the
     pool: enough copies to cycle over more than L2_CYCLE_BYTES, as many as fit."""
-    from reflex_runtime.gpu.launch import Weight
 
     bs, ts = LAYOUT[type_name]
     row_bytes = k // bs * ts
@@ -179,8 +184,6 @@ def weight_copies(pool: int, pool_bytes: int, type_name: str, rows: list[int], k
 
 
 def bench_matvec(b: Bench, pool: int, pool_bytes: int, copy: float) -> list[dict]:
-    from reflex_runtime.gpu.driver import RxState
-
     L, out = b.L, []
     x = b.alloc_random(4 * 16384, 1)
     nw = b.alloc_random(4 * 16384, 2)
@@ -200,15 +203,15 @@ def bench_matvec(b: Bench, pool: int, pool_bytes: int, copy: float) -> list[dict
 
                 def call(ws, head_pick):
                     if kind == "mv":
-                        return lambda: L.matmul_segments(ws, x, y[:len(ws)], 1, accumulate=False, norm_w=nw, eps=1e-6)
+                        return lambda: products.segments(L, ws, x, y[:len(ws)], 1, accumulate=False, norm_w=nw, eps=1e-6)
                     if kind == "glu":
-                        return lambda: L.gated_ffn_in(ws[0], ws[1], x, y[0], 1, 0, y[1], y[2], norm_w=nw, eps=1e-6)
+                        return lambda: products.gated_ffn_in(L, ws[0], ws[1], x, y[0], 1, 0, y[1], y[2], norm_w=nw, eps=1e-6)
 
                     def head():
-                        if not L.mv_head(ws[0], x, y[0], nw, 1e-6, (part_v, part_i, counter, state, 0) if head_pick else None):
-                            L.matmul(ws[0], x, y[0], 1, norm_w=nw, eps=1e-6)
+                        if not mvs.head(L, ws[0], x, y[0], nw, 1e-6, (part_v, part_i, counter, state, 0) if head_pick else None):
+                            products.matmul(L, ws[0], x, y[0], 1, norm_w=nw, eps=1e-6)
                             if head_pick:
-                                L.argmax(y[0], ws[0].rows, part_v, part_i, 128, state, 0)
+                                sample.argmax(L, y[0], ws[0].rows, part_v, part_i, 128, state, 0)
                     return head
 
                 for cand, knobs in MV_CANDIDATES.items():
@@ -231,7 +234,6 @@ def bench_moe(b: Bench, pool: int, pool_bytes: int, copy: float) -> list[dict]:
     gate/up (768 x 2048 each) and down (2048 x 768), Q8_0, random expert ids per launch."""
     import numpy as np
 
-    from reflex_runtime.gpu.launch import Weight
 
     L, out = b.L, []
     n_expert, k, n_ff, E = 128, 8, 768, 2048
@@ -259,27 +261,28 @@ def bench_moe(b: Bench, pool: int, pool_bytes: int, copy: float) -> list[dict]:
         staged = knobs is not None
 
         def router_call():
-            if not (staged and L.moe_router_topk(router, x, nw, 1e-6, logits, k, True, oid, ow, counter)):
-                L.matmul_segments([router], x, [logits], 1, norm_w=nw, eps=1e-6)
-                L.moe_topk(logits, 1, n_expert, k, True, oid, ow)
+            if not (staged and moe_decode.router_topk(L, router, x, nw, 1e-6, logits, k, True, oid, ow, counter)):
+                products.segments(L, [router], x, [logits], 1, norm_w=nw, eps=1e-6)
+                moe.topk(L, logits, 1, n_expert, k, True, oid, ow)
 
         def glu_call(i):
             def f():
-                if not (staged and L.moe_glu_mv1(gate, up, n_ff * rb, ids + 4 * k * i, k, x, act, n_ff, 0, nw, 1e-6)):
-                    L.moe_glu_mv(gate, up, n_ff * rb, ids + 4 * k * i, k, x, act, 1, n_ff, 0, nw, 1e-6)
+                if not (staged and mvs.expert_glu(L, gate, up, n_ff * rb, ids + 4 * k * i, k, x, act, n_ff, 0, nw, 1e-6)):
+                    moe.glu_mv(L, gate, up, n_ff * rb, ids + 4 * k * i, k, x, act, 1, n_ff, 0, nw, 1e-6)
             return f
 
         def down_call(i):
             def f():
-                if not (staged and L.moe_down_mv1(down, E * down.row_bytes, ids + 4 * k * i, wts + 4 * k * i, k, act,
-                                                  resid, E, early=True)):
-                    L.moe_down_mv(down, E * down.row_bytes, ids + 4 * k * i, wts + 4 * k * i, k, act, resid, 1, E)
+                if not (staged and moe_decode.down(L, down, E * down.row_bytes, ids + 4 * k * i, wts + 4 * k * i, k,
+                                                   act, resid, E, early=True)):
+                    moe.down_mv(L, down, E * down.row_bytes, ids + 4 * k * i, wts + 4 * k * i, k, act, resid, 1, E)
             return f
 
         for part, calls, wbytes in (("router + top-8", [router_call] * CHAIN, router.nbytes),
                                     ("experts gate/up", [glu_call(i) for i in range(CHAIN)], gu_bytes),
                                     ("experts down", [down_call(i) for i in range(CHAIN)], d_bytes),
-                                    ("gate/up + down", [f for i in range(CHAIN // 2) for f in (glu_call(i), down_call(i))],
+                                    ("gate/up + down",
+                                     [f for i in range(CHAIN // 2) for f in (glu_call(i), down_call(i))],
                                      (gu_bytes + d_bytes) / 2)):
             us = b.time_chain(calls, True)
             gb = wbytes / (us / 1e6) / 1e9
@@ -292,14 +295,12 @@ def bench_moe(b: Bench, pool: int, pool_bytes: int, copy: float) -> list[dict]:
 def bench_attention(b: Bench, kv_pool: int, kv_bytes: int, copy: float, contexts) -> list[dict]:
     import numpy as np
 
-    from reflex_runtime.gpu.launch import ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX
-
     L, out = b.L, []
     for model, n_head, n_kvh, hd in ATTN_SHAPES:
         q = b.alloc_random(4 * n_head * hd, 8)
         att = b.dev.alloc(4 * n_head * hd)
-        part_o = b.dev.alloc(4 * n_head * ATTN_SPLITS_MAX * hd)
-        part_ml = b.dev.alloc(4 * n_head * ATTN_SPLITS_MAX * 2)
+        part_o = b.dev.alloc(4 * n_head * attn_decode.SPLITS_MAX * hd)
+        part_ml = b.dev.alloc(4 * n_head * attn_decode.SPLITS_MAX * 2)
         counters = b.dev.alloc(4 * n_head)
         b.dev.memset32(counters, 0, n_head, b.s)
         for n_ctx in contexts:
@@ -318,17 +319,19 @@ def bench_attention(b: Bench, kv_pool: int, kv_bytes: int, copy: float, contexts
                     vc = kc + layer // 2
 
                     def f():
-                        if not (knobs is not None and L.attention_decode(
+                        if not (knobs is not None and attn_decode.attention(L, 
                                 q, kc, vc, kv_pos, q_pos, q_slot, n_kv, att, part_o, part_ml, counters, n_head, n_kvh,
                                 hd, hd, n_ctx, 0, 1.0 / hd ** 0.5, 0.0, prefetch=True)):
-                            L.attention(q, kc, vc, kv_pos, q_pos, q_slot, 0, 0, n_kv, att, part_o, part_ml, counters, 1,
-                                        n_head, n_kvh, hd, hd, n_ctx, 0, 1.0 / hd ** 0.5, 0.0, ATTN_SPLITS_DECODE)
+                            attention.attention(L, q, kc, vc, kv_pos, q_pos, q_slot, 0, 0, n_kv, att, part_o, part_ml,
+                                                counters, 1, n_head, n_kvh, hd, hd, n_ctx, 0, 1.0 / hd ** 0.5, 0.0,
+                                                attention.SPLITS_DECODE)
                     return f
 
                 us = b.time_chain([call(i) for i in range(CHAIN)], True)
                 gb = kv_read / (us / 1e6) / 1e9
-                out.append({"model": model, "context": n_ctx, "candidate": cand, "us": round(us, 2), "gb_s": round(gb, 1),
-                            "of_copy": round(gb / copy, 3), "kv_bytes": kv_read, "layers_cycled": n_layers})
+                out.append({ "model": model, "context": n_ctx, "candidate": cand, "us": round(us, 2),
+                            "gb_s": round(gb, 1), "of_copy": round(gb / copy, 3), "kv_bytes": kv_read,
+                            "layers_cycled": n_layers})
     b.set({})
     return out
 
@@ -346,7 +349,7 @@ def bench_steps(model_path: str, depths, n_tokens: int, repeats: int) -> dict:
     start, end = dev.event(timing=True), dev.event(timing=True)
     for depth in depths:
         ids = [(7 * i + 11) % min(runner.config.vocab_size, 1000) + 1 for i in range(depth)]
-        runner.prefill(ids)
+        runner.prefill_greedy(ids)
         dev.sync(s)
         first = ids[-1]  # any token: a step's time does not depend on which
         for cand, knobs in STEP_CANDIDATES.items():
@@ -357,10 +360,10 @@ def bench_steps(model_path: str, depths, n_tokens: int, repeats: int) -> dict:
             for k, v in knobs.items():
                 setattr(L, k, v)
             runner.reset_graphs()
-            graph = runner._decode_graph(True)
+            graph = runner.step_graph(greedy=True)
             times = []
             for _ in range(repeats):
-                runner._write_inputs([first], [depth], [depth], n_kv=depth + 1)  # rewind to just after the prefill
+                runner.write(Step.of(Seq.prompt([first], start=depth)))  # rewind to just after the prefill
                 dev.record(start, s)
                 for _ in range(n_tokens):
                     graph.launch(s)

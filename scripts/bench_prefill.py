@@ -31,6 +31,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from reflex_runtime.gpu import products  # noqa: E402  (the kernels' launchers; no driver import)
+from reflex_runtime.gpu.ops import attention, flash_attn, gemm, matmul, matvec, moe, norm  # noqa: E402
+from reflex_runtime.gpu.ops.common import WEIGHT_TYPES, Weight  # noqa: E402
+
 TOKENS = (16, 64, 128, 512, 2048)
 CROSSOVER_TOKENS = (8, 16, 24, 32, 48, 64, 96, 128)
 POOL_BYTES = 704 << 20  # one layer of 30B-A3B experts in Q8_0 (641 MB) fits
@@ -93,7 +97,6 @@ class Bench:
         """Copy number `copy` of matrices rows[0] x k, rows[1] x k, ... laid out one after the other
         (256-byte aligned) in the pool from byte `base`; copies follow each other, wrapping around."""
         from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
-        from reflex_runtime.gpu.launch import Weight
 
         t = GGML_TYPES_BY_NAME[type_name]
         rb = k // t.block_size * t.type_size
@@ -141,7 +144,7 @@ class Bench:
 
 # -- dense products --------------------------------------------------------------------------------
 
-def dense_candidates(b: Bench, type_name: str, k: int, rows: list[int], glu: bool, n: int, matvec: bool,
+def dense_candidates(b: Bench, type_name: str, k: int, rows: list[int], glu: bool, n: int, with_matvec: bool,
                      crossover_only: bool = False):
     """{candidate: us per call} for one product of a layer at n tokens (crossover_only: the
     launcher's tile choice and the matrix-vector kernel only)."""
@@ -159,29 +162,29 @@ def dense_candidates(b: Bench, type_name: str, k: int, rows: list[int], glu: boo
         return layouts[i]
 
     cands = {}
-    ok = b.L.gemm_ok(ws(0)[0])
-    auto = L.gemm_cfg(n, sum(rows))
+    ok = gemm.ok(L, ws(0)[0])
+    auto = gemm.cfg_for(L, n, sum(rows))
     for cfg in ((auto,) if crossover_only else ("l", "s")) if ok else ():
         if glu:
-            cands[f"gemm_{cfg}"] = lambda i, cfg=cfg: L.gemm_glu(*ws(i), x, outs[0], n, 0, cfg=cfg)
+            cands[f"gemm_{cfg}"] = lambda i, cfg=cfg: gemm.glu(L, *ws(i), x, outs[0], n, 0, cfg=cfg)
         else:
-            cands[f"gemm_{cfg}"] = lambda i, cfg=cfg: L.gemm(ws(i), x, outs, n, cfg=cfg)
+            cands[f"gemm_{cfg}"] = lambda i, cfg=cfg: gemm.gemm(L, ws(i), x, outs, n, cfg=cfg)
     if k % 64 == 0 and not crossover_only:
         def wmma(i):
             w = ws(i)
             if glu:
-                L.mm_wmma(w[0], x, g_buf, n)
-                L.mm_wmma(w[1], x, u_buf, n)
-                L.glu(g_buf, u_buf, outs[0], n * rows[0], 0)
+                matmul.mm(L, w[0], x, g_buf, n)
+                matmul.mm(L, w[1], x, u_buf, n)
+                norm.glu(L, g_buf, u_buf, outs[0], n * rows[0], 0)
             else:
                 for wi, y in zip(w, outs):
-                    L.mm_wmma(wi, x, y, n)
+                    matmul.mm(L, wi, x, y, n)
         cands["wmma"] = wmma
-    if matvec:
+    if with_matvec:
         if glu:
-            cands["matvec"] = lambda i: L.mv_glu(*ws(i), x, outs[0], n, 0)
+            cands["matvec"] = lambda i: matvec.glu(L, *ws(i), x, outs[0], n, 0)
         else:
-            cands["matvec"] = lambda i: L.matmul_segments(ws(i), x, outs, n)
+            cands["matvec"] = lambda i: products.segments(L, ws(i), x, outs, n)
     res = {name: b.time(fn, copies) for name, fn in cands.items()}
     if ok:
         res["auto"] = res[f"gemm_{auto}"]
@@ -191,21 +194,21 @@ def dense_candidates(b: Bench, type_name: str, k: int, rows: list[int], glu: boo
 
 def run_dense(b: Bench, types: list[str]) -> tuple[list, dict]:
     records, crossover = [], {}
-    for model, products in DENSE.items():
+    for model, prods in DENSE.items():
         for tn in types:
             from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
 
             qk = GGML_TYPES_BY_NAME[tn].block_size
-            usable = [p for p in products if p[1] % qk == 0]
-            if len(usable) < len(products):
+            usable = [p for p in prods if p[1] % qk == 0]
+            if len(usable) < len(prods):
                 continue  # K-quants cannot hold Gemma's 640-wide rows
             layer: dict[int, dict] = {}
             ns = sorted(set(TOKENS) | (set(CROSSOVER_TOKENS) if model == "qwen3-0.6b" else set()))
             if b.quick:
                 ns = [16, 128, 512]
             for n in ns:
-                for name, k, rows, glu in products:
-                    res, nbytes, copies = dense_candidates(b, tn, k, rows, glu, n, matvec=n <= 128,
+                for name, k, rows, glu in prods:
+                    res, nbytes, copies = dense_candidates(b, tn, k, rows, glu, n, with_matvec=n <= 128,
                                                            crossover_only=n not in TOKENS)
                     flops = 2 * n * k * sum(rows) * (2 if glu else 1)
                     rec = {"model": model, "product": name, "type": tn, "tokens": n, "k": k, "rows": rows, "glu": glu,
@@ -253,17 +256,18 @@ def run_attention(b: Bench) -> list:
             b.dev.sync(b.s)
             scale = 1 / hd ** 0.5
             res = {}
-            if L.flash_ok(n, hd, hd, n_head, n_kv):
-                res["flash"] = b.time(lambda i: L.flash_attention(q, kc, vc, pos, pos, pos, 0, 0, n_kv_d, att, n, n_head,
-                                                                  n_kv, hd, n_ctx, window, scale, 0.0), 3)
-            res["reflex_attn"] = b.time(lambda i: L.attention(q, kc, vc, pos, pos, pos, 0, 0, n_kv_d, att, 0, 0, 0, n,
-                                                              n_head, n_kv, hd, hd, n_ctx, window, scale, 0.0, 1), 1)
+            if flash_attn.ok(L, n, hd, hd, n_head, n_kv):
+                res["flash"] = b.time(lambda i: flash_attn.attention(L, q, kc, vc, pos, pos, pos, 0, 0, n_kv_d, att, n,
+                                                                     n_head, n_kv, hd, n_ctx, window, scale, 0.0), 3)
+            res["reflex_attn"] = b.time(lambda i: attention.attention(L, q, kc, vc, pos, pos, pos, 0, 0, n_kv_d, att, 0,
+                                                                      0, 0, n, n_head, n_kv, hd, hd, n_ctx, window,
+                                                                      scale, 0.0, 1), 1)
             keys = sum(min(t + 1, window) if window else t + 1 for t in range(n))
             flops = 4 * hd * keys * n_head
             out.append({"model": model, "tokens": n, "window": window, "us": {c: round(v, 1) for c, v in res.items()},
                         "tflops": {c: round(flops / (v * 1e-6) / 1e12, 2) for c, v in res.items()}})
-            print(f"  attention {model} n={n}: " + ", ".join(f"{c} {v:.1f} us" for c, v in res.items()), file=sys.stderr,
-                  flush=True)
+            print(f"  attention {model} n={n}: " + ", ".join(f"{c} {v:.1f} us" for c, v in res.items()),
+                  file=sys.stderr, flush=True)
             b.dev.free(pos)
             b.dev.free(n_kv_d)
     return out
@@ -275,7 +279,7 @@ def run_moe(b: Bench, types: list[str]) -> list:
     import numpy as np
 
     from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
-    from reflex_runtime.gpu.launch import MoeGroups, moe_down_col_tiles, moe_max_tiles
+    from reflex_runtime.gpu.ops.moe import MoeGroups
 
     L, out = b.L, []
     E, F, n_exp, k = MOE["n_embd"], MOE["n_ff"], MOE["n_expert"], MOE["k"]
@@ -295,39 +299,39 @@ def run_moe(b: Bench, types: list[str]) -> list:
             host = rng.standard_normal(n * n_exp).astype(np.float32)
             b.dev.htod(logits, host.ctypes.data, host.nbytes, b.s)
             ids, wts = b.buf("moe_ids", pairs), b.buf("moe_w", pairs)
-            L.moe_topk(logits, n, n_exp, k, True, ids, wts)
-            mt = moe_max_tiles(pairs, n_exp)
+            moe.topk(L, logits, n, n_exp, k, True, ids, wts)
+            mt = moe.max_tiles(pairs, n_exp)
             grp = MoeGroups(b.buf("moe_counts", n_exp), b.buf("moe_offsets", n_exp), b.buf("moe_pt", pairs),
                             b.buf("moe_pid", pairs), b.buf("moe_te", mt), b.buf("moe_tm", mt), b.buf("moe_nt", 1), mt)
             x, act = b.buf("moe_x", n * E), b.buf("moe_act", pairs * F)
             g_buf, u_buf, y = b.buf("moe_g", pairs * F), b.buf("moe_u", pairs * F), b.buf("moe_y", pairs * E)
-            counters = b.buf("moe_counters_%d" % n, n * moe_down_col_tiles(E), fill=0.0)  # int zeros
+            counters = b.buf("moe_counters_%d" % n, n * gemm.down_col_tiles(E), fill=0.0)  # int zeros
             b.dev.sync(b.s)
             res = {}
 
             def group(i):
-                L.moe_group(ids, pairs, n_exp, k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, grp.tile_e,
-                            grp.tile_m0, grp.n_tiles)
+                moe.group(L, ids, pairs, n_exp, k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, grp.tile_e,
+                          grp.tile_m0, grp.n_tiles)
 
-            if L.gemm_ok(wg):
+            if gemm.ok(L, wg):
                 def grouped(i):
                     group(i)
-                    L.moe_gemm_glu(wg, wu, F * wg.row_bytes, F, grp, x, act, 0)
-                    L.moe_gemm_down(wd, E * wd.row_bytes, E, grp, act, wts, k, y, x, counters)
+                    gemm.moe_glu(L, wg, wu, F * wg.row_bytes, F, grp, x, act, 0)
+                    gemm.moe_down(L, wd, E * wd.row_bytes, E, grp, act, wts, k, y, x, counters)
                 res["grouped_gemm"] = b.time(grouped, 2)
             if E % 64 == 0 and F % 64 == 0:
                 def per_expert(i):
                     group(i)
                     for w, o in ((wg, g_buf), (wu, u_buf)):
-                        L.moe_mm(w, F * w.row_bytes, n_exp, F, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, x, o)
-                    L.glu(g_buf, u_buf, act, pairs * F, 0)
-                    L.moe_mm(wd, E * wd.row_bytes, n_exp, E, grp.counts, grp.offsets, grp.pair_id, grp.pair_id, act, y)
-                    L.moe_combine(y, wts, k, x, E, n)
+                        moe.mm(L, w, F * w.row_bytes, n_exp, F, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, x, o)
+                    norm.glu(L, g_buf, u_buf, act, pairs * F, 0)
+                    moe.mm(L, wd, E * wd.row_bytes, n_exp, E, grp.counts, grp.offsets, grp.pair_id, grp.pair_id, act, y)
+                    moe.combine(L, y, wts, k, x, E, n)
                 res["wmma_per_expert"] = b.time(per_expert, 2)
             if n <= 128:
                 def matvec(i):
-                    L.moe_glu_mv(wg, wu, F * wg.row_bytes, ids, k, x, act, n, F, 0)
-                    L.moe_down_mv(wd, E * wd.row_bytes, ids, wts, k, act, x, n, E)
+                    moe.glu_mv(L, wg, wu, F * wg.row_bytes, ids, k, x, act, n, F, 0)
+                    moe.down_mv(L, wd, E * wd.row_bytes, ids, wts, k, act, x, n, E)
                 res["matvec"] = b.time(matvec, 2)
             flops = 2 * pairs * 3 * E * F
             out.append({"type": tn, "tokens": n, "us": {c: round(v, 1) for c, v in res.items()},
@@ -343,8 +347,6 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer sizes and repeats (a smoke run)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: dense, attention, moe")
     args = ap.parse_args()
-    from reflex_runtime.gpu.kernels import WEIGHT_TYPES
-
     types = args.types.split(",") if args.types else list(WEIGHT_TYPES)
     bad = [t for t in types if t not in WEIGHT_TYPES]
     if bad:

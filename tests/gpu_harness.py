@@ -28,8 +28,8 @@ TYPE_NAMES = {Q.F32: "F32", Q.F16: "F16", Q.BF16: "BF16", Q.Q8_0: "Q8_0", Q.Q4_0
 
 
 def random_weight(gpu, qtype, rows, k, rng):
-    """A random rows x k matrix of type qtype on the device (a gpu.launch Weight) and its float32 values."""
-    from reflex_runtime.gpu.launch import Weight
+    """A random rows x k matrix of type qtype on the device (a gpu.ops.common Weight) and its float32 values."""
+    from reflex_runtime.gpu.ops.common import Weight
 
     raw, dense = random_matrix(qtype, rows, k, rng)
     return Weight(gpu.put(raw), TYPE_NAMES[qtype], rows, k, raw.nbytes // rows), dense

@@ -76,7 +76,7 @@ class EmulatedRunner:
         self.n_expert = ref.config.extra["n_expert"]
 
     def _forward(self, ids, cache):
-        from reflex_runtime.gpu.launch import matvec_path
+        from reflex_runtime.gpu.products import matvec_path
         from reflex_runtime.gpu.runner import MAX_BATCH
 
         rows = []

@@ -7,7 +7,7 @@ import pytest
 
 import test_gpu_constrained as G
 from host_emu_harness import build_host_harness
-from reflex_runtime.gpu.constrained import STATS_PARTS
+from reflex_runtime.gpu.ops.constrain import STATS_PARTS
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,9 @@ import sys
 import numpy as np
 import pytest
 
-from reflex_runtime.gpu.constrained import STATS_PARTS, STATS_TOPK, merge_stats
+from reflex_runtime.gpu.constrained import merge_stats
+from reflex_runtime.gpu.ops import constrain
+from reflex_runtime.gpu.ops.constrain import STATS_PARTS, STATS_TOPK
 from reflex_runtime.reference.sampling import token_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +47,7 @@ def check_logit_stats(h, n: int, k: int, parts: int, seed: int) -> None:
     xp = h.put(x)
     pf = h.poisoned((parts, 2 + STATS_TOPK))
     pi = h.poisoned((parts, STATS_TOPK), np.int32)
-    h.launch.logit_stats(xp, n, k, pf, pi, parts)
+    constrain.logit_stats(h.launch, xp, n, k, pf, pi, parts)
     h.sync()
     part_f, part_i = h.get(pf, (parts, 2 + STATS_TOPK)), h.get(pi, (parts, STATS_TOPK), np.int32)
     assert not np.isnan(part_f[:, :2]).any()
@@ -63,7 +65,7 @@ def check_mask(h, n: int, seed: int) -> None:
     allow = rng.random(n) < 0.3
     words = np.packbits(np.concatenate([allow, np.zeros(-n % 32, bool)]), bitorder="little").view("<u4")
     xp = h.put(x)
-    h.launch.mask_logits(xp, h.put(words), n)
+    constrain.mask_logits(h.launch, xp, h.put(words), n)
     h.sync()
     got = h.get(xp, (n,))
     assert np.array_equal(got[allow], x[allow]) and np.isneginf(got[~allow]).all()
@@ -74,7 +76,7 @@ def check_token_logit(h, n: int, seed: int) -> None:
     x = rng.normal(size=n).astype(np.float32)
     tok = int(rng.integers(0, n))
     out = h.poisoned((1,))
-    h.launch.token_logit(h.put(x), h.put(np.array([tok], np.int32)), out)
+    constrain.token_logit(h.launch, h.put(x), h.put(np.array([tok], np.int32)), out)
     h.sync()
     assert h.get(out, (1,))[0] == x[tok]
 

@@ -17,6 +17,10 @@ from gpu_harness import FIXTURE_TYPES, PROMPT, TYPE_NAMES, reference_greedy
 from gpu_harness import random_weight as weight
 from gpu_harness import rms_ref
 
+from reflex_runtime.gpu.ops import mla, moe_route
+from reflex_runtime.gpu.ops.common import Weight
+from reflex_runtime.gpu.products import matvec_path
+
 pytestmark = pytest.mark.gpu
 
 THETA = 10_000.0
@@ -40,7 +44,7 @@ def test_mla_rope_and_latent_cache_store(gpu, n_head, nope, rope, r, scaling):
     from reflex_runtime.families.deepseek2.config import rope_frequencies
     from reflex_runtime.families.deepseek2.reference import rope_tables
     from reflex_runtime.reference.layers import rope_pairs
-    from reflex_runtime.gpu.launch import MlaRope
+    from reflex_runtime.gpu.ops.mla import MlaRope
 
     rng = np.random.default_rng([n_head, nope, rope, r])
     e = dict(qk_rope=rope, rope_scaling=scaling, rope_factor=40.0 if scaling == "yarn" else 2.0, yarn_orig_ctx=64,
@@ -53,8 +57,8 @@ def test_mla_rope_and_latent_cache_store(gpu, n_head, nope, rope, r, scaling):
     nw = (rng.random(r) + 0.5).astype(np.float32)
     qm, cache = gpu.poisoned((n_tok, n_head, d)), gpu.put(_f16_nan((n_ctx, d)))
     tab = MlaRope.of(rope_frequencies(e, THETA))
-    gpu.launch.mla_rope_store(gpu.put(q), qm, gpu.put(kv), gpu.put(nw), gpu.put(pos), gpu.put(slot), cache, tab,
-                              e["rope_attn_factor"], n_tok, n_head, nope, rope, r, eps)
+    mla.rope_store(gpu.launch, gpu.put(q), qm, gpu.put(kv), gpu.put(nw), gpu.put(pos), gpu.put(slot), cache, tab,
+                   e["rope_attn_factor"], n_tok, n_head, nope, rope, r, eps)
     cos, sin = rope_tables(pos, e, THETA)
     got = gpu.get(qm, (n_tok, n_head, d))
     assert np.isnan(got[..., :r]).all(), "the absorbed part of qm belongs to the absorption kernel"
@@ -83,7 +87,6 @@ def _heads_bound(x, dense, rtol):
 def test_mla_per_head_products(gpu, qtype, n_tok, k64):
     """y[t, h] = W_h x[t, h] with strided heads (the absorption and the value up-projection);
     70 tokens with K % 64 == 0 take the tensor-core kernel."""
-    from reflex_runtime.gpu.launch import MM_MIN_TOKENS, Weight
 
     rng = np.random.default_rng([int(qtype), n_tok, k64])
     n_head, rows, K = 5, 37, _k_for(qtype, k64)
@@ -92,16 +95,16 @@ def test_mla_per_head_products(gpu, qtype, n_tok, k64):
     x_head, y_head = K + 8, rows + 3  # padded heads: strides are honored, the padding left alone
     x = rng.standard_normal((n_tok, n_head, x_head)).astype(np.float32)
     y = gpu.poisoned((n_tok, n_head, y_head))
-    gpu.launch.mla_heads(head, rows * w.row_bytes, gpu.put(x), n_head * x_head, x_head, y, n_head * y_head, y_head,
-                         n_tok, n_head)
+    mla.heads(gpu.launch, head, rows * w.row_bytes, gpu.put(x), n_head * x_head, x_head, y, n_head * y_head, y_head,
+              n_tok, n_head, tensor_cores=not matvec_path(n_tok))  # as the latent attention block asks
     got = gpu.get(y, (n_tok, n_head, y_head))
     assert np.isnan(got[..., rows:]).all()
-    tensor_cores = n_tok >= MM_MIN_TOKENS and K % 64 == 0
+    tensor_cores = not matvec_path(n_tok) and K % 64 == 0
     for h in range(n_head):
         dh = dense[h * rows:(h + 1) * rows]
         xh = x[:, h, :K]
-        _assert_close_bound(got[:, h, :rows], xh.astype(np.float64) @ dh.T, _heads_bound(xh, dh, 2e-3 if tensor_cores else 1e-4),
-                            f"head {h}")
+        _assert_close_bound(got[:, h, :rows], xh.astype(np.float64) @ dh.T,
+                            _heads_bound(xh, dh, 2e-3 if tensor_cores else 1e-4), f"head {h}")
 
 
 @pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
@@ -109,8 +112,6 @@ def test_mla_per_head_products(gpu, qtype, n_tok, k64):
 def test_mla_legacy_kv_b_views(gpu, qtype, n_tok):
     """The legacy attn_kv_b (rows per head [W_k (nope) | W_v (v)], each of kv_lora_rank): the
     absorption W_k[h]^T q_nope through the transposed kernel and W_v[h] att through a view."""
-    from reflex_runtime.gpu.launch import Weight
-
     rng = np.random.default_rng([int(qtype), n_tok, 11])
     n_head, nope, v = 3, 40, 24
     r = 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 96  # 96: 12 column groups, 21 row slices, idle threads
@@ -120,8 +121,8 @@ def test_mla_legacy_kv_b_views(gpu, qtype, n_tok):
     x_head = nope + 8
     x = rng.standard_normal((n_tok, n_head, x_head)).astype(np.float32)
     y = gpu.poisoned((n_tok, n_head, r + 16))
-    gpu.launch.mla_heads_t(Weight(w.ptr, w.type_name, nope, r, w.row_bytes), stride, gpu.put(x), n_head * x_head,
-                           x_head, y, n_head * (r + 16), r + 16, n_tok, n_head)
+    mla.heads_t(gpu.launch, Weight(w.ptr, w.type_name, nope, r, w.row_bytes), stride, gpu.put(x), n_head * x_head,
+                x_head, y, n_head * (r + 16), r + 16, n_tok, n_head)
     got = gpu.get(y, (n_tok, n_head, r + 16))
     assert np.isnan(got[..., r:]).all()
     for h in range(n_head):
@@ -130,7 +131,8 @@ def test_mla_legacy_kv_b_views(gpu, qtype, n_tok):
     att = rng.standard_normal((n_tok, n_head, r)).astype(np.float32)
     o = gpu.poisoned((n_tok, n_head, v))
     wv = Weight(w.ptr + nope * w.row_bytes, w.type_name, v, r, w.row_bytes)
-    gpu.launch.mla_heads(wv, stride, gpu.put(att), n_head * r, r, o, n_head * v, v, n_tok, n_head)
+    mla.heads(gpu.launch, wv, stride, gpu.put(att), n_head * r, r, o, n_head * v, v, n_tok, n_head,
+              tensor_cores=not matvec_path(n_tok))
     got = gpu.get(o, (n_tok, n_head, v))
     for h in range(n_head):
         dv, ah = per_head[h, nope:], att[:, h]
@@ -171,7 +173,6 @@ MLA_CASES = {
 
 @pytest.mark.parametrize("case", list(MLA_CASES))
 def test_mla_attention(gpu, case):
-    from reflex_runtime.gpu.launch import MLA_HEADS, MLA_SPLITS_DECODE
 
     n_head, r, rope, n_tok, first, tree = MLA_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
@@ -190,19 +191,19 @@ def test_mla_attention(gpu, case):
             s += ln
         seg_lo[4:] = starts
     n_kv = first + n_tok
-    n_split = MLA_SPLITS_DECODE if n_tok == 1 else 1
+    n_split = mla.SPLITS_DECODE if n_tok == 1 else 1
     scale = 1.0 / np.sqrt(192.0) * 1.3
-    groups = -(-n_head // MLA_HEADS)
-    part_o = gpu.poisoned((n_head * MLA_SPLITS_DECODE * r,))
-    part_ml = gpu.poisoned((n_head * MLA_SPLITS_DECODE * 2,))
+    groups = -(-n_head // mla.HEADS)
+    part_o = gpu.poisoned((n_head * mla.SPLITS_DECODE * r,))
+    part_ml = gpu.poisoned((n_head * mla.SPLITS_DECODE * 2,))
     counters = gpu.put(np.zeros(n_tok * groups, np.int32))
     expect = _mla_ref(q, cache, q_slot, seg_lo, prefix_len, n_kv, r, scale)
     q_d, cache_d, slot_d = gpu.put(q), gpu.put(cache), gpu.put(q_slot)
     for replay in range(2):  # the split path must leave its counters ready for the next replay
         out = gpu.poisoned((n_tok, n_head, r))
-        gpu.launch.mla_attention(q_d, cache_d, slot_d, gpu.put(seg_lo) if tree else 0, prefix_len,
-                                 gpu.put(np.array([n_kv], np.int32)), out, part_o, part_ml, counters, n_tok, n_head, r,
-                                 d, scale, n_split)
+        mla.attention(gpu.launch, q_d, cache_d, slot_d, gpu.put(seg_lo) if tree else 0, prefix_len,
+                      gpu.put(np.array([n_kv], np.int32)), out, part_o, part_ml, counters, n_tok, n_head, r,
+                      d, scale, n_split)
         np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, r)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (n_tok * groups,), np.int32).any()
 
@@ -246,8 +247,8 @@ def test_deepseek_routing_matches_reference_with_ties(gpu, case):
         bias = (rng.standard_normal(n_expert) * 0.1).astype(np.float32)
         bias[::5] = bias[0]  # equal corrections too
     ids, w = gpu.poisoned((n_tok, k), np.int32), gpu.poisoned((n_tok, k))
-    gpu.launch.moe_route(gpu.put(logits), gpu.put(bias) if has_bias else 0, n_tok, n_expert, k, gating == "sigmoid",
-                         n_group, n_used, gscore == "top2", norm, scale, ids, w)
+    moe_route.route(gpu.launch, gpu.put(logits), gpu.put(bias) if has_bias else 0, n_tok, n_expert, k,
+                    gating == "sigmoid", n_group, n_used, gscore == "top2", norm, scale, ids, w)
     want_ids, want_w = route(logits, e, bias)
     got_ids = gpu.get(ids, (n_tok, k), np.int32)
     assert (got_ids == want_ids).all(), (got_ids, want_ids)

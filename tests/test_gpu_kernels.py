@@ -15,6 +15,12 @@ from gpu_harness import act_ref as _act
 from gpu_harness import random_weight as weight
 from gpu_harness import rms_ref as _rms
 
+from reflex_runtime.gpu import products
+from reflex_runtime.gpu.ops import attention, attn_decode, embed, flash_attn, gemm, matvec, mvs, norm, rope
+from reflex_runtime.gpu.ops import logits as logit_ops
+from reflex_runtime.gpu.ops import sample as sample_ops
+from reflex_runtime.gpu.ops.sample import ARGMAX_PARTS, RxSampling, RxState
+
 pytestmark = pytest.mark.gpu
 
 
@@ -38,7 +44,7 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     base = rng.standard_normal((n_tok, rows)).astype(np.float32) if accumulate else None
     y = gpu.put(base) if accumulate else gpu.poisoned((n_tok, rows))
-    gpu.launch.matmul(w, gpu.put(x), y, n_tok, accumulate=accumulate)
+    products.matmul(gpu.launch, w, gpu.put(x), y, n_tok, accumulate=accumulate)
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, base)
 
 
@@ -46,13 +52,13 @@ def test_matvec(gpu, qtype, rows, n_tok, accumulate):
 @pytest.mark.parametrize("rows,k", [(64, 3072), (96, 1024), (1500, 2048)])
 def test_matvec_split_k_across_warps(gpu, qtype, rows, k):
     """Few rows and long rows: several warps share each row (the decode shapes of a real model)."""
-    wpr = gpu.launch._wpr(rows, k)
+    wpr = matvec.warps_per_row(gpu.launch, rows, k)
     rng = np.random.default_rng([int(qtype), rows, k])
     w, dense = weight(gpu, qtype, rows, k, rng)
     for n_tok in (1, 3):
         x = rng.standard_normal((n_tok, k)).astype(np.float32)
         y = gpu.poisoned((n_tok, rows))
-        gpu.launch.matmul(w, gpu.put(x), y, n_tok)
+        products.matmul(gpu.launch, w, gpu.put(x), y, n_tok)
         assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense)
     assert (wpr > 1) == (k >= 2048)  # the split only pays for rows of 2048+ weights
 
@@ -64,11 +70,11 @@ def test_matvec_rows_per_warp(gpu, qtype, rows, fused_norm):
     rng = np.random.default_rng([int(qtype), rows, fused_norm])
     k = 256
     w, dense = weight(gpu, qtype, rows, k, rng)
-    assert gpu.launch._rpw([rows], 1, gpu.launch._wpr(rows, k)) > 1
+    assert matvec.rows_per_warp([rows], 1, matvec.warps_per_row(gpu.launch, rows, k)) > 1
     x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)
     y = gpu.poisoned((1, rows))
-    gpu.launch.matmul(w, gpu.put(x), y, 1, norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
+    products.matmul(gpu.launch, w, gpu.put(x), y, 1, norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
     xe = _rms(x, nw, 1e-6).astype(np.float32) if fused_norm else x
     assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, rtol=2e-4)
 
@@ -83,7 +89,7 @@ def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
     x = (rng.standard_normal((n_tok, k)) * 4).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)
     ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
-    gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, n_tok, norm_w=gpu.put(nw), eps=eps)
+    products.segments(gpu.launch, [w for w, _ in mats], gpu.put(x), ys, n_tok, norm_w=gpu.put(nw), eps=eps)
     xn = _rms(x, nw, eps).astype(np.float32)
     for (w, dense), y in zip(mats, ys):
         assert_matmul_close(gpu.get(y, (n_tok, w.rows)), xn, dense, rtol=2e-4)
@@ -110,7 +116,7 @@ TC_RTOL = 2e-3
 @pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,n_tok", [(130, 64), (257, 70), (64, 130)])
 def test_tensor_core_matmul(gpu, tc_generation, qtype, rows, n_tok):
-    from reflex_runtime.gpu.launch import MM_MIN_TOKENS
+    from reflex_runtime.gpu.products import MM_MIN_TOKENS
 
     assert n_tok >= MM_MIN_TOKENS  # these sizes take the tensor-core kernel
     rng = np.random.default_rng([int(qtype), rows, n_tok])
@@ -119,12 +125,12 @@ def test_tensor_core_matmul(gpu, tc_generation, qtype, rows, n_tok):
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     y = gpu.poisoned((n_tok, rows))
     n0 = gpu.launch.launches
-    gpu.launch.matmul(w, gpu.put(x), y, n_tok)
+    products.matmul(gpu.launch, w, gpu.put(x), y, n_tok)
     assert gpu.launch.launches == n0 + 1
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x, dense, rtol=TC_RTOL)
     base = rng.standard_normal((n_tok, rows)).astype(np.float32)
     y2 = gpu.put(base)
-    gpu.launch.matmul(w, gpu.put(x), y2, n_tok, accumulate=True)
+    products.matmul(gpu.launch, w, gpu.put(x), y2, n_tok, accumulate=True)
     assert_matmul_close(gpu.get(y2, (n_tok, rows)), x, dense, base, rtol=TC_RTOL)
 
 
@@ -157,13 +163,13 @@ def test_gemm_every_type_and_tile(gpu, qtype, cfg):
             x = rng.standard_normal((n_tok, k)).astype(np.float32)
             xd = gpu.put(x)
             ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
-            gpu.launch.gemm([w for w, _ in mats], xd, ys, n_tok, cfg=cfg)
+            gemm.gemm(gpu.launch, [w for w, _ in mats], xd, ys, n_tok, cfg=cfg)
             for (w, dense), y in zip(mats, ys):
                 assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, rtol=TC_RTOL)
             w, dense = mats[2]
             base = rng.standard_normal((n_tok, w.rows)).astype(np.float32)
             y = gpu.put(base)
-            gpu.launch.gemm([w], xd, [y], n_tok, accumulate=True, cfg=cfg)
+            gemm.gemm(gpu.launch, [w], xd, [y], n_tok, accumulate=True, cfg=cfg)
             assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, base, rtol=TC_RTOL)
 
 
@@ -175,7 +181,7 @@ def test_gemm_reads_x_with_a_row_stride(gpu):
     w, dense = weight(gpu, Q.Q8_0, rows, k, rng)
     x = rng.standard_normal((n_tok, stride)).astype(np.float32)
     y = gpu.poisoned((n_tok, rows))
-    gpu.launch.gemm([w], gpu.put(x), [y], n_tok, x_stride=stride)
+    gemm.gemm(gpu.launch, [w], gpu.put(x), [y], n_tok, x_stride=stride)
     assert_matmul_close(gpu.get(y, (n_tok, rows)), x[:, :k], dense, rtol=TC_RTOL)
 
 
@@ -193,7 +199,7 @@ def test_gemm_gate_up_fused(gpu, qtype, cfg, act):
     for n_tok in (1, 70, 257):
         x = (rng.standard_normal((n_tok, k)) / np.sqrt(k) / max(dg.std(), 1e-3)).astype(np.float32)
         out = gpu.poisoned((n_tok, rows))
-        gpu.launch.gemm_glu(wg, wu, gpu.put(x), out, n_tok, act, cfg=cfg)
+        gemm.glu(gpu.launch, wg, wu, gpu.put(x), out, n_tok, act, cfg=cfg)
         got = gpu.get(out, (n_tok, rows))
         g = x.astype(np.float64) @ dg.T
         u = x.astype(np.float64) @ du.T
@@ -218,14 +224,14 @@ def test_gated_ffn_input(gpu, qtype, act, n_tok, fused_norm):
     x = _rms(x_in, nw, 1e-6).astype(np.float32) if fused_norm else x_in
     out = gpu.poisoned((n_tok, rows))
     g_buf, u_buf = gpu.poisoned((n_tok, rows)), gpu.poisoned((n_tok, rows))
-    gpu.launch.gated_ffn_in(wg, wu, gpu.put(x_in), out, n_tok, act, g_buf, u_buf,
-                         norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
+    products.gated_ffn_in(gpu.launch, wg, wu, gpu.put(x_in), out, n_tok, act, g_buf, u_buf,
+                          norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6)
     got = gpu.get(out, (n_tok, rows))
     g = x.astype(np.float64) @ dg.T
     u = x.astype(np.float64) @ du.T
     with np.errstate(over="ignore"):
         expect = _act(g, act) * u
-    from reflex_runtime.gpu.launch import MM_MIN_TOKENS
+    from reflex_runtime.gpu.products import MM_MIN_TOKENS
 
     rtol = 2e-3 if n_tok >= MM_MIN_TOKENS else 1e-4  # f16 tensor-core inputs vs f32 matrix-vector
     tol = 3 * rtol * (np.abs(x) @ np.abs(dg).T) * (np.abs(x) @ np.abs(du).T) + 1e-5
@@ -240,7 +246,7 @@ def test_embedding_rows(gpu, qtype):
     w, dense = weight(gpu, qtype, vocab, k, rng)
     toks = np.array([0, 300, 17, 17, -1, 301, 150], dtype=np.int32)  # repeats and two out-of-range ids
     out = gpu.poisoned((len(toks), k))
-    gpu.launch.embed(w, gpu.put(toks), out, len(toks), 1.75)
+    embed.embed(gpu.launch, w, gpu.put(toks), out, len(toks), 1.75)
     got = gpu.get(out, (len(toks), k))
     for i, t in enumerate(toks):
         expect = dense[t] * 1.75 if 0 <= t < vocab else np.zeros(k, np.float32)
@@ -256,18 +262,18 @@ def test_rmsnorm_modes(gpu, n):
     w_src, w_out = (rng.random(n) + 0.5).astype(np.float32), (rng.random(n) + 0.5).astype(np.float32)
     # plain
     out = gpu.poisoned((rows, n))
-    gpu.launch.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps)
+    norm.rmsnorm(gpu.launch, gpu.put(src), gpu.put(w_out), out, rows, n, eps)
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(src, w_out, eps), rtol=1e-5, atol=1e-5)
     # residual add then norm
     r = gpu.put(resid)
     out = gpu.poisoned((rows, n))
-    gpu.launch.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r)
+    norm.rmsnorm(gpu.launch, gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r)
     np.testing.assert_allclose(gpu.get(r, (rows, n)), resid + src, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(resid + src, w_out, eps), rtol=1e-5, atol=1e-5)
     # Gemma: post-norm of src into the residual, then the next pre-norm
     r = gpu.put(resid)
     out = gpu.poisoned((rows, n))
-    gpu.launch.rmsnorm(gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r, w_src=gpu.put(w_src))
+    norm.rmsnorm(gpu.launch, gpu.put(src), gpu.put(w_out), out, rows, n, eps, resid=r, w_src=gpu.put(w_src))
     new_resid = resid + _rms(src, w_src, eps)
     np.testing.assert_allclose(gpu.get(r, (rows, n)), new_resid, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gpu.get(out, (rows, n)), _rms(new_resid, w_out, eps), rtol=1e-5, atol=1e-5)
@@ -320,10 +326,10 @@ def test_qk_norm_rope_and_cache_store(gpu, case):
     # Llama 3.1-like factors: 1 for the fast pairs, up to 8 for the slow ones, smooth between
     factors = np.interp(np.arange(rope_dim // 2), [0, rope_dim // 6, rope_dim // 3, rope_dim // 2], [1, 1, 8, 8])
     factors = (factors * (1 + 0.01 * rng.random(rope_dim // 2))).astype(np.float32) if with_factors else None
-    gpu.launch.qk_rope_store(dq, gpu.put(k), gpu.put(v), gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
-                             gpu.put(pos), gpu.put(slot), kv_pos, kc, vc, n_tok, n_head, n_kv, hd, hd_v, rope_dim, base,
-                             freq_scale, eps, n_ctx, freq_factors=gpu.put(factors) if with_factors else 0,
-                             pairwise=pairwise)
+    rope.qk_rope_store(gpu.launch, dq, gpu.put(k), gpu.put(v), gpu.put(qn) if norm else 0, gpu.put(kn) if norm else 0,
+                       gpu.put(pos), gpu.put(slot), kv_pos, kc, vc, n_tok, n_head, n_kv, hd, hd_v, rope_dim, base,
+                       freq_scale, eps, n_ctx, freq_factors=gpu.put(factors) if with_factors else 0,
+                       pairwise=pairwise)
     qe = _rms(q, qn, eps) if norm else q.astype(np.float64)
     ke = _rms(k, kn, eps) if norm else k.astype(np.float64)
     qe = np.stack([_rope(qe[t], pos[t], rope_dim, base, freq_scale, factors, pairwise) for t in range(n_tok)])
@@ -382,7 +388,6 @@ ATTN_CASES = {
 
 @pytest.mark.parametrize("case", list(ATTN_CASES))
 def test_attention(gpu, case):
-    from reflex_runtime.gpu.launch import ATTN_SPLITS_DECODE
 
     n_head, n_kvh, hd, n_tok, first, tree, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
@@ -404,17 +409,18 @@ def test_attention(gpu, case):
         seg_lo[4:] = starts
         q_pos = np.concatenate([np.arange(first, first + 4), [first + 4 + i for ln in (3, 1, 4) for i in range(ln)]]).astype(np.int32)
     n_kv = first + n_tok
-    n_split = ATTN_SPLITS_DECODE if n_tok == 1 else 1
+    n_split = attention.SPLITS_DECODE if n_tok == 1 else 1
     scale = 1.0 / np.sqrt(hd)
-    part_o = gpu.poisoned((n_tok * n_head * ATTN_SPLITS_DECODE * hd,))
-    part_ml = gpu.poisoned((n_tok * n_head * ATTN_SPLITS_DECODE * 2,))
+    part_o = gpu.poisoned((n_tok * n_head * attention.SPLITS_DECODE * hd,))
+    part_ml = gpu.poisoned((n_tok * n_head * attention.SPLITS_DECODE * 2,))
     counters = gpu.put(np.zeros(n_tok * n_head, np.int32))
     expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap)
     for replay in range(2):  # the split path must leave its counters ready for the next replay
         out = gpu.poisoned((n_tok, n_head, hd))
-        gpu.launch.attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
-                          gpu.put(seg_lo) if tree else 0, prefix_len, gpu.put(np.array([n_kv], np.int32)), out, part_o,
-                          part_ml, counters, n_tok, n_head, n_kvh, hd, hd, n_ctx, window, scale, softcap, n_split)
+        attention.attention(gpu.launch, gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos),
+                            gpu.put(q_slot), gpu.put(seg_lo) if tree else 0, prefix_len,
+                            gpu.put(np.array([n_kv], np.int32)), out, part_o, part_ml, counters, n_tok, n_head, n_kvh,
+                            hd, hd, n_ctx, window, scale, softcap, n_split)
         np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (n_tok * n_head,), np.int32).any()
 
@@ -495,10 +501,11 @@ def test_flash_attention(gpu, case):
     n_kv = first + n_tok
     scale = 1.0 / np.sqrt(hd)
     out = gpu.poisoned((n_tok, n_head, hd))
-    assert gpu.launch.flash_ok(max(n_tok, 2), hd, hd, n_head, n_kvh)
-    gpu.launch.flash_attention(gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
-                               gpu.put(seg_lo) if tree else 0, prefix_len, gpu.put(np.array([n_kv], np.int32)), out,
-                               n_tok, n_head, n_kvh, hd, n_ctx, window, scale, softcap)
+    assert flash_attn.ok(gpu.launch, max(n_tok, 2), hd, hd, n_head, n_kvh)
+    flash_attn.attention(gpu.launch, gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos),
+                         gpu.put(q_slot), gpu.put(seg_lo) if tree else 0, prefix_len,
+                         gpu.put(np.array([n_kv], np.int32)), out, n_tok, n_head, n_kvh, hd, n_ctx, window, scale,
+                         softcap)
     got = gpu.get(out, (n_tok, n_head, hd))
     expect = _attention_ref_fast(q, kc, vc, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, window, scale, softcap)
     assert not np.isnan(got).any(), "the kernel left poisoned (or NaN) outputs"
@@ -510,16 +517,15 @@ def test_prompt_attention_path_choice(gpu):
     single decode token, other head sizes, and older GPUs keep reflex_attn."""
     L = gpu.launch
     sm80 = tuple(gpu.dev.cc) >= (8, 0)
-    assert L.flash_ok(512, 128, 128, 16, 8) == sm80
-    assert L.flash_ok(2, 256, 256, 4, 1) == sm80
-    assert not L.flash_ok(1, 128, 128, 16, 8)
-    assert not L.flash_ok(512, 96, 96, 6, 3)
-    assert not L.flash_ok(512, 128, 64, 16, 8)
+    assert flash_attn.ok(L, 512, 128, 128, 16, 8) == sm80
+    assert flash_attn.ok(L, 2, 256, 256, 4, 1) == sm80
+    assert not flash_attn.ok(L, 1, 128, 128, 16, 8)
+    assert not flash_attn.ok(L, 512, 96, 96, 6, 3)
+    assert not flash_attn.ok(L, 512, 128, 64, 16, 8)
 
 
 def _state(gpu, n, last_pos, last_slot):
     """Device decode state with the last token of a pass at index n-1."""
-    from reflex_runtime.gpu.driver import RxState
 
     bufs = {
         "tokens": gpu.put(np.full(n, -5, np.int32)), "pos": gpu.put(np.full(n, last_pos, np.int32)),
@@ -548,10 +554,8 @@ def test_argmax_ties_nan_and_state(gpu, vocab):
     logits[a] = hi  # a tie: the lower id must win
     logits[rng.integers(vocab)] = np.nan
     st, bufs = _state(gpu, 4, 41, 44)
-    from reflex_runtime.gpu.model import ARGMAX_PARTS
-
-    gpu.launch.argmax(gpu.put(logits), vocab, gpu.poisoned((ARGMAX_PARTS,)), gpu.poisoned((ARGMAX_PARTS,), np.int32),
-                   ARGMAX_PARTS, st, 3)
+    sample_ops.argmax(gpu.launch, gpu.put(logits), vocab, gpu.poisoned((ARGMAX_PARTS,)),
+                  gpu.poisoned((ARGMAX_PARTS,), np.int32), ARGMAX_PARTS, st, 3)
     _check_advanced(gpu, bufs, int(a), 41, 44)
 
 
@@ -564,7 +568,6 @@ SAMPLE_CASES = [
 
 @pytest.mark.parametrize("case", range(len(SAMPLE_CASES)))
 def test_sampler_matches_reference(gpu, case):
-    from reflex_runtime.gpu.driver import RxSampling
     from reflex_runtime.reference.sampling import sample
     from reflex_runtime.sampling import SamplingParams
 
@@ -581,7 +584,7 @@ def test_sampler_matches_reference(gpu, case):
         sp = RxSampling(params.temperature, params.top_k, params.top_p, params.min_p, seed)
         d_sp = gpu.put(np.frombuffer(bytes(sp), dtype=np.uint8))
         st, bufs = _state(gpu, 1, 9, 9)
-        gpu.launch.sample(d_logits, vocab, d_sp, st, 0)
+        sample_ops.sample(gpu.launch, d_logits, vocab, d_sp, st, 0)
         got = int(gpu.get(bufs["tokens"], (1,), np.int32)[0])
         expect = sample(logits, params, 3)  # the kernel reads step 3 from the state
         agree += got == expect
@@ -597,7 +600,7 @@ def test_logprob_rows(gpu):
     pick = np.array([6, 0, 3, 3], np.int32)
     toks = rng.integers(0, vocab, size=4).astype(np.int32)
     out = gpu.poisoned((4,))
-    gpu.launch.logprob_rows(gpu.put(logits), vocab, gpu.put(pick), gpu.put(toks), out, 4)
+    logit_ops.logprob_rows(gpu.launch, gpu.put(logits), vocab, gpu.put(pick), gpu.put(toks), out, 4)
     x = logits.astype(np.float64)
     lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
     np.testing.assert_allclose(gpu.get(out, (4,)), x[pick, toks] - lse[pick], rtol=1e-5, atol=1e-4)
@@ -610,9 +613,9 @@ def test_smoke_known_answers(gpu):
 
 
 def test_every_table_kernel_resolves(gpu):
-    from reflex_runtime.gpu.kernels import KERNEL_NAMES
+    from reflex_runtime.gpu.ops import kernel_names
 
-    assert gpu.dev.resolve_all(KERNEL_NAMES) == []
+    assert gpu.dev.resolve_all(kernel_names()) == []
     assert ctypes.sizeof(ctypes.c_long) == 8  # kernels take `long` row strides
 
 
@@ -654,8 +657,8 @@ def test_staged_matvec_one_token(gpu, knobs, qtype, rows, k, fused_norm):
     base = rng.standard_normal((1, rows)).astype(np.float32)
     for accumulate in (False, True):
         y = gpu.put(base) if accumulate else gpu.poisoned((1, rows))
-        names = _kernels(gpu, lambda: gpu.launch.matmul(w, gpu.put(x), y, 1, accumulate=accumulate,
-                                                        norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
+        names = _kernels(gpu, lambda: products.matmul(gpu.launch, w, gpu.put(x), y, 1, accumulate=accumulate,
+                                                      norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
         assert names == [f"reflex_mvs_{w.suffix}"]
         assert_matmul_close(gpu.get(y, (1, rows)), xe, dense, base if accumulate else None, rtol=2e-4)
 
@@ -672,8 +675,8 @@ def test_staged_matvec_segments_any_split(gpu, knobs, qtype, blocks_per_sm, budg
     x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)
     ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
-    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1,
-                                                             norm_w=gpu.put(nw), eps=1e-6))
+    names = _kernels(gpu, lambda: products.segments(gpu.launch, [w for w, _ in mats], gpu.put(x), ys, 1,
+                                                    norm_w=gpu.put(nw), eps=1e-6))
     assert names == [f"reflex_mvs_{mats[0][0].suffix}"]
     xn = _rms(x, nw, 1e-6).astype(np.float32)
     for (w, dense), y in zip(mats, ys):
@@ -687,7 +690,7 @@ def test_staged_matvec_legacy_switch(gpu, knobs):
     x = rng.standard_normal((1, 512)).astype(np.float32)
     knobs.staged = False
     y = gpu.poisoned((1, 64))
-    assert _kernels(gpu, lambda: gpu.launch.matmul(w, gpu.put(x), y, 1)) == ["reflex_mv_q8_0"]
+    assert _kernels(gpu, lambda: products.matmul(gpu.launch, w, gpu.put(x), y, 1)) == ["reflex_mv_q8_0"]
     assert_matmul_close(gpu.get(y, (1, 64)), x, dense)
 
 
@@ -702,8 +705,8 @@ def test_staged_glu_one_token(gpu, knobs, qtype, act, fused_norm, k):
     nw = (rng.random(k) + 0.5).astype(np.float32)
     x = _rms(x_in, nw, 1e-6).astype(np.float32) if fused_norm else x_in
     out = gpu.poisoned((1, rows))
-    names = _kernels(gpu, lambda: gpu.launch.gated_ffn_in(wg, wu, gpu.put(x_in), out, 1, act, 0, 0,
-                                                          norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
+    names = _kernels(gpu, lambda: products.gated_ffn_in(gpu.launch, wg, wu, gpu.put(x_in), out, 1, act, 0, 0,
+                                                        norm_w=gpu.put(nw) if fused_norm else 0, eps=1e-6))
     assert names == [f"reflex_mvs_glu_{wg.suffix}"]
     got = gpu.get(out, (1, rows))
     g, u = x.astype(np.float64) @ dg.T, x.astype(np.float64) @ du.T
@@ -721,8 +724,7 @@ def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
     leaves its counter at zero for the next replay."""
     from quant_blocks import random_matrix
 
-    from reflex_runtime.gpu.driver import RxState
-    from reflex_runtime.gpu.launch import Weight
+    from reflex_runtime.gpu.ops.common import Weight
 
     rng = np.random.default_rng(int(qtype))
     rows, k = 20011, 256
@@ -748,8 +750,8 @@ def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
         expect[0, nan_row] = np.nan
     for replay in range(2):
         st, bufs = _state(gpu, 1, 9, 9)
-        names = _kernels(gpu, lambda: gpu.launch.mv_head(w, gpu.put(x), logits, gpu.put(nw), 1e-6,
-                                                         (part_v, part_i, counter, st, 0)))
+        names = _kernels(gpu, lambda: mvs.head(gpu.launch, w, gpu.put(x), logits, gpu.put(nw), 1e-6,
+                                               (part_v, part_i, counter, st, 0)))
         assert names == [f"reflex_mvs_{w.suffix}"]
         got = gpu.get(logits, (1, rows))
         ok = ~np.isnan(expect)
@@ -767,7 +769,7 @@ def test_staged_lm_head_without_pick_writes_logits_only(gpu, knobs, qtype):
     w, dense = weight(gpu, qtype, 4099, 256, rng)
     x = rng.standard_normal((1, 256)).astype(np.float32)
     y = gpu.poisoned((1, 4099))
-    assert gpu.launch.mv_head(w, gpu.put(x), y, 0, 0.0)
+    assert mvs.head(gpu.launch, w, gpu.put(x), y, 0, 0.0)
     assert_matmul_close(gpu.get(y, (1, 4099)), x, dense, rtol=2e-4)
 
 
@@ -788,7 +790,6 @@ DECODE_ATTN_CASES = {
 
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
 def test_attention_decode(gpu, knobs, case):
-    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
@@ -802,8 +803,8 @@ def test_attention_decode(gpu, knobs, case):
     scale = 1.0 / np.sqrt(hd)
     expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, None, 0, n_vis, window, scale, softcap)
     knobs.attn_min_keys = min_keys
-    part_o = gpu.poisoned((n_head * ATTN_SPLITS_MAX * hd,))
-    part_ml = gpu.poisoned((n_head * ATTN_SPLITS_MAX * 2,))
+    part_o = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,))
+    part_ml = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(n_head, np.int32))
     args = [gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
             gpu.put(np.array([n_vis], np.int32))]
@@ -811,8 +812,8 @@ def test_attention_decode(gpu, knobs, case):
     # the window's slots (kv_pos = slot + 3 here, as the flag promises)
     for replay, window_slots in enumerate([False, window > 0]):
         out = gpu.poisoned((1, n_head, hd))
-        ok = gpu.launch.attention_decode(*args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx, window,
-                                         scale, softcap, prefetch, window_slots)
+        ok = attn_decode.attention(gpu.launch, *args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx,
+                                   window, scale, softcap, prefetch, window_slots)
         assert ok
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (n_head,), np.int32).any()
@@ -821,10 +822,10 @@ def test_attention_decode(gpu, knobs, case):
 def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
     """Head sizes off the 32 grid, or more than 16 query heads per KV head: the legacy kernel serves."""
     L = gpu.launch
-    assert not L.attention_decode(*([0] * 11), 4, 2, 48, 48, 64, 0, 1.0, 0.0, False)
-    assert not L.attention_decode(*([0] * 11), 32, 1, 64, 64, 64, 0, 1.0, 0.0, False)
+    assert not attn_decode.attention(L, *([0] * 11), 4, 2, 48, 48, 64, 0, 1.0, 0.0, False)
+    assert not attn_decode.attention(L, *([0] * 11), 32, 1, 64, 64, 64, 0, 1.0, 0.0, False)
     knobs.attn_decode = False
-    assert not L.attention_decode(*([0] * 11), 16, 8, 128, 128, 64, 0, 1.0, 0.0, False)
+    assert not attn_decode.attention(L, *([0] * 11), 16, 8, 128, 128, 64, 0, 1.0, 0.0, False)
 
 
 @pytest.mark.parametrize("types", [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.F16, Q.Q5_0), (Q.F32, Q.Q6_K, Q.BF16)],
@@ -839,16 +840,16 @@ def test_staged_mixed_type_segments(gpu, knobs, types, accumulate):
     nw = (rng.random(k) + 0.5).astype(np.float32)
     bases = [rng.standard_normal((1, w.rows)).astype(np.float32) for w, _ in mats]
     ys = [gpu.put(b) if accumulate else gpu.poisoned((1, w.rows)) for b, (w, _) in zip(bases, mats)]
-    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1, accumulate,
-                                                             norm_w=gpu.put(nw), eps=1e-6))
+    names = _kernels(gpu, lambda: products.segments(gpu.launch, [w for w, _ in mats], gpu.put(x), ys, 1, accumulate,
+                                                    norm_w=gpu.put(nw), eps=1e-6))
     assert names == ["reflex_mvs_mixed"]
     xn = _rms(x, nw, 1e-6).astype(np.float32)
     for (w, dense), y, base in zip(mats, ys, bases):
         assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, base if accumulate else None, rtol=2e-4)
     knobs.staged = False  # the legacy path: one launch per type
     ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
-    names = _kernels(gpu, lambda: gpu.launch.matmul_segments([w for w, _ in mats], gpu.put(x), ys, 1,
-                                                             norm_w=gpu.put(nw), eps=1e-6))
+    names = _kernels(gpu, lambda: products.segments(gpu.launch, [w for w, _ in mats], gpu.put(x), ys, 1,
+                                                    norm_w=gpu.put(nw), eps=1e-6))
     assert len(names) == 3 and all(n.startswith("reflex_mv_") for n in names)
     for (w, dense), y in zip(mats, ys):
         assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
@@ -887,7 +888,7 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
     normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
     value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
     cache with them."""
-    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX, AtdRope
+    from reflex_runtime.gpu.ops.attn_decode import AtdRope
 
     n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
         FUSED_ROPE_CASES[case]
@@ -907,17 +908,17 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
     knobs.attn_min_keys = min_keys
     if splits:
         knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
-        assert gpu.launch.attn_decode_splits(n_kvh) == splits
+        assert attn_decode.splits(gpu.launch, n_kvh) == splits
     d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
     rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
                    gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode)
     scale = 1.0 / np.sqrt(hd)
     out = gpu.poisoned((1, n_head, hd))
     counters = gpu.put(np.zeros(n_head, np.int32))
-    assert gpu.launch.attention_decode(
+    assert attn_decode.attention(gpu.launch, 
         gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)), gpu.put(np.array([slot], np.int32)),
-        gpu.put(np.array([n_vis], np.int32)), out, gpu.poisoned((n_head * ATTN_SPLITS_MAX * hd,)),
-        gpu.poisoned((n_head * ATTN_SPLITS_MAX * 2,)), counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
+        gpu.put(np.array([n_vis], np.int32)), out, gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,)),
+        gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,)), counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
         prefetch, window > 0, rope)
     # the stored key and value, and kv_pos
     ke = _rms(k_raw, kn, eps) if norms else k_raw.astype(np.float64)

@@ -11,6 +11,9 @@ from gguf import GGMLQuantizationType as Q
 
 from gpu_harness import FIXTURE_TYPES, PROMPT, act_ref, k_for, random_weight, reference_greedy, rms_ref
 
+from reflex_runtime.gpu.ops import gemm, moe, moe_decode, mvs, norm
+from reflex_runtime.gpu.ops.moe import MoeGroups
+
 pytestmark = pytest.mark.gpu
 
 
@@ -36,7 +39,7 @@ def test_router_topk_matches_reference_with_ties(gpu, n_expert, k, normalize):
     logits[3, order[min(k, n_expert - 1)]] = logits[3, order[k - 1]]
     logits[4, ::3] = 0.5
     ids, w = gpu.poisoned((n_tok, k), np.int32), gpu.poisoned((n_tok, k))
-    gpu.launch.moe_topk(gpu.put(logits), n_tok, n_expert, k, normalize, ids, w)
+    moe.topk(gpu.launch, gpu.put(logits), n_tok, n_expert, k, normalize, ids, w)
     want_ids, want_w = _route(logits, k, normalize)
     got_ids = gpu.get(ids, (n_tok, k), np.int32)
     assert (got_ids == want_ids).all(), (got_ids, want_ids)
@@ -75,7 +78,7 @@ def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
     ids, w = _route(rng.standard_normal((n_tok, n_expert)).astype(np.float32), k, True)
     ids_d, w_d = gpu.put(ids.astype(np.int32)), gpu.put(w)
     act = gpu.poisoned((n_tok * k, F))
-    gpu.launch.moe_glu_mv(wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, n_tok, F, 0, gpu.put(nw), 1e-6)
+    moe.glu_mv(gpu.launch, wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, n_tok, F, 0, gpu.put(nw), 1e-6)
     got_act = gpu.get(act, (n_tok * k, F))
     xn = rms_ref(x, nw, 1e-6)
     assert not np.isnan(got_act).any(), "the kernel left poisoned outputs"
@@ -87,7 +90,7 @@ def test_expert_matvec_glu_and_down(gpu, qtype, n_tok, n_expert, k):
     # down, summed over each token's slots into the residual (the GPU's act as its input)
     base = rng.standard_normal((n_tok, E)).astype(np.float32)
     xd = gpu.put(base)
-    gpu.launch.moe_down_mv(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, n_tok, E)
+    moe.down_mv(gpu.launch, wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, n_tok, E)
     expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-5)
     for p in range(n_tok * k):
         t, e = p // k, ids.flat[p]
@@ -117,7 +120,7 @@ def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
     counts, offsets = gpu.poisoned((n_expert,), np.int32), gpu.poisoned((n_expert,), np.int32)
     pair_tok, pair_id = gpu.poisoned((pairs,), np.int32), gpu.poisoned((pairs,), np.int32)
     ids_d = gpu.put(ids)
-    gpu.launch.moe_group(ids_d, pairs, n_expert, k, counts, offsets, pair_tok, pair_id)
+    moe.group(gpu.launch, ids_d, pairs, n_expert, k, counts, offsets, pair_tok, pair_id)
     want_id = np.argsort(ids.reshape(-1), kind="stable")  # by expert, then pair order
     want_counts = np.bincount(ids.reshape(-1), minlength=n_expert)
     assert (gpu.get(counts, (n_expert,), np.int32) == want_counts).all()
@@ -128,7 +131,7 @@ def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
     g, u = gpu.poisoned((pairs, F)), gpu.poisoned((pairs, F))
     h_d = gpu.put(h)
     for wt, out in ((wg, g), (wu, u)):
-        gpu.launch.moe_mm(wt, F * wt.row_bytes, n_expert, F, counts, offsets, pair_tok, pair_id, h_d, out)
+        moe.mm(gpu.launch, wt, F * wt.row_bytes, n_expert, F, counts, offsets, pair_tok, pair_id, h_d, out)
     got_g, got_u = gpu.get(g, (pairs, F)), gpu.get(u, (pairs, F))
     assert not np.isnan(got_g).any() and not np.isnan(got_u).any(), "a routed row was left unwritten"
     for p in range(pairs):
@@ -137,13 +140,13 @@ def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
             tol = 2e-3 * _bound(h[t:t + 1], dense[e])[0] + 1e-5  # f16 tensor-core inputs
             assert (np.abs(got[p] - h[t].astype(np.float64) @ dense[e].T) <= tol).all(), (p, e)
     act = gpu.poisoned((pairs, F))
-    gpu.launch.glu(g, u, act, pairs * F, 0)
+    norm.glu(gpu.launch, g, u, act, pairs * F, 0)
     got_act = gpu.get(act, (pairs, F))
     y = gpu.poisoned((pairs, E))
-    gpu.launch.moe_mm(wd, E * wd.row_bytes, n_expert, E, counts, offsets, pair_id, pair_id, act, y)
+    moe.mm(gpu.launch, wd, E * wd.row_bytes, n_expert, E, counts, offsets, pair_id, pair_id, act, y)
     base = rng.standard_normal((n_tok, E)).astype(np.float32)
     x = gpu.put(base)
-    gpu.launch.moe_combine(y, gpu.put(w), k, x, E, n_tok)
+    moe.combine(gpu.launch, y, gpu.put(w), k, x, E, n_tok)
     expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-4)
     for p in range(pairs):
         t, e = p // k, ids.flat[p]
@@ -202,7 +205,6 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
     """reflex_moe_group's tile list, then gate+up+act for every expert in one launch and down with
     the weighted sum into the residual in another, against numpy; the sum is deterministic (two
     runs agree bit for bit) and the completion counters are left at zero."""
-    from reflex_runtime.gpu.launch import MOE_TILE, MoeGroups, moe_down_col_tiles, moe_max_tiles
 
     if tuple(gpu.dev.cc) < (8, 0):
         pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
@@ -214,15 +216,15 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
         logits[:, 3] = 10
     ids, w = _route(logits, k, True)
     ids = ids.astype(np.int32)
-    pairs, max_tiles = n_tok * k, moe_max_tiles(n_tok * k, n_expert)
+    pairs, max_tiles = n_tok * k, moe.max_tiles(n_tok * k, n_expert)
     grp = MoeGroups(gpu.poisoned((n_expert,), np.int32), gpu.poisoned((n_expert,), np.int32),
                     gpu.poisoned((pairs,), np.int32), gpu.poisoned((pairs,), np.int32),
                     gpu.poisoned((max_tiles,), np.int32), gpu.poisoned((max_tiles,), np.int32),
                     gpu.poisoned((1,), np.int32), max_tiles)
-    gpu.launch.moe_group(gpu.put(ids), pairs, n_expert, k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id,
-                         grp.tile_e, grp.tile_m0, grp.n_tiles)
+    moe.group(gpu.launch, gpu.put(ids), pairs, n_expert, k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id,
+              grp.tile_e, grp.tile_m0, grp.n_tiles)
     counts = np.bincount(ids.reshape(-1), minlength=n_expert)
-    want_tiles = [(e, m0) for e in range(n_expert) for m0 in range(0, counts[e], MOE_TILE)]
+    want_tiles = [(e, m0) for e in range(n_expert) for m0 in range(0, counts[e], moe.TILE)]
     n_tiles = int(gpu.get(grp.n_tiles, (1,), np.int32)[0])
     assert n_tiles == len(want_tiles) <= max_tiles
     got_tiles = list(zip(gpu.get(grp.tile_e, (max_tiles,), np.int32)[:n_tiles],
@@ -234,7 +236,7 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
     # gate + up + SiLU into act, rows in expert order; inputs scaled so gate/up outputs are O(1)
     h = (rng.standard_normal((n_tok, E)) / (dg.std() * np.sqrt(E))).astype(np.float32)
     act = gpu.poisoned((pairs, F))
-    gpu.launch.moe_gemm_glu(wg, wu, F * wg.row_bytes, F, grp, gpu.put(h), act, 0)
+    gemm.moe_glu(gpu.launch, wg, wu, F * wg.row_bytes, F, grp, gpu.put(h), act, 0)
     got_act = gpu.get(act, (pairs, F))
     assert not np.isnan(got_act).any(), "a routed row was left unwritten"
     for i, p in enumerate(order):
@@ -246,15 +248,15 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
 
     # down, weighted, summed over each token's slots into the residual
     base = rng.standard_normal((n_tok, E)).astype(np.float32)
-    counters = gpu.put(np.zeros(n_tok * moe_down_col_tiles(E), np.int32))
+    counters = gpu.put(np.zeros(n_tok * gemm.down_col_tiles(E), np.int32))
     ybuf = gpu.poisoned((pairs, E))
     w_d = gpu.put(w)
     results = []
     for _ in range(2):
         x = gpu.put(base)
-        gpu.launch.moe_gemm_down(wd, E * wd.row_bytes, E, grp, act, w_d, k, ybuf, x, counters)
+        gemm.moe_down(gpu.launch, wd, E * wd.row_bytes, E, grp, act, w_d, k, ybuf, x, counters)
         results.append(gpu.get(x, (n_tok, E)))
-        assert not gpu.get(counters, (n_tok * moe_down_col_tiles(E),), np.int32).any(), "counters not reset"
+        assert not gpu.get(counters, (n_tok * gemm.down_col_tiles(E),), np.int32).any(), "counters not reset"
     assert np.array_equal(results[0], results[1]), "the weighted sum depends on the schedule"
     expect, tol = base.astype(np.float64), np.full((n_tok, E), 1e-4)
     for i, p in enumerate(order):
@@ -280,7 +282,7 @@ def test_fused_router_topk_one_token(gpu, n_expert, k, budget_rows, normalize):
         counter = gpu.put(np.zeros(1, np.int32))
         for replay in range(2):  # the counter is left at zero for the next layer and step
             with L.record() as rec:
-                assert L.moe_router_topk(w, gpu.put(x), gpu.put(nw), 1e-6, logits, k, normalize, ids, wts, counter)
+                assert moe_decode.router_topk(L, w, gpu.put(x), gpu.put(nw), 1e-6, logits, k, normalize, ids, wts, counter)
             assert [ln.kernel.name for ln in rec] == ["reflex_moe_router_f32"]
             got_logits = gpu.get(logits, (1, n_expert))
             xn = rms_ref(x, nw, 1e-6)
@@ -311,7 +313,7 @@ def test_staged_experts_one_token(gpu, qtype, n_expert, k, budget_rows, early):
     try:
         act = gpu.poisoned((k, F))
         with L.record() as rec:
-            assert L.moe_glu_mv1(wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, F, 0, gpu.put(nw), 1e-6)
+            assert mvs.expert_glu(L, wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, F, 0, gpu.put(nw), 1e-6)
         got_act = gpu.get(act, (k, F))
         xn = rms_ref(x, nw, 1e-6)
         assert not np.isnan(got_act).any(), "the kernel left poisoned outputs"
@@ -324,7 +326,7 @@ def test_staged_experts_one_token(gpu, qtype, n_expert, k, budget_rows, early):
         xd = gpu.put(base)
         L.mvs_budget = budget_rows * k * wd.row_bytes + 4 * k * F + 128
         with L.record() as rec2:
-            assert L.moe_down_mv1(wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, E, early)
+            assert moe_decode.down(L, wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, E, early)
         assert [ln.kernel.name for ln in rec + rec2] == [f"reflex_mvs_glu_{wg.suffix}", f"reflex_moe_mvs_down_{wd.suffix}"]
         expect, tol = base[0].astype(np.float64), np.full(E, 1e-5)
         for s in range(k):

@@ -15,6 +15,8 @@ from gpu_harness import FIXTURE_TYPES, PROMPT, reference_greedy
 
 from reflex_runtime.families.qwen35 import delta_net
 from reflex_runtime.families.qwen35.reference import sigmoid, softplus
+from reflex_runtime.gpu.ops import delta_net as dn_ops
+from reflex_runtime.gpu.ops import gated
 
 pytestmark = pytest.mark.gpu
 
@@ -147,10 +149,10 @@ def test_conv_silu_l2norm_and_state(gpu, shape, lengths, first_pos, k_taps):
     st, out = gpu.put(states), gpu.poisoned((n, layer.C))
     roll = n == n_seq  # decode-like: the conv kernel rolls the state itself
     L = gpu.launch
-    L.dn_conv(gpu.put(layer.x), gpu.put(layer.w), st, (k_taps - 1) * layer.C, seq, n_seq, pos, out, n, k_taps, nk, nv,
-              dk, dv, 1 / np.sqrt(dk), EPS, roll)
+    dn_ops.conv(L, gpu.put(layer.x), gpu.put(layer.w), st, (k_taps - 1) * layer.C, seq, n_seq, pos, out, n, k_taps,
+                nk, nv, dk, dv, 1 / np.sqrt(dk), EPS, roll)
     if not roll:
-        L.dn_conv_state(gpu.put(layer.x), st, (k_taps - 1) * layer.C, seq, n_seq, pos, n, layer.C, k_taps)
+        dn_ops.conv_state(L, gpu.put(layer.x), st, (k_taps - 1) * layer.C, seq, n_seq, pos, n, layer.C, k_taps)
     np.testing.assert_allclose(gpu.get(out, (n, layer.C)), want, rtol=2e-5, atol=2e-6)
     np.testing.assert_array_equal(gpu.get(st, states.shape), want_states)
 
@@ -168,9 +170,9 @@ def test_delta_rule_recurrent_with_gated_norm(gpu, shape, lengths, first_pos):
     want = gated_norm(o, layer.z.reshape(n, nv, dv), layer.norm_w)
     seq, n_seq, pos = seq_args(gpu, lengths, first_pos)
     st, out = gpu.put(states), gpu.poisoned((n, nv, dv))
-    gpu.launch.dn_recurrent(gpu.put(qkv), gpu.put(layer.alpha), gpu.put(layer.beta), gpu.put(layer.z), gpu.put(layer.a),
-                            gpu.put(layer.dt_bias), gpu.put(layer.norm_w), st, nv * dk * dv, seq, n_seq, pos, out, n,
-                            nk, nv, dk, dv, EPS)
+    dn_ops.recurrent(gpu.launch, gpu.put(qkv), gpu.put(layer.alpha), gpu.put(layer.beta), gpu.put(layer.z),
+                     gpu.put(layer.a), gpu.put(layer.dt_bias), gpu.put(layer.norm_w), st, nv * dk * dv, seq, n_seq,
+                     pos, out, n, nk, nv, dk, dv, EPS)
     np.testing.assert_allclose(gpu.get(out, (n, nv, dv)), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gpu.get(st, states.shape), finals, rtol=1e-4, atol=1e-5)
 
@@ -191,15 +193,15 @@ def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, fi
     o_rec, s_rec = rule_reference(layer, qkv, lengths, first_pos, clean, delta_net.delta_rule_recurrent)
     seq, n_seq, pos = seq_args(gpu, lengths, first_pos)
     st, out = gpu.put(states), gpu.poisoned((n, nv, dv))
-    gpu.launch.dn_chunked(gpu.put(qkv), gpu.put(layer.alpha), gpu.put(layer.beta), gpu.put(layer.a),
-                          gpu.put(layer.dt_bias), st, nv * dk * dv, seq, n_seq, pos, out, n, nk, nv, dk, dv)
+    dn_ops.chunked(gpu.launch, gpu.put(qkv), gpu.put(layer.alpha), gpu.put(layer.beta), gpu.put(layer.a),
+                   gpu.put(layer.dt_bias), st, nv * dk * dv, seq, n_seq, pos, out, n, nk, nv, dk, dv)
     got_o, got_s = gpu.get(out, (n, nv, dv)), gpu.get(st, states.shape)
     for o_ref, s_ref in ((o_chunk, s_chunk), (o_rec, s_rec)):
         np.testing.assert_allclose(got_o, o_ref, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(got_s, s_ref, rtol=1e-4, atol=1e-4)
     # the gated norm that follows the chunked form, in place
     z, w = gpu.put(layer.z), gpu.put(layer.norm_w)
-    gpu.launch.dn_gated_norm(out, z, w, out, n * nv, dv, EPS)
+    dn_ops.gated_norm(gpu.launch, out, z, w, out, n * nv, dv, EPS)
     np.testing.assert_allclose(gpu.get(out, (n, nv, dv)), gated_norm(o_rec, layer.z.reshape(n, nv, dv), layer.norm_w),
                                rtol=1e-4, atol=1e-4)
 
@@ -223,12 +225,13 @@ def test_prompt_in_two_passes_equals_one_and_decode_continues_it(gpu, split, nk=
     d_a, d_dt, d_pos = gpu.put(layer.a), gpu.put(layer.dt_bias), gpu.put(np.arange(n + n_dec, dtype=np.int32))
     d_z, d_w = gpu.put(layer.z), gpu.put(layer.norm_w)
     for lo, hi in ((0, split), (split, n)):
-        L.dn_chunked(d_qkv + 4 * lo * layer.C, d_al + 4 * lo * nv, d_be + 4 * lo * nv, d_a, d_dt, st, size, 0, 1,
-                     d_pos + 4 * lo, out + 4 * lo * nv * dv, hi - lo, nk, nv, dk, dv)
+        dn_ops.chunked(L, d_qkv + 4 * lo * layer.C, d_al + 4 * lo * nv, d_be + 4 * lo * nv, d_a, d_dt, st, size, 0,
+                       1, d_pos + 4 * lo, out + 4 * lo * nv * dv, hi - lo, nk, nv, dk, dv)
     np.testing.assert_allclose(gpu.get(out, (n, nv, dv)), want_o[:n], rtol=1e-4, atol=1e-4)
     for t in range(n, n + n_dec):
-        L.dn_recurrent(d_qkv + 4 * t * layer.C, d_al + 4 * t * nv, d_be + 4 * t * nv, d_z + 4 * t * nv * dv, d_a, d_dt,
-                       d_w, st, size, 0, 1, d_pos + 4 * t, out + 4 * t * nv * dv, 1, nk, nv, dk, dv, EPS)
+        dn_ops.recurrent(L, d_qkv + 4 * t * layer.C, d_al + 4 * t * nv, d_be + 4 * t * nv, d_z + 4 * t * nv * dv,
+                         d_a, d_dt, d_w, st, size, 0, 1, d_pos + 4 * t, out + 4 * t * nv * dv, 1, nk, nv, dk, dv,
+                         EPS)
     want_dec = gated_norm(want_o[n:], layer.z[n:].reshape(n_dec, nv, dv), layer.norm_w)
     np.testing.assert_allclose(gpu.get(out, (n + n_dec, nv, dv))[n:], want_dec, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gpu.get(st, (nv, dk, dv)), want_s, rtol=1e-4, atol=1e-4)
@@ -240,17 +243,17 @@ def test_gate_split_and_sigmoid_gate(gpu, n_tok, n_head, hd):
     qg = rng.standard_normal((n_tok, n_head, 2 * hd)).astype(np.float32)
     q, gate = gpu.poisoned((n_tok, n_head, hd)), gpu.poisoned((n_tok, n_head, hd))
     n = n_tok * n_head * hd
-    gpu.launch.gate_split(gpu.put(qg), q, gate, n, hd)
+    gated.gate_split(gpu.launch, gpu.put(qg), q, gate, n, hd)
     np.testing.assert_array_equal(gpu.get(q, (n_tok, n_head, hd)), qg[:, :, :hd])
     np.testing.assert_array_equal(gpu.get(gate, (n_tok, n_head, hd)), qg[:, :, hd:])
     att = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     y = gpu.put(att)
-    gpu.launch.sigmoid_mul(y, gate, n)  # elementwise: the attention output gate
+    gated.sigmoid_mul(gpu.launch, y, gate, n)  # elementwise: the attention output gate
     np.testing.assert_allclose(gpu.get(y, att.shape), att * sigmoid(qg[:, :, hd:]), rtol=1e-6, atol=1e-7)
     rows = rng.standard_normal((n_tok, n_head * hd)).astype(np.float32)
     logit = rng.standard_normal(n_tok).astype(np.float32)
     y = gpu.put(rows)
-    gpu.launch.sigmoid_mul(y, gpu.put(logit), n, n_head * hd)  # per row: the shared-expert gate
+    gated.sigmoid_mul(gpu.launch, y, gpu.put(logit), n, n_head * hd)  # per row: the shared-expert gate
     np.testing.assert_allclose(gpu.get(y, rows.shape), rows * sigmoid(logit)[:, None], rtol=1e-6, atol=1e-7)
 
 

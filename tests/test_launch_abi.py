@@ -1,13 +1,16 @@
 """Every kernel launch the GPU engine makes passes exactly the parameters the compiled kernel
 expects, checked without a GPU.
 
-nvcc compiles kernels/all.cu to PTX here, which lists each `extern "C"` kernel's parameters with
-their sizes. A fake device stands in for the driver: it records each launch's ctypes argument
-pack, and we run the real forward passes (prefill, decode step, system1 tree, samplers, scoring)
-of tiny Qwen3, Gemma 3, Qwen3-MoE and Llama models through it. A wrong argument count, order of sizes, launch
-shape, or a kernel missing from the table fails here instead of on the GPU.
+nvcc compiles each kernels/*.cu to PTX here (on its own: it includes what it uses), which lists
+each `extern "C"` kernel's parameters with their sizes; each file's kernels must be exactly the
+names its ops module (reflex_runtime/gpu/ops/<file>.py) declares. A fake device stands in for
+the driver: it records each launch's ctypes argument pack, and we run the real forward passes
+(prefill, decode step, system1 tree, samplers, scoring) of tiny Qwen3, Gemma 3, Qwen3-MoE, Llama,
+DeepSeek and Qwen3.5 models through it. A wrong argument count, order of sizes, launch shape, or
+a kernel missing from its ops module fails here instead of on the GPU.
 """
 
+import concurrent.futures
 import ctypes
 import glob
 import os
@@ -17,10 +20,12 @@ import sys
 
 import pytest
 
+from reflex_runtime.gpu.ops import (attn_decode, constrain, delta_net, flash_attn, gemm, kernel_modules, logits, moe,
+                                    moe_decode, mvs, sample)
+from reflex_runtime.gpu import products
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-_SIZES = {"u64": 8, "s64": 8, "b64": 8, "f64": 8, "u32": 4, "s32": 4, "b32": 4, "f32": 4, "u16": 2, "s16": 2, "u8": 1, "s8": 1}
 
 
 def find_nvcc():
@@ -30,32 +35,57 @@ def find_nvcc():
 
 
 @pytest.fixture(scope="module")
-def ptx_params(tmp_path_factory):
+def ptx_by_file():
+    """{kernel file: {kernel name: parameter sizes}} from each .cu's own PTX (cached by content
+    like the build's pieces)."""
+    import build_kernels
+
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.fail("nvcc is needed (CI has it): the kernels' parameter lists come from their PTX")
-    out = tmp_path_factory.mktemp("ptx") / "all.ptx"
-    subprocess.run([nvcc, "--ptx", "-std=c++17", "-arch=compute_75", "-o", str(out), os.path.join(ROOT, "kernels", "all.cu")],
-                   check=True)
-    text = out.read_text()
+    sources = build_kernels.kernel_sources(ROOT)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        entries = list(pool.map(lambda src: build_kernels.ptx_entries(nvcc, src), sources))
+    return {os.path.basename(src): e for src, e in zip(sources, entries)}
+
+
+@pytest.fixture(scope="module")
+def ptx_params(ptx_by_file):
     params = {}
-    for m in re.finditer(r"\.visible \.entry (\w+)\(\s*(.*?)\)", text, re.S):
-        sizes = []
-        for p in m.group(2).split(","):
-            p = p.strip()
-            arr = re.search(r"\.b8 \w+\[(\d+)\]", p)
-            if arr:
-                sizes.append(int(arr.group(1)))
-            else:
-                sizes.append(_SIZES[re.search(r"\.param \.(\w+)", p).group(1)])
-        params[m.group(1)] = sizes
+    for entries in ptx_by_file.values():
+        assert not set(entries) & set(params), "a kernel name defined in two files"
+        params.update(entries)
     return params
 
 
-def test_kernel_table_matches_compiled_kernels(ptx_params):
-    from reflex_runtime.gpu.kernels import KERNEL_NAMES
+def test_each_ops_module_owns_exactly_its_files_kernels(ptx_by_file):
+    """ops/<name>.py declares the kernels kernels/<name>.cu defines, no more and no fewer, and
+    every kernel file has its ops module: the manifest and `reflex smoke` take the names from there."""
+    owners = {m.__name__.rsplit(".", 1)[1] + ".cu": m for m in kernel_modules()}
+    assert set(owners) == set(ptx_by_file), set(owners) ^ set(ptx_by_file)
+    for cu, entries in ptx_by_file.items():
+        declared = owners[cu].KERNELS
+        assert len(set(declared)) == len(declared), f"{owners[cu].__name__} lists a kernel twice"
+        assert set(declared) == set(entries), f"{cu}: {sorted(set(declared) ^ set(entries))}"
 
-    assert set(KERNEL_NAMES) == set(ptx_params), set(KERNEL_NAMES) ^ set(ptx_params)
+
+def test_ops_constants_match_the_kernels():
+    """Constants an ops module mirrors from its kernel file's #defines."""
+    from reflex_runtime.sampling import MAX_TOP_LOGPROBS
+
+    def define(cu, name):
+        return int(re.search(rf"#define {name} (\d+)", open(os.path.join(ROOT, "kernels", cu)).read()).group(1))
+
+    assert constrain.STATS_TOPK == define("constrain.cu", "RX_TOPK_MAX") == MAX_TOP_LOGPROBS
+    assert moe.MAX_EXPERTS == define("moe.cuh", "MOE_MAX_EXPERTS")
+    assert delta_net.MAX_HEAD == define("delta_net.cu", "DN_MAX_HD") and delta_net.MAX_CONV == define("delta_net.cu", "DN_MAX_K")
+    assert attn_decode.SPLITS_MAX == define("attn_decode.cu", "ATD_MAXSPLIT")
+    assert attn_decode.MAX_GROUP == define("attn_decode.cu", "ATD_MAXG")
+    from reflex_runtime.gpu.ops import mla, moe_route
+
+    assert mla.HEADS == define("mla.cu", "MLA_HEADS") and mla.MAX_PAIRS == define("mla.cu", "MLA_MAX_PAIRS")
+    assert moe_route.MAX_GROUPS == define("moe_route.cu", "ROUTE_MAX_GROUPS")
+    assert mvs.MVS_NX == define("mvs.cuh", "MVS_NX")
 
 
 class FakeKernel:
@@ -239,8 +269,7 @@ PROMPT_KERNELS = {
 @pytest.mark.parametrize("cc", list(PROMPT_KERNELS), ids=lambda cc: f"sm{cc[0]}{cc[1]}")
 @pytest.mark.parametrize("name", list(ABI_MODELS))
 def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
-    from reflex_runtime.gpu.driver import RxState
-    from reflex_runtime.gpu.model import ARGMAX_PARTS
+    from reflex_runtime.gpu.ops.sample import ARGMAX_PARTS, RxState
 
     arch, overrides = ABI_MODELS[name]
     dec, dev = _model(arch, ptx_params, str(tmp_path), cc=cc, **overrides)
@@ -268,16 +297,16 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
     dec.forward(1)  # the same step eagerly (decode_logits, check)
     dec.forward(20, first=3)  # a short prefill: matrix-vector path
     dec.forward(64, tree=True, prefix_len=10, logit_row=9, logit_rows=55, logits=dev.alloc(4 * 55 * cfg.vocab_size))
-    dec.launch.argmax(dec.p("logits"), cfg.vocab_size, dec.p("amax_v"), dec.p("amax_i"), ARGMAX_PARTS, st, 0)
-    dec.launch.sample(dec.p("logits"), cfg.vocab_size, dec.p("sampling"), st, 0)
-    dec.launch.logprob_rows(dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("o"), 3)
-    from reflex_runtime.gpu.constrained import STATS_PARTS, STATS_TOPK  # logprobs and grammar masks
+    sample.argmax(dec.launch, dec.p("logits"), cfg.vocab_size, dec.p("amax_v"), dec.p("amax_i"), ARGMAX_PARTS, st, 0)
+    sample.sample(dec.launch, dec.p("logits"), cfg.vocab_size, dec.p("sampling"), st, 0)
+    logits.logprob_rows(dec.launch, dec.p("logits"), cfg.vocab_size, dec.p("tokens"), dec.p("pos"), dec.p("o"), 3)
+    from reflex_runtime.gpu.ops.constrain import STATS_PARTS, STATS_TOPK  # logprobs and grammar masks
 
     part = dev.alloc(4 * STATS_PARTS * (2 + 2 * STATS_TOPK))
-    dec.launch.logit_stats(dec.p("logits"), cfg.vocab_size, 5, part, part + 4 * STATS_PARTS * (2 + STATS_TOPK),
-                           STATS_PARTS)
-    dec.launch.mask_logits(dec.p("logits"), dev.alloc(4 * (cfg.vocab_size + 31) // 32), cfg.vocab_size)
-    dec.launch.token_logit(dec.p("logits"), dec.p("tokens"), part)
+    constrain.logit_stats(dec.launch, dec.p("logits"), cfg.vocab_size, 5, part,
+                          part + 4 * STATS_PARTS * (2 + STATS_TOPK), STATS_PARTS)
+    constrain.mask_logits(dec.launch, dec.p("logits"), dev.alloc(4 * (cfg.vocab_size + 31) // 32), cfg.vocab_size)
+    constrain.token_logit(dec.launch, dec.p("logits"), dec.p("tokens"), part)
     names = {n for n, _, _ in dev.launches}
     if arch.startswith("deepseek_"):  # latent attention and DeepSeek's routing, no GQA attention
         kinds = ["reflex_mla_rope_store", "reflex_mla_attn", "reflex_mla_mv_", "reflex_moe_route", "reflex_moe_mv_glu_",
@@ -316,9 +345,9 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
 def test_every_prompt_kernel_launch_matches_abi(ptx_params):
     """Every sm_80+ prompt kernel, each weight type and tile configuration, through the launcher
     (the forward passes above only reach the types and sizes of their fixtures)."""
-    from reflex_runtime.gpu.kernels import WEIGHT_TYPES
-    from reflex_runtime.gpu.launch import (FLASH_HEAD_DIMS, GEMM_CFGS, Launcher, MoeGroups, Weight,
-                                           moe_down_col_tiles, moe_max_tiles)
+    from reflex_runtime.gpu.launch import Launcher
+    from reflex_runtime.gpu.ops.common import WEIGHT_TYPES, Weight
+    from reflex_runtime.gpu.ops.moe import MoeGroups
 
     dev = FakeDevice(ptx_params)
     L = Launcher(dev, stream=None)
@@ -335,26 +364,26 @@ def test_every_prompt_kernel_launch_matches_abi(ptx_params):
     for tn in WEIGHT_TYPES:
         wq, wk = weight(tn, 2048, k_embd), weight(tn, 512, k_embd)
         x = buf(n_tok * k_embd)
-        for cfg in GEMM_CFGS:
-            L.gemm([wq, wk, wk], x, [buf(n_tok * 2048), buf(n_tok * 512), buf(n_tok * 512)], n_tok, cfg=cfg)
-            L.gemm([wq], x, [buf(n_tok * 2048)], n_tok, accumulate=True, cfg=cfg)
-            L.gemm_glu(wq, wq, x, buf(n_tok * 2048), n_tok, 1, cfg=cfg)
+        for cfg in gemm.CFGS:
+            gemm.gemm(L, [wq, wk, wk], x, [buf(n_tok * 2048), buf(n_tok * 512), buf(n_tok * 512)], n_tok, cfg=cfg)
+            gemm.gemm(L, [wq], x, [buf(n_tok * 2048)], n_tok, accumulate=True, cfg=cfg)
+            gemm.glu(L, wq, wq, x, buf(n_tok * 2048), n_tok, 1, cfg=cfg)
         pairs = n_tok * top_k
-        grp = MoeGroups(*[buf(n) for n in (n_expert, n_expert, pairs, pairs)], buf(moe_max_tiles(pairs, n_expert)),
-                        buf(moe_max_tiles(pairs, n_expert)), buf(1), moe_max_tiles(pairs, n_expert))
-        L.moe_group(buf(pairs), pairs, n_expert, top_k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, grp.tile_e,
-                    grp.tile_m0, grp.n_tiles)
+        tiles = moe.max_tiles(pairs, n_expert)
+        grp = MoeGroups(*[buf(n) for n in (n_expert, n_expert, pairs, pairs)], buf(tiles), buf(tiles), buf(1), tiles)
+        moe.group(L, buf(pairs), pairs, n_expert, top_k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, grp.tile_e,
+                  grp.tile_m0, grp.n_tiles)
         wg, wd = weight(tn, n_expert * n_ff, k_embd), weight(tn, n_expert * k_embd, n_ff)
         act = buf(pairs * n_ff)
-        L.moe_gemm_glu(wg, wg, n_ff * wg.row_bytes, n_ff, grp, x, act, 0)
-        L.moe_gemm_down(wd, k_embd * wd.row_bytes, k_embd, grp, act, buf(pairs), top_k, buf(pairs * k_embd), x,
-                        buf(n_tok * moe_down_col_tiles(k_embd)))
-    for hd in FLASH_HEAD_DIMS:
+        gemm.moe_glu(L, wg, wg, n_ff * wg.row_bytes, n_ff, grp, x, act, 0)
+        gemm.moe_down(L, wd, k_embd * wd.row_bytes, k_embd, grp, act, buf(pairs), top_k, buf(pairs * k_embd), x,
+                      buf(n_tok * gemm.down_col_tiles(k_embd)))
+    for hd in flash_attn.HEAD_DIMS:
         n_head, n_kv, n_ctx = 16, 2, 4096
-        assert L.flash_ok(n_tok, hd, hd, n_head, n_kv)
-        L.flash_attention(buf(n_tok * n_head * hd), buf(n_kv * n_ctx * hd // 2), buf(n_kv * n_ctx * hd // 2), buf(n_ctx),
-                          buf(n_tok), buf(n_tok), buf(n_tok), 7, buf(1), buf(n_tok * n_head * hd), n_tok, n_head, n_kv,
-                          hd, n_ctx, 512, 0.1, 0.0)
+        assert flash_attn.ok(L, n_tok, hd, hd, n_head, n_kv)
+        flash_attn.attention(L, buf(n_tok * n_head * hd), buf(n_kv * n_ctx * hd // 2), buf(n_kv * n_ctx * hd // 2),
+                             buf(n_ctx), buf(n_tok), buf(n_tok), buf(n_tok), 7, buf(1), buf(n_tok * n_head * hd), n_tok,
+                             n_head, n_kv, hd, n_ctx, 512, 0.1, 0.0)
     launched = {n for n, _, _ in dev.launches}
     wanted = {n for n in ptx_params if n.startswith(("reflex_gemm_", "reflex_moe_gemm_", "reflex_flash_attn_"))}
     assert wanted <= launched, wanted - launched
@@ -363,15 +392,14 @@ def test_every_prompt_kernel_launch_matches_abi(ptx_params):
 def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
     """The launcher's dynamic shared-memory sizes are the kernels' own constants (a host program
     compiled by nvcc prints GemmSmem<T, C>::BYTES and FaCfg<HD>::BYTES; no GPU needed)."""
-    from reflex_runtime.gpu.kernels import WEIGHT_TYPES
-    from reflex_runtime.gpu.launch import FLASH_HEAD_DIMS, flash_shared_bytes, gemm_shared_bytes
+    from reflex_runtime.gpu.ops.common import WEIGHT_TYPES
 
     nvcc = find_nvcc()
     src = tmp_path / "sizes.cu"
     src.write_text('#include "gemm.cu"\n#include "flash_attn.cu"\n#include <cstdio>\n'
                    '#define P(name, T) printf("%s %d %d\\n", #name, GemmSmem<T, GemmL>::BYTES, GemmSmem<T, GemmS>::BYTES);\n'
                    'int main() { RX_FOR_EACH_TYPE(P) '
-                   + " ".join(f'printf("fa {hd} %d\\n", FaCfg<{hd}>::BYTES);' for hd in FLASH_HEAD_DIMS) + " }\n")
+                   + " ".join(f'printf("fa {hd} %d\\n", FaCfg<{hd}>::BYTES);' for hd in flash_attn.HEAD_DIMS) + " }\n")
     exe = tmp_path / "sizes"
     subprocess.run([nvcc, "-std=c++17", "-arch=compute_75", "-code=compute_75", "-I", os.path.join(ROOT, "kernels"),
                     "-o", str(exe), str(src)], check=True)
@@ -381,12 +409,12 @@ def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
     for line in filter(None, lines):
         f = line.split()
         if f[0] == "fa":
-            assert int(f[2]) == flash_shared_bytes(int(f[1])), line
+            assert int(f[2]) == flash_attn.shared_bytes(int(f[1])), line
         else:
             tn = suffix_to_type[f[0]]
-            assert (int(f[1]), int(f[2])) == (gemm_shared_bytes(tn, "l"), gemm_shared_bytes(tn, "s")), line
+            assert (int(f[1]), int(f[2])) == (gemm.shared_bytes(tn, "l"), gemm.shared_bytes(tn, "s")), line
         seen += 1
-    assert seen == len(WEIGHT_TYPES) + len(FLASH_HEAD_DIMS)
+    assert seen == len(WEIGHT_TYPES) + len(flash_attn.HEAD_DIMS)
 
 
 @pytest.mark.parametrize("arch,flag", [("qwen35", "--fuse-qkv"), ("qwen35moe", "--fuse-gate-up-exps")])
@@ -448,8 +476,10 @@ def test_every_kernel_waits_for_its_predecessor_first():
             # the exception (common.cuh): kernels that copy weights (or, where they say why, older
             # launches' outputs) before they wait start with the marker and wait in their body
             if body.startswith("rx_pdl_weights_first();"):
-                early += 1
-                assert "rx_pdl_begin();" in src, path
+                import build_kernels
+
+                early += 1  # it waits in its body: this file or a header it includes
+                assert any("rx_pdl_begin();" in open(f).read() for f in [path] + build_kernels.headers_of(path)), path
             else:
                 assert body.startswith("rx_pdl_begin();"), f"{os.path.basename(path)}: {m.group(1)} does not start with rx_pdl_begin()"
             checked += 1
@@ -479,8 +509,9 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
     """The one-token kernels at Qwen3-0.6B, Gemma 3 270M and Qwen3-30B-A3B shapes, on devices with
     less shared memory: every launch fits the device (FakeKernel checks sizes, grids, shared memory)
     and none falls back to a legacy kernel."""
-    from reflex_runtime.gpu.driver import RxState
-    from reflex_runtime.gpu.launch import ATTN_SPLITS_MAX, Launcher, Weight
+    from reflex_runtime.gpu.launch import Launcher
+    from reflex_runtime.gpu.ops.common import Weight
+    from reflex_runtime.gpu.ops.sample import RxState
 
     dev = FakeDevice(ptx_params)
     dev.max_shared, dev.smem_per_sm = smem
@@ -497,20 +528,21 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
     for t in ("Q8_0", "Q4_K", "Q6_K"):
         for e, qkv, ff, o_k in ((1024, (2048, 1024, 1024), 3072, 2048), (640, (1024, 256, 256), 2048, 1024),
                                 (2048, (4096, 512, 512), 6144, 4096)):
-            L.matmul_segments([w(t, r, e) for r in qkv], buf, [buf] * 3, 1, norm_w=buf, eps=1e-6)
-            L.matmul_segments([w(t, r, e) if i < 2 else w("Q6_K", r, e) for i, r in enumerate(qkv)], buf, [buf] * 3, 1)
-            L.gated_ffn_in(w(t, ff, e), w(t, ff, e), buf, buf, 1, 0, 0, 0, norm_w=buf, eps=1e-6)
-            L.matmul(w(t, e, o_k), buf, buf, 1, accumulate=True)
-            L.matmul(w(t, e, ff), buf, buf, 1, accumulate=True)
-            assert L.mv_head(w(t, 151936, e), buf, buf, buf, 1e-6, (buf, buf, buf, st, 0))
+            products.segments(L, [w(t, r, e) for r in qkv], buf, [buf] * 3, 1, norm_w=buf, eps=1e-6)
+            products.segments(L, [w(t, r, e) if i < 2 else w("Q6_K", r, e) for i, r in enumerate(qkv)], buf,
+                              [buf] * 3, 1)
+            products.gated_ffn_in(L, w(t, ff, e), w(t, ff, e), buf, buf, 1, 0, 0, 0, norm_w=buf, eps=1e-6)
+            products.matmul(L, w(t, e, o_k), buf, buf, 1, accumulate=True)
+            products.matmul(L, w(t, e, ff), buf, buf, 1, accumulate=True)
+            assert mvs.head(L, w(t, 151936, e), buf, buf, buf, 1e-6, (buf, buf, buf, st, 0))
         gate, up, down = w(t, 128 * 768, 2048), w(t, 128 * 768, 2048), w(t, 128 * 2048, 768)
-        assert L.moe_router_topk(w("F32", 128, 2048), buf, buf, 1e-6, buf, 8, True, buf, buf, buf)
-        assert L.moe_glu_mv1(gate, up, 768 * gate.row_bytes, buf, 8, buf, buf, 768, 0, buf, 1e-6)
-        assert L.moe_down_mv1(down, 2048 * down.row_bytes, buf, buf, 8, buf, buf, 2048, early=True)
+        assert moe_decode.router_topk(L, w("F32", 128, 2048), buf, buf, 1e-6, buf, 8, True, buf, buf, buf)
+        assert mvs.expert_glu(L, gate, up, 768 * gate.row_bytes, buf, 8, buf, buf, 768, 0, buf, 1e-6)
+        assert moe_decode.down(L, down, 2048 * down.row_bytes, buf, buf, 8, buf, buf, 2048, early=True)
     for n_head, n_kv, hd in ((16, 8, 128), (4, 1, 256), (32, 4, 128), (8, 1, 64)):
         fits = not (hd == 256 and smem[0] < 80 * 1024)  # sm_75: 256-wide heads (78 KB of tiles) stay legacy
-        assert L.attention_decode(*([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
-        assert L.attn_decode_splits(n_kv) <= ATTN_SPLITS_MAX
+        assert attn_decode.attention(L, *([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
+        assert attn_decode.splits(L, n_kv) <= attn_decode.SPLITS_MAX
     names = {n for n, _, _ in dev.launches}
     assert not any(n.startswith(("reflex_mv_", "reflex_moe_mv_", "reflex_attn_")) or n == "reflex_attn" for n in names
                    if n != "reflex_attn_decode"), names
@@ -539,21 +571,57 @@ class _AllowAll:
         self.accepted.append(tok)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the fake device's copies bring back zeros
-def test_logprobs_and_grammar_generation_launches_match_abi(ptx_params):
-    """CudaRunner's checked loop (gpu/constrained.py) on the fake device: every launch matches its
-    kernel, every copy stays inside its buffers, one token per step, the mask before the pick."""
+def _fake_runner(ptx_params):
     from reflex_runtime.coldstart import Timeline
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.gguf_file import GGUFFile
     from reflex_runtime.gpu.runner import CudaRunner
-    from reflex_runtime.sampling import Sampled, SamplingParams
 
     g = GGUFFile(_fixture_file("qwen3"))
     cfg = read_config(g)
     dev = FakeDevice(ptx_params)
     runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=128)
     runner.wait_ready()
+    return runner, dev
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature):
+    """CudaRunner.decode's plain path on the fake device (whose read-backs bring zeros): the
+    prompt's forward and pick, the step graph captured once (forward + pick, fused into the LM
+    head when greedy) and replayed, one token read back per generated token, no host hooks."""
+    from reflex_runtime.gpu.runner import AHEAD
+    from reflex_runtime.sampling import SamplingParams
+
+    runner, dev = _fake_runner(ptx_params)
+    tokens = runner.model.p("tokens")
+    out = list(runner.generate_ids([1, 2, 3], SamplingParams(temperature, seed=1), 6, frozenset()))
+    assert out == [0] * 6
+    assert [c for c in dev.copies if c[0] == "dtoh" and c[1] == tokens] == [("dtoh", tokens, 4)] * 6
+    names = [n for n, _, _ in dev.launches]
+    assert not any(n.startswith(("reflex_logit_stats", "reflex_mask_logits", "reflex_token_logit")) for n in names)
+    if temperature:  # the prompt's pick and the graph's: the sampler reads its settings from the device
+        assert names.count("reflex_sample") == 2
+        assert names.count("reflex_attn_decode") == runner.config.n_layers  # one step captured
+    else:  # the prompt's argmax; the graph's pick is fused into the LM head (mvs.cu)
+        assert names.count("reflex_argmax_final") == 1 and "reflex_sample" not in names
+    assert AHEAD >= 1 and len(runner.info()) > 0
+    # a stop id ends it at once; a step of two sequences is refused (batching is issue 32)
+    assert list(runner.generate_ids([1, 2], SamplingParams(), 6, frozenset({0}))) == [0]
+    from reflex_runtime.gpu.step import Pick, Seq, Step
+
+    with pytest.raises(ValueError, match="issue 32"):
+        list(runner.decode(Step.of(Seq.prompt([1], pick=Pick()), Seq.prompt([2], pick=Pick())), 2, frozenset()))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the fake device's copies bring back zeros
+def test_logprobs_and_grammar_generation_launches_match_abi(ptx_params):
+    """CudaRunner's decode loop with pick hooks (gpu/constrained.py) on the fake device: every
+    launch matches its kernel, every copy stays inside its buffers, one token per step, the mask
+    before the pick."""
+    from reflex_runtime.sampling import Sampled, SamplingParams
+
+    runner, dev = _fake_runner(ptx_params)
     c = _AllowAll()
     out = list(runner.generate_ids([1, 2, 3], SamplingParams(0.7, seed=1), 4, frozenset(), logprobs=3, constraint=c))
     assert len(out) == 4 and all(isinstance(s, Sampled) and len(s.top_ids) <= 3 for s in out)

@@ -2,7 +2,7 @@
 over the KV cache, the gated FFN, the LM head. Each block holds its weights (as they sit in the
 arena), says which activation buffers it needs, and picks its kernels for the batch at hand,
 including whether an RMS norm folds into the matrix kernels: that choice is made here, from
-`launch.matvec_path`, and nowhere in a family's forward.
+`products.matvec_path`, and nowhere in a family's forward.
 
 Weights are read in place from the GGUF data region: `TensorReader.matrix(name)` is a `Weight`
 whose pointer is `arena weights + (tensor offset - data offset)`.
@@ -13,9 +13,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import UnsupportedModelError
 from .. import tensor_names as T
-from .launch import ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX, AtdRope, Launcher, Weight, matvec_path, weight_from_tensor
+from ..errors import UnsupportedModelError
+from ..ggml_types import GGML_TYPES
+from . import products
+from .launch import Launcher
+from .ops import attention, attn_decode, flash_attn, logits, mvs, norm, rope
+from .ops.attn_decode import AtdRope
+from .ops.common import WEIGHT_TYPES, Weight
+from .products import matvec_path
 
 
 class TensorReader:
@@ -28,7 +34,15 @@ class TensorReader:
         return name in self.gguf.tensors
 
     def matrix(self, name: str) -> Weight:
-        return weight_from_tensor(self.gguf.tensor(name), self.base, self.gguf.data_offset)
+        ti = self.gguf.tensor(name)
+        t = GGML_TYPES[ti.ggml_type]
+        if t.name not in WEIGHT_TYPES:
+            raise UnsupportedModelError(f"tensor '{ti.name}' is {t.name}, which the CUDA kernels do not read")
+        k = ti.shape[0]
+        if k % 32:
+            raise UnsupportedModelError(f"tensor '{ti.name}' rows of {k} are not a multiple of 32")
+        return Weight(self.base + ti.offset - self.gguf.data_offset, t.name, ti.n_elements // k, k,
+                      k // t.block_size * t.type_size)
 
     def vector(self, name: str, required: bool = True) -> int:
         """An F32 vector (norm weights, biases): its device pointer, or 0 when optional and absent."""
@@ -96,7 +110,7 @@ class Residual:
             return Input(self.h, 0)
         if b.matvec and fold:
             return Input(self.x, norm_w)
-        self.launch.rmsnorm(self.x, norm_w, self.h, b.n, self.n_embd, self.eps)
+        norm.rmsnorm(self.launch, self.x, norm_w, self.h, b.n, self.n_embd, self.eps)
         self.h_holds = norm_w
         return Input(self.h, 0)
 
@@ -108,7 +122,7 @@ class Residual:
         """x += norm(src) * post_w (a post-norm, as Gemma's); with next_w, the same kernel also
         leaves norm(x) * next_w in h for the next block (free here, unlike folding it later)."""
         out = self.h if next_w else 0
-        self.launch.rmsnorm(src, next_w, out, b.n, self.n_embd, self.eps, resid=self.x, w_src=post_w)
+        norm.rmsnorm(self.launch, src, next_w, out, b.n, self.n_embd, self.eps, resid=self.x, w_src=post_w)
         self.h_holds = next_w
 
 
@@ -164,7 +178,7 @@ class Attention:
 
     @staticmethod
     def buffers(c, t: int) -> list[tuple[str, int]]:
-        splits = max(ATTN_SPLITS_DECODE, ATTN_SPLITS_MAX)  # the legacy and the decode kernel's slices
+        splits = max(attention.SPLITS_DECODE, attn_decode.SPLITS_MAX)  # the legacy and the decode kernel's slices
         return [("q", t * c.n_head * c.head_dim), ("k", t * c.n_head_kv * c.head_dim),
                 ("v", t * c.n_head_kv * c.head_dim_v), ("att", t * c.n_head * c.head_dim_v),
                 ("part_o", c.n_head * splits * c.head_dim_v), ("part_ml", c.n_head * splits * 2),
@@ -184,7 +198,7 @@ class Attention:
         self._qkv(b, inp, q, k, v)
         self.attend(b, q, k, v, att)
         with L.role("attn output", w.o.nbytes):
-            L.matmul(w.o, att, out, b.n, accumulate=accumulate)
+            products.matmul(L, w.o, att, out, b.n, accumulate=accumulate)
 
     def attend(self, b: Batch, q: int, k: int, v: int, att: int) -> None:
         """q/k norms, RoPE and the cache store of the new keys and values, then att = softmax(q K^T) V.
@@ -193,39 +207,40 @@ class Attention:
         qk-norm + rope + cache store fused in where the launcher allows it. Prompts and system1's
         trees: flash attention on tensor cores (sm_80+), else the split-K scalar kernel."""
         c, L, p, w = self.cfg, self.launch, self.p, self.w
-        decode = b.n == 1 and not b.seg_lo and L.attn_decode_fits(c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        rope = None
+        decode = b.n == 1 and not b.seg_lo and attn_decode.fits(L, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        fused = None
         if decode and L.fuse_rope:
-            rope = AtdRope(k, v, w.q_norm or None, w.k_norm or None, self.rope_factors or None, self.eps,
-                           self.rope_base, self.rope_freq_scale, c.rope_dim, 1 if self.rope_pairs else 0)
+            fused = AtdRope(k, v, w.q_norm or None, w.k_norm or None, self.rope_factors or None, self.eps,
+                            self.rope_base, self.rope_freq_scale, c.rope_dim, 1 if self.rope_pairs else 0)
         else:
             with L.role("qk-norm + rope + cache store"):
-                L.qk_rope_store(q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache, self.v_cache,
-                                b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim, self.rope_base,
-                                self.rope_freq_scale, self.eps, self.n_ctx, freq_factors=self.rope_factors,
-                                pairwise=self.rope_pairs)
-        with L.role("attention + qk-norm + rope + cache store" if rope is not None else "attention"):
-            if decode and L.attention_decode(
-                    q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"), p("part_ml"),
-                    p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
-                    self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=rope):
+                rope.qk_rope_store(L, q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache,
+                                   self.v_cache, b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim,
+                                   self.rope_base, self.rope_freq_scale, self.eps, self.n_ctx,
+                                   freq_factors=self.rope_factors, pairwise=self.rope_pairs)
+        with L.role("attention + qk-norm + rope + cache store" if fused is not None else "attention"):
+            if decode and attn_decode.attention(
+                    L, q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"),
+                    p("part_ml"), p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx,
+                    self.window, self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=fused):
                 return
-            assert rope is None, "the rope was left to the decode attention"
-            if L.flash_ok(b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
-                L.flash_attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len,
-                                  b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx, self.window,
-                                  self.scale, 0.0)
+            assert fused is None, "the rope was left to the decode attention"
+            if flash_attn.ok(L, b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
+                flash_attn.attention(L, q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo,
+                                     b.prefix_len, b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx,
+                                     self.window, self.scale, 0.0)
             else:
-                n_split = ATTN_SPLITS_DECODE if b.n == 1 else 1
-                L.attention(q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo, b.prefix_len, b.n_kv,
-                            att, p("part_o"), p("part_ml"), p("attn_counters"), b.n, c.n_head, c.n_head_kv, c.head_dim,
-                            c.head_dim_v, self.n_ctx, self.window, self.scale, 0.0, n_split)
+                n_split = attention.SPLITS_DECODE if b.n == 1 else 1
+                attention.attention(L, q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo,
+                                    b.prefix_len, b.n_kv, att, p("part_o"), p("part_ml"), p("attn_counters"), b.n,
+                                    c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
+                                    self.scale, 0.0, n_split)
 
     def _qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
         """q, k, v projections: one launch when the three share a type (most files), else three."""
         ws = [self.w.q, self.w.k, self.w.v]
         with self.launch.role("qkv", sum(w.nbytes for w in ws)):
-            self.launch.matmul_many(ws, inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
+            products.matmul_many(self.launch, ws, inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
 
 
 @dataclass
@@ -265,10 +280,10 @@ class GatedFFN:
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         L, p, w = self.launch, self.p, self.w
         with L.role("ffn gate/up + act", w.gate.nbytes + w.up.nbytes):
-            L.gated_ffn_in(w.gate, w.up, inp.ptr, p("act"), b.n, self.act, p("g"), p("u"), norm_w=inp.norm_w,
-                           eps=self.eps)
+            products.gated_ffn_in(L, w.gate, w.up, inp.ptr, p("act"), b.n, self.act, p("g"), p("u"),
+                                  norm_w=inp.norm_w, eps=self.eps)
         with L.role("ffn down", w.down.nbytes):
-            L.matmul(w.down, p("act"), out, b.n, accumulate=accumulate)
+            products.matmul(L, w.down, p("act"), out, b.n, accumulate=accumulate)
 
 
 class LmHead:
@@ -296,15 +311,15 @@ class LmHead:
             if n_rows == 1:
                 p = self.p
                 head_pick = (p("amax_v"), p("amax_i"), p("mvs_counters"), pick[0], pick[1]) if fuse else None
-                if L.mv_head(self.w, x_rows, out, self.norm_w, c.rms_eps, head_pick):
+                if mvs.head(L, self.w, x_rows, out, self.norm_w, c.rms_eps, head_pick):
                     if self.softcap > 0:
-                        L.softcap(out, c.vocab_size, self.softcap)
+                        logits.softcap(L, out, c.vocab_size, self.softcap)
                     return fuse
             if matvec_path(n_rows):
-                L.matmul(self.w, x_rows, out, n_rows, norm_w=self.norm_w, eps=c.rms_eps)
+                products.matmul(L, self.w, x_rows, out, n_rows, norm_w=self.norm_w, eps=c.rms_eps)
             else:
-                L.rmsnorm(x_rows, self.norm_w, self.p("h"), n_rows, c.n_embd, c.rms_eps)
-                L.matmul(self.w, self.p("h"), out, n_rows)
+                norm.rmsnorm(L, x_rows, self.norm_w, self.p("h"), n_rows, c.n_embd, c.rms_eps)
+                products.matmul(L, self.w, self.p("h"), out, n_rows)
         if self.softcap > 0:
-            L.softcap(out, n_rows * c.vocab_size, self.softcap)
+            logits.softcap(L, out, n_rows * c.vocab_size, self.softcap)
         return False

@@ -1,7 +1,6 @@
-"""Generation with `logprobs` or a grammar on the GPU (CudaRunner.generate_ids hands these
-requests here; plain ones keep the graph-replayed loop that reads one int per token).
-
-Each step: the decode forward (one CUDA graph, without the pick), then on the same stream
+"""The pick hooks for `logprobs` and grammars on the GPU (CudaRunner.pick runs them around the
+pick of a sequence whose Pick asks for them; CudaRunner.decode is the loop). Per token, on the
+runner's stream:
 - logprobs: reflex_logit_stats over the raw logits (64 slices: max, sum of exp, the k largest),
   ~5 KB back instead of the vocabulary's 600 KB; merge_stats() turns the slices into logsumexp
   and the top k, and reflex_token_logit reads the chosen token's logit after the pick;
@@ -13,14 +12,11 @@ The host waits for each token before it queues the next step: the mask depends o
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 
-from ..sampling import MAX_TOP_LOGPROBS, Sampled, SamplingParams
-
-STATS_TOPK = MAX_TOP_LOGPROBS  # kernels/constrain.cu RX_TOPK_MAX
-STATS_PARTS = 64  # slices of the row: enough blocks to read 150k-256k logits at full bandwidth
+from ..sampling import Sampled
+from .ops import constrain
+from .ops.constrain import STATS_PARTS, STATS_TOPK
 
 
 def merge_stats(part_f: np.ndarray, part_i: np.ndarray, k: int) -> tuple[float, list[int], list[float]]:
@@ -72,50 +68,41 @@ class StepBuffers:
         return self.host_ptr + at
 
 
-def generate_checked(runner, prompt_ids, params: SamplingParams, max_new: int, stop_ids, logprobs: int | None,
-                     constraint) -> Iterator[int | Sampled]:
-    """engine.Runner.generate_ids with logprobs and/or a constraint, on a loaded CudaRunner."""
-    r, dev, s, model = runner, runner.dev, runner.stream, runner.model
-    vocab = r.config.vocab_size
-    if r._constrain_bufs is None:
-        r._constrain_bufs = StepBuffers(dev, vocab)
-    b = r._constrain_bufs
-    greedy = params.temperature <= 0 or params.top_k == 1
-    n = len(prompt_ids)
-    positions = range(n)
-    r._write_inputs(prompt_ids, positions, positions, n_kv=n, sampling=None if greedy else params)
-    logits = model.p("logits")
-    try:
-        r._prefill(n)
-        last, graph = n - 1, None
-        for i in range(max_new):
-            # This position's logits are queued on the stream (the prefill, or the step's forward).
-            if logprobs is not None:
-                r.launch.logit_stats(logits, vocab, logprobs, b.dev(b.part_f_at), b.dev(b.part_i_at), STATS_PARTS)
-                dev.dtoh(b.host(b.part_f_at), b.dev(b.part_f_at), b.part_f.nbytes + b.part_i.nbytes, s)
-            if constraint is not None:
-                if not constraint.fill_mask(b.host(b.mask_at), b.mask.nbytes):  # on the CPU, beside the forward
-                    return
-                dev.htod(b.dev(b.mask_at), b.host(b.mask_at), b.mask.nbytes, s)
-                r.launch.mask_logits(logits, b.dev(b.mask_at), vocab)
-            r._pick(greedy, last)
-            if logprobs is not None:
-                r.launch.token_logit(logits, model.p("tokens"), b.dev(b.logit_at))
-                dev.dtoh(b.host(b.logit_at), b.dev(b.logit_at), 4, s)
-            r._readback(i)
-            tok = r._token(i)  # waits for the copies above too (one stream)
-            if constraint is not None:
-                constraint.accept(tok)
-            if logprobs is None:
-                yield tok
-            else:
-                lse, ids, vals = merge_stats(b.part_f, b.part_i, logprobs)
-                yield Sampled(tok, float(b.logit[0]) - lse, ids, [v - lse for v in vals])
-            if tok in stop_ids or i + 1 >= max_new:
-                return
-            if graph is None:
-                graph = r._forward_graph()
-            graph.launch(s)
-            last = 0
-    finally:
-        dev.sync(s)  # nothing in flight touches the inputs of the next request
+class PickHooks:
+    """Around one sequence's pick: before it the statistics of the raw logits (logprobs) and the
+    grammar's mask, after it the chosen token's logit; result() turns the read-back token into
+    what the decode loop yields (the constraint accepts it first)."""
+
+    def __init__(self, launch, dev, stream, tokens_ptr: int, vocab: int, bufs: StepBuffers, pick):
+        self.launch, self.dev, self.stream, self.tokens, self.vocab, self.b = launch, dev, stream, tokens_ptr, vocab, bufs
+        self.logprobs, self.constraint = pick.logprobs, pick.constraint
+
+    def before(self, logits: int) -> bool:
+        """Queue the statistics and the mask of this position's logits (queued on the stream by
+        the prefill or the step's forward). False: the grammar allows no token."""
+        b, s = self.b, self.stream
+        if self.logprobs is not None:
+            constrain.logit_stats(self.launch, logits, self.vocab, self.logprobs, b.dev(b.part_f_at), b.dev(b.part_i_at),
+                                  STATS_PARTS)
+            self.dev.dtoh(b.host(b.part_f_at), b.dev(b.part_f_at), b.part_f.nbytes + b.part_i.nbytes, s)
+        if self.constraint is not None:
+            if not self.constraint.fill_mask(b.host(b.mask_at), b.mask.nbytes):  # on the CPU, beside the forward
+                return False
+            self.dev.htod(b.dev(b.mask_at), b.host(b.mask_at), b.mask.nbytes, s)
+            constrain.mask_logits(self.launch, logits, b.dev(b.mask_at), self.vocab)
+        return True
+
+    def after(self, logits: int) -> None:
+        b = self.b
+        if self.logprobs is not None:
+            constrain.token_logit(self.launch, logits, self.tokens, b.dev(b.logit_at))
+            self.dev.dtoh(b.host(b.logit_at), b.dev(b.logit_at), 4, self.stream)
+
+    def result(self, tok: int) -> int | Sampled:
+        """After the token's read-back (the copies above came before it on the stream)."""
+        if self.constraint is not None:
+            self.constraint.accept(tok)
+        if self.logprobs is None:
+            return tok
+        lse, ids, vals = merge_stats(self.b.part_f, self.b.part_i, self.logprobs)
+        return Sampled(tok, float(self.b.logit[0]) - lse, ids, [v - lse for v in vals])

@@ -223,16 +223,3 @@ class Graph:
 def ptr(value: int) -> ctypes.c_void_p:
     return ctypes.c_void_p(value)
 
-
-class RxState(ctypes.Structure):
-    """Mirror of kernels/sample.cu's RxState: device pointers to the decode bookkeeping."""
-
-    _fields_ = [("tokens", ctypes.c_void_p), ("pos", ctypes.c_void_p), ("slot", ctypes.c_void_p),
-                ("n_kv", ctypes.c_void_p), ("step", ctypes.c_void_p), ("out_tokens", ctypes.c_void_p)]
-
-
-class RxSampling(ctypes.Structure):
-    """Mirror of kernels/sample.cu's RxSampling (device memory, read by the sampler each step)."""
-
-    _fields_ = [("temperature", ctypes.c_float), ("top_k", ctypes.c_int), ("top_p", ctypes.c_float),
-                ("min_p", ctypes.c_float), ("seed", ctypes.c_ulonglong)]

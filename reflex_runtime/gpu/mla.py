@@ -23,8 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .. import tensor_names as T
+from . import products
 from .blocks import Batch, Input, TensorReader
-from .launch import MLA_HEADS, MLA_MAX_PAIRS, MLA_SPLITS_DECODE, MlaRope, Weight
+from .ops import mla, norm
+from .ops.common import Weight
+from .ops.mla import MlaRope
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class LatentAttention:
         r, rope, nope, v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
         if r % 32 or r > 512:
             return f"kv_lora_rank {r} is outside what the latent attention kernel handles (a multiple of 32, <= 512)"
-        if rope % 8 or rope > 2 * MLA_MAX_PAIRS:
+        if rope % 8 or rope > 2 * mla.MAX_PAIRS:
             return f"rope dimension {rope} is outside what the latent attention kernel handles (a multiple of 8, <= 128)"
         if nope % 32 or v % 32 or e["q_lora_rank"] % 32:
             return "qk_nope, v_head_dim and q_lora_rank must be multiples of 32"
@@ -103,10 +106,10 @@ class LatentAttention:
     def buffers(c, t: int) -> list[tuple[str, int]]:
         e, H = c.extra, c.n_head
         r, rope, nope, v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
-        groups = -(-H // MLA_HEADS)
+        groups = -(-H // mla.HEADS)
         return [("q", t * H * (nope + rope)), ("mla_qa", t * max(e["q_lora_rank"], 1)), ("mla_kv", t * (r + rope)),
                 ("mla_q", t * H * (r + rope)), ("mla_att", t * H * r), ("mla_o", t * H * v),
-                ("mla_part_o", H * MLA_SPLITS_DECODE * r), ("mla_part_ml", H * MLA_SPLITS_DECODE * 2),
+                ("mla_part_o", H * mla.SPLITS_DECODE * r), ("mla_part_ml", H * mla.SPLITS_DECODE * 2),
                 # named like Attention's so GpuModel.bind zeroes them (n_head ints >= the head groups)
                 ("attn_counters", max(H, groups))]
 
@@ -120,22 +123,23 @@ class LatentAttention:
         q, kv, qm, att, o = p("q"), p("mla_kv"), p("mla_q"), p("mla_att"), p("mla_o")
         self._project(b, inp, q, kv)
         with L.role("mla rope + latent cache store"):
-            L.mla_rope_store(q, qm, kv, w.kv_a_norm, b.pos, b.slot, self.cache, self.tab, self.attn_factor, n, H,
-                             self.nope, self.rope, r, self.eps)
+            mla.rope_store(L, q, qm, kv, w.kv_a_norm, b.pos, b.slot, self.cache, self.tab, self.attn_factor, n, H,
+                           self.nope, self.rope, r, self.eps)
         qk = self.nope + self.rope
         with L.role("mla q absorb (W_k)", w.k_b.w.nbytes * H):
             if w.k_b_transposed:
-                L.mla_heads_t(w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H)
+                mla.heads_t(L, w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H)
             else:
-                L.mla_heads(w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H)
-        n_split = MLA_SPLITS_DECODE if n == 1 else 1
+                mla.heads(L, w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H, tensor_cores=not b.matvec)
+        n_split = mla.SPLITS_DECODE if n == 1 else 1
         with L.role("mla attention"):
-            L.mla_attention(qm, self.cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
-                            p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split)
+            mla.attention(L, qm, self.cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
+                          p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split)
         with L.role("mla v up (W_v)", w.v_b.w.nbytes * H):
-            L.mla_heads(w.v_b.w, w.v_b.head_bytes, att, H * r, r, o, H * self.v, self.v, n, H)
+            mla.heads(L, w.v_b.w, w.v_b.head_bytes, att, H * r, r, o, H * self.v, self.v, n, H,
+                      tensor_cores=not b.matvec)
         with L.role("attn output", w.o.nbytes):
-            L.matmul(w.o, o, out, n, accumulate=accumulate)
+            products.matmul(L, w.o, o, out, n, accumulate=accumulate)
 
     def _project(self, b: Batch, inp: Input, q: int, kv: int) -> None:
         """q (n x H(qk_nope + qk_rope)) and kv (n x (kv_lora_rank + qk_rope)) from the input; the
@@ -146,16 +150,17 @@ class LatentAttention:
         ws = (first, w.kv_a)
         with L.role("mla q/kv_a", sum(x.nbytes for x in ws)):
             if b.matvec and len({(x.type_name, x.k) for x in ws}) == 1:
-                L.matmul_segments(list(ws), inp.ptr, [first_out, kv], n, norm_w=inp.norm_w, eps=self.eps)
+                products.segments(L, list(ws), inp.ptr, [first_out, kv], n, norm_w=inp.norm_w, eps=self.eps)
             else:
                 for x, y in zip(ws, (first_out, kv)):
-                    L.matmul(x, inp.ptr, y, n, norm_w=inp.norm_w, eps=self.eps)
+                    products.matmul(L, x, inp.ptr, y, n, norm_w=inp.norm_w, eps=self.eps)
         if not self.q_lora:
             return
         qa = self.p("mla_qa")
         with L.role("mla q_b", w.q_b.nbytes):
             if b.matvec:  # the q_a norm folds into the matrix-vector kernel
-                L.matmul(w.q_b, qa, q, n, norm_w=w.q_a_norm, eps=self.eps)
+                products.matmul(L, w.q_b, qa, q, n, norm_w=w.q_a_norm, eps=self.eps)
             else:
-                L.rmsnorm(qa, w.q_a_norm, qa, n, self.q_lora, self.eps)  # in place: rows are reduced before written
-                L.matmul(w.q_b, qa, q, n)
+                # in place: rows are reduced before they are written
+                norm.rmsnorm(L, qa, w.q_a_norm, qa, n, self.q_lora, self.eps)
+                products.matmul(L, w.q_b, qa, q, n)

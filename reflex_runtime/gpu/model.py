@@ -16,8 +16,9 @@ from .. import tensor_names as T
 from .arena import Arena
 from .blocks import Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
+from .ops import embed
+from .ops.sample import ARGMAX_PARTS
 
-ARGMAX_PARTS = 128
 MAX_SEQS = 256  # independent sequences in one forward pass (system1 candidates on recurrent models)
 
 
@@ -134,7 +135,7 @@ class GpuModel:
                   seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0,
                   slots_in_order=not tree)
         with self.launch.role("embedding", n * self.embedding.row_bytes):
-            self.launch.embed(self.embedding, b.tokens, self.res.x, n, self.embed_scale)
+            embed.embed(self.launch, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
         self.res.added()
         for il in range(self.cfg.n_layers):
             self.layer(il, b)

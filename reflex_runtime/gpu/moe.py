@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 from .. import tensor_names as T
 from ..errors import UnsupportedModelError
+from . import products
 from .blocks import Batch, Input, TensorReader
-from .launch import MoeGroups, Weight, moe_down_col_tiles, moe_max_tiles
-
-MAX_EXPERTS = 1024  # kernels/moe.cu MOE_MAX_EXPERTS (router probabilities live in shared memory)
+from .ops import gemm, moe_decode, mvs, norm
+from .ops import moe as moe_ops
+from .ops.common import Weight
+from .ops.moe import MAX_EXPERTS, MoeGroups
 # Experts per token. A policy with headroom (real models use 8-10): the hard limits are 256 (the
 # top-k block normalizes with one thread per weight) and 127 (tokens x k in gridDim.y < 65536 for
 # a 512-token batch on the per-pair kernels).
@@ -101,8 +103,9 @@ class MoeFFN:
                 ("moe_counts", n_expert), ("moe_offsets", n_expert), ("moe_pair_tok", pairs),
                 ("moe_pair_id", pairs), ("moe_gate", pairs * n_ff), ("moe_up", pairs * n_ff),
                 ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd),
-                ("moe_tile_e", moe_max_tiles(pairs, n_expert)), ("moe_tile_m0", moe_max_tiles(pairs, n_expert)),
-                ("moe_n_tiles", 1), ("moe_counters", t * moe_down_col_tiles(c.n_embd))]
+                ("moe_tile_e", moe_ops.max_tiles(pairs, n_expert)),
+                ("moe_tile_m0", moe_ops.max_tiles(pairs, n_expert)),
+                ("moe_n_tiles", 1), ("moe_counters", t * gemm.down_col_tiles(c.n_embd))]
 
     def bind(self, model, weights: MoeWeights) -> None:
         self.w, self.p, self.launch = weights, model.p, model.launch
@@ -111,7 +114,7 @@ class MoeFFN:
         """Which tensor-core expert path the weights allow: "gemm" (sm_80+, gemm.cu), "wmma"
         (matmul.cu's tiles: rows of a multiple of 64 weights on both sides), or None."""
         m, L = self.w, self.launch
-        if all(L.gemm_ok(w) for w in (m.gate, m.up, m.down)):
+        if all(gemm.ok(L, w) for w in (m.gate, m.up, m.down)):
             return "gemm"
         return "wmma" if m.gate.k % 64 == 0 and m.down.k % 64 == 0 else None
 
@@ -128,18 +131,18 @@ class MoeFFN:
         L, m, n = self.launch, self.w, b.n
         logits = self.p("moe_logits")
         # One token: router and top-k in one launch (kernels/moe_decode.cu, float routers).
-        if n == 1 and not also and L.moe_router_topk(m.router, inp.ptr, inp.norm_w, self.eps, logits, self.k,
-                                                     self.normalize, ids, wts, self.p("mvs_counters") + 4):
+        if n == 1 and not also and moe_decode.router_topk(L, m.router, inp.ptr, inp.norm_w, self.eps, logits, self.k,
+                                                          self.normalize, ids, wts, self.p("mvs_counters") + 4):
             return
         # float32 router through the matrix-vector kernel at every batch size: the tensor-core
         # kernel rounds inputs to f16, which could flip a close top-k choice
         same = [(w, y) for w, y in also if (w.type_name, w.k) == (m.router.type_name, m.router.k)]
-        L.matmul_segments([m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,
+        products.segments(L, [m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,
                           norm_w=inp.norm_w, eps=self.eps)
         for w, y in also:
             if (w, y) not in same:
-                L.matmul_segments([w], inp.ptr, [y], n, norm_w=inp.norm_w, eps=self.eps)
-        L.moe_topk(logits, n, self.n_expert, self.k, self.normalize, ids, wts)
+                products.segments(L, [w], inp.ptr, [y], n, norm_w=inp.norm_w, eps=self.eps)
+        moe_ops.topk(L, logits, n, self.n_expert, self.k, self.normalize, ids, wts)
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True, also=()) -> None:
         """out += MoE(input) for b.n tokens (the kernels add into out: the residual stream);
@@ -153,38 +156,39 @@ class MoeFFN:
         if n == 1:  # the routed rows staged in shared memory; down may stage its rows before it waits,
             # since a gate/up launch always sits between it and the top-k that wrote the ids
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
-                if not L.moe_glu_mv1(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), self.n_ff, self.act,
-                                     inp.norm_w, self.eps):
-                    L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
-                                 inp.norm_w, self.eps)
+                if not mvs.expert_glu(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), self.n_ff,
+                                      self.act, inp.norm_w, self.eps):
+                    moe_ops.glu_mv(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff,
+                                   self.act, inp.norm_w, self.eps)
             with L.role("moe experts down (+residual)", k * m.down_stride):
-                if not L.moe_down_mv1(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, E, early=True):
-                    L.moe_down_mv(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
+                if not moe_decode.down(L, m.down, m.down_stride, ids, wts, k, p("moe_act"), x, E, early=True):
+                    moe_ops.down_mv(L, m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
             return
         path = None if b.matvec else self.grouped()
         if path is None:
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
-                L.moe_glu_mv(m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff, self.act,
-                             inp.norm_w, self.eps)
+                moe_ops.glu_mv(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff,
+                               self.act, inp.norm_w, self.eps)
             with L.role("moe experts down (+residual)", k * m.down_stride):
-                L.moe_down_mv(m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
+                moe_ops.down_mv(L, m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
             return
         counts, offsets, pair_tok, pair_id = p("moe_counts"), p("moe_offsets"), p("moe_pair_tok"), p("moe_pair_id")
         if path == "gemm":  # two grouped launches
             grp = MoeGroups(counts, offsets, pair_tok, pair_id, p("moe_tile_e"), p("moe_tile_m0"), p("moe_n_tiles"),
-                            moe_max_tiles(n * k, self.n_expert))
-            L.moe_group(ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id, grp.tile_e, grp.tile_m0,
-                        grp.n_tiles)
+                            moe_ops.max_tiles(n * k, self.n_expert))
+            moe_ops.group(L, ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id, grp.tile_e,
+                          grp.tile_m0, grp.n_tiles)
             with L.role("moe experts gate/up + act", 2 * self.n_expert * m.gate_up_stride):
-                L.moe_gemm_glu(m.gate, m.up, m.gate_up_stride, self.n_ff, grp, inp.ptr, p("moe_act"), self.act)
+                gemm.moe_glu(L, m.gate, m.up, m.gate_up_stride, self.n_ff, grp, inp.ptr, p("moe_act"), self.act)
             with L.role("moe experts down (+residual)", self.n_expert * m.down_stride):
-                L.moe_gemm_down(m.down, m.down_stride, E, grp, p("moe_act"), wts, k, p("moe_out"), x,
-                                p("moe_counters"))
+                gemm.moe_down(L, m.down, m.down_stride, E, grp, p("moe_act"), wts, k, p("moe_out"), x,
+                              p("moe_counters"))
             return
-        L.moe_group(ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id)
+        moe_ops.group(L, ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id)
         for w, out in ((m.gate, p("moe_gate")), (m.up, p("moe_up"))):
-            L.moe_mm(w, m.gate_up_stride, self.n_expert, self.n_ff, counts, offsets, pair_tok, pair_id, inp.ptr, out)
-        L.glu(p("moe_gate"), p("moe_up"), p("moe_act"), n * k * self.n_ff, self.act)
-        L.moe_mm(m.down, m.down_stride, self.n_expert, E, counts, offsets, pair_id, pair_id, p("moe_act"),
-                 p("moe_out"))
-        L.moe_combine(p("moe_out"), wts, k, x, E, n)
+            moe_ops.mm(L, w, m.gate_up_stride, self.n_expert, self.n_ff, counts, offsets, pair_tok, pair_id, inp.ptr,
+                       out)
+        norm.glu(L, p("moe_gate"), p("moe_up"), p("moe_act"), n * k * self.n_ff, self.act)
+        moe_ops.mm(L, m.down, m.down_stride, self.n_expert, E, counts, offsets, pair_id, pair_id, p("moe_act"),
+                   p("moe_out"))
+        moe_ops.combine(L, p("moe_out"), wts, k, x, E, n)

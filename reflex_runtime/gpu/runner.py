@@ -14,11 +14,14 @@ import threading
 from typing import Iterator
 
 from ..errors import DeviceError, RequestError
-from ..sampling import SamplingParams
+from ..sampling import Sampled, SamplingParams
 from ..tree import tree_layout
-from .driver import RxSampling, RxState
 from .launch import Launcher
-from .model import ARGMAX_PARTS, MAX_SEQS
+from .model import MAX_SEQS
+from .ops import sample
+from .ops.logits import logprob_rows
+from .ops.sample import ARGMAX_PARTS, RxSampling, RxState
+from .step import Pick, Seq, Step
 from .upload import StagingRing, default_threads, upload_file_range
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
@@ -138,39 +141,149 @@ class CudaRunner:
         dev.htod(d.p("step"), self._in_ptr + 4 * (scalars + 1), 4, s)
         if sampling is not None:
             sp = RxSampling.from_address(self._in_ptr + 4 * (scalars + 4))
-            sp.temperature, sp.top_k, sp.top_p, sp.min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+            sp.temperature, sp.top_k, sp.top_p = sampling.temperature, sampling.top_k, sampling.top_p
+            sp.min_p = sampling.min_p
             sp.seed = (sampling.seed or 0) & 0xFFFFFFFFFFFFFFFF
             dev.htod(d.p("sampling"), self._in_ptr + 4 * (scalars + 4), ctypes.sizeof(RxSampling), s)
         if seq_start is not None:
             ints[self._seq_at:self._seq_at + len(seq_start)] = _int_array(seq_start)
             dev.htod(d.p("seq_start"), self._in_ptr + 4 * self._seq_at, 4 * len(seq_start), s)
 
-    def _prefill(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1) -> None:
+    def _forward_chunks(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1) -> None:
         """Forward the n input tokens in chunks; the LM head runs on the last chunk only."""
         for c0 in range(0, n, MAX_BATCH):
             m = min(MAX_BATCH, n - c0)
             last = c0 + m >= n
             self.model.forward(m, first=c0, logit_rows=logit_rows if last else 0, logits=logits,
-                             logit_row=(logit_row - c0 if logit_row >= 0 else -1))
+                               logit_row=(logit_row - c0 if logit_row >= 0 else -1))
             self.forward_passes += 1
+
+    # -- the step API: prefill, forward, pick, read back (gpu/step.py says what a step is) ---------
+    # One decode loop (decode()) runs every generation on these; `reflex bench`, scripts and the
+    # tests call them too. Today a step holds one sequence (the device-side state is one sequence's).
+
+    def write(self, step: Step) -> None:
+        """Copy the step's tokens, positions and cache slots to the device (the visible cache:
+        up to its last slot), and the sampling settings of a sampled pick. Writing a one-token
+        step at position p rewinds the sequence to p (what the benchmarks do between runs)."""
+        seq = self._one_sequence(step)
+        if seq.tokens is None:
+            raise ValueError("write() takes tokens from the host; a decode step's token is on the device")
+        pos = list(range(seq.start, seq.start + seq.n))
+        slots = list(range(seq.first_slot, seq.first_slot + seq.n))
+        sampled = seq.pick is not None and not seq.pick.greedy
+        self._write_inputs(seq.tokens, pos, slots, n_kv=slots[-1] + 1, sampling=seq.pick.params if sampled else None)
+
+    def prefill(self, step: Step) -> None:
+        """write(step), then forward its tokens in chunks of MAX_BATCH; each sequence's last row
+        leaves its logits for pick()."""
+        self.write(step)
+        self._forward_chunks(step.n_tokens)
+
+    def forward(self, step: Step, pdl: bool | None = None) -> None:
+        """One decode step's forward pass over `step` (one token per sequence, which the previous
+        pick left on the device), replayed from its captured graph, without the pick."""
+        seq = self._one_sequence(step)
+        assert seq.n == 1 and seq.tokens is None, "forward() runs decode steps; prefill() runs prompts"
+        self._graph("forward", lambda: self.model.forward(1, first=0), pdl).launch(self.stream)
+
+    def pick(self, step: Step, hooks=()) -> bool:
+        """Choose the next token of every sequence of `step` that has a pick, from the logits of its
+        last row, and advance the device-side state (token, position, slot, step count). hooks[i]
+        (gpu/constrained.py PickHooks, or None) runs around sequence i's pick: statistics of the
+        raw logits and the grammar mask before it, the chosen token's logit after. False: the
+        grammar allows no token, nothing was picked."""
+        seq, (row,) = self._one_sequence(step), step.last_rows()
+        h = hooks[0] if hooks else None
+        if seq.pick is None:
+            return True
+        if h is not None and not h.before(self.model.p("logits")):
+            return False
+        self._pick(seq.pick.greedy, row)
+        if h is not None:
+            h.after(self.model.p("logits"))
+        return True
+
+    def pick_hooks(self, pick: Pick):
+        """The hooks a logprobs or grammar pick needs (None for a plain one), on this runner's
+        step buffers (allocated on first use)."""
+        if not pick.hooked:
+            return None
+        from .constrained import PickHooks, StepBuffers
+
+        if self._constrain_bufs is None:
+            self._constrain_bufs = StepBuffers(self.dev, self.config.vocab_size)
+        return PickHooks(self.launch, self.dev, self.stream, self.model.p("tokens"), self.config.vocab_size,
+                         self._constrain_bufs, pick)
+
+    def step_graph(self, greedy: bool, pdl: bool | None = None):
+        """A decode step (forward + the plain pick, fused into the LM head for greedy decoding
+        where the head can) as one CUDA graph, captured on first use. Its kernels are chained as
+        programmatic dependent launches where the GPU has them (sm_90+): each one's launch then
+        overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares)."""
+        return self._graph("greedy" if greedy else "sample", lambda: self._step(greedy), pdl)
+
+    def read_back(self, i: int) -> None:
+        """Queue the copy of the current token (the i-th picked) to the host, behind the work
+        queued so far (slot i % READBACK_SLOTS)."""
+        k = i % READBACK_SLOTS
+        self.dev.dtoh(self._rb_ptr + 4 * k, self.model.p("tokens"), 4, self.stream)
+        self.dev.record(self._rb_events[k], self.stream)
+
+    def token(self, i: int) -> int:
+        """The i-th picked token, once its read-back has landed (waits for it)."""
+        k = i % READBACK_SLOTS
+        self.dev.wait_event(self._rb_events[k])
+        return self._rb_view.cast("i")[k]
+
+    def decode(self, step: Step, max_new: int, stop_ids) -> Iterator[int | Sampled]:
+        """The decode loop: prefill `step` (a sequence's prompt, with its pick), pick the first
+        token, then one forward and pick per token until a stop id or max_new tokens. A plain pick
+        replays one graph per token (forward + pick) with AHEAD steps queued on the GPU; a hooked
+        pick (logprobs, a grammar) waits for each token before it queues the next step (the mask
+        depends on it) and yields Sampled with logprobs. A grammar that allows nothing ends it."""
+        seq = self._one_sequence(step)
+        pick = seq.pick
+        hooks = [self.pick_hooks(pick)] if pick.hooked else []
+        nxt = Step.of(Seq.decode(pick))  # every later step: one device-held token
+        self.prefill(step)
+        try:
+            if not self.pick(step, hooks):
+                return
+            self.read_back(0)
+            graph, queued = None, 1  # tokens whose computation is on the stream
+            for i in range(max_new):
+                tok = self.token(i)
+                yield hooks[0].result(tok) if hooks else tok  # the first one is the first token: nothing may delay it
+                if tok in stop_ids or i + 1 >= max_new:
+                    return
+                if hooks:
+                    self.forward(nxt)
+                    if not self.pick(nxt, hooks):
+                        return
+                    self.read_back(i + 1)
+                    continue
+                if graph is None:
+                    graph = self.step_graph(pick.greedy)
+                while queued < min(i + 2 + AHEAD, max_new):
+                    graph.launch(self.stream)
+                    self.read_back(queued)
+                    queued += 1
+        finally:
+            self.dev.sync(self.stream)  # nothing in flight touches the inputs of the next request
+
+    def _one_sequence(self, step: Step) -> Seq:
+        if len(step.seqs) != 1:
+            raise ValueError(f"a step of {len(step.seqs)} sequences: this runner holds one (batching is issue 32)")
+        return step.seqs[0]
 
     def _pick(self, greedy: bool, last: int) -> None:
         d = self.model
         if greedy:
-            self.launch.argmax(d.p("logits"), self.config.vocab_size, d.p("amax_v"), d.p("amax_i"), ARGMAX_PARTS,
-                            self._state, last)
+            sample.argmax(self.launch, d.p("logits"), self.config.vocab_size, d.p("amax_v"), d.p("amax_i"),
+                          ARGMAX_PARTS, self._state, last)
         else:
-            self.launch.sample(d.p("logits"), self.config.vocab_size, d.p("sampling"), self._state, last)
-
-    def _decode_graph(self, greedy: bool, pdl: bool | None = None):
-        """The decode step as one CUDA graph (captured on first use). Its kernels are chained
-        as programmatic dependent launches where the GPU has them (sm_90+): each one's launch
-        then overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares)."""
-        return self._graph("greedy" if greedy else "sample", lambda: self._step(greedy), pdl)
-
-    def _forward_graph(self, pdl: bool | None = None):
-        """The decode step's forward pass without the pick (gpu/constrained.py picks after its own kernels)."""
-        return self._graph("forward", lambda: self.model.forward(1, first=0), pdl)
+            sample.sample(self.launch, d.p("logits"), self.config.vocab_size, d.p("sampling"), self._state, last)
 
     def _graph(self, kind: str, body, pdl: bool | None):
         pdl = self.pdl_available() if pdl is None else pdl
@@ -202,51 +315,16 @@ class CudaRunner:
             return self.pdl
         return self.dev.cc >= (9, 0) and os.environ.get("REFLEX_PDL", "1") != "0"
 
-    def _readback(self, step: int) -> None:
-        """Queue the copy of the current token into read-back slot step % READBACK_SLOTS."""
-        k = step % READBACK_SLOTS
-        self.dev.dtoh(self._rb_ptr + 4 * k, self.model.p("tokens"), 4, self.stream)
-        self.dev.record(self._rb_events[k], self.stream)
-
-    def _token(self, step: int) -> int:
-        k = step % READBACK_SLOTS
-        self.dev.wait_event(self._rb_events[k])
-        return self._rb_view.cast("i")[k]
-
     # -- the Runner interface --------------------------------------------------------------------
 
     def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids, logprobs: int | None = None,
-                     constraint=None) -> Iterator[int]:
-        """engine.Runner.generate_ids; requests with logprobs or a grammar run gpu/constrained.py's loop."""
+                     constraint=None) -> Iterator[int | Sampled]:
+        """engine.Runner.generate_ids: one sequence through decode()."""
         n = len(prompt_ids)
         if n + max_new > self.max_context:
             raise RequestError(f"prompt ({n}) + max_tokens ({max_new}) exceed the context of {self.max_context}")
-        if logprobs is not None or constraint is not None:
-            from .constrained import generate_checked
-
-            yield from generate_checked(self, prompt_ids, params, max_new, stop_ids, logprobs, constraint)
-            return
-        greedy = params.temperature <= 0 or params.top_k == 1
-        positions = range(n)
-        self._write_inputs(prompt_ids, positions, positions, n_kv=n, sampling=None if greedy else params)
-        try:
-            self._prefill(n)
-            self._pick(greedy, n - 1)
-            self._readback(0)
-            graph, queued = None, 1  # tokens whose computation is on the stream
-            for i in range(max_new):
-                tok = self._token(i)
-                yield tok  # the first one is the first token: nothing may delay it
-                if tok in stop_ids or i + 1 >= max_new:
-                    return
-                if graph is None:
-                    graph = self._decode_graph(greedy)
-                while queued < min(i + 2 + AHEAD, max_new):
-                    graph.launch(self.stream)
-                    self._readback(queued)
-                    queued += 1
-        finally:
-            self.dev.sync(self.stream)  # nothing in flight touches the inputs of the next request
+        yield from self.decode(Step.of(Seq.prompt(prompt_ids, pick=Pick(params, logprobs, constraint))), max_new,
+                               stop_ids)
 
     def score(self, prompt_ids, candidates) -> list[list[float]]:
         if self.model.scoring == "fork":
@@ -275,7 +353,7 @@ class CudaRunner:
             pos = list(range(len(ids)))
             self._write_inputs(ids, pos, pos, n_kv=len(ids))
             logits = self._logits_buffer(len(cand))
-            self._prefill(len(ids), logit_rows=len(cand), logits=logits, logit_row=n_p - 1)
+            self._forward_chunks(len(ids), logit_rows=len(cand), logits=logits, logit_row=n_p - 1)
             out += self._gather_logprobs(logits, list(range(len(cand))), list(cand), [len(cand)])
         return out
 
@@ -290,7 +368,7 @@ class CudaRunner:
         logits = self._logits_buffer(1 + sum(len(t) for t in tails))
         pos = list(range(n_p))
         self._write_inputs(prompt_ids, pos, pos, n_kv=n_p)
-        self._prefill(n_p, logits=logits)
+        self._forward_chunks(n_p, logits=logits)
         groups: list[list[int]] = [[]]  # candidates per pass: normally all of them in one
         size, limit = 0, d.max_forks()
         for ci in (i for i, t in enumerate(tails) if t):
@@ -342,7 +420,7 @@ class CudaRunner:
         ints[base + m:base + 2 * m] = _int_array(toks)
         tmp = self._scratch(3 * m)
         dev.htod(tmp, self._in_ptr + 4 * base, 8 * m, s)
-        self.launch.logprob_rows(logits, self.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
+        logprob_rows(self.launch, logits, self.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
         dev.dtoh(self._in_ptr + 4 * base, tmp + 8 * m, 4 * m, s)
         dev.sync(s)
         vals = list(self._in_view.cast("f")[base:base + m])
@@ -371,19 +449,17 @@ class CudaRunner:
 
     # -- for `reflex bench` (warm measurements, not the serving path) ----------------------------
 
-    def prefill(self, ids) -> None:
+    def prefill_greedy(self, ids) -> None:
         """Enqueue the prefill of `ids` and the greedy pick of the next token."""
-        n = len(ids)
-        pos = list(range(n))
-        self._write_inputs(ids, pos, pos, n_kv=n)
-        self._prefill(n)
-        self._pick(True, n - 1)
+        step = Step.of(Seq.prompt(ids, pick=Pick()))
+        self.prefill(step)
+        self.pick(step)
 
     def decode_step_launches(self, context: int) -> list:
         """Prefill `context` tokens, then run one greedy decode step recording its launches
         (gpu.launch.Launch: kernel, grid, arguments, the role its block gave it, weight bytes),
         so a benchmark can replay each role over every layer on its own."""
-        self.prefill([(7 * i + 11) % min(self.config.vocab_size, 1000) + 1 for i in range(context)])
+        self.prefill_greedy([(7 * i + 11) % min(self.config.vocab_size, 1000) + 1 for i in range(context)])
         with self.launch.record() as launches:
             if not self.model.forward(1, pick=(self._state, 0)):
                 with self.launch.role("pick (argmax)"):
@@ -424,13 +500,10 @@ class CudaRunner:
         import numpy as np
 
         n = len(ids)
-        pos = list(range(n))
-        self._write_inputs(ids, pos, pos, n_kv=n)
-        self._prefill(n)
+        self.prefill(Step.of(Seq.prompt(ids)))
         out = [self._fetch(self.model.p("logits"), (self.config.vocab_size,), np)]
         for j, tok in enumerate(forced):
-            p = n + j
-            self._write_inputs([tok], [p], [p], n_kv=p + 1)
+            self.write(Step.of(Seq.prompt([tok], start=n + j)))
             self.model.forward(1, first=0)
             out.append(self._fetch(self.model.p("logits"), (self.config.vocab_size,), np))
         return out

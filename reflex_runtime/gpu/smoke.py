@@ -24,9 +24,10 @@ def _q8_0_rows(rows: list[list[int]], scales: list[float]) -> bytes:
 
 def known_answers(dev, stream) -> list[str]:
     """Run the known-answer kernels; return a list of failures (empty when all pass)."""
-    from ctypes import c_float, c_int, c_void_p
-
-    from .launch import Launcher, Weight
+    from . import products
+    from .launch import Launcher
+    from .ops.common import Weight
+    from .ops.logits import smoke_axpb
 
     failures = []
     n = 1000  # not a multiple of the block size
@@ -36,8 +37,8 @@ def known_answers(dev, stream) -> list[str]:
     host_ptr, host = dev.alloc_pinned(8 * n)
     ctypes.memmove(host_ptr, xb, 4 * n)
     dev.htod(dx, host_ptr, 4 * n, stream)
-    dev.kernel("reflex_smoke_axpb").launch(((n + 127) // 128, 1, 1), 128, [c_void_p(dx), c_void_p(dy), c_int(n),
-                                                                         c_float(3.0), c_float(1.0)], stream)
+    L = Launcher(dev, stream)
+    smoke_axpb(L, dx, dy, n, 3.0, 1.0)
     dev.dtoh(host_ptr + 4 * n, dy, 4 * n, stream)
     dev.sync(stream)
     y = struct.unpack(f"<{n}f", bytes(host[4 * n:8 * n]))
@@ -58,8 +59,7 @@ def known_answers(dev, stream) -> list[str]:
     dev.sync(stream)
     ctypes.memmove(host_ptr, struct.pack(f"<{k}f", *xv), 4 * k)
     dev.htod(dxv, host_ptr, 4 * k, stream)
-    ops = Launcher(dev, stream)
-    ops.matmul(Weight(dw, "Q8_0", rows, k, len(blob) // rows), dxv, dyv, 1)
+    products.matmul(L, Weight(dw, "Q8_0", rows, k, len(blob) // rows), dxv, dyv, 1)
     dev.dtoh(host_ptr + 4 * n, dyv, 4 * rows, stream)
     dev.sync(stream)
     got = struct.unpack(f"<{rows}f", bytes(host[4 * n:4 * n + 4 * rows]))
@@ -72,7 +72,7 @@ def known_answers(dev, stream) -> list[str]:
 
 def main(args, timeline) -> int:
     from .bootstrap import DeviceBootstrap, fatbin_is_stale, kernels_dir, read_manifest
-    from .kernels import KERNEL_NAMES
+    from .ops import kernel_names
 
     boot = DeviceBootstrap.start(timeline)
     dev = boot.wait()
@@ -86,12 +86,12 @@ def main(args, timeline) -> int:
         missing = dev.resolve_all(manifest.get("kernels", []))
         result.update({"device": dev.name, "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}",
                        "kernel_format": boot.kernel_format, "kernels_resolved": len(dev.kernels),
-                       "kernels_in_table": len(KERNEL_NAMES), "driver_version": dev.driver_version})
+                       "kernels_in_table": len(kernel_names()), "driver_version": dev.driver_version})
         failures = known_answers(dev, boot.stream)
         if missing:
             failures.append(f"kernels missing from the fatbin: {', '.join(missing)}")
-        if set(manifest.get("kernels", [])) != set(KERNEL_NAMES):
-            failures.append("the manifest and this package's kernel table differ (rebuild the kernels)")
+        if set(manifest.get("kernels", [])) != set(kernel_names()):
+            failures.append("the manifest and this package's kernels (gpu/ops/) differ (rebuild the kernels)")
         stale = fatbin_is_stale(manifest)
         result["fatbin_matches_sources"] = None if stale is None else not stale
         if stale:

@@ -18,10 +18,10 @@ from ... import tensor_names as T
 from ...gpu.blocks import Batch, FfnWeights, GatedFFN, Input
 from ...gpu.mla import LatentAttention, MlaWeights
 from ...gpu.model import GpuModel
+from ...gpu import products
 from ...gpu.moe import MoeFFN, MoeWeights
+from ...gpu.ops import moe_route
 from .config import kv_cache_bytes_per_token, rope_frequencies
-
-ROUTE_MAX_GROUPS = 64  # kernels/moe_route.cu
 
 
 class DeepSeekMoE(MoeFFN):
@@ -45,9 +45,9 @@ class DeepSeekMoE(MoeFFN):
     def route(self, b: Batch, inp: Input, ids: int, wts: int, also=()) -> None:
         assert not also, "DeepSeek's shared experts are not gated"
         logits = self.p("moe_logits")
-        self.launch.matmul_segments([self.w.router], inp.ptr, [logits], b.n, norm_w=inp.norm_w, eps=self.eps)
-        self.launch.moe_route(logits, self.bias, b.n, self.n_expert, self.k, self.sigmoid, self.n_group,
-                              self.n_group_used, self.top2, self.normalize, self.scale, ids, wts)
+        products.segments(self.launch, [self.w.router], inp.ptr, [logits], b.n, norm_w=inp.norm_w, eps=self.eps)
+        moe_route.route(self.launch, logits, self.bias, b.n, self.n_expert, self.k, self.sigmoid, self.n_group,
+                        self.n_group_used, self.top2, self.normalize, self.scale, ids, wts)
 
 
 @dataclass
@@ -137,8 +137,8 @@ def unsupported(config, gguf=None) -> str | None:
     why = LatentAttention.unsupported(c)
     if why or ex["n_dense_lead"] >= c.n_layers:
         return why
-    if ex["n_group"] > ROUTE_MAX_GROUPS:
-        return f"{ex['n_group']} expert groups exceed the routing kernel's {ROUTE_MAX_GROUPS}"
+    if ex["n_group"] > moe_route.MAX_GROUPS:
+        return f"{ex['n_group']} expert groups exceed the routing kernel's {moe_route.MAX_GROUPS}"
     why = moe_unsupported(config)  # expert counts and sizes (the per-layer type check is below)
     if why or gguf is None:
         return why

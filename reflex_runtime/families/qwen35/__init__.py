@@ -40,7 +40,7 @@ def gpu_unsupported(config, gguf=None) -> str | None:
 
 def _tensor_types_unsupported(config, gguf) -> str | None:
     """Every tensor the forward reads has a type its kernel decodes (checked before the upload)."""
-    from ...gpu.kernels import WEIGHT_TYPES
+    from ...gpu.ops.common import WEIGHT_TYPES
 
     for name, ti in gguf.tensors.items():
         if name.startswith("blk.") and int(name.split(".")[1]) >= config.n_layers:

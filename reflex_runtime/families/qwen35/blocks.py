@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from ... import tensor_names as T
 from ...gpu.blocks import Attention, AttnWeights, Batch, FfnWeights, GatedFFN, Input, TensorReader
-from ...gpu.launch import Weight
+from ...gpu import products
 from ...gpu.moe import MoeFFN, MoeWeights
-
-MAX_HEAD = 128  # kernels/delta_net.cu DN_MAX_HD: linear-attention head sizes (register / shared tiles)
-MAX_CONV = 8  # DN_MAX_K: conv taps
+from ...gpu.ops import delta_net, gated
+from ...gpu.ops.common import Weight
+from ...gpu.ops.delta_net import MAX_CONV, MAX_HEAD
 # Sequences of at most this many tokens run the delta rule token by token (one launch, the norm
 # fused); longer ones the chunked kernel (32 tokens per step) and a separate norm.
 RECURRENT_MAX_TOKENS = 8
@@ -112,20 +112,21 @@ class DeltaNet:
         conv_state, ssm_state, stride = base + self.conv_off, base + self.ssm_off, slot_bytes // 4
         roll = b.n == b.n_seq  # every sequence is one token: the conv kernel rolls the state itself
         with L.role("linear-attn conv + l2norm"):
-            L.dn_conv(qkv, w.conv, conv_state, stride, b.seq_start, b.n_seq, b.pos, conv, b.n, self.k, nk, nv, dk, dv,
-                      1.0 / math.sqrt(dk), self.eps, roll)
+            delta_net.conv(L, qkv, w.conv, conv_state, stride, b.seq_start, b.n_seq, b.pos, conv, b.n, self.k, nk, nv,
+                           dk, dv, 1.0 / math.sqrt(dk), self.eps, roll)
             if not roll:
-                L.dn_conv_state(qkv, conv_state, stride, b.seq_start, b.n_seq, b.pos, b.n, self.channels, self.k)
+                delta_net.conv_state(L, qkv, conv_state, stride, b.seq_start, b.n_seq, b.pos, b.n, self.channels,
+                                     self.k)
         with L.role("delta rule"):
             if b.seq_max <= RECURRENT_MAX_TOKENS:
-                L.dn_recurrent(conv, alpha, beta, z, w.a, w.dt_bias, w.norm, ssm_state, stride, b.seq_start, b.n_seq,
-                               b.pos, o, b.n, nk, nv, dk, dv, self.eps)
+                delta_net.recurrent(L, conv, alpha, beta, z, w.a, w.dt_bias, w.norm, ssm_state, stride, b.seq_start,
+                                    b.n_seq, b.pos, o, b.n, nk, nv, dk, dv, self.eps)
             else:
-                L.dn_chunked(conv, alpha, beta, w.a, w.dt_bias, ssm_state, stride, b.seq_start, b.n_seq, b.pos, o, b.n,
-                             nk, nv, dk, dv)
-                L.dn_gated_norm(o, z, w.norm, o, b.n * nv, dv, self.eps)
+                delta_net.chunked(L, conv, alpha, beta, w.a, w.dt_bias, ssm_state, stride, b.seq_start, b.n_seq, b.pos,
+                                  o, b.n, nk, nv, dk, dv)
+                delta_net.gated_norm(L, o, z, w.norm, o, b.n * nv, dv, self.eps)
         with L.role("linear-attn output", w.out.nbytes):
-            L.matmul(w.out, o, out, b.n, accumulate=accumulate)
+            products.matmul(L, w.out, o, out, b.n, accumulate=accumulate)
 
     def _project(self, b: Batch, inp: Input, qkv: int, z: int, alpha: int, beta: int) -> None:
         """qkv, z, alpha, beta from the input: matrix-vector launches of up to three matrices
@@ -135,11 +136,11 @@ class DeltaNet:
         pairs = [(w.qkv, qkv), (w.z, z), (w.alpha, alpha), (w.beta, beta)]
         with L.role("linear-attn in proj", sum(x.nbytes for x, _ in pairs)):
             if not b.matvec:
-                L.matmul(w.qkv, inp.ptr, qkv, b.n)
-                L.matmul(w.z, inp.ptr, z, b.n)
+                products.matmul(L, w.qkv, inp.ptr, qkv, b.n)
+                products.matmul(L, w.z, inp.ptr, z, b.n)
                 pairs = pairs[2:]
             for group in by_type(pairs):
-                L.matmul_segments([x for x, _ in group], inp.ptr, [y for _, y in group], b.n, norm_w=inp.norm_w,
+                products.segments(L, [x for x, _ in group], inp.ptr, [y for _, y in group], b.n, norm_w=inp.norm_w,
                                   eps=self.eps)
 
 
@@ -166,12 +167,12 @@ class GatedAttention(Attention):
         q, k, v, att, qg, gate = p("q"), p("k"), p("v"), p("att"), p("qg"), p("attn_gate")
         self._qkv(b, inp, qg, k, v)
         with L.role("attn gate split"):
-            L.gate_split(qg, q, gate, b.n * c.n_head * c.head_dim, c.head_dim)
+            gated.gate_split(L, qg, q, gate, b.n * c.n_head * c.head_dim, c.head_dim)
         self.attend(b, q, k, v, att)
         with L.role("attn output gate"):
-            L.sigmoid_mul(att, gate, b.n * c.n_head * c.head_dim_v)
+            gated.sigmoid_mul(L, att, gate, b.n * c.n_head * c.head_dim_v)
         with L.role("attn output", w.o.nbytes):
-            L.matmul(w.o, att, out, b.n, accumulate=accumulate)
+            products.matmul(L, w.o, att, out, b.n, accumulate=accumulate)
 
 
 def moe_weights(r: TensorReader, il: int, n_expert: int) -> MoeWeights:
@@ -220,9 +221,9 @@ class SharedMoe:
         # the shared expert reads its input before the routed experts add into the residual
         # stream (for small batches the input *is* the stream, normalized on the fly)
         with L.role("shared expert gate/up + act", sh.gate.nbytes + sh.up.nbytes):
-            L.gated_ffn_in(sh.gate, sh.up, inp.ptr, p("act"), b.n, GatedFFN.SILU, p("g"), p("u"), norm_w=inp.norm_w,
-                           eps=self.eps)
+            products.gated_ffn_in(L, sh.gate, sh.up, inp.ptr, p("act"), b.n, GatedFFN.SILU, p("g"), p("u"),
+                                  norm_w=inp.norm_w, eps=self.eps)
         self.moe(b, inp, out, also=[(self.gate, p("sh_logit"))])
         with L.role("shared expert down (+residual)", sh.down.nbytes):
-            L.sigmoid_mul(p("act"), p("sh_logit"), b.n * n_ff, n_ff)
-            L.matmul(sh.down, p("act"), out, b.n, accumulate=True)
+            gated.sigmoid_mul(L, p("act"), p("sh_logit"), b.n * n_ff, n_ff)
+            products.matmul(L, sh.down, p("act"), out, b.n, accumulate=True)

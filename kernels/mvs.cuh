@@ -1,0 +1,303 @@
+// mvs.cuh: mvs.cu's staged one-token pieces (x in registers, rows from shared memory, the fused
+// greedy pick, the gate/up body), shared with moe_decode.cu. What they compute is described in mvs.cu.
+#pragma once
+
+#include "matvec.cuh"  // MvSegs
+#include "mvs_decode.cuh"
+#include "stage.cuh"
+#include "state.cuh"
+
+#define MVS_THREADS 256
+#define MVS_WARPS 8
+#define MVS_NX 4  // groups of 8 inputs per lane
+
+// Lane layout: a lane holds MVS_NX groups of 8 inputs, in runs of RL consecutive groups. Types
+// with a fast decoder below take whole 32-weight blocks per lane (RL = 4: one scale per block);
+// the rest use dequant8 on groups 32 apart (RL = 1). Either way a warp part covers 32 * MVS_NX
+// groups, so the host's choice of wpr does not depend on the type.
+template <int T> struct MvsRun { static constexpr int RL = (T == RX_Q8_0 || T == RX_Q4_K || T == RX_Q6_K) ? 4 : 1; };
+
+template <int RL>
+__device__ __forceinline__ int mvs_group(int lane, int part, int wpr, int i) {
+    return RL * (lane + 32 * (part + wpr * (i / RL))) + i % RL;
+}
+
+// The norm weights of this lane's groups (ones without a norm). They are weights: a kernel reads
+// them before it waits for its predecessor, so they are not a second round trip after it.
+template <int RL>
+__device__ __forceinline__ void mvs_load_nw(const float* norm_w, int K, int part, int wpr, float (&nw)[MVS_NX][8]) {
+    int lane = threadIdx.x & 31, ng = K >> 3;
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++) {
+        int g = mvs_group<RL>(lane, part, wpr, i);
+        float4 a = make_float4(1.f, 1.f, 1.f, 1.f), b = a;
+        if (norm_w && g < ng) {
+            a = reinterpret_cast<const float4*>(norm_w + 8 * g)[0];
+            b = reinterpret_cast<const float4*>(norm_w + 8 * g)[1];
+        }
+        nw[i][0] = a.x, nw[i][1] = a.y, nw[i][2] = a.z, nw[i][3] = a.w;
+        nw[i][4] = b.x, nw[i][5] = b.y, nw[i][6] = b.z, nw[i][7] = b.w;
+    }
+}
+
+// x' for this lane's groups, in registers (zeros past K), and each group's sum (for K-quant
+// minimums). With `norm`, warps 0 .. wpr-1 (which together hold every group once) reduce sum(x^2)
+// for the block and x' = x * rsqrt(mean + eps) * nw. Every thread must call it. x may point to
+// global or shared memory.
+template <int RL>
+__device__ __forceinline__ void mvs_load_x(const float* x, int K, bool norm, const float (&nw)[MVS_NX][8], float eps,
+                                           int part, int wpr, float (&xr)[MVS_NX][8], float (&xs)[MVS_NX],
+                                           float* scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = K >> 3;
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++) {
+        int g = mvs_group<RL>(lane, part, wpr, i);
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (g < ng) {
+            a = reinterpret_cast<const float4*>(x + 8 * g)[0];
+            b = reinterpret_cast<const float4*>(x + 8 * g)[1];
+        }
+        xr[i][0] = a.x, xr[i][1] = a.y, xr[i][2] = a.z, xr[i][3] = a.w;
+        xr[i][4] = b.x, xr[i][5] = b.y, xr[i][6] = b.z, xr[i][7] = b.w;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    float inv = 1.f;
+    if (norm) {
+        ss = warp_sum(ss);
+        if (lane == 0 && warp < wpr) scratch[warp] = ss;
+        __syncthreads();
+        float tot = 0.f;
+        for (int w = 0; w < wpr; w++) tot += scratch[w];
+        inv = rsqrtf(tot / K + eps);
+    }
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) xr[i][j] *= inv * nw[i][j];
+        xs[i] = ((xr[i][0] + xr[i][1]) + (xr[i][2] + xr[i][3])) + ((xr[i][4] + xr[i][5]) + (xr[i][6] + xr[i][7]));
+    }
+}
+
+// x' with no norm (ones as norm weights).
+template <int RL>
+__device__ __forceinline__ void mvs_load_x_plain(const float* x, int K, int part, int wpr, float (&xr)[MVS_NX][8],
+                                                 float (&xs)[MVS_NX]) {
+    float ones[MVS_NX][8];
+#pragma unroll
+    for (int i = 0; i < MVS_NX; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) ones[i][j] = 1.f;
+    mvs_load_x<RL>(x, K, false, ones, 0.f, part, wpr, xr, xs, nullptr);
+}
+
+// dequant8, with the hardware half conversion for F16 (quant.cuh's portable one is bit arithmetic).
+template <int T>
+__device__ __forceinline__ void mvs_dequant8(const uint8_t* row, int g, float* w) {
+    if constexpr (T == RX_F16) {
+        uint4 v = *reinterpret_cast<const uint4*>(row + 16 * g);
+        const half2* h = reinterpret_cast<const half2*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __half22float2(h[i]);
+            w[2 * i] = f.x, w[2 * i + 1] = f.y;
+        }
+    } else {
+        dequant8<T>(row, g, w);
+    }
+}
+
+// This lane's share of dot(row, x'), the row's bytes in shared memory.
+template <int T>
+__device__ __forceinline__ float mvs_dot(const uint8_t* row, const float (&xr)[MVS_NX][8], const float (&xs)[MVS_NX],
+                                         int lane, int part, int wpr, int ng) {
+    constexpr int RL = MvsRun<T>::RL;
+    if constexpr (RL == 4) {  // MVS_NX == 4: one 32-weight unit per lane
+        int u = lane + 32 * part;
+        if (4 * u >= ng) return 0.f;
+        if constexpr (T == RX_Q8_0) return mvs_dot_q8_0(row, xr, u);
+        else if constexpr (T == RX_Q4_K) return mvs_dot_q4_k(row, xr, xs, u);
+        else return mvs_dot_q6_k(row, xr, u);
+    } else {
+        float acc[MVS_NX];
+#pragma unroll
+        for (int i = 0; i < MVS_NX; i++) {
+            acc[i] = 0.f;
+            int g = mvs_group<RL>(lane, part, wpr, i);
+            if (g < ng) {
+                float w[8];
+                mvs_dequant8<T>(row, g, w);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[i] = fmaf(w[j], xr[i][j], acc[i]);
+            }
+        }
+        return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+}
+
+// Rows [0, n) of one staged range: part sums into red[(base + i) * wpr + part], or (add) scale *
+// the sum added to what is there (the warp that owns (i, part) is the same for every range).
+template <int T>
+__device__ __forceinline__ void mvs_range(const uint8_t* srow, long row_bytes, int n, const float (&xr)[MVS_NX][8],
+                                          const float (&xs)[MVS_NX], int ng, int wpr, float* red, int base,
+                                          bool add = false, float scale = 1.f) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int slots = MVS_WARPS / wpr, slot = warp / wpr, part = warp - slot * wpr;
+    for (int i = slot; i < n; i += slots) {
+        float a = warp_sum(mvs_dot<T>(srow + (long)i * row_bytes, xr, xs, lane, part, wpr, ng));
+        if (lane == 0) {
+            float* r = red + (base + i) * wpr + part;
+            *r = add ? *r + scale * a : scale * a;
+        }
+    }
+}
+
+__device__ __forceinline__ float mvs_total(const float* red, int i, int wpr) {
+    float v = 0.f;
+    for (int p = 0; p < wpr; p++) v += red[i * wpr + p];
+    return v;
+}
+
+// Block-wide argmax (rx_better order); thread 0 gets the winner.
+__device__ __forceinline__ void mvs_block_argmax(float& bv, int& bi) {
+    __shared__ float sv[MVS_WARPS];
+    __shared__ int si[MVS_WARPS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    rx_warp_argmax(bv, bi);
+    __syncthreads();
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < MVS_WARPS ? sv[lane] : -INFINITY;
+        bi = lane < MVS_WARPS ? si[lane] : 0x7fffffff;
+        rx_warp_argmax(bv, bi);
+    }
+}
+
+// The greedy pick fused into an LM head launch (part_v == NULL: none): block maxima, a zeroed
+// counter the last block resets, and the decode state it advances (state.cuh).
+struct MvsPick {
+    float* part_v;
+    int* part_i;
+    int* counter;
+    RxState st;
+    int last;
+};
+
+// After a block wrote its logits: its argmax, and in the last block to finish, the pick.
+__device__ void mvs_pick(const MvsPick& pick, float bv, int bi) {
+    __shared__ int is_last;
+    mvs_block_argmax(bv, bi);
+    if (threadIdx.x == 0) pick.part_v[blockIdx.x] = bv, pick.part_i[blockIdx.x] = bi;
+    __threadfence();  // the partial is visible before this block counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(pick.counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    bv = -INFINITY, bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += MVS_THREADS) {
+        float v = __ldcg(pick.part_v + i);
+        int id = __ldcg(pick.part_i + i);
+        if (rx_better(v, id, bv, bi)) bv = v, bi = id;
+    }
+    mvs_block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        rx_advance(pick.st, pick.last, bi == 0x7fffffff ? 0 : bi);
+        *pick.counter = 0;  // ready for the next replay
+    }
+}
+
+// y[r0 + i] (+)= dot for rows r0 .. r0 + rb of one matrix (the block's share of its segment).
+template <int T>
+__device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_bytes, int b, const float* x, int K, int rb,
+                             int wpr, int accumulate, const float* norm_w, float eps, const MvsPick& pick) {
+    __shared__ float scratch[MVS_WARPS];
+    int r0 = b * rb, n = min(rb, rows - r0);  // the host sizes the grid: n >= 1
+    long span = rx_stage_bytes((long)rb * row_bytes);
+    const uint8_t* srow = rx_stage(rx_dyn_smem, w + (long)r0 * row_bytes, (long)n * row_bytes);
+    rx_cp_commit();
+    constexpr int RL = MvsRun<T>::RL;
+    int part = (threadIdx.x >> 5) % wpr;
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();  // weights are in flight; x comes from the predecessor
+    float prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
+    rx_cp_wait_all();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
+    mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    __syncthreads();
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
+        float v = mvs_total(red, i, wpr);
+        if (accumulate) v += i == (int)threadIdx.x ? prev : y[r0 + i];
+        y[r0 + i] = v;
+        if (v != v) v = -INFINITY;  // NaN never wins
+        if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
+    }
+    if (pick.part_v) mvs_pick(pick, bv, bi);
+}
+
+// Up to three matrices of any weight types sharing x and K (q, k, v of a Q4_K_M file, whose v is
+// Q6_K): each block runs the typed body of its segment's type.
+struct MvSegsMixed {
+    const uint8_t* w[3];
+    float* y[3];
+    long row_bytes[3];
+    int rows[3];
+    int type[3];
+};
+
+// Which segment block blockIdx.x belongs to (segment s has ceil(rows_s / rb) blocks), and its
+// index inside it. Constant indices only: a dynamic one would copy the struct to local memory.
+template <class Segs>
+__device__ __forceinline__ int mvs_segment(const Segs& segs, int rb, int* b) {
+    int nb0 = (segs.rows[0] + rb - 1) / rb, nb1 = (segs.rows[1] + rb - 1) / rb;
+    *b = blockIdx.x;
+    if (*b < nb0) return 0;
+    *b -= nb0;
+    if (*b < nb1) return 1;
+    *b -= nb1;
+    return 2;
+}
+
+// act(gate) * up for rows r0 .. r0 + rb; with ids, of the expert routed to slot blockIdx.y (its
+// rows start expert_bytes apart in the stacked tensors), staged after the wait that makes the
+// ids visible; dense weights are staged before it.
+template <int T>
+__device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids,
+                             const float* x, const float* norm_w, float eps, float* y, int n_rows, int K, int rb,
+                             int wpr, int act) {
+    __shared__ float scratch[MVS_WARPS];
+    int s = blockIdx.y, r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
+    long span = rx_stage_bytes((long)rb * row_bytes);
+    const uint8_t *sg = nullptr, *su = nullptr;
+    if (!ids) {
+        sg = rx_stage(rx_dyn_smem, Wg + (long)r0 * row_bytes, (long)n * row_bytes);
+        su = rx_stage(rx_dyn_smem + span, Wu + (long)r0 * row_bytes, (long)n * row_bytes);
+    }
+    constexpr int RL = MvsRun<T>::RL;
+    int part = (threadIdx.x >> 5) % wpr;
+    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();
+    if (ids) {
+        long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
+        sg = rx_stage(rx_dyn_smem, Wg + off, (long)n * row_bytes);
+        su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);
+    }
+    rx_cp_commit();
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
+    rx_cp_wait_all();
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);
+    mvs_range<T>(sg, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    mvs_range<T>(su, row_bytes, n, xr, xs, K >> 3, wpr, red, rb);
+    __syncthreads();
+    float* out = y + (long)s * n_rows + r0;
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS)
+        out[i] = rx_act(mvs_total(red, i, wpr), act) * mvs_total(red, rb + i, wpr);
+}

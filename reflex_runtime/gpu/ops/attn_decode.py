@@ -1,0 +1,57 @@
+"""kernels/attn_decode.cu: one query token's attention, all query heads of a KV head per block,
+the context split by its length; optionally with reflex_qk_rope_store's work fused in (AtdRope)."""
+
+from __future__ import annotations
+
+from ctypes import Structure, c_float, c_int, c_void_p
+
+KERNELS = ("reflex_attn_decode",)
+SPLITS_MAX = 64  # most slices per KV head (ATD_MAXSPLIT)
+MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
+
+
+class AtdRope(Structure):
+    """Mirror of kernels/attn_decode.cu's AtdRope: the rope + cache store fused into the decode
+    attention (k = None: not fused)."""
+
+    _fields_ = [("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("factors", c_void_p),
+                ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int)]
+
+
+def splits(L, n_head_kv: int) -> int:
+    """The grid's y: about L.attn_blocks_per_sm blocks per SM at long contexts."""
+    return max(1, min(SPLITS_MAX, round(L.attn_blocks_per_sm * L.dev.sm_count / n_head_kv)))
+
+
+def _smem(group: int, hd: int, hd_v: int) -> int:
+    return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
+
+
+def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
+    """Whether the kernel serves these heads (the caller may then fuse the rope into it)."""
+    if not L.attn_decode or n_head % n_head_kv or hd % 32 or hd_v % 32 or hd > 256 or hd_v > 256:
+        return False
+    group = n_head // n_head_kv
+    return group <= MAX_GROUP and _smem(group, hd, hd_v) <= L.dev.max_shared - 8 * 1024
+
+
+def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters, n_head, n_head_kv,
+              hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool, window_slots: bool = False,
+              rope: AtdRope | None = None) -> bool:
+    """One query token (see the module doc). part_o / part_ml hold n_head * SPLITS_MAX slices;
+    counters n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two
+    or more launches back (the decode graph). window_slots: slot j holds position j + c, so a
+    sliding window bounds the slots read. rope: q is raw and the new key / value are rope.k /
+    rope.v: the kernel normalizes, rotates and stores them. False: not applicable, nothing launched."""
+    if not fits(L, n_head, n_head_kv, hd, hd_v):
+        return False
+    if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
+        return False
+    smem = _smem(n_head // n_head_kv, hd, hd_v)
+    L.go("reflex_attn_decode", (n_head_kv, splits(L, n_head_kv), 1), 128,
+         [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
+          c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
+          c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale),
+          c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
+          rope if rope is not None else AtdRope()], smem)
+    return True

@@ -1,0 +1,110 @@
+"""kernels/gemm.cu: the sm_80+ prompt kernels (mma.sync m16n8k16 with cp.async pipelines): up to
+three matrices of one type and K per launch, gate and up fused with the activation, and the
+grouped expert products over reflex_moe_group's tiles. Two tile configurations each."""
+
+from __future__ import annotations
+
+from ctypes import Structure, c_int, c_long, c_void_p
+
+from ...ggml_types import GGML_TYPES_BY_NAME
+from .common import Weight, per_type
+from .moe import TILE, MoeGroups
+
+KERNELS = per_type("reflex_gemm_{}_l", "reflex_gemm_{}_s", "reflex_gemm_glu_{}_l", "reflex_gemm_glu_{}_s",
+                   "reflex_moe_gemm_glu_{}", "reflex_moe_gemm_down_{}")
+CFGS = {"l": (128, 128), "s": (64, 64)}  # GemmL / GemmS: (tokens, weight rows) per tile
+THREADS = {"l": 256, "s": 128}
+
+
+class GemmSegs(Structure):
+    """Mirror of kernels/gemm.cu's GemmSegs: up to three matrices, their row tiles numbered across."""
+
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("rows", c_int * 3), ("tile_end", c_int * 3)]
+
+
+def stage_weights(type_name: str) -> int:
+    """Weights of a row per pipeline stage (GemmRaw<T>::KB)."""
+    qk = GGML_TYPES_BY_NAME[type_name].block_size
+    return 32 if type_name == "F32" else 64 if qk == 1 else 256 if qk == 256 else 128
+
+
+def shared_bytes(type_name: str, cfg: str) -> int:
+    """Dynamic shared memory of a kernel (GemmSmem<T, C>::BYTES): two stages of raw weight rows
+    (each the 16-byte chunks covering the stage's bytes) and two f16 x tiles of 32 k."""
+    t = GGML_TYPES_BY_NAME[type_name]
+    sb = stage_weights(type_name) // t.block_size * t.type_size
+    slot = (sb + 15) // 16 * 16 + 16
+    bm, bn = CFGS[cfg]
+    return 2 * bn * slot + 2 * bm * 32 * 2
+
+
+def down_col_tiles(n_embd: int) -> int:
+    """Column tiles of the grouped down kernel: one completion counter per (token, tile)."""
+    return -(-n_embd // TILE)
+
+
+def ok(L, w: Weight) -> bool:
+    """These kernels read w: an sm_80+ GPU, the tensor 16-byte aligned (GGUF aligns to 32), its
+    shared-memory tiles within the device's limit."""
+    return L.tc and w.ptr % 16 == 0 and shared_bytes(w.type_name, "l") <= L.max_dyn_shared
+
+
+def cfg_for(L, n_tok: int, rows: int) -> str:
+    """128 x 128 tiles when they fill the GPU at least once, else 64 x 64 (4x the blocks): a
+    512-token prompt times a 1024-row matrix is only 32 large tiles on 132 SMs."""
+    bm, bn = CFGS["l"]
+    return "l" if -(-n_tok // bm) * -(-rows // bn) >= L.dev.sm_count else "s"
+
+
+def gemm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
+         cfg: str | None = None) -> None:
+    """ys[i][t, :] (+)= ws[i] x[t, :] for up to three matrices of one type and row length, one launch."""
+    w0 = ws[0]
+    assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.row_bytes == w0.row_bytes for w in ws)
+    x_stride = x_stride or w0.k
+    cfg = cfg or cfg_for(L, n_tok, sum(w.rows for w in ws))
+    bm, bn = CFGS[cfg]
+    segs, end = GemmSegs(), 0
+    for i in range(3):
+        if i < len(ws):
+            segs.w[i], segs.y[i], segs.rows[i] = ws[i].ptr, ys[i], ws[i].rows
+            end += -(-ws[i].rows // bn)
+        segs.tile_end[i] = end
+    L.go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, -(-n_tok // bm), 1), THREADS[cfg],
+         [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride), c_int(w0.k), c_int(n_tok),
+          c_int(int(accumulate))], shared_bytes(w0.type_name, cfg))
+
+
+def glu(L, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, x_stride: int = 0,
+        cfg: str | None = None) -> None:
+    """out[t, :] = act(Wg x[t]) * (Wu x[t]), gate and up in one pass (same type and row length)."""
+    assert wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes and wg.rows == wu.rows
+    cfg = cfg or cfg_for(L, n_tok, 2 * wg.rows)
+    bm, bn = CFGS[cfg]
+    L.go(f"reflex_gemm_glu_{wg.suffix}_{cfg}", (-(-wg.rows // (bn // 2)), -(-n_tok // bm), 1), THREADS[cfg],
+         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_void_p(x), c_int(x_stride or wg.k),
+          c_void_p(out), c_int(wg.rows), c_int(wg.k), c_int(n_tok), c_int(act)],
+         shared_bytes(wg.type_name, cfg))
+
+
+def moe_glu(L, wg: Weight, wu: Weight, expert_bytes: int, n_ff: int, grp: MoeGroups, x: int, out: int,
+            act: int) -> None:
+    """out[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]) for every pair i in expert order."""
+    assert wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
+    L.go(f"reflex_moe_gemm_glu_{wg.suffix}", (-(-n_ff // (TILE // 2)), grp.max_tiles, 1), THREADS["s"],
+         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(grp.counts),
+          c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
+          c_void_p(grp.pair_tok), c_void_p(x), c_int(wg.k), c_void_p(out), c_int(n_ff), c_int(wg.k), c_int(act)],
+         shared_bytes(wg.type_name, "s"))
+
+
+def moe_down(L, wd: Weight, expert_bytes: int, n_embd: int, grp: MoeGroups, act: int, weights: int, k: int, ybuf: int,
+             x: int, counters: int) -> None:
+    """x[t] += sum over t's k slots, in slot order, of weight * down_e act[pair]. ybuf: n_pairs x
+    n_embd floats of scratch; counters: n_tok * down_col_tiles(n_embd) zeroed ints, left zeroed."""
+    L.go(f"reflex_moe_gemm_down_{wd.suffix}", (down_col_tiles(n_embd), grp.max_tiles, 1), THREADS["s"],
+         [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(grp.counts),
+          c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
+          c_void_p(grp.pair_id), c_void_p(act), c_int(wd.k), c_void_p(weights), c_int(k), c_void_p(ybuf),
+          c_void_p(x), c_int(n_embd), c_void_p(counters)],
+         shared_bytes(wd.type_name, "s"))

@@ -1,0 +1,85 @@
+"""kernels/moe.cu: the routed experts read from their stacked GGUF tensors: softmax top-k
+routing, the per-pair matrix-vector gate/up and down (small batches), the grouping of pairs by
+expert (and the 64-pair tiles gemm.cu's grouped kernels run), and for GPUs older than sm_80 the
+WMMA expert products and their weighted sum."""
+
+from __future__ import annotations
+
+from ctypes import c_float, c_int, c_long, c_void_p
+from dataclasses import dataclass
+
+from .common import Weight, per_type
+from .matvec import warps_per_row
+
+KERNELS = per_type("reflex_moe_mv_glu_{}", "reflex_moe_mv_down_{}", "reflex_moe_mm_{}") + (
+    "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine")
+MAX_EXPERTS = 1024  # MOE_MAX_EXPERTS (router probabilities live in shared memory)
+TILE = 64  # pairs per tile of the grouped expert kernels (gemm.cu GemmMoe = GemmS)
+
+
+@dataclass(frozen=True)
+class MoeGroups:
+    """Device arrays of reflex_moe_group's output: pairs sorted by expert and their tiles."""
+
+    counts: int
+    offsets: int
+    pair_tok: int
+    pair_id: int
+    tile_e: int
+    tile_m0: int
+    n_tiles: int  # one int
+    max_tiles: int  # host bound on *n_tiles: the grouped kernels' grid
+
+
+def max_tiles(n_pairs: int, n_expert: int) -> int:
+    """Tiles of TILE pairs over all experts, at most: one partial tile per expert used."""
+    return -(-n_pairs // TILE) + min(n_expert, n_pairs)
+
+
+def topk(L, logits: int, n_tok: int, n_expert: int, k: int, normalize: bool, ids: int, weights: int) -> None:
+    L.go("reflex_moe_topk", n_tok, 256, [c_void_p(logits), c_int(n_expert), c_int(k), c_int(int(normalize)),
+                                          c_void_p(ids), c_void_p(weights)])
+
+
+def glu_mv(L, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_tok: int, n_ff: int,
+           act: int, norm_w: int = 0, eps: float = 0.0) -> None:
+    """out[t*k+s] = act(gate_e x'[t]) * (up_e x'[t]) for expert e = ids[t*k+s], one launch."""
+    wpr = warps_per_row(L, n_ff * n_tok * k, wg.k)
+    per_block = 8 // wpr
+    L.go(f"reflex_moe_mv_glu_{wg.suffix}", ((n_ff + per_block - 1) // per_block, n_tok * k, 1), 256,
+         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(ids), c_int(k),
+          c_void_p(x), c_int(wg.k), c_void_p(out), c_int(n_ff), c_int(wg.k), c_int(act), c_void_p(norm_w or None),
+          c_float(eps), c_int(wpr)])
+
+
+def down_mv(L, wd: Weight, expert_bytes: int, ids: int, weights: int, k: int, act: int, x: int, n_tok: int,
+            n_embd: int) -> None:
+    """x[t] += sum over t's k slots of weight * down_e act[t*k+s] (the residual add fused)."""
+    wpr = warps_per_row(L, n_embd * n_tok, wd.k)
+    per_block = 8 // wpr
+    L.go(f"reflex_moe_mv_down_{wd.suffix}", ((n_embd + per_block - 1) // per_block, n_tok, 1), 256,
+         [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(ids), c_void_p(weights), c_int(k),
+          c_void_p(act), c_int(wd.k), c_void_p(x), c_int(n_embd), c_int(wpr)])
+
+
+def group(L, ids: int, n_pairs: int, n_expert: int, k: int, counts: int, offsets: int, pair_tok: int, pair_id: int,
+          tile_e: int = 0, tile_m0: int = 0, n_tiles: int = 0) -> None:
+    """Sort the n_pairs (token, slot) pairs by expert; with tile_e, also list the TILE-pair tiles
+    the grouped sm_80+ kernels run (at most max_tiles)."""
+    L.go("reflex_moe_group", 1, 1024, [c_void_p(ids), c_int(n_pairs), c_int(n_expert), c_int(k), c_void_p(counts),
+                                       c_void_p(offsets), c_void_p(pair_tok), c_void_p(pair_id), c_int(TILE),
+                                       c_void_p(tile_e or None), c_void_p(tile_m0 or None), c_void_p(n_tiles or None)])
+
+
+def mm(L, w: Weight, expert_bytes: int, n_expert: int, n_rows: int, counts: int, offsets: int, x_idx: int, y_idx: int,
+       x: int, y: int) -> None:
+    """y[y_idx[i]] = W_e x[x_idx[i]] for the rows i of every expert's group, on tensor cores (WMMA)."""
+    L.go(f"reflex_moe_mm_{w.suffix}", ((n_rows + 127) // 128, n_expert, 1), 256,
+         [c_void_p(w.ptr), c_long(w.row_bytes), c_long(expert_bytes), c_void_p(counts), c_void_p(offsets),
+          c_void_p(x_idx), c_void_p(y_idx), c_void_p(x), c_int(w.k), c_void_p(y), c_int(n_rows), c_int(n_rows),
+          c_int(w.k)])
+
+
+def combine(L, y: int, weights: int, k: int, x: int, n_embd: int, n_tok: int) -> None:
+    L.go("reflex_moe_combine", (n_tok * n_embd + 255) // 256, 256,
+         [c_void_p(y), c_void_p(weights), c_int(k), c_void_p(x), c_int(n_embd), c_int(n_tok)])

@@ -1,0 +1,154 @@
+"""kernels/mvs.cu: the decode step's one-token matrix-vector products, each block's weight rows
+staged into shared memory (kernels/stage.cuh) before it waits for its predecessor: q/k/v-style
+segments of one type (reflex_mvs_*) or of mixed types (reflex_mvs_mixed), the LM head with the
+greedy pick fused (MvsPick), and gate/up (reflex_mvs_glu_*, dense or the routed experts' rows).
+plan() sizes every staged launch, moe_decode.cu's too."""
+
+from __future__ import annotations
+
+from ctypes import Structure, c_float, c_int, c_long, c_void_p
+from dataclasses import dataclass
+
+from ...ggml_types import GGML_TYPES_BY_NAME
+from .common import Weight, per_type
+from .matvec import MvSegs
+from .sample import RxState
+
+KERNELS = per_type("reflex_mvs_{}", "reflex_mvs_glu_{}") + ("reflex_mvs_mixed",)
+MVS_NX = 4  # a warp part covers 32 * 4 groups of 8 weights = 1024 weights of a row
+STATIC_SMEM_RESERVE = 5 * 1024  # static shared memory of the staged kernels (the router's top-k: 4.5 KB)
+
+
+@dataclass(frozen=True)
+class MvsPlan:
+    """How a staged launch splits its rows: rb rows per block, wpr warps per row, smem bytes of
+    dynamic shared memory per block."""
+
+    rb: int
+    wpr: int
+    smem: int
+
+
+class MvSegsMixed(Structure):
+    """Mirror of kernels/mvs.cuh's MvSegsMixed: up to three matrices of any types, one launch."""
+
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("row_bytes", c_long * 3), ("rows", c_int * 3),
+                ("type", c_int * 3)]
+
+
+class MvsPick(Structure):
+    """Mirror of kernels/mvs.cuh's MvsPick: the greedy pick fused into an LM head launch."""
+
+    _fields_ = [("part_v", c_void_p), ("part_i", c_void_p), ("counter", c_void_p), ("st", RxState), ("last", c_int)]
+
+
+def stage_bytes(n: int) -> int:
+    """kernels/stage.cuh rx_stage_bytes: shared memory that staging n bytes takes."""
+    return (n + 30 + 15) & ~15
+
+
+def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0) -> MvsPlan | None:
+    """Rows per block for `rows` rows of `row_bytes` (each block stages `ranges` runs of rb rows
+    plus `extra` bytes): about one block per SM (L.mvs_blocks_per_sm) while the weights fit the
+    budget (L.mvs_budget), else budget-sized blocks in waves (at least one row each, past the
+    budget if the device has room). None when that does not fit the device."""
+    wpr = 1
+    while k > 8 * 32 * MVS_NX * wpr:
+        wpr *= 2
+    if wpr > 8 or k % 8:
+        return None
+    cap = max(1, (L.mvs_budget - extra) // (ranges * row_bytes))
+    rb = min(-(-rows // (L.dev.sm_count * L.mvs_blocks_per_sm)), cap)
+    smem = ranges * stage_bytes(rb * row_bytes) + ranges * rb * wpr * 4 + extra
+    if smem > L.dev.max_shared - STATIC_SMEM_RESERVE:
+        return None
+    return MvsPlan(rb, wpr, smem)
+
+
+def stageable(L, ws, *ptrs) -> bool:
+    """The staged kernels read x with 16-byte loads and rows as matvec.cu does."""
+    return L.staged and not any(p % 16 for p in ptrs) and not any(w.ptr % 16 for w in ws)
+
+
+def _pick(part_v: int = 0, part_i: int = 0, counter: int = 0, state=None, last: int = 0) -> MvsPick:
+    """An MvsPick (all zero: no fused pick)."""
+    pick = MvsPick()
+    if part_v:
+        pick.part_v, pick.part_i, pick.counter, pick.st, pick.last = part_v, part_i, counter, state, last
+    return pick
+
+
+def segments(L, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_w: int, eps: float) -> bool:
+    """ys[i] (+)= ws[i] x' for one token, matrices of one K (reflex_mvs_*, or reflex_mvs_mixed
+    when their types differ). False: not applicable, nothing launched."""
+    w0 = ws[0]
+    if not stageable(L, ws, x, norm_w) or any(w.k != w0.k for w in ws):
+        return False
+    p = plan(L, sum(w.rows for w in ws), max(w.row_bytes for w in ws), w0.k)
+    if p is None:
+        return False
+    blocks = sum(-(-w.rows // p.rb) for w in ws)
+    if any(w.type_name != w0.type_name for w in ws):
+        mixed = MvSegsMixed()
+        for i, (w, y) in enumerate(zip(ws, ys)):
+            mixed.w[i], mixed.y[i], mixed.row_bytes[i], mixed.rows[i], mixed.type[i] = (
+                w.ptr, y, w.row_bytes, w.rows, GGML_TYPES_BY_NAME[w.type_name].type_id)
+        L.go("reflex_mvs_mixed", blocks, 256,
+             [mixed, c_void_p(x), c_int(w0.k), c_int(p.rb), c_int(p.wpr), c_int(int(accumulate)),
+              c_void_p(norm_w or None), c_float(eps)], p.smem)
+        return True
+    segs = MvSegs()
+    for i, (w, y) in enumerate(zip(ws, ys)):
+        segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
+    L.go(f"reflex_mvs_{w0.suffix}", blocks, 256,
+         [segs, c_long(w0.row_bytes), c_void_p(x), c_int(w0.k), c_int(p.rb), c_int(p.wpr),
+          c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), _pick()], p.smem)
+    return True
+
+
+def head(L, w: Weight, x: int, y: int, norm_w: int, eps: float, pick=None) -> bool:
+    """logits = W x' for one token. pick = (part_v, part_i, counter, state, last): also take the
+    greedy argmax and advance the decode state (float part_v / int part_i arrays of at least
+    w.rows entries, a zeroed int counter). False: not applicable, nothing launched."""
+    if not stageable(L, [w], x, norm_w):
+        return False
+    p = plan(L, w.rows, w.row_bytes, w.k)
+    if p is None:
+        return False
+    segs = MvSegs()
+    segs.w[0], segs.y[0], segs.rows[0] = w.ptr, y, w.rows
+    L.go(f"reflex_mvs_{w.suffix}", -(-w.rows // p.rb), 256,
+         [segs, c_long(w.row_bytes), c_void_p(x), c_int(w.k), c_int(p.rb), c_int(p.wpr), c_int(0),
+          c_void_p(norm_w or None), c_float(eps), _pick(*pick) if pick else _pick()], p.smem)
+    return True
+
+
+def glu(L, wg: Weight, wu: Weight, x: int, out: int, act: int, norm_w: int = 0, eps: float = 0.0) -> bool:
+    """out = act(Wg x') * (Wu x') for one token, both of one type and row length. False: not
+    applicable, nothing launched."""
+    if not stageable(L, [wg, wu], x, norm_w):
+        return False
+    p = plan(L, wg.rows, wg.row_bytes, wg.k, ranges=2)
+    if p is None:
+        return False
+    L.go(f"reflex_mvs_glu_{wg.suffix}", -(-wg.rows // p.rb), 256,
+         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(0), c_void_p(None),
+          c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(wg.rows),
+          c_int(wg.k), c_int(p.rb), c_int(p.wpr), c_int(act)], p.smem)
+    return True
+
+
+def expert_glu(L, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_ff: int, act: int,
+               norm_w: int = 0, eps: float = 0.0) -> bool:
+    """One token: out[s] = act(gate_e x') * (up_e x') for its k routed slots (e = ids[s]), the
+    routed rows staged after the wait. False: not applicable."""
+    if not stageable(L, [wg, wu], x, norm_w, expert_bytes):
+        return False
+    p = plan(L, n_ff * k, wg.row_bytes, wg.k, ranges=2)
+    if p is None:
+        return False
+    L.go(f"reflex_mvs_glu_{wg.suffix}", (-(-n_ff // p.rb), k, 1), 256,
+         [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(ids),
+          c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(n_ff), c_int(wg.k),
+          c_int(p.rb), c_int(p.wpr), c_int(act)], p.smem)
+    return True
