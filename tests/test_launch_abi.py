@@ -274,7 +274,7 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
     arch, overrides = ABI_MODELS[name]
     dec, dev = _model(arch, ptx_params, str(tmp_path), cc=cc, **overrides)
     if arch == "llama":  # pairwise rope, and the factors tensor bound in place when the file has one
-        attn = dec.layers[0].attn
+        attn = dec.layers[0].mixer
         assert attn.rope_pairs and (attn.rope_factors != 0) == ("rope_llama3" in overrides)
         assert not attn.w.q_norm and not attn.w.k_norm
     cfg = dec.cfg

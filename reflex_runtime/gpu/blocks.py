@@ -163,6 +163,7 @@ class Attention:
         k_bytes = c.n_head_kv * model.n_ctx * c.head_dim * 2
         v_bytes = c.n_head_kv * model.n_ctx * c.head_dim_v * 2
         model.arena.reserve(f"kv{il}", k_bytes + v_bytes)
+        model.need(self.buffers(c, model.max_batch))
         self._k_bytes = k_bytes
         self.w: AttnWeights | None = None
 
@@ -184,8 +185,12 @@ class Attention:
                 ("part_o", c.n_head * splits * c.head_dim_v), ("part_ml", c.n_head * splits * 2),
                 ("attn_counters", c.n_head)]
 
-    def bind(self, model, weights: AttnWeights) -> None:
-        self.w, self.p, self.launch = weights, model.p, model.launch
+    def read(self, r: TensorReader, il: int) -> AttnWeights:
+        """This layer's q/k/v/o weights and q/k norms (a family with another layout overrides it)."""
+        return AttnWeights.read(r, il)
+
+    def bind(self, model, il: int) -> None:
+        self.w, self.p, self.launch = self.read(model.tensors, il), model.p, model.launch
         if self._rope_factors_name:
             self.rope_factors = model.tensors.vector(self._rope_factors_name)
         self.k_cache = model.p(f"kv{self.il}")
@@ -249,9 +254,12 @@ class FfnWeights:
     up: Weight
     down: Weight
 
+    NAMES = (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
+    SHARED_EXPERT = (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, T.FFN_DOWN_SHEXP)
+
     @classmethod
-    def read(cls, r: TensorReader, il: int) -> "FfnWeights":
-        return cls(r.matrix(T.blk(il, T.FFN_GATE)), r.matrix(T.blk(il, T.FFN_UP)), r.matrix(T.blk(il, T.FFN_DOWN)))
+    def read(cls, r: TensorReader, il: int, names: tuple[str, str, str] = NAMES) -> "FfnWeights":
+        return cls(*(r.matrix(T.blk(il, name)) for name in names))
 
 
 class GatedFFN:
@@ -260,8 +268,9 @@ class GatedFFN:
 
     SILU, GELU = 0, 1
 
-    def __init__(self, model, n_ff: int, act: int):
-        self.n_ff, self.act, self.eps = n_ff, act, model.cfg.rms_eps
+    def __init__(self, model, n_ff: int, act: int, names: tuple[str, str, str] = FfnWeights.NAMES):
+        self.n_ff, self.act, self.eps, self.names = n_ff, act, model.cfg.rms_eps, names
+        model.need(self.buffers(model.max_batch, n_ff))
         self.w: FfnWeights | None = None
 
     @staticmethod
@@ -274,8 +283,8 @@ class GatedFFN:
     def buffers(t: int, n_ff: int) -> list[tuple[str, int]]:
         return [("g", t * n_ff), ("u", t * n_ff), ("act", t * n_ff)]
 
-    def bind(self, model, weights: FfnWeights) -> None:
-        self.w, self.p, self.launch = weights, model.p, model.launch
+    def bind(self, model, il: int) -> None:
+        self.w, self.p, self.launch = FfnWeights.read(model.tensors, il, self.names), model.p, model.launch
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         L, p, w = self.launch, self.p, self.w

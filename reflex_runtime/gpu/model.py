@@ -1,12 +1,12 @@
 """What every family's GPU forward shares: the arena plan (weights, caches, activations, the
 device-side decode state), binding weights in place once they are uploaded, and the forward pass
-around the family's layers (embedding in, LM head out).
+around the family's layers (embedding in, its decoder layers, LM head out).
 
-A family subclasses GpuModel (families/<name>/gpu.py) and writes three things:
-  plan()          build its per-layer blocks (which reserve their caches), name the
-                  activation buffers they need (`self.need(...)`), set embed_scale / softcap
-  bind_weights()  read each layer's tensors through `self.tensors` into its blocks
-  layer(il, b)    one layer's forward, from the blocks, reading like the architecture diagram
+A family subclasses GpuModel (families/<name>/gpu.py) and writes what differs:
+  decoder_layer(il)  layer il as a gpu.layer.DecoderLayer: its mixer and FFN blocks (which
+                     reserve their caches and activation buffers) and its norm tensors
+  plan()             only to set embed_scale / softcap (or a layout shared by layers) first
+and, where it has them, fork() / max_forks() (recurrent state) and unread_bytes_per_token().
 The runner (gpu/runner.py) sees only this base class.
 """
 
@@ -16,6 +16,7 @@ from .. import tensor_names as T
 from .arena import Arena
 from .blocks import Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
+from .layer import DecoderLayer
 from .ops import embed
 from .ops.sample import ARGMAX_PARTS
 
@@ -67,12 +68,9 @@ class GpuModel:
             self._needs[name] = max(self._needs.get(name, 0), count)
 
     def plan(self) -> None:
-        raise NotImplementedError
+        self.layers = [self.decoder_layer(il) for il in range(self.cfg.n_layers)]
 
-    def bind_weights(self) -> None:
-        raise NotImplementedError
-
-    def layer(self, il: int, b: Batch) -> None:
+    def decoder_layer(self, il: int) -> DecoderLayer:
         raise NotImplementedError
 
     def fork(self, n_seq: int) -> None:
@@ -87,7 +85,7 @@ class GpuModel:
     def unread_bytes_per_token(self) -> int:
         """Weight bytes a decode step does not read beyond the embedding rows (routed experts
         not chosen); for decode_bytes_per_token."""
-        return 0
+        return sum(ly.unread_bytes() for ly in self.layers)
 
     # -- binding (after the arena exists and the weights are uploaded) ----------------------
 
@@ -107,7 +105,8 @@ class GpuModel:
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
         self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)
-        self.bind_weights()
+        for il, ly in enumerate(self.layers):
+            ly.bind(self, il)
         self.head.bind(self, self.tensors, self.embedding)
 
     def decode_bytes_per_token(self) -> int:
@@ -137,8 +136,8 @@ class GpuModel:
         with self.launch.role("embedding", n * self.embedding.row_bytes):
             embed.embed(self.launch, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
         self.res.added()
-        for il in range(self.cfg.n_layers):
-            self.layer(il, b)
+        for il, ly in enumerate(self.layers):
+            ly(self.res, b, self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else 0)
         if logit_rows <= 0:
             return False
         row = (n - 1) if logit_row < 0 else logit_row

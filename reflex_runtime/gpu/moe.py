@@ -91,6 +91,7 @@ class MoeFFN:
         self.n_expert = ex["n_expert"]
         self.k, self.n_ff = per_layer(ex["n_expert_used"], il), per_layer(ex["n_ff_exp"], il)
         self.normalize = bool(ex.get("norm_topk_prob", True))
+        model.need(self.buffers(model.cfg, model.max_batch))
         self.w: MoeWeights | None = None
 
     @staticmethod
@@ -107,8 +108,9 @@ class MoeFFN:
                 ("moe_tile_m0", moe_ops.max_tiles(pairs, n_expert)),
                 ("moe_n_tiles", 1), ("moe_counters", t * gemm.down_col_tiles(c.n_embd))]
 
-    def bind(self, model, weights: MoeWeights) -> None:
-        self.w, self.p, self.launch = weights, model.p, model.launch
+    def bind(self, model, il: int, weights: MoeWeights | None = None) -> None:
+        """Layer il's experts (weights: read another way, e.g. views of a fused tensor)."""
+        self.w, self.p, self.launch = weights or MoeWeights.read(model.tensors, il), model.p, model.launch
 
     def grouped(self) -> str | None:
         """Which tensor-core expert path the weights allow: "gemm" (sm_80+, gemm.cu), "wmma"

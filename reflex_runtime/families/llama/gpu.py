@@ -8,14 +8,14 @@ with pairwise rope and Llama 3's per-pair frequency factors (the layer diagram i
 from __future__ import annotations
 
 from ... import tensor_names as T
-from ...gpu.blocks import Attention
-from ..qwen3.gpu import Layer, Qwen3Gpu
+from ...gpu.blocks import Attention, GatedFFN
+from ...gpu.layer import DecoderLayer
+from ...gpu.model import GpuModel
 
 
-class LlamaGpu(Qwen3Gpu):
-    def plan(self) -> None:
+class LlamaGpu(GpuModel):
+    def decoder_layer(self, il: int) -> DecoderLayer:
         c, e = self.cfg, self.cfg.extra
-        self.need(Attention.buffers(c, self.max_batch))
-        factors = T.ROPE_FREQS if e["rope_factors"] else None
-        self.layers = [Layer(Attention(self, il, c.rope_theta, rope_pairs=True, rope_freq_scale=e["rope_freq_scale"],
-                                       rope_factors=factors), self.plan_ffn(il)) for il in range(c.n_layers)]
+        attn = Attention(self, il, c.rope_theta, rope_pairs=True, rope_freq_scale=e["rope_freq_scale"],
+                         rope_factors=T.ROPE_FREQS if e["rope_factors"] else None)
+        return DecoderLayer(attn, GatedFFN(self, c.n_ff, GatedFFN.SILU))

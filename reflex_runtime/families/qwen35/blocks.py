@@ -83,6 +83,7 @@ class DeltaNet:
             e["conv_kernel"]
         self.channels = 2 * self.nk * self.dk + self.nv * self.dv
         self.conv_off, self.ssm_off = conv_off, ssm_off  # bytes into the model's state slot
+        model.need(self.buffers(c, model.max_batch))
         self.w: DeltaNetWeights | None = None
 
     @staticmethod
@@ -100,8 +101,9 @@ class DeltaNet:
         return [("dn_qkv", t * channels), ("dn_conv", t * channels), ("dn_z", t * vd), ("dn_alpha", t * e["n_v_heads"]),
                 ("dn_beta", t * e["n_v_heads"]), ("dn_o", t * vd)]
 
-    def bind(self, model, weights: DeltaNetWeights) -> None:
-        self.w, self.p, self.launch, self.state_of = weights, model.p, model.launch, model.state_of
+    def bind(self, model, il: int) -> None:
+        self.w, self.p, self.launch = DeltaNetWeights.read(model.tensors, il), model.p, model.launch
+        self.state_of = model.state_of
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True) -> None:
         L, p, w = self.launch, self.p, self.w
@@ -144,23 +146,23 @@ class DeltaNet:
                                   eps=self.eps)
 
 
-def attn_weights(r: TensorReader, il: int, c) -> AttnWeights:
-    """attn_q ([query | gate] per head), attn_k, attn_v; or their rows of one attn_qkv (--fuse-qkv)."""
-    if r.has(T.blk(il, T.ATTN_Q)):
-        return AttnWeights.read(r, il)
-    fused = r.matrix(T.blk(il, T.ATTN_QKV))
-    nq, nk, nv = 2 * c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v
-    return AttnWeights(rows_of(fused, 0, nq), rows_of(fused, nq, nk), rows_of(fused, nq + nk, nv),
-                       r.matrix(T.blk(il, T.ATTN_OUT)), r.vector(T.blk(il, T.ATTN_Q_NORM)),
-                       r.vector(T.blk(il, T.ATTN_K_NORM)))
-
-
 class GatedAttention(Attention):
     """Attention whose query projection gives per head [query | gate]: out (+)= Wo (attention * sigmoid(gate))."""
 
     @staticmethod
     def buffers(c, t: int) -> list[tuple[str, int]]:
         return Attention.buffers(c, t) + [("qg", t * 2 * c.n_head * c.head_dim), ("attn_gate", t * c.n_head * c.head_dim)]
+
+    def read(self, r: TensorReader, il: int) -> AttnWeights:
+        """attn_q ([query | gate] per head), attn_k, attn_v; or their rows of one attn_qkv (--fuse-qkv)."""
+        if r.has(T.blk(il, T.ATTN_Q)):
+            return AttnWeights.read(r, il)
+        c = self.cfg
+        fused = r.matrix(T.blk(il, T.ATTN_QKV))
+        nq, nk, nv = 2 * c.n_head * c.head_dim, c.n_head_kv * c.head_dim, c.n_head_kv * c.head_dim_v
+        return AttnWeights(rows_of(fused, 0, nq), rows_of(fused, nq, nk), rows_of(fused, nq + nk, nv),
+                           r.matrix(T.blk(il, T.ATTN_OUT)), r.vector(T.blk(il, T.ATTN_Q_NORM)),
+                           r.vector(T.blk(il, T.ATTN_K_NORM)))
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         c, L, p, w = self.cfg, self.launch, self.p, self.w
@@ -193,20 +195,16 @@ class SharedMoe:
     def __init__(self, model, il: int):
         self.moe = MoeFFN(model, il=il)
         self.eps = model.cfg.rms_eps
+        model.need(GatedFFN.buffers(model.max_batch, model.cfg.extra["n_ff_shexp"]) + [("sh_logit", model.max_batch)])
         self.shared: FfnWeights | None = None
         self.gate: Weight | None = None
-
-    @staticmethod
-    def buffers(c, t: int) -> list[tuple[str, int]]:
-        return MoeFFN.buffers(c, t) + GatedFFN.buffers(t, c.extra["n_ff_shexp"]) + [("sh_logit", t)]
 
     def bind(self, model, il: int) -> None:
         r = model.tensors
         self.p, self.launch = model.p, model.launch
-        self.moe.bind(model, moe_weights(r, il, self.moe.n_expert))
+        self.moe.bind(model, il, moe_weights(r, il, self.moe.n_expert))
         if r.has(T.blk(il, T.FFN_UP_SHEXP)):
-            self.shared = FfnWeights(r.matrix(T.blk(il, T.FFN_GATE_SHEXP)), r.matrix(T.blk(il, T.FFN_UP_SHEXP)),
-                                     r.matrix(T.blk(il, T.FFN_DOWN_SHEXP)))
+            self.shared = FfnWeights.read(r, il, FfnWeights.SHARED_EXPERT)
             self.gate = r.matrix(T.blk(il, T.FFN_ROUTER_SHEXP))
 
     def unread_bytes(self) -> int:

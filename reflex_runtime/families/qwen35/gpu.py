@@ -15,67 +15,32 @@ MTP (nextn) blocks a file may hold are never read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ... import tensor_names as T
-from ...gpu.blocks import Batch, FfnWeights, GatedFFN
+from ...gpu.blocks import Batch, GatedFFN
+from ...gpu.layer import DecoderLayer
 from ...gpu.model import MAX_SEQS, GpuModel
-from .blocks import DeltaNet, DeltaNetWeights, GatedAttention, SharedMoe, attn_weights
-
-
-@dataclass
-class Layer:
-    mixer: object  # DeltaNet or GatedAttention
-    ffn: object  # GatedFFN or SharedMoe
-    attn_norm: int = 0
-    ffn_norm: int = 0
+from .blocks import DeltaNet, GatedAttention, SharedMoe
 
 
 class Qwen35Gpu(GpuModel):
     scoring = "fork"
 
     def plan(self) -> None:
-        c, t = self.cfg, self.max_batch
-        recurrent = c.extra["recurrent_layers"]
-        moe = c.arch == "qwen35moe"
-        self.layers, slot = [], 0
-        for il in range(c.n_layers):
-            if recurrent[il]:
-                conv_bytes, ssm_bytes = DeltaNet.state_bytes(c)
-                mixer = DeltaNet(self, il, slot, slot + conv_bytes)
-                slot += conv_bytes + ssm_bytes
-            else:
-                mixer = GatedAttention(self, il, c.rope_theta)
-            ffn = SharedMoe(self, il) if moe else GatedFFN(self, c.n_ff, GatedFFN.SILU)
-            self.layers.append(Layer(mixer, ffn))
-        self.slot_bytes = slot
-        self.arena.reserve("dn_state", slot)
+        self.slot_bytes = 0  # the state slot: each recurrent layer's conv and delta-rule states in turn
         self._forks = (0, 0)  # (device pointer, slots) of the forked state copies
-        if any(recurrent):
-            self.need(DeltaNet.buffers(c, t))
-        if not all(recurrent):
-            self.need(GatedAttention.buffers(c, t))
-        self.need(SharedMoe.buffers(c, t) if moe else GatedFFN.buffers(t, c.n_ff))
+        super().plan()
+        self.arena.reserve("dn_state", self.slot_bytes)
 
-    def bind_weights(self) -> None:
-        r, c = self.tensors, self.cfg
-        for il, ly in enumerate(self.layers):
-            ly.attn_norm, ly.ffn_norm = r.vector(T.blk(il, T.ATTN_NORM)), r.vector(T.blk(il, T.POST_ATTN_NORM))
-            if isinstance(ly.mixer, DeltaNet):
-                ly.mixer.bind(self, DeltaNetWeights.read(r, il))
-            else:
-                ly.mixer.bind(self, attn_weights(r, il, c))
-            if isinstance(ly.ffn, SharedMoe):
-                ly.ffn.bind(self, il)
-            else:
-                ly.ffn.bind(self, FfnWeights.read(r, il))
-
-    def layer(self, il: int, b: Batch) -> None:
-        ly, r = self.layers[il], self.res
-        ly.mixer(b, r.normed(b, ly.attn_norm), r.x, accumulate=True)
-        r.added()
-        ly.ffn(b, r.normed(b, ly.ffn_norm), r.x, accumulate=True)
-        r.added()
+    def decoder_layer(self, il: int) -> DecoderLayer:
+        c = self.cfg
+        if c.extra["recurrent_layers"][il]:
+            conv_bytes, ssm_bytes = DeltaNet.state_bytes(c)
+            mixer = DeltaNet(self, il, self.slot_bytes, self.slot_bytes + conv_bytes)
+            self.slot_bytes += conv_bytes + ssm_bytes
+        else:
+            mixer = GatedAttention(self, il, c.rope_theta)
+        ffn = SharedMoe(self, il) if c.arch == "qwen35moe" else GatedFFN(self, c.n_ff, GatedFFN.SILU)
+        return DecoderLayer(mixer, ffn, ffn_norm=T.POST_ATTN_NORM)  # the file's name for the pre-FFN norm
 
     # -- recurrent state ------------------------------------------------------------------------
 
@@ -108,9 +73,8 @@ class Qwen35Gpu(GpuModel):
 
     def unread_bytes_per_token(self) -> int:
         """Experts the router skips, and the MTP blocks (blk.n_layers and up)."""
-        unread = sum(ly.ffn.unread_bytes() for ly in self.layers if isinstance(ly.ffn, SharedMoe))
+        unread = super().unread_bytes_per_token()
         for name, ti in self.gguf.tensors.items():
             if name.startswith("blk.") and int(name.split(".")[1]) >= self.cfg.n_layers:
                 unread += ti.nbytes
         return unread
-

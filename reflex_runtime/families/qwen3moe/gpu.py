@@ -6,17 +6,12 @@
 
 from __future__ import annotations
 
-from ...gpu.moe import MoeFFN, MoeWeights
-from ..qwen3.gpu import Qwen3Gpu
+from ...gpu.blocks import Attention
+from ...gpu.layer import DecoderLayer
+from ...gpu.model import GpuModel
+from ...gpu.moe import MoeFFN
 
 
-class Qwen3MoeGpu(Qwen3Gpu):
-    def plan_ffn(self, il: int):
-        self.need(MoeFFN.buffers(self.cfg, self.max_batch))
-        return MoeFFN(self)
-
-    def bind_ffn(self, il: int, ffn) -> None:
-        ffn.bind(self, MoeWeights.read(self.tensors, il))
-
-    def unread_bytes_per_token(self) -> int:
-        return sum(ly.ffn.unread_bytes() for ly in self.layers)
+class Qwen3MoeGpu(GpuModel):
+    def decoder_layer(self, il: int) -> DecoderLayer:
+        return DecoderLayer(Attention(self, il, self.cfg.rope_theta), MoeFFN(self))

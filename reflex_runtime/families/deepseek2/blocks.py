@@ -1,4 +1,10 @@
-"""Multi-head latent attention (DeepSeek-V2/V3 MLA, kernels/mla.cu) over a latent KV cache.
+"""DeepSeek's own GPU blocks (the shared ones are gpu/blocks.py and gpu/moe.py):
+
+  LatentAttention  multi-head latent attention (MLA, kernels/mla.cu) over a latent KV cache
+  DeepSeekMoE      the routed experts with DeepSeek's routing (kernels/moe_route.cu)
+  ExpertsAndShared the routed experts plus the shared ones, both reading one normalized input
+
+Multi-head latent attention (DeepSeek-V2/V3 MLA) over a latent KV cache.
 
 Per token the cache keeps only [c (kv_lora_rank) | k_pe (qk_rope)] in f16, one row shared by
 every head (the layer diagram is in families/deepseek2/config.py). Every batch runs the absorbed
@@ -22,12 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .. import tensor_names as T
-from . import products
-from .blocks import Batch, Input, TensorReader
-from .ops import mla, norm
-from .ops.common import Weight
-from .ops.mla import MlaRope
+from ... import tensor_names as T
+from ...gpu import products
+from ...gpu.blocks import Batch, FfnWeights, GatedFFN, Input, TensorReader
+from ...gpu.moe import MoeFFN
+from ...gpu.ops import mla, moe_route, norm
+from ...gpu.ops.common import Weight
+from ...gpu.ops.mla import MlaRope
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class LatentAttention:
         self.scale, self.attn_factor, self.eps = e["kq_scale"], e["rope_attn_factor"], c.rms_eps
         self.tab = MlaRope.of(rope_freqs)
         model.arena.reserve(f"mla{il}", model.n_ctx * self.d * 2)
+        model.need(self.buffers(c, model.max_batch))
         self.w: MlaWeights | None = None
 
     @staticmethod
@@ -113,8 +121,9 @@ class LatentAttention:
                 # named like Attention's so GpuModel.bind zeroes them (n_head ints >= the head groups)
                 ("attn_counters", max(H, groups))]
 
-    def bind(self, model, weights: MlaWeights) -> None:
-        self.w, self.p, self.launch = weights, model.p, model.launch
+    def bind(self, model, il: int) -> None:
+        c = model.cfg
+        self.w, self.p, self.launch = MlaWeights.read(model.tensors, il, c.n_head, c.extra), model.p, model.launch
         self.cache = model.p(f"mla{self.il}")
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
@@ -164,3 +173,57 @@ class LatentAttention:
                 # in place: rows are reduced before they are written
                 norm.rmsnorm(L, qa, w.q_a_norm, qa, n, self.q_lora, self.eps)
                 products.matmul(L, w.q_b, qa, q, n)
+
+
+class DeepSeekMoE(MoeFFN):
+    """The routed experts with DeepSeek's routing: V2's softmax (greedy or group-limited by the
+    group max) or V3's sigmoid with the exp_probs_b correction and top-2-sum groups; weights
+    normalized when the file says so, times expert_weights_scale."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        ex = model.cfg.extra
+        self.sigmoid = ex["gating"] == "sigmoid"
+        self.n_group = ex["n_group"] if ex["n_group"] > 1 else 1
+        self.n_group_used = ex["n_group_used"] if self.n_group > 1 else 1
+        self.top2 = ex["group_score"] == "top2"
+        self.normalize, self.scale = bool(ex["weights_norm"]), float(ex["weights_scale"])
+        self.bias = 0
+
+    def bind(self, model, il: int, weights=None) -> None:
+        super().bind(model, il, weights)
+        self.bias = model.tensors.vector(T.blk(il, T.FFN_EXP_PROBS_B), required=False)  # exp_probs_b (0: none)
+
+    def route(self, b: Batch, inp: Input, ids: int, wts: int, also=()) -> None:
+        assert not also, "DeepSeek's shared experts are not gated"
+        logits = self.p("moe_logits")
+        products.segments(self.launch, [self.w.router], inp.ptr, [logits], b.n, norm_w=inp.norm_w, eps=self.eps)
+        moe_route.route(self.launch, logits, self.bias, b.n, self.n_expert, self.k, self.sigmoid, self.n_group,
+                        self.n_group_used, self.top2, self.normalize, self.scale, ids, wts)
+
+
+class ExpertsAndShared:
+    """x += routed experts(h) + shared experts(h), h = norm(x): both read h while adding into x,
+    so the pre-norm writes h once (fold_input) instead of folding into their matrix kernels."""
+
+    fold_input = False
+
+    def __init__(self, model):
+        ex = model.cfg.extra
+        self.moe = DeepSeekMoE(model)
+        n_shared_ff = ex["n_ff_exp"] * ex["n_expert_shared"]  # the shared experts: one SwiGLU of this size
+        self.shared = GatedFFN(model, n_shared_ff, GatedFFN.SILU, names=FfnWeights.SHARED_EXPERT) \
+            if n_shared_ff else None
+
+    def bind(self, model, il: int) -> None:
+        self.moe.bind(model, il)
+        if self.shared is not None:
+            self.shared.bind(model, il)
+
+    def unread_bytes(self) -> int:
+        return self.moe.unread_bytes()
+
+    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True) -> None:
+        self.moe(b, inp, out)
+        if self.shared is not None:
+            self.shared(b, inp, out, accumulate=True)
