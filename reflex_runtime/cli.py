@@ -132,8 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--record", default=None, metavar="PATH", help="also write the request's JSON record to PATH")
 
-    p = sub.add_parser("doctor", help="what this machine has: Python, driver, GPU, kernels, NVML")
+    p = sub.add_parser("doctor", help="what this machine has: Python, driver, GPU, kernels, NVML; measures and caches "
+                                      "the GPU's idle power for the records' net energy")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--idle-seconds", type=float, default=1.0, metavar="S",
+                   help="sample the idle GPU's power for S seconds before touching it (0: skip)")
 
     p = sub.add_parser("smoke", help="AOT pipeline check: load the fatbin, resolve every kernel, run a known-answer kernel")
     p.add_argument("--json", action="store_true")

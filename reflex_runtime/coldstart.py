@@ -88,7 +88,7 @@ class Timeline:
         """Call from the background thread that brings up the GPU: NVML up, the counter read once."""
         meter = EnergyMeter(device_index)
         t = self.elapsed()
-        meter.start(self.elapsed, flags)
+        meter.start(self.elapsed, flags, before_context=self.nvml_start == "before_context")
         self.use_meter(meter)
         self.span("nvml_start", t, self.elapsed())
 
@@ -153,7 +153,7 @@ class Timeline:
 
     def energy_between(self, end_mark: str) -> dict:
         """GPU joules from process start to `end_mark`: measured and estimated parts (energy.py),
-        gross and above idle."""
+        gross and above idle (the idle power as idle_power.py resolves it, named in the record)."""
         self.wait_for_meter(5.0)
         m = self.meter
         out = {
@@ -169,10 +169,17 @@ class Timeline:
             "energy_method": m.method if m else None,
             "energy_nvml_start": self.nvml_start,
             "idle_watts": m.idle_watts if m else None,
+            "idle_watts_source": m.idle_source if m else None,
+            "power_instant_at_nvml_start_w": m.instant_at_start if m else None,
+            "energy_net_error": None,
             "energy_error": (m.error if m else "energy meter was not started"),
         }
         if m is None or m.method is None:
             return out
+        if m.idle_watts is None:
+            from .idle_power import NO_IDLE
+
+            out["energy_net_error"] = NO_IDLE
         t_end = self.mark_time(end_mark)
         if t_end is None:
             out["energy_error"] = f"no '{end_mark}' mark"
@@ -183,7 +190,7 @@ class Timeline:
         if not end or abs(end[0][0] - t_end) > 1e-3:
             out["energy_error"] = f"the energy window closed at another mark than '{end_mark}'"
             return out
-        e = window_energy(m.start_read, end, m.idle_watts)
+        e = window_energy(m.start_read, end, m.start_watts, idle_watts=m.idle_watts)
         if e["error"]:
             out["energy_error"] = e["error"]
             return out

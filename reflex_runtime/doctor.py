@@ -17,7 +17,26 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def collect(timeline) -> dict:
+def calibrate_idle(seconds: float) -> dict | None:
+    """Before this process touches the GPU: its idle power, cached per GPU for the records' net
+    energy (idle_power.py). None with no NVML."""
+    import ctypes
+
+    from . import idle_power
+
+    if seconds <= 0:
+        return None
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    handle = ctypes.c_void_p()
+    if nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(0), ctypes.byref(handle)) != 0:
+        return {"idle_watts": None, "error": "NVML could not open GPU 0"}
+    return idle_power.calibrate(nvml, handle, seconds)
+
+
+def collect(timeline, args=None) -> dict:
     from . import __version__
     from .gpu.bootstrap import DeviceBootstrap, kernels_dir, read_manifest
 
@@ -39,6 +58,7 @@ def collect(timeline) -> dict:
         info["kernels"] = None
         info["kernels_fix"] = ("build them: `python scripts/build_kernels.py` in a source checkout, or reinstall with "
                                "nvcc on PATH / CUDA_HOME set / `pip install nvidia-cuda-nvcc` first")
+    info["idle_power"] = calibrate_idle(getattr(args, "idle_seconds", 1.0)) if args is not None else None
     boot = DeviceBootstrap.start(timeline)
     dev = boot.wait()
     if dev is None:
@@ -51,7 +71,9 @@ def collect(timeline) -> dict:
                        "kernel_format": boot.kernel_format}
     timeline.wait_for_meter(5.0)
     m = timeline.meter
-    info["nvml_energy"] = None if m is None or m.method is None else {"method": m.method, "idle_watts": m.idle_watts}
+    info["nvml_energy"] = None if m is None or m.method is None else {
+        "method": m.method, "idle_watts": m.idle_watts, "idle_watts_source": m.idle_source,
+        "power_instant_at_nvml_start_w": m.instant_at_start}
     if m is not None and m.error:
         info["nvml_error"] = m.error
     info["backend_auto"] = "cuda" if dev is not None else "cpu"
@@ -59,7 +81,7 @@ def collect(timeline) -> dict:
 
 
 def main(args, timeline) -> int:
-    info = collect(timeline)
+    info = collect(timeline, args)
     if args.json:
         print(json.dumps(info))
         return 0

@@ -11,9 +11,11 @@ runs slowed cuInit several-fold on the H200), so it is read:
 The step seen after the mark fixes the phase of the counter's grid, which dates V_n's step
 (tau_n, the last grid point <= t_n) and V_e's (tau_e = t_s - period). Then
   measured   E(mark) - V_n over [tau_n, mark], E(mark) interpolated linearly over [tau_e, t_s];
-  estimated from process start to tau_n (NVML cannot be read earlier) at the idle power NVML
-             reported when it came up;
-and the record carries both parts, their spans and the power of the estimate. `window_energy` is
+  estimated from process start to tau_n (NVML cannot be read earlier) at the power NVML
+             reported when it came up (`start_watts`);
+and the record carries both parts, their spans and the power of the estimate. The net figure
+subtracts the GPU's idle power over the window, resolved as idle_power.py says (not the power
+at NVML start, which the context's work has already raised). `window_energy` is
 that arithmetic, a pure function (tested with fake counters). A GPU without the counter has its
 power sampled at each mark instead (coldstart.py).
 """
@@ -21,6 +23,7 @@ power sampled at each mark instead (coldstart.py).
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 
@@ -34,7 +37,10 @@ class EnergyMeter:
     def __init__(self, device_index: int = 0):
         self.method: str | None = None  # "total_energy_counter" | "power_samples" | None
         self.error: str | None = None
-        self.idle_watts: float | None = None
+        self.start_watts: float | None = None  # NVML's (averaged) power when it came up: the estimate's
+        self.instant_at_start: float | None = None  # NVML's instantaneous power then
+        self.idle_watts: float | None = None  # what the net figure subtracts (idle_power.resolve)
+        self.idle_source: str | None = None
         self._nvml = None
         self._handle = None
         self._device_index = device_index
@@ -44,7 +50,7 @@ class EnergyMeter:
 
     # -- NVML -----------------------------------------------------------------------------
 
-    def start(self, clock, flags: int = 0) -> None:
+    def start(self, clock, flags: int = 0, before_context: bool = False) -> None:
         """Load libnvidia-ml, open the device, read the idle power and the counter once."""
         try:
             nvml = ctypes.CDLL("libnvidia-ml.so.1")
@@ -61,19 +67,25 @@ class EnergyMeter:
             self.error = f"nvmlDeviceGetHandleByIndex({self._device_index}) failed (NVML error {rc})"
             return
         self._nvml, self._handle = nvml, handle
-        self._ready(clock)
+        self._ready(clock, before_context)
 
-    def _ready(self, clock) -> None:
-        """NVML is open: idle power, which method, the first counter read."""
-        self.idle_watts = self.power_watts()
+    def _ready(self, clock, before_context: bool = False) -> None:
+        """NVML is open: the power now, which method, the first counter read, then the idle power."""
+        from . import idle_power
+
+        self.instant_at_start = idle_power.instant_watts(self._nvml, self._handle)  # first: closest to idle
+        self.start_watts = self.power_watts()
         v = self.counter_mj()
         if v is not None:
             self.method = "total_energy_counter"
             self.start_read = (clock(), v)
-        elif self.idle_watts is not None:
+        elif self.start_watts is not None:
             self.method = "power_samples"
         else:
             self.error = "NVML reports neither the energy counter nor power on this GPU"
+        uuid = idle_power.gpu_uuid(self._nvml, self._handle)
+        self.idle_watts, self.idle_source = idle_power.resolve(
+            os.environ.get(idle_power.ENV), idle_power.calibrated_watts(uuid), self.instant_at_start, before_context)
 
     def counter_mj(self) -> int | None:
         value = ctypes.c_ulonglong()
@@ -119,10 +131,11 @@ class EnergyMeter:
         return list(self.end_reads)
 
 
-def window_energy(start: tuple[float, int] | None, end: list[tuple[float, int]], idle_watts: float | None,
-                  period: float = NVML_PERIOD_S, poll: float = POLL_S) -> dict:
+def window_energy(start: tuple[float, int] | None, end: list[tuple[float, int]], start_watts: float | None,
+                  period: float = NVML_PERIOD_S, poll: float = POLL_S, idle_watts: float | None = None) -> dict:
     """Joules from process start (t = 0) to the end mark, from the start read (t_n, V_n) and the
-    end reads [(t_end, V_e), (t_s, V_s)] (see the module docstring)."""
+    end reads [(t_end, V_e), (t_s, V_s)] (see the module docstring); the span before NVML at
+    start_watts; with idle_watts, the net figure (`joules_above_idle`) less it over the window."""
     out = {"joules": None, "measured_joules": None, "measured_from_ms": None, "estimated_joules": None,
            "estimated_span_ms": None, "estimated_watts": None, "estimated_from": None,
            "counter_period_ms": round(period * 1000, 1), "end_interpolated_over_ms": None, "error": None}
@@ -144,11 +157,11 @@ def window_energy(start: tuple[float, int] | None, end: list[tuple[float, int]],
     measured = (e_end - v_n) / 1000
     if tau_n < 0:  # NVML read the counter less than a period after process start: prorate
         measured *= (t_end - 0.0) / (t_end - tau_n)
-    estimated = (idle_watts or 0.0) * t_from
+    estimated = (start_watts or 0.0) * t_from
     out.update(joules=round(measured + estimated, 3), measured_joules=round(measured, 3),
                measured_from_ms=round(t_from * 1000, 3), estimated_joules=round(estimated, 3),
-               estimated_span_ms=round(t_from * 1000, 3), estimated_watts=idle_watts if t_from > 0 else None,
-               estimated_from="idle power at NVML start" if t_from > 0 else None,
+               estimated_span_ms=round(t_from * 1000, 3), estimated_watts=start_watts if t_from > 0 else None,
+               estimated_from="power at NVML start" if t_from > 0 else None,
                end_interpolated_over_ms=round(period * 1000, 1))
     if idle_watts is not None:
         out["joules_above_idle"] = round(out["joules"] - idle_watts * t_end, 3)

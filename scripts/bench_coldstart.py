@@ -214,6 +214,9 @@ def _measured_row(cmd, clock, env, idle, record_path) -> dict:
             row["net_joules_to_exit"] = row["joules_to_exit"] - idle * row["spawn_to_exit_s"]
     cs = (row.get("child_record") or {}).get("coldstart") or {}
     row["child_joules_process_start_to_first_token"] = cs.get("joules_process_start_to_first_token")
+    row["child_net_joules"] = cs.get("joules_above_idle_process_start_to_first_token")
+    row["child_idle_watts"], row["child_idle_source"] = cs.get("idle_watts"), cs.get("idle_watts_source")
+    row["child_power_instant_at_nvml_start_w"] = cs.get("power_instant_at_nvml_start_w")
     row["child_energy_estimated_joules"] = cs.get("energy_estimated_joules")
     return row
 
@@ -298,6 +301,9 @@ def _summarize(case: Case, rows, cache, method, idle, clock) -> dict:
                   "child_joules_process_start_to_first_token", "child_energy_estimated_joules"):
             summary[k] = stat(k)
         summary["record_vs_external"] = energy_agreement(ok, clock)
+        summary["record_vs_external_net"] = net_agreement(ok)
+        summary["child_idle_watts"] = stat("child_idle_watts")
+        summary["child_idle_sources"] = sorted({r.get("child_idle_source") for r in ok if r.get("child_idle_source")})
     stages = _median_stages([r["child_record"] for r in ok if "child_record" in r])
     if stages:
         summary["child_stages_ms"] = stages
@@ -322,6 +328,25 @@ def energy_agreement(rows: list[dict], clock: EnergyClock) -> dict | None:
                                                                         "p50": pct([a - b for a, b in pairs], 0.5),
                                                                         "p95": pct([a - b for a, b in pairs], 0.95)},
             "counter_step_j": step, "bound_j": bound, "agree": abs(m_rec - m_ext) <= bound}
+
+
+NET_BOUND_J, NET_BOUND_FRACTION = 3.0, 0.2  # issue #25: within 3 J or 20%, whichever is larger
+
+
+def net_agreement(rows: list[dict]) -> dict | None:
+    """The child's net joules (gross less its idle power over its window) against ours (our gross
+    less the idle power we measured before spawning, over spawn -> first output), same runs."""
+    pairs = [(r["child_net_joules"], r["net_joules_to_first_output"]) for r in rows
+             if r.get("child_net_joules") is not None and r.get("net_joules_to_first_output") is not None]
+    if not pairs:
+        return None
+    diffs = [a - b for a, b in pairs]
+    m_rec, m_ext = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    bound = max(NET_BOUND_J, NET_BOUND_FRACTION * abs(m_ext))
+    return {"runs": len(pairs), "record_median_j": m_rec, "external_median_j": m_ext, "median_difference_j": m_rec - m_ext,
+            "per_run_difference_j": {"p05": pct(diffs, 0.05), "p50": pct(diffs, 0.5), "p95": pct(diffs, 0.95)},
+            "runs_within_bound": sum(abs(d) <= max(NET_BOUND_J, NET_BOUND_FRACTION * abs(b)) for d, (_, b) in zip(diffs, pairs)),
+            "bound_j": bound, "agree": abs(m_rec - m_ext) <= bound}
 
 
 def _median_stages(records: list[dict]) -> dict | None:
@@ -506,6 +531,14 @@ def _print_case(c: dict) -> None:
         print(f"    energy, child record vs external (medians): {agree['record_median_j']:.1f} J vs "
               f"{agree['external_median_j']:.1f} J, difference {agree['median_difference_j']:+.1f} J, bound "
               f"{agree['bound_j']:.1f} J: {'AGREE' if agree['agree'] else 'DISAGREE'}", flush=True)
+    net = c.get("record_vs_external_net")
+    if net:
+        idle = c.get("child_idle_watts") or {}
+        print(f"    net energy, child record vs external (medians): {net['record_median_j']:.1f} J vs "
+              f"{net['external_median_j']:.1f} J (external idle {_j(c.get('idle_watts'))} W, child idle p50 "
+              f"{_j(idle.get('p50'))} W from {', '.join(c.get('child_idle_sources') or ['?'])}), difference "
+              f"{net['median_difference_j']:+.1f} J, bound {net['bound_j']:.1f} J, runs within {net['runs_within_bound']}/"
+              f"{net['runs']}: {'AGREE' if net['agree'] else 'DISAGREE'}", flush=True)
     st = c.get("child_stages_ms")
     if st:
         marks = " ".join(f"{k}@{v:.0f}" for k, v in sorted(st["marks_at_ms"].items(), key=lambda kv: kv[1]))

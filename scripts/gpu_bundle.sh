@@ -18,7 +18,7 @@ mkdir -p $B
 grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info 2>/dev/null; echo "/.gpu/" >> "$(git rev-parse --git-path info/exclude)"; }
 
 python3 scripts/build_kernels.py --archs 90 | tail -1
-[ -d $B/whl ] || bash $SHARED/tools/gpu-wheels.sh $B/whl >/dev/null
+[ -f $B/whl/.with-llguidance ] || { bash $SHARED/tools/gpu-wheels.sh $B/whl llguidance >/dev/null && touch $B/whl/.with-llguidance; }
 conv=$(python3 scripts/llama_cpp_sdist.py)
 rm -rf $B/converter && mkdir -p $B/converter
 (cd "$conv" && cp -r LICENSE convert_hf_to_gguf.py conversion gguf-py .complete "$OLDPWD/$B/converter/")

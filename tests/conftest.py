@@ -15,18 +15,68 @@ if SCRIPTS not in sys.path:
 
 SYSTEM_TESTS_ENV = "REFLEX_SYSTEM_TESTS"
 
+# The quick GPU tier's engine tests (a test id, or a function for all its cases): every family once
+# on a type the converter writes itself (no quantizer pass), and the CUDA runner's plain and
+# constrained loops. With the kernel tests they launch a kernel of every kernel file (checked by
+# scripts/kernel_coverage.py in gpu_run.sh's `quick` step).
+QUICK_GPU_TESTS = (
+    "test_gpu_constrained.py::test_cuda_runner_logprobs_and_grammar_equal_the_reference",  # qwen3, both loops
+    "test_gpu_engine.py::test_greedy_generate_equals_reference_for_32_tokens",  # qwen3, the decode graph
+    "test_gpu_engine.py::test_check_passes_gemma3[f32]",
+    "test_gpu_moe.py::test_check_passes_qwen3moe[q8_0]",
+    "test_gpu_qwen35.py::test_check_passes[q8_0-qwen35]",
+    "test_gpu_qwen35.py::test_check_passes[q8_0-qwen35moe]",
+    "test_gpu_deepseek2.py::test_check_passes_deepseek[v3-q8_0]",
+    "test_gpu_llama.py::test_check_passes_llama[untied-q8_0]",
+)
+
 
 def pytest_collection_modifyitems(config, items):
     """`system` tests change the machine (apt-get, a Docker daemon, pip installs outside the
     environment): they run only when REFLEX_SYSTEM_TESTS=1 (.ci/run sets it). Plain `pytest` on a
-    developer's box installs nothing and leaves no daemon running."""
-    if os.environ.get(SYSTEM_TESTS_ENV) == "1":
-        return
+    developer's box installs nothing and leaves no daemon running.
+
+    The quick GPU tier (`-m "gpu and quick"`, scripts/gpu_run.sh step `quick`): every kernel test
+    on random inputs (those using the `gpu` harness fixture) plus the engine tests marked `quick`
+    (one per family, on a converter-made type, and the CUDA runner's loops)."""
     skip = pytest.mark.skip(reason=f"changes the system (apt-get, dockerd, pip): set {SYSTEM_TESTS_ENV}=1 to run "
                                    "(.ci/run does)")
+    system_ok = os.environ.get(SYSTEM_TESTS_ENV) == "1"
     for item in items:
-        if "system" in item.keywords:
+        if "system" in item.keywords and not system_ok:
             item.add_marker(skip)
+        test_id = item.nodeid.rsplit("/", 1)[-1]
+        if "gpu" in getattr(item, "fixturenames", ()) or any(
+                test_id == q or test_id.startswith(q + "[") for q in QUICK_GPU_TESTS):
+            item.add_marker(pytest.mark.quick)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_coverage():
+    """REFLEX_KERNEL_COVERAGE=PREFIX: write the names of the kernels this test process launched to
+    PREFIX.<worker> (scripts/kernel_coverage.py maps them to kernel files)."""
+    prefix = os.environ.get("REFLEX_KERNEL_COVERAGE")
+    if not prefix:
+        yield
+        return
+    import json
+
+    from reflex_runtime.gpu.driver import Kernel
+
+    seen: set[str] = set()
+    launch = Kernel.launch
+
+    def recorded(self, *args, **kwargs):
+        seen.add(self.name)
+        return launch(self, *args, **kwargs)
+
+    Kernel.launch = recorded
+    try:
+        yield
+    finally:
+        Kernel.launch = launch
+        with open(f"{prefix}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "w") as f:
+            json.dump(sorted(seen), f)
 
 
 _FIXTURES: dict = {}

@@ -25,6 +25,16 @@ def test_interleaved_rounds_rotate_and_time_every_case(tmp_path):
     assert set(diffs["minus_reference_first_output_ms"]) == {"b", "c"}
 
 
+def test_net_agreement_is_within_3_j_or_20_percent():
+    rows = [{"child_net_joules": a, "net_joules_to_first_output": b} for a, b in ((24, 26), (23, 27.5), (30, 25))]
+    r = bc.net_agreement(rows)
+    assert r["record_median_j"] == 24 and r["external_median_j"] == 26
+    assert r["bound_j"] == 5.2 and r["agree"] and r["runs_within_bound"] == 3  # 20% of 26 J beats 3 J
+    small = bc.net_agreement([{"child_net_joules": 0.2, "net_joules_to_first_output": 4.0}])
+    assert small["bound_j"] == 3.0 and not small["agree"]  # the 2026-12-01 figure (0.13 J against ~25 J) fails
+    assert bc.net_agreement([{"child_net_joules": None, "net_joules_to_first_output": 4.0}]) is None
+
+
 def test_energy_agreement_uses_one_counter_step_or_20_percent():
     class Clock:
         step_j = 12.0

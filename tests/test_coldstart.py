@@ -96,7 +96,7 @@ def test_constant_power_is_recovered_from_process_start():
     for t_n, phase, t_end in ((0.12, 0.037, 0.48), (0.40, 0.091, 0.45), (0.05, 0.002, 1.3), (0.31, 0.055, 0.33)):
         c = Counter(lambda a, b: 150 * (b - a), phase)
         start, end = c.reads(t_n, t_end)
-        e = window_energy(start, end, idle_watts=150.0)
+        e = window_energy(start, end, 150.0, idle_watts=150.0)
         assert e["error"] is None
         assert e["joules"] == pytest.approx(150 * t_end, abs=0.6), (t_n, phase, e)
         assert e["joules_above_idle"] == pytest.approx(0, abs=0.6)
@@ -114,11 +114,21 @@ def test_the_span_before_nvml_is_estimated_at_idle_power_and_labelled():
 
     c = Counter(watts, phase=0.037)
     start, end = c.reads(0.30, 0.61)
-    e = window_energy(start, end, idle_watts=80.0)
-    assert e["estimated_span_ms"] == pytest.approx(237, abs=3) and e["estimated_from"] == "idle power at NVML start"
+    e = window_energy(start, end, 80.0)
+    assert e["estimated_span_ms"] == pytest.approx(237, abs=3) and e["estimated_from"] == "power at NVML start"
     assert e["estimated_joules"] == pytest.approx(80 * 0.237, abs=0.3)
     assert e["measured_joules"] == pytest.approx(watts(0.237, 0.61), abs=1.0)
     assert e["joules"] == pytest.approx(watts(0.0, 0.61), abs=1.0)
+
+
+def test_net_energy_subtracts_the_idle_power_given_not_the_power_at_nvml_start():
+    """130 W throughout, NVML reporting 130 W when it comes up, an idle of 80 W: the gross figure is
+    130 W x the window and the net one 50 W x the window (idle_power.py says where 80 W comes from)."""
+    c = Counter(lambda a, b: 130 * (b - a), phase=0.021)
+    start, end = c.reads(0.15, 0.52)
+    e = window_energy(start, end, 130.0, idle_watts=80.0)
+    assert e["joules"] == pytest.approx(130 * 0.52, abs=0.6)
+    assert e["joules_above_idle"] == pytest.approx(50 * 0.52, abs=0.6)
 
 
 def test_missing_or_misordered_reads_are_an_error_not_a_number():
@@ -137,9 +147,10 @@ class FakeMeter(EnergyMeter):
         super().__init__()
         self.born = born
 
-    def start(self, clock, flags=0):
+    def start(self, clock, flags=0, before_context=False):
         self._nvml = object()
-        self.idle_watts = 150.0
+        self.start_watts = self.idle_watts = 150.0
+        self.idle_source = "fake"
         self.method = "total_energy_counter"
         self.start_read = (clock(), self.counter_mj())
 

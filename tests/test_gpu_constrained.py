@@ -99,8 +99,12 @@ def test_mask_and_token_logit(gpu, n):
     check_token_logit(gpu, n, seed=n + 1)
 
 
+# Every output this schema admits is short (a name of at most 8 characters, a two-digit number),
+# so a grammar-constrained run finishes well inside MAX_NEW whatever the random weights prefer.
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "n"],
-          "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}}}
+          "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+MAX_NEW = 40
+MAX_EXCUSED = 3  # near-tie steps allowed out of MAX_NEW: more means the backends really differ
 
 
 @pytest.fixture(scope="module")
@@ -113,30 +117,33 @@ def qwen3_pair():
     return load_engine(path, "cuda"), load_engine(path, "cpu")
 
 
+def _constraint(eng):
+    from reflex_runtime.grammar import Grammar
+
+    return Grammar.json_schema(PERSON, "schema").constraint(eng.tokenizer, eng.config.vocab_size,
+                                                           frozenset([eng.tokenizer.eos_id]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_grammar", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_cuda_runner_logprobs_and_grammar_equal_the_reference(qwen3_pair, with_grammar, temperature):
-    from reflex_runtime.grammar import Grammar
+    """Teacher-forced against the reference (tests/teacher_forced.py): each GPU token is the
+    reference's pick or a near-tie the reference's own numbers show, logprobs within 2e-3."""
+    from teacher_forced import compare
+
     from reflex_runtime.sampling import SamplingParams
 
     cuda, cpu = qwen3_pair
     ids = cuda.prompt_ids("Write a person as JSON:")
     params = SamplingParams(temperature, seed=5)
-    runs = []
-    for eng in (cuda, cpu):
-        c = Grammar.json_schema(PERSON, "schema").constraint(eng.tokenizer, eng.config.vocab_size,
-                                                            frozenset([eng.tokenizer.eos_id])) if with_grammar else None
-        runs.append((list(eng.runner.generate_ids(ids, params, 24, frozenset(), logprobs=5, constraint=c)), c))
-    (got, c_gpu), (want, _) = runs
-    assert [s.token_id for s in got] == [s.token_id for s in want]
-    for g, w in zip(got, want):
-        assert abs(g.logprob - w.logprob) < 2e-3
-        assert g.top_ids[:3] == w.top_ids[:3]
-        np.testing.assert_allclose(g.top_logprobs, w.top_logprobs, atol=2e-3)
+    c_gpu = _constraint(cuda) if with_grammar else None
+    got = list(cuda.runner.generate_ids(ids, params, MAX_NEW, frozenset(), logprobs=5, constraint=c_gpu))
+    verdict = compare(cpu.runner.model, ids, got, params, _constraint(cpu) if with_grammar else None, logprobs=5)
+    assert verdict.excused <= MAX_EXCUSED, verdict
     if with_grammar:
-        text = cuda.tokenizer.decode([s.token_id for s in got])
-        assert c_gpu.finished and json.loads(text) is not None, text
+        text = cuda.tokenizer.decode([s.token_id for s in got if s.token_id != cuda.tokenizer.eos_id])
+        assert c_gpu.finished and isinstance(json.loads(text), dict), text
     # the plain loop still runs after the checked one (graphs of both kinds kept apart)
     plain = list(cuda.runner.generate_ids(ids, SamplingParams(), 8, frozenset()))
-    assert plain == list(cpu.runner.generate_ids(ids, SamplingParams(), 8, frozenset()))
+    assert compare(cpu.runner.model, ids, plain, SamplingParams()).excused <= 1

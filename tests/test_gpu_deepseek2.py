@@ -336,30 +336,25 @@ def test_system1_scores_match_reference_in_one_pass(name, outtype):
     assert abs(sum(c["probability"] for c in res["candidates"]) - 1) < 1e-9
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param("v2lite"),
-    # the H200 run of 2026-12-01 failed v3 here (max relative error 0.41): DeepSeek2Gpu.context_cap
-    # keeps the engine within one chunk until this passes (strict: a pass means the cap can go)
-    pytest.param("v3", marks=pytest.mark.xfail(strict=True, reason="latent attention over a second prompt chunk"))])
-def test_long_prompt_in_chunks_on_tensor_cores(name, monkeypatch):
+@pytest.mark.parametrize("name", ["v2lite", "v3"])
+def test_long_prompt_in_chunks_on_tensor_cores(name):
     """A > 512-token prompt: two forward passes, the tensor-core products (per-head ones
-    included where K % 64 == 0), the grouped expert path, attention over the first chunk's cache."""
+    included where K % 64 == 0), the grouped expert path, attention over the first chunk's cache.
+    (v3 failed here on 2026-12-01 before `reflex check` excused routing near-ties: expert flips
+    under the GPU's f16 roundings, tests/test_check_routing_ties.py; no chunking error.)"""
     from reflex_runtime.check import run_check
-    from reflex_runtime.families.deepseek2.gpu import DeepSeek2Gpu
 
-    monkeypatch.setattr(DeepSeek2Gpu, "context_cap", None)  # reach the chunked path the cap keeps users from
     eng, ref = _engine(name, "q8_0", max_context=1024)
     long_prompt = " ".join(["Once upon a time there was a small village by the sea, and"] * 55)
     res = run_check(eng, ref, long_prompt, 4)
     assert res["prompt_tokens"] > 512 and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
-def test_context_beyond_the_verified_chunk_is_refused_in_one_line():
-    """With context_cap, a request longer than one prompt chunk is a clear RequestError, not wrong logits."""
+def test_context_is_not_capped_at_one_prompt_chunk():
+    """A request longer than one 512-token prompt chunk is served (the 512-token cap is gone)."""
     from reflex_runtime.engine import GenerateRequest
-    from reflex_runtime.errors import RequestError
 
-    eng, _ = _engine("v3", "q8_0", max_context=2048)  # (another key than the uncapped engine above)
-    assert eng.runner.max_context == 512
-    with pytest.raises(RequestError, match="context of 512"):
-        list(eng.generate(GenerateRequest(prompt=" ".join(["word"] * 600), max_tokens=4)))
+    eng, _ = _engine("v3", "q8_0", max_context=2048)
+    assert eng.runner.max_context == 2048
+    done = list(eng.generate(GenerateRequest(prompt=" ".join(["word"] * 600), max_tokens=4, ignore_eos=True)))[-1]
+    assert done.record["prompt_tokens"] >= 600 and done.record["generated_tokens"] == 4, done.record

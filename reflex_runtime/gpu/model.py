@@ -29,9 +29,6 @@ class GpuModel:
 
     embed_scale = 1.0
     softcap = 0.0
-    # The longest context a family's GPU forward is verified for (None: the config's, up to the
-    # runner's default); the runner allocates no more, so a longer request is a clear refusal.
-    context_cap: int | None = None
     # How system1 scores candidates (gpu/runner.py). "tree": the prompt and every candidate in one
     # pass, each candidate attending to the prompt and to itself (a tree mask: attention-only
     # models). "fork": recurrent state cannot be masked, so the prompt runs once, its state is

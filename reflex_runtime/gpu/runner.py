@@ -39,8 +39,6 @@ class CudaRunner:
         self.config = config
         self.tl = timeline
         n_ctx = max_context or min(config.context_length, 4096)
-        if model_cls.context_cap:
-            n_ctx = min(n_ctx, model_cls.context_cap)
         self.max_context = n_ctx
         self.model = model_cls(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)  # a family's gpu.model.GpuModel
         self.error: str | None = None

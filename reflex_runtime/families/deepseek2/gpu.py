@@ -22,16 +22,6 @@ from .config import kv_cache_bytes_per_token, rope_frequencies
 
 
 class DeepSeek2Gpu(GpuModel):
-    # On the H200 (2026-12-01) a 770-token prompt, prefilled in two 512-token chunks, gave wrong
-    # logits (tests/test_gpu_deepseek2.py::test_long_prompt_in_chunks_on_tensor_cores, max relative
-    # error 0.41) while prompts of one chunk passed `reflex check`: until that is found, the GPU
-    # serves DeepSeek within one chunk's context, and longer requests are refused with the reason.
-    # Diagnosis (8b3f8f7, to verify on the next GPU run): no chunking error; the 0.41 rows are
-    # tokens whose experts flip at routing near-ties under the GPU's f16 roundings (both chunks;
-    # reproduced on the CPU in tests/test_check_routing_ties.py), which `reflex check` now excuses.
-    # If that strict xfail then XPASSes, the cap and the xfail can go.
-    context_cap = 512
-
     def plan(self) -> None:
         self.rope_freqs = rope_frequencies(self.cfg.extra, self.cfg.rope_theta)
         super().plan()
