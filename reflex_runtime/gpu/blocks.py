@@ -200,7 +200,7 @@ class Attention:
         """out (+)= Wo attention(q, k, v of the input)."""
         L, p, w = self.launch, self.p, self.w
         q, k, v, att = p("q"), p("k"), p("v"), p("att")
-        self._qkv(b, inp, q, k, v)
+        self.project_qkv(b, inp, q, k, v)
         self.attend(b, q, k, v, att)
         with L.role("attn output", w.o.nbytes):
             products.matmul(L, w.o, att, out, b.n, accumulate=accumulate)
@@ -241,7 +241,7 @@ class Attention:
                                     c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
                                     self.scale, 0.0, n_split)
 
-    def _qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
+    def project_qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
         """q, k, v projections: one launch when the three share a type (most files), else three."""
         ws = [self.w.q, self.w.k, self.w.v]
         with self.launch.role("qkv", sum(w.nbytes for w in ws)):

@@ -167,7 +167,7 @@ class GatedAttention(Attention):
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         c, L, p, w = self.cfg, self.launch, self.p, self.w
         q, k, v, att, qg, gate = p("q"), p("k"), p("v"), p("att"), p("qg"), p("attn_gate")
-        self._qkv(b, inp, qg, k, v)
+        self.project_qkv(b, inp, qg, k, v)
         with L.role("attn gate split"):
             gated.gate_split(L, qg, q, gate, b.n * c.n_head * c.head_dim, c.head_dim)
         self.attend(b, q, k, v, att)
