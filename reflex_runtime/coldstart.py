@@ -88,7 +88,7 @@ class Timeline:
         """Call from the background thread that brings up the GPU: NVML up, the counter read once."""
         meter = EnergyMeter(device_index)
         t = self.elapsed()
-        meter.start(self.elapsed, flags, before_context=self.nvml_start == "before_context")
+        meter.start(self.elapsed, flags)
         self.use_meter(meter)
         self.span("nvml_start", t, self.elapsed())
 

@@ -50,7 +50,7 @@ class EnergyMeter:
 
     # -- NVML -----------------------------------------------------------------------------
 
-    def start(self, clock, flags: int = 0, before_context: bool = False) -> None:
+    def start(self, clock, flags: int = 0) -> None:
         """Load libnvidia-ml, open the device, read the idle power and the counter once."""
         try:
             nvml = ctypes.CDLL("libnvidia-ml.so.1")
@@ -67,13 +67,13 @@ class EnergyMeter:
             self.error = f"nvmlDeviceGetHandleByIndex({self._device_index}) failed (NVML error {rc})"
             return
         self._nvml, self._handle = nvml, handle
-        self._ready(clock, before_context)
+        self._ready(clock)
 
-    def _ready(self, clock, before_context: bool = False) -> None:
+    def _ready(self, clock) -> None:
         """NVML is open: the power now, which method, the first counter read, then the idle power."""
         from . import idle_power
 
-        self.instant_at_start = idle_power.instant_watts(self._nvml, self._handle)  # first: closest to idle
+        self.instant_at_start = idle_power.instant_watts(self._nvml, self._handle)  # for comparison only
         self.start_watts = self.power_watts()
         v = self.counter_mj()
         if v is not None:
@@ -84,8 +84,8 @@ class EnergyMeter:
         else:
             self.error = "NVML reports neither the energy counter nor power on this GPU"
         uuid = idle_power.gpu_uuid(self._nvml, self._handle)
-        self.idle_watts, self.idle_source = idle_power.resolve(
-            os.environ.get(idle_power.ENV), idle_power.calibrated_watts(uuid), self.instant_at_start, before_context)
+        self.idle_watts, self.idle_source = idle_power.resolve(os.environ.get(idle_power.ENV),
+                                                               idle_power.calibrated_watts(uuid))
 
     def counter_mj(self) -> int | None:
         value = ctypes.c_ulonglong()

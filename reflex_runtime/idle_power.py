@@ -1,19 +1,17 @@
 """The GPU's idle power, which the record's net energy subtracts (gross - idle watts x window).
 
 What "idle" must mean: the power the GPU draws with no process on it, before ours started. NVML
-cannot tell us that from inside a cold start: it comes up beside cuInit, when the context's work
-has already raised the draw, and its plain power reading is a one-second average (on the H200 it
-read ~134 W at NVML start against ~80 W idle, which made the net figure ~0 J). So, best first:
+cannot tell us that from inside a cold start: by the time it answers, the process has already
+woken the GPU. Measured on H200s (results/2026-12-01-h200-s2, 10 runs each, idle 76.7-82.7 W):
+NVML's instantaneous power read first thing when NVML comes up gave 130.5 W beside cuInit (the
+default) and 122.3 W with NVML up before cuInit (REFLEX_NVML_START=before_context); its plain
+power reading, a one-second average, ~134 W. So idle comes from outside the cold start, best first:
   env          REFLEX_IDLE_WATTS, set by whoever measured it (e.g. in a function's template);
-  calibrated   `reflex doctor` sampled NVML's instantaneous power with no process on the GPU and
-               cached it per GPU (by UUID) in <cache>/idle_power.json;
-  instant      NVML's instantaneous power field, read first thing when NVML comes up, trusted only
-               when NVML came up before the context (REFLEX_NVML_START=before_context): beside
-               cuInit, as by default, it read 130.5 W on the H200 against an 82.7 W idle
-               (results/2026-12-01-h200-s2, 10 runs), so it is no idle reading.
-With none of these the net figure is null and the record says why (`energy_net_error`): a
-number that is wrong by half is worse than none. The record names the source it used
-(`idle_watts_source`) and keeps the instantaneous reading (`power_instant_at_nvml_start_w`).
+  calibrated   `reflex doctor` sampled the instantaneous power with no process on the GPU and
+               cached the median per GPU (by UUID) in <cache>/idle_power.json.
+With neither, the net figure is null and the record says why (`energy_net_error`): a number that
+is wrong by half is worse than none. The record names the source (`idle_watts_source`) and keeps
+the instantaneous reading at NVML start (`power_instant_at_nvml_start_w`) for comparison.
 """
 
 from __future__ import annotations
@@ -98,8 +96,7 @@ NO_IDLE = (f"no idle power for this GPU: run `reflex doctor` once on this machin
            f"or set {ENV}")
 
 
-def resolve(env_value: str | None, calibrated: float | None, instant: float | None,
-            before_context: bool) -> tuple[float | None, str | None]:
+def resolve(env_value: str | None, calibrated: float | None) -> tuple[float | None, str | None]:
     """(watts, source): the first usable of the sources in the module docstring's order;
     (None, None) when there is none."""
     try:
@@ -108,10 +105,8 @@ def resolve(env_value: str | None, calibrated: float | None, instant: float | No
         w = None
     if w is not None and 0 < w < 5000:
         return w, "env " + ENV
-    if calibrated is not None and calibrated > 0:
+    if calibrated is not None and 0 < calibrated < 5000:
         return calibrated, "calibrated by reflex doctor"
-    if before_context and instant is not None and instant > 0:
-        return instant, "instant power at NVML start, before the context"
     return None, None
 
 

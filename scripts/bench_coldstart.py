@@ -427,6 +427,22 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name, env
 
 
+def parse_tree(spec: str) -> tuple[str, str, str | None]:
+    name, _, rest = spec.partition("=")
+    tree, _, kernels = rest.partition(":")
+    if not name or not os.path.isdir(os.path.join(tree, "reflex_runtime")):
+        raise SystemExit(f"--tree {spec}: DIR must hold a reflex_runtime package")
+    return name, os.path.abspath(tree), os.path.abspath(kernels) if kernels else None
+
+
+def tree_cmd(tree: str) -> list[str]:
+    """`python -m reflex_runtime.cli` with `tree` first on sys.path (before the working directory,
+    which `-m` would put first)."""
+    launch = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'reflex'; "
+              "runpy.run_module('reflex_runtime.cli', run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", launch, tree]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", default=[], help="GGUF file (repeatable)")
@@ -442,6 +458,9 @@ def main() -> int:
                     help="also time `reflex generate` with no --model (the embedded model, or $REFLEX_EMBEDDED_MODEL: "
                          "what a container image bakes in); llama-simple gets that file")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=CMD", help="another command to time the same way")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR[:KERNELS]",
+                    help="`reflex generate` from the package in DIR (and its fatbin in KERNELS), interleaved with the "
+                         "rest: an A/B of two checkouts in one run")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--idle-s", type=float, default=2.0)
     ap.add_argument("--out", required=True, help="output folder")
@@ -451,6 +470,7 @@ def main() -> int:
     if not args.model and not args.embedded:
         ap.error("give --model FILE (repeatable) and/or --embedded")
     variants = [parse_variant(v) for v in args.variant]
+    trees = [parse_tree(t) for t in args.tree]
     prompt = long_prompt(args.prompt_tokens) if args.prompt_tokens else args.prompt
     os.makedirs(args.out, exist_ok=True)
     try:
@@ -484,6 +504,10 @@ def main() -> int:
         for name, env in variants:
             cases.append(Case(f"reflex generate {tag} [{name}]", base + ["generate", prompt, "-n", "1", "--backend", "cuda",
                                                                           *margs, "--record", rec(name)], env, rec(name)))
+        for name, tree, kdir in trees:
+            cases.append(Case(f"reflex generate {tag} [tree {name}]", tree_cmd(tree) + [
+                "generate", prompt, "-n", "1", "--backend", "cuda", *margs, "--record", rec("tree-" + name)],
+                {"REFLEX_KERNELS_DIR": kdir} if kdir else None, rec("tree-" + name)))
         if args.system1:
             cases.append(Case(f"reflex system1 {tag}", base + ["system1", prompt, "-c", " Paris", "-c", " London", "-c",
                                                                " Berlin", "--backend", "cuda", *margs, "--record",

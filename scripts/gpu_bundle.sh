@@ -30,8 +30,8 @@ while [ $# -gt 0 ]; do
     --old)
       rev=$2; shift
       rm -rf $B/old /tmp/reflex-old && git worktree add -f -q --detach /tmp/reflex-old "$rev"
-      # that tree's own build script: the kernel files and how they compile change with the tree
-      python3 /tmp/reflex-old/scripts/build_kernels.py --out "$PWD/$B/old/_kernels" --archs 90 | tail -1
+      # the old tree's kernels by the old tree's own build script (this one may expect another layout)
+      python3 /tmp/reflex-old/scripts/build_kernels.py --archs 90 --out "$PWD/$B/old/_kernels" | tail -1
       cp -r /tmp/reflex-old/reflex_runtime $B/old/ && rm -rf $B/old/reflex_runtime/_kernels
       echo "$rev" > $B/old/REV
       git worktree remove --force /tmp/reflex-old ;;

@@ -9,6 +9,7 @@
 #   tests      pytest -m gpu tests -n 14, REPEAT times in a row (default 1); TESTS= to narrow it
 #   check      reflex check on the Qwen3-0.6B-shaped Q8_0 and Q4_K_M files (made here)
 #   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved
+#   coldstart_ab  spawn -> first token of this tree and of .gpu/old, interleaved (bench_coldstart.py --tree)
 #   bench      reflex bench on the 0.6B files and the Gemma-shaped file (BENCH_FILES= to choose)
 #   peers      llama-bench on the same files (needs gpu_bundle.sh --peers)
 #   coldstart  scripts/bench_coldstart.py: the 0.6B Q8_0 file and the Gemma-shaped file as the
@@ -131,6 +132,12 @@ rows = [json.loads(l) for l in open('$W/decode_ab.jsonl')]
 m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t) for t in ('new', 'old')}
 print(f\"decode_ab Q8_0 0.6B: new {m['new']:.1f} tok/s, old {m['old']:.1f} tok/s, new/old {m['new'] / m['old']:.4f}\")" \
     | tee -a "$W/steps.txt"
+fi
+if has coldstart_ab && [ -d .gpu/old ]; then  # cold start of this tree and .gpu/old, interleaved, RUNS each
+  step "coldstart_ab (old = $(cat .gpu/old/REV))"
+  timeout ${COLD_TIMEOUT:-300} python3 scripts/bench_coldstart.py --model $Q8 --runs ${RUNS:-10} --cache warm \
+    --tree new=$PWD --tree old=$PWD/.gpu/old:$PWD/.gpu/old/_kernels --out "$W/coldstart-ab" 2>&1 \
+    | tee "$W/coldstart-ab.log" | grep -v "^  run \|^    child\|^  untimed" | tee -a "$W/steps.txt"
 fi
 BENCH_FILES=${BENCH_FILES:-"$R/qwen3-0.6b-q8_0.gguf $R/qwen3-0.6b-q4_k_m.gguf $(ls $R/*-shaped.gguf 2>/dev/null)"}
 if has bench; then

@@ -71,3 +71,17 @@ def test_a_child_that_floods_stderr_does_not_hang_the_benchmark():
     row = bc.run_once(flood, None, dict(os.environ))
     assert row["rc"] == 0 and row["spawn_to_first_output_s"] is not None and row["spawn_to_exit_s"] < 30
     assert row["stderr_tail"].endswith("x")
+
+
+def test_a_tree_runs_its_own_package_before_the_working_directory(tmp_path):
+    """--tree A/B: the child imports reflex_runtime from the given checkout, not from the
+    working directory (which `python -m` would put first)."""
+    pkg = tmp_path / "reflex_runtime"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("import sys\nif __name__ == '__main__':\n    print('other tree', sys.argv[1:])\n")
+    assert bc.parse_tree(f"old={tmp_path}:{tmp_path}/k") == ("old", str(tmp_path), f"{tmp_path}/k")
+    with pytest.raises(SystemExit):
+        bc.parse_tree(f"old={tmp_path}/nothing")
+    r = subprocess.run(bc.tree_cmd(str(tmp_path)) + ["generate", "hi"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "other tree ['generate', 'hi']", r.stderr

@@ -147,7 +147,7 @@ class FakeMeter(EnergyMeter):
         super().__init__()
         self.born = born
 
-    def start(self, clock, flags=0, before_context=False):
+    def start(self, clock, flags=0):
         self._nvml = object()
         self.start_watts = self.idle_watts = 150.0
         self.idle_source = "fake"

@@ -47,12 +47,11 @@ class FakeNvml:
 
 
 def test_sources_in_order():
-    assert idle_power.resolve("77", 80.0, 90.0, True) == (77.0, "env REFLEX_IDLE_WATTS")
-    assert idle_power.resolve(None, 80.0, 90.0, True) == (80.0, "calibrated by reflex doctor")
-    assert idle_power.resolve("", None, 90.0, True) == (90.0, "instant power at NVML start, before the context")
-    # beside cuInit the instantaneous power is already the context's (130 W against 83 W idle on an H200)
-    assert idle_power.resolve("nonsense", None, 130.0, False) == (None, None)
-    assert idle_power.resolve("-5", None, None, True) == (None, None)
+    assert idle_power.resolve("77", 80.0) == (77.0, "env REFLEX_IDLE_WATTS")
+    assert idle_power.resolve(None, 80.0) == (80.0, "calibrated by reflex doctor")
+    assert idle_power.resolve("nonsense", 80.0) == (80.0, "calibrated by reflex doctor")
+    assert idle_power.resolve("-5", None) == (None, None)
+    assert idle_power.resolve("", None) == (None, None)
 
 
 def test_instant_power_is_read_from_the_field_and_absent_when_unsupported():
@@ -75,21 +74,21 @@ def test_calibration_is_cached_per_gpu_and_refused_on_a_busy_gpu(tmp_path):
     assert idle_power.calibrated_watts("GPU-a", path) is None
 
 
-def _meter(nvml, before_context=False) -> EnergyMeter:
+def _meter(nvml) -> EnergyMeter:
     m = EnergyMeter()
     m._nvml, m._handle = nvml, ctypes.c_void_p()
-    m._ready(time.monotonic, before_context)
+    m._ready(time.monotonic)
     return m
 
 
 def test_the_meter_subtracts_a_real_idle_reading_or_none(tmp_path, monkeypatch):
     monkeypatch.setenv("REFLEX_CACHE", str(tmp_path))
     monkeypatch.delenv(idle_power.ENV, raising=False)
-    nvml = FakeNvml(watts=120.0, uuid="GPU-x", average=134.0)  # the context is already raising the draw
+    # what NVML reads when it comes up in a cold start: the process has already woken the GPU
+    nvml = FakeNvml(watts=120.0, uuid="GPU-x", average=134.0)
     m = _meter(nvml)
     assert (m.idle_watts, m.idle_source) == (None, None) and m.instant_at_start == 120.0
     assert m.start_watts == 134.0 and m.method == "total_energy_counter"
-    assert _meter(FakeNvml(watts=82.0), before_context=True).idle_watts == 82.0
     json.dump({"GPU-x": {"idle_watts": 80.5}}, open(tmp_path / "idle_power.json", "w"))
     m = _meter(nvml)
     assert (m.idle_watts, m.idle_source) == (80.5, "calibrated by reflex doctor")
@@ -104,7 +103,7 @@ def test_the_record_says_why_there_is_no_net_figure(monkeypatch, tmp_path):
     from reflex_runtime import coldstart
 
     class NoIdle(FakeMeter):
-        def start(self, clock, flags=0, before_context=False):
+        def start(self, clock, flags=0):
             super().start(clock, flags)
             self.idle_watts = self.idle_source = None
 
