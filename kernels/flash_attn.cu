@@ -16,7 +16,7 @@
 // are skipped (found from kv_pos, which need not be monotonic). Shared rows are padded by 16
 // bytes so ldmatrix reads hit distinct banks.
 // Bound by tensor-core math: 4 * n_tok * n_kv/2 * head_dim flops per head for a causal prompt.
-// head_dim == head_dim_v in {64, 128, 256}; G <= 64 (gpu/launch.py falls back otherwise).
+// head_dim == head_dim_v in {64, 128, 256}; G <= 64 (gpu/ops/flash_attn.py ok falls back otherwise).
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -206,7 +206,7 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
             *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o_acc[d][2 * h] * inv, o_acc[d][2 * h + 1] * inv);
     }
 #else
-    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+    __trap();  // never launched below sm_80 (gpu/ops/flash_attn.py ok); fail loudly if it were
 #endif
 }
 

@@ -5,7 +5,7 @@
 // 16 tokens x 8 rows (mma.sync m16n8k16, f16 inputs, f32 accumulate). Two configurations:
 //   L  128 x 128, 8 warps (2 x 4), 4 x 4 mma tiles per warp: long prompts, wide matrices
 //   S   64 x 64,  4 warps (2 x 2), 2 x 4 mma tiles per warp: more blocks for small grids
-// The host picks one per launch (gpu/launch.py); scripts/bench_prefill.py times both.
+// The host picks one per launch (gpu/ops/gemm.py cfg_for); scripts/bench_prefill.py times both.
 //
 // Pipeline over K. Weights: the raw GGUF bytes of a stage (KB weights of each of the tile's
 // rows: one K-quant super-block, four 32-blocks, 64 f16 or 32 f32 values) go global -> shared
@@ -332,7 +332,7 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
         if (r + 1 < rows) dst[1] = accumulate ? dst[1] + v1 : v1;
     });
 #else
-    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+    __trap();  // never launched below sm_80 (gpu/ops/gemm.py ok); fail loudly if it were
 #endif
 }
 
@@ -349,7 +349,7 @@ __device__ __forceinline__ void gemm_glu_dense(const uint8_t* Wg, const uint8_t*
         if (m0 + m < n_tok && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
     });
 #else
-    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+    __trap();  // never launched below sm_80 (gpu/ops/gemm.py ok); fail loudly if it were
 #endif
 }
 
@@ -402,7 +402,7 @@ __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* W
         if (m0 + m < m_end && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
     });
 #else
-    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+    __trap();  // never launched below sm_80 (gpu/ops/gemm.py ok); fail loudly if it were
 #endif
 }
 
@@ -454,7 +454,7 @@ __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes,
     }
     for (int i = threadIdx.x; i < n_done; i += C::THREADS) counters[(long)done_tok[i] * gridDim.x + blockIdx.x] = 0;
 #else
-    __trap();  // never launched below sm_80 (gpu/launch.py); fail loudly if it were
+    __trap();  // never launched below sm_80 (gpu/ops/gemm.py ok); fail loudly if it were
 #endif
 }
 

@@ -5,7 +5,7 @@
 //   qm[t, h] = [W_k[h]^T q_nope[t, h] | rope(q_pe[t, h])]            (d floats per head)
 //   att[t, h] = softmax_j(qm[t, h] . row_j * scale) . c_j               (r floats per head)
 //   o[t, h]   = W_v[h] att[t, h]                                         (v_head floats per head)
-// Kernels (all launched from gpu/launch.py; the MoE and other matrices use matvec/matmul.cu):
+// Kernels (launched from gpu/ops/mla.py; the MoE and other matrices use matvec/matmul.cu):
 //   reflex_mla_rope_store    q_pe rotated into qm[.., r:]; c RMS-normalized and k_pe rotated into
 //                            the cache slot. Pairwise ("normal") RoPE, x[2i], x[2i+1], by the
 //                            per-pair frequencies the host computed (YaRN included), angles in

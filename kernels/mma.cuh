@@ -3,7 +3,7 @@
 // m16n8k16, f16 inputs, f32 accumulate) and shared-memory fragment loads (ldmatrix).
 //
 // Every helper compiles to nothing below sm_80: the kernels that use them are never launched
-// there (gpu/launch.py keeps the WMMA and scalar kernels for older GPUs), but their entries
+// there (gpu/products.py keeps the WMMA and scalar kernels for older GPUs), but their entries
 // must exist in every architecture of the fatbin.
 #pragma once
 

@@ -13,7 +13,7 @@
 // waits: the top-k that wrote them is two launches back (router -> gate/up -> down), and a kernel
 // is only launched once its predecessor has passed its own wait, i.e. once everything before the
 // predecessor has finished. The gate/up kernel needs ids from its predecessor: it stages after.
-// Launch: 256 threads; rb, wpr and dynamic smem from gpu/launch.py (Launcher._mvs_plan).
+// Launch: 256 threads; rb, wpr and dynamic smem from gpu/ops/mvs.py (plan).
 // Bound by the routed experts' bytes: k * 3 * n_ff * n_embd weights per token.
 #include "moe.cuh"  // moe_topk_row
 #include "mvs.cuh"

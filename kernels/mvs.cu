@@ -19,7 +19,7 @@
 // registers: lane l of a warp holds the groups of 8 inputs g = l + 32 (part + wpr i), i < MVS_NX;
 // wpr warps share a row (each a part of K) and 8 / wpr rows are in work at once; each row's
 // partial sums meet in shared memory and one thread finishes the row.
-// Launch: 256 threads; grid and dynamic smem from gpu/launch.py (Launcher._mvs_plan):
+// Launch: 256 threads; grid and dynamic smem from gpu/ops/mvs.py (plan):
 //   smem = ranges * rx_stage_bytes(rb * row_bytes) + ranges * rb * wpr * 4.
 // Requirements (host-checked): K % 8 == 0, K <= 8 * 32 * MVS_NX * wpr, x 16-byte aligned, rows
 // 16-byte aligned for the K-quant decoders (as in matvec.cu).
