@@ -4,6 +4,10 @@ decode step replayed from one CUDA graph that needs nothing from the host.
 Device-resident state (tokens, positions, cache slots, step counter, sampling settings) lets the
 captured step read its input token and position from memory and leave the next ones there; the
 host only queues graph launches and reads back one int per token, one step behind the GPU.
+
+The step API (write, prefill, forward, pick, read_back / token, step_graph; gpu/step.py says
+what a step is) is what every caller uses: decode() is the one decode loop on it, and bench,
+scripts and tests call it; system1 scoring and the check helpers are the runner's own.
 """
 
 from __future__ import annotations
