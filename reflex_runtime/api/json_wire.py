@@ -3,8 +3,12 @@
 In: `parse_object(raw)` turns a request body or line into a dict, or raises a RequestError whose
 message says what is wrong. Refused: bytes that are not UTF-8, NaN/Infinity (no field can use
 them), numbers spelled with more than MAX_NUMBER_CHARS characters (a 5,000-digit integer would
-otherwise meet Python's int-size guard as a ValueError), and nesting deeper than the decoder's
-recursion guard (100,000 brackets would otherwise end in RecursionError).
+otherwise meet Python's int-size guard as a ValueError), nesting deeper than the decoder's
+recursion guard (100,000 brackets would otherwise end in RecursionError), and then, by an
+iterative walk, nesting deeper than MAX_DEPTH (`check_depth`; the decoder allows ~1,000 levels,
+enough for a RecursionError in any later code that recurses over a value: repr, json.dumps,
+templates). Lambda hands the handler its direct events already parsed: they get `check_depth`
+alone (api/direct_ops.answer_event).
 
 Out: `dumps(obj)` always gives UTF-8 bytes. A request may carry lone surrogates (JSON allows
 "\\udc80" escapes; they decode to code points UTF-8 cannot hold) and a response may echo them
@@ -20,6 +24,11 @@ from ..errors import RequestError
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # one request: an HTTP body, a JSON line, a Lambda event body
 MAX_NUMBER_CHARS = 64  # seeds and token ids need 20; floats such as 0.30000000000000004 need 19
+# JSON levels in one request (the request object is level 1). A schema may nest 64 levels
+# (engine.Limits.max_schema_depth) and sits 4-5 levels down (tools[i].function.parameters).
+MAX_DEPTH = 100
+MAX_KEY_CHARS = 64  # of one key, in a field name
+MAX_FIELD_CHARS = 200  # of a whole field name (bounded nesting still allows long paths)
 
 
 def _no_constant(name: str):
@@ -51,7 +60,35 @@ def parse_object(raw: bytes | str) -> dict:
         raise RequestError("invalid JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("a request must be a JSON object")
+    check_depth(body)
     return body
+
+
+def field_path(base: str, path) -> str:
+    """`base`, then `.key` or `[index]` per step of `path`: how request fields are named."""
+    out = base
+    for k in path:
+        if isinstance(k, int):
+            out += f"[{k}]"
+        else:
+            k = str(k)
+            out += "." + (k if len(k) <= MAX_KEY_CHARS else k[:MAX_KEY_CHARS - 3] + "...")
+    return out if len(out) <= MAX_FIELD_CHARS else out[:80] + "..." + out[-(MAX_FIELD_CHARS - 83):]
+
+
+def check_depth(obj: dict, limit: int = MAX_DEPTH) -> None:
+    """RequestError naming the field when `obj` nests more than `limit` levels (iteratively)."""
+    stack = [(obj, (), 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        for k, v in node.items() if isinstance(node, dict) else enumerate(node):
+            if isinstance(v, (dict, list)):
+                if depth >= limit:
+                    where = path + (k,)
+                    top = field_path("", where[:1])[1:]
+                    raise RequestError(f"'{top}' is nested more than {limit} levels deep",
+                                       field=field_path(top, where[1:]))
+                stack.append((v, path + (k,), depth + 1))
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # no UTF-8 for these; json.loads already joined escaped pairs
