@@ -58,7 +58,7 @@ class Limits:
     # one schema, and $ref hops along any path through it.
     max_schema_depth: int = 64
     max_schema_nodes: int = 10_000
-    max_ref_chain: int = 256
+    max_ref_chain: int = 64
 
     @property
     def max_prompt_chars(self) -> int:

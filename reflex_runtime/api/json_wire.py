@@ -4,11 +4,11 @@ In: `parse_object(raw)` turns a request body or line into a dict, or raises a Re
 message says what is wrong. Refused: bytes that are not UTF-8, NaN/Infinity (no field can use
 them), numbers spelled with more than MAX_NUMBER_CHARS characters (a 5,000-digit integer would
 otherwise meet Python's int-size guard as a ValueError), nesting deeper than the decoder's
-recursion guard (100,000 brackets would otherwise end in RecursionError), and then, by an
-iterative walk, nesting deeper than MAX_DEPTH (`check_depth`; the decoder allows ~1,000 levels,
-enough for a RecursionError in any later code that recurses over a value: repr, json.dumps,
-templates). Lambda hands the handler its direct events already parsed: they get `check_depth`
-alone (api/direct_ops.answer_event).
+recursion guard (100,000 brackets would otherwise end in RecursionError), and an object nesting
+deeper than MAX_DEPTH, found by a scan of the text before decoding (the decoder would accept up to
+~1,000 levels, how many depending on the caller's own stack, enough for a RecursionError in any
+later code that recurses over a value: repr, json.dumps, templates). Lambda hands the handler its
+direct events already parsed: `check_depth` walks those, with the same answer (direct_ops.answer_event).
 
 Out: `dumps(obj)` always gives UTF-8 bytes. A request may carry lone surrogates (JSON allows
 "\\udc80" escapes; they decode to code points UTF-8 cannot hold) and a response may echo them
@@ -51,6 +51,8 @@ def parse_object(raw: bytes | str) -> dict:
     """One request as a JSON object."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+        if text.lstrip(" \t\r\n")[:1] == "{" and text.count("{") + text.count("[") > MAX_DEPTH:
+            _scan_depth(text, MAX_DEPTH)
         body = _DECODER.decode(text)
     except UnicodeDecodeError:
         raise RequestError("invalid JSON body: not UTF-8") from None
@@ -60,8 +62,41 @@ def parse_object(raw: bytes | str) -> dict:
         raise RequestError("invalid JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("a request must be a JSON object")
-    check_depth(body)
     return body
+
+
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]')  # strings and structure; values skipped
+
+
+def _scan_depth(text: str, limit: int) -> None:
+    """The depth error for an object text nesting deeper than `limit`, found without decoding or
+    recursion; text that is not valid JSON is left for the decoder to describe."""
+    path: list = []  # per open container: the key or index of the value being read in it
+    key = None
+    for m in _TOKENS.finditer(text):
+        t = m.group()
+        if t[0] == '"':
+            key = t
+        elif t in "[{":
+            if len(path) >= limit:
+                raise _too_deep(path, limit)
+            path.append(0 if t == "[" else None)
+        elif t in "]}":
+            if not path:
+                return
+            path.pop()
+        elif path and t == ":" and key is not None:
+            try:
+                path[-1] = json.loads(key)
+            except ValueError:
+                path[-1] = key[1:-1]
+        elif path and t == "," and isinstance(path[-1], int):
+            path[-1] += 1
+
+
+def _too_deep(path, limit: int) -> RequestError:
+    top = field_path("", path[:1])[1:]
+    return RequestError(f"'{top}' is nested more than {limit} levels deep", field=field_path(top, path[1:]))
 
 
 def field_path(base: str, path) -> str:
@@ -84,10 +119,7 @@ def check_depth(obj: dict, limit: int = MAX_DEPTH) -> None:
         for k, v in node.items() if isinstance(node, dict) else enumerate(node):
             if isinstance(v, (dict, list)):
                 if depth >= limit:
-                    where = path + (k,)
-                    top = field_path("", where[:1])[1:]
-                    raise RequestError(f"'{top}' is nested more than {limit} levels deep",
-                                       field=field_path(top, where[1:]))
+                    raise _too_deep(path + (k,), limit)
                 stack.append((v, path + (k,), depth + 1))
 
 
