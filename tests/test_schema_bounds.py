@@ -280,3 +280,17 @@ def test_the_bounded_worst_case_needs_an_eighth_of_the_guard_stack():
     for kind in WRAPS:
         r = _run(code, kind)
         assert r.returncode == 0 and f"compiled {kind} ''" in r.stdout, (kind, r.returncode, r.stdout, r.stderr[-500:])
+
+
+def test_a_forced_tool_call_keeps_its_parameters_own_defs(fronts):
+    """The call's schema embeds the parameters under "arguments": their local refs are rebased
+    (tools.rebase_refs). Before, any `#/$defs/...` in forced parameters was a 400 (found by the
+    schema fuzz: "Pointer '/$defs/d0' does not exist")."""
+    params = {"type": "object", "required": ["where"], "additionalProperties": False,
+              "properties": {"where": {"$ref": "#/$defs/place"}},
+              "$defs": {"place": {"enum": ["home", "work"]}}}
+    outs = everywhere(fronts, {"tools": tool(params), "tool_choice": "required", "max_tokens": 100})
+    for name, o in outs.items():
+        assert o.status == 200, (name, o)
+        calls = o.body["choices"][0]["message"]["tool_calls"] if "choices" in o.body else o.body["tool_calls"]
+        assert json.loads(calls[0]["function"]["arguments"]) == {"where": "home"}, (name, calls)

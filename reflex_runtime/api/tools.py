@@ -118,12 +118,13 @@ def _forced_grammar(tools: list[dict], several: bool):
     embedded JSON schemas, compact separators (grammar.JSON_OPTIONS)."""
     from ..grammar import JSON_OPTIONS, Grammar
 
-    def call_schema(t):
+    def call_schema(t, at: str):
         f = t["function"]
-        return {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+        args = rebase_refs(f["parameters"], at + "/properties/arguments")
+        return {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": args},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
-    schemas = [call_schema(t) for t in tools]
+    schemas = [call_schema(t, "#" if len(tools) == 1 else f"#/anyOf/{k}") for k, t in enumerate(tools)]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     schema = {**schema, "x-guidance": JSON_OPTIONS}
     more = ' ("\\n" call)*' if several else ""  # Qwen3 puts a newline between parallel calls
@@ -132,6 +133,30 @@ def _forced_grammar(tools: list[dict], several: bool):
     g = Grammar.lark(lark, field="tools")
     g.check()  # a parameters schema llguidance cannot compile: 400 naming tools
     return g
+
+
+def rebase_refs(schema, base: str):
+    """A copy of `schema` whose local refs (`#`, `#/...`) point where it now sits, `base` (a JSON
+    pointer such as `#/properties/arguments`): parameters keep their own `$defs` when embedded in
+    the call's schema. Iterative (schemas are bounded already, but nothing here recurses)."""
+    root: list = [None]
+    stack = [(schema, root, 0)]
+    while stack:
+        node, parent, key = stack.pop()
+        if isinstance(node, dict):
+            copy = dict.fromkeys(node)  # filled below, in the same key order
+            for k, v in node.items():
+                if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+                    copy[k] = base + v[1:]
+                else:
+                    stack.append((v, copy, k))
+        elif isinstance(node, list):
+            copy = [None] * len(node)
+            stack += [(v, copy, j) for j, v in enumerate(node)]
+        else:
+            copy = node
+        parent[key] = copy
+    return root[0]
 
 
 def check_response_format(body: dict, limits=DEFAULT_LIMITS):
