@@ -157,6 +157,33 @@ def test_uds_a_streaming_client_that_never_reads_is_dropped(monkeypatch):
         deaf.close()
 
 
+def test_uds_a_client_reading_a_little_now_and_then_cannot_hold_the_stream(monkeypatch):
+    """Each small read lets the blocked write go on well within a per-write timeout, which used
+    to restart every time; the budget adds the blocked time up (1 s here)."""
+    monkeypatch.setattr(ipc, "WRITE_TIMEOUT", 1.0)
+    engine = long_engine(delay=0.003)  # 18 s of engine time
+    stop = threading.Event()
+    with uds_server(engine, idle_timeout=60) as path:
+        sipper = uds_client(path)
+        sipper.sendall(json.dumps({"id": 1, "op": "generate", "prompt": "x", "max_tokens": 6000, "stream": True})
+                       .encode() + b"\n")
+
+        def sip():
+            while not stop.wait(0.3):
+                with contextlib.suppress(OSError):
+                    sipper.recv(512)
+
+        threading.Thread(target=sip, daemon=True).start()
+        time.sleep(0.2)
+        try:
+            waited = ping_time(path, timeout=40)
+            assert waited < 6, waited
+            assert engine.runner.tokens < 3000, engine.runner.tokens
+        finally:
+            stop.set()
+            sipper.close()
+
+
 def test_uds_a_client_that_hangs_up_frees_the_engine_at_the_next_token():
     engine = long_engine(delay=0.01)  # 60 s for the whole reply
     with uds_server(engine, idle_timeout=60) as path:
@@ -207,38 +234,44 @@ def raw_post(port: int, body: dict, rcvbuf: int | None = None) -> socket.socket:
 
 
 def test_serve_a_streaming_client_that_never_reads_is_dropped(quiet, monkeypatch):
+    """6,000 tokens at 5 ms (30 s of engine time) to a client that reads nothing: the writes go
+    into the kernel's buffers until they are full (~64 KB ours with the small send buffer, a few
+    KB the client's), then block, and the budget (1 s here) ends the stream. Before, the send
+    buffer grew to megabytes and the generation ran to its end (the request timeout, in the report)."""
     monkeypatch.setattr(serve, "WRITE_TIMEOUT", 1.0)
-    engine = long_engine()
+    engine = long_engine(delay=0.005)
     front = ServeFront(engine)
     try:
         deaf = raw_post(front.port, {"prompt": "x", "max_tokens": 6000, "stream": True}, rcvbuf=4096)
         time.sleep(0.2)
-        status, waited = post(front.port, {"prompt": "x", "max_tokens": 2})
-        assert status == 200 and waited < 1.0 + 3.0, waited
-        assert engine.runner.tokens < len(LONG) + 2, engine.runner.tokens  # the stream was cut short
+        status, waited = post(front.port, {"prompt": "x", "max_tokens": 2}, timeout=40)
+        assert status == 200 and waited < 10, waited
+        assert engine.runner.tokens < 3000, engine.runner.tokens  # the stream was cut short
         deaf.close()
     finally:
         front.close()
 
 
-def test_serve_a_client_reading_a_byte_now_and_then_cannot_hold_the_stream(quiet, monkeypatch):
-    """A per-write timeout restarts whenever a byte is taken; the budget does not."""
-    monkeypatch.setattr(serve, "WRITE_TIMEOUT", 1.0)
-    engine = long_engine()
+def test_serve_a_client_reading_a_little_now_and_then_cannot_hold_the_stream(quiet, monkeypatch):
+    """A per-write timeout restarts whenever the client takes a few KB; the budget does not."""
+    monkeypatch.setattr(serve, "WRITE_TIMEOUT", 2.0)
+    engine = long_engine(delay=0.003)  # 18 s of engine time, ~50 KB/s of chunks; the client takes ~13 KB/s
     front = ServeFront(engine)
     stop = threading.Event()
     try:
         sipper = raw_post(front.port, {"prompt": "x", "max_tokens": 6000, "stream": True}, rcvbuf=4096)
+        taken = [0]
 
-        def sip():
+        def sip():  # each read frees the window for the waiting write well within 2 s
             while not stop.wait(0.3):
                 with contextlib.suppress(OSError):
-                    sipper.recv(64)
+                    taken[0] += len(sipper.recv(4096))
 
         threading.Thread(target=sip, daemon=True).start()
         time.sleep(0.2)
-        status, waited = post(front.port, {"prompt": "x", "max_tokens": 2})
-        assert status == 200 and waited < 1.0 + 3.0, waited
+        status, waited = post(front.port, {"prompt": "x", "max_tokens": 2}, timeout=40)
+        assert status == 200 and waited < 8, waited
+        assert taken[0] < 400_000, taken[0]  # well short of the whole stream (~900 KB)
     finally:
         stop.set()
         front.close()
