@@ -18,12 +18,10 @@
 
 from __future__ import annotations
 
-import select
-import socket
 import time
 
 STREAM_SNDBUF = 32 * 1024  # Linux doubles it for bookkeeping: ~64 KB in flight at most
-_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux
+# select and socket are imported where used: the handler imports this module and has no socket.
 
 
 class ClientLeft(Exception):
@@ -31,20 +29,26 @@ class ClientLeft(Exception):
 
 
 def _revents(fd, events: int) -> int:
+    import select
+
     p = select.poll()  # poll: no fd-number limit, unlike select
     p.register(fd, events)
     got = p.poll(0)
     return got[0][1] if got else 0
 
 
-def socket_gone(sock: socket.socket, half_close: bool = True) -> bool:
+def socket_gone(sock, half_close: bool = True) -> bool:
+    import select
+    import socket
+
+    rdhup = getattr(select, "POLLRDHUP", 0)  # Linux
     try:
-        ev = _revents(sock, select.POLLIN | _POLLRDHUP)
+        ev = _revents(sock, select.POLLIN | rdhup)
         if not ev:
             return False
         if ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
             return True
-        if half_close and ev & _POLLRDHUP:
+        if half_close and ev & rdhup:
             return True
         # readable: EOF, or the next request already sent (pipelined), which is not a hang-up
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"" and half_close
@@ -55,13 +59,17 @@ def socket_gone(sock: socket.socket, half_close: bool = True) -> bool:
 
 
 def pipe_gone(fd: int) -> bool:
+    import select
+
     try:
         return bool(_revents(fd, select.POLLOUT) & (select.POLLERR | select.POLLHUP | select.POLLNVAL))
     except (OSError, ValueError):
         return True
 
 
-def small_send_buffer(sock: socket.socket) -> None:
+def small_send_buffer(sock) -> None:
+    import socket
+
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
     except OSError:
@@ -72,7 +80,7 @@ class StallBudget:
     """`write(send, data)` calls send(data) with the socket's timeout set to what is left of
     `seconds`; the time each write took is spent. ClientLeft once it is used up."""
 
-    def __init__(self, sock: socket.socket, seconds: float):
+    def __init__(self, sock, seconds: float):
         self.sock, self.seconds, self.left = sock, seconds, seconds
 
     def write(self, send, data: bytes) -> None:

@@ -13,8 +13,6 @@ A failure is a RequestError naming the field where the bound was passed.
 
 from __future__ import annotations
 
-from urllib.parse import unquote
-
 from ..errors import RequestError
 from . import schema_finite
 from .json_wire import field_path
@@ -70,6 +68,8 @@ class SchemaIndex:
             return self.nodes[0]
         if not ref.startswith("#/"):
             return None
+        from urllib.parse import unquote  # JSON pointers in URI fragments may be percent-encoded
+
         node = self.nodes[0]
         for token in ref[2:].split("/"):
             token = unquote(token).replace("~1", "/").replace("~0", "~")
