@@ -15,18 +15,14 @@ import copy
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
-from reflex_runtime import serve
 from reflex_runtime.api.auth import SEVERAL
 from reflex_runtime.errors import ModelFileError
 
-from fake_engine import make_engine
-from front_ends import CTX, KEY, ROOT, HandlerFront, LinesFront, ServeFront
+from front_ends import CTX, KEY, ROOT, fronts_maker, serve_process
 
 AUTH = "Bearer " + KEY
 GOOD = {"prompt": "q", "candidates": ["Hello", "Bye"]}
@@ -34,19 +30,8 @@ GOOD = {"prompt": "q", "candidates": ["Hello", "Bye"]}
 
 @pytest.fixture
 def fronts(monkeypatch):
-    made = []
-    monkeypatch.setattr(serve, "_log", lambda msg: None)
-
-    def make(**engine_options):
-        f = {"serve": ServeFront(make_engine(**engine_options)), "lines": LinesFront(make_engine(**engine_options)),
-             "handler": HandlerFront(monkeypatch, make_engine(**engine_options))}
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f["serve"].close()
-        f["handler"].close()
+    with fronts_maker(monkeypatch) as make:
+        yield make
 
 
 def same_everywhere(outs: dict):
@@ -125,12 +110,6 @@ def test_the_request_timeout_covers_the_prefill_everywhere(fronts):
     assert s.same() == o.same()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _request(port: int, method: str, path: str, body: dict | None = None, timeout: float = 120):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     c.request(method, path, body=json.dumps(body).encode() if body is not None else None)
@@ -141,23 +120,9 @@ def _request(port: int, method: str, path: str, body: dict | None = None, timeou
 
 
 @pytest.mark.slow
-def test_reflex_serve_cpu_answers_a_long_prompt_at_the_timeout(smollm2_path, tmp_path):
+def test_reflex_serve_cpu_answers_a_long_prompt_at_the_timeout(smollm2_path):
     """The report: `--request-timeout 2` with a 3,500-token prompt answered after 5.79 s."""
-    port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", "cpu", "--port", str(port),
-                          "--request-timeout", "2", "-m", smollm2_path], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert p.poll() is None
-            try:
-                if _request(port, "GET", "/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    with serve_process(smollm2_path, "--request-timeout", "2") as (port, _):
         assert _request(port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200  # warm
         # One pass: a prompt of at most PREFILL_CHUNK tokens is one forward, checked once, before it
         # (its first token then ends it, "time_limited" if late). Its time varies with the machine's load.
@@ -175,9 +140,6 @@ def test_reflex_serve_cpu_answers_a_long_prompt_at_the_timeout(smollm2_path, tmp
         print(f"\none pass {one_pass:.2f} s; the long prompt's 504 after {took:.2f} s")
         assert took < 2 + 1.5 * one_pass + 0.5, (took, one_pass)  # the timeout, then at most the pass under way
         assert _request(port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
-    finally:
-        p.terminate()
-        p.wait(10)
 
 
 # -- health reflects the engine ------------------------------------------------------------------

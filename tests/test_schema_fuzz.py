@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from reflex_runtime.api.json_wire import MAX_BODY_BYTES
 from reflex_runtime.errors import ReflexError
 
 from fake_engine import make_engine
+from front_ends import serve_process
 from test_schema_bounds import deep_dumps, nested, ref_chain
 
 FUZZ_CASES = int(os.environ.get("REFLEX_SCHEMA_FUZZ_CASES", "2000"))
@@ -233,12 +233,6 @@ def subset_bodies() -> list[tuple[str, dict]]:
     return picked
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(port: int, raw: bytes, timeout: float = 120) -> tuple[int, dict]:
     import http.client
 
@@ -252,36 +246,13 @@ def _post(port: int, raw: bytes, timeout: float = 120) -> tuple[int, dict]:
 
 @pytest.mark.slow
 def test_schema_fuzz_subset_through_reflex_serve(smollm2_path, tmp_path):
-    port = _free_port()
-    log = open(tmp_path / "serve.log", "w+b")
-    p = subprocess.Popen([sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", "cpu", "--port",
-                          str(port), "-m", smollm2_path], stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert p.poll() is None, "serve exited while loading"
-            try:
-                import http.client
-
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/healthz")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    with open(tmp_path / "serve.log", "w+b") as log, serve_process(smollm2_path, log=log) as (port, p):
         for family, body in subset_bodies():
-            raw = encode(body)
-            status, out = _post(port, raw)
+            status, out = _post(port, encode(body))
             _check_answer(status, out, family, -1)
             assert p.poll() is None, (family, "serve died")
         status, _ = _post(port, json.dumps({"messages": ASK, "max_tokens": 2}).encode())
         assert status == 200 and p.poll() is None
-    finally:
-        p.terminate()
-        p.wait(10)
-        log.close()
 
 
 @pytest.mark.slow
