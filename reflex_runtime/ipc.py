@@ -42,7 +42,7 @@ from .api.responses import line_error
 from .errors import ReflexError, RequestError
 
 MAX_LINE = MAX_BODY_BYTES  # longer lines are answered with an error and skipped
-IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing while another client waits
+IDLE_TIMEOUT = 10.0  # seconds one request line may take to arrive while another client waits
 WRITE_TIMEOUT = 10.0  # seconds the writes of one request's answer may block, in total
 
 # A write to the client failed, or it left mid-request: stop answering it (an engine OSError is a
