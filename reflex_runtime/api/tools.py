@@ -100,8 +100,6 @@ def _check_tool_list(tools, limits) -> list[dict]:
         if params is not None and not isinstance(params, dict):
             raise RequestError(f"'{where}.function.parameters' must be a JSON schema object",
                                field=f"{where}.function.parameters")
-        if params is not None:
-            check_schema(params, f"{where}.function.parameters", limits)
         fn = {"name": name}
         if f.get("description") is not None:
             fn["description"] = f["description"]
@@ -109,6 +107,9 @@ def _check_tool_list(tools, limits) -> list[dict]:
         out.append({"type": "function", "function": fn})
     if len(json.dumps(out)) > MAX_TOOLS_CHARS:
         raise RequestError(f"'tools' take more than {MAX_TOOLS_CHARS} characters as JSON", field="tools")
+    for i, t in enumerate(tools):  # after the size bound: it bounds this work too
+        if t["function"].get("parameters") is not None:
+            check_schema(t["function"]["parameters"], f"tools[{i}].function.parameters", limits)
     return out
 
 
