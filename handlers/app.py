@@ -104,11 +104,12 @@ def _direct_body(r: Response) -> dict:
 
 
 def _direct(event: dict) -> dict:
-    _request["route"] = f"op:{str(event.get('op'))[:32]}"
+    op = event.get("op")
+    _request["route"] = f"op:{op[:32] if isinstance(op, str) else type(op).__name__}"
     try:
         engine = STATE.wait()  # a failed load: the 503
         result = {}
-        for result in direct_ops.answer(engine, event, api_key=API_KEY):
+        for result in direct_ops.answer_event(engine, event, api_key=API_KEY):
             pass
         if result.get("record"):
             _request["record"] = result["record"]
@@ -127,8 +128,9 @@ def _malformed(what: str) -> RequestError:
 
 
 def read_http_event(event: dict, kind: str):
-    """(method, path, headers with lower-case names, read_body) from an HTTP event; RequestError
-    (400) when the event lacks what an HTTP request needs."""
+    """(method, path, header pairs, read_body) from an HTTP event; RequestError (400) when the
+    event lacks what an HTTP request needs. REST API events list a repeated header's values in
+    multiValueHeaders (`headers` keeps the last); v2 events join them with commas."""
     if kind == "rest_api":
         method, path = event.get("httpMethod"), event.get("path")
     else:
@@ -146,6 +148,13 @@ def read_http_event(event: dict, kind: str):
     headers = event.get("headers") or {}
     if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise _malformed("'headers' must map names to string values")
+    pairs = list(headers.items())
+    multi = event.get("multiValueHeaders") if kind == "rest_api" else None
+    if multi:
+        if not isinstance(multi, dict) or not all(isinstance(k, str) and isinstance(v, list)
+                                                  and all(isinstance(x, str) for x in v) for k, v in multi.items()):
+            raise _malformed("'multiValueHeaders' must map names to lists of string values")
+        pairs = [(k, x) for k, v in multi.items() for x in v]
     body, b64 = event.get("body"), event.get("isBase64Encoded")
     if body is not None and not isinstance(body, str):
         raise _malformed("'body' must be a string")
@@ -164,7 +173,7 @@ def read_http_event(event: dict, kind: str):
             raise RequestError(f"request body of {size} bytes exceeds the limit of {MAX_BODY_BYTES}", status=413)
         return data
 
-    return method.upper(), path, {k.lower(): v for k, v in headers.items()}, read_body
+    return method.upper(), path, pairs, read_body
 
 
 def _records(chunks):

@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "uds":
             p.add_argument("path", help="socket path (created with mode 0600)")
             p.add_argument("--idle-timeout", type=_seconds, default=10.0, metavar="SECONDS",
-                           help="close a connection that sent nothing this long while another client waits (default 10)")
+                           help="close a connection whose request line is not whole this long while another client waits "
+                                "(default 10)")
         _add_model_args(p)
         _add_server_args(p)
 

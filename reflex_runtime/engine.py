@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 from .coldstart import Timeline
-from .errors import RequestError
+from .errors import ReflexError, RequestError, RequestTimeout
 from .sampling import MAX_TOP_LOGPROBS, Sampled, SamplingParams  # noqa: F401 (re-exported for runners' callers)
 
 
@@ -53,6 +53,12 @@ class Limits:
     # Wall-clock budget of one generation on the engine; it then ends as if max_tokens was hit
     # (finish_reason "length", record "time_limited": true). None: no limit (the CLI).
     request_timeout_s: float | None = None
+    # JSON schemas (response_format, tool parameters) are bounded before the grammar engine sees
+    # them (api/schema_bounds.py): JSON nesting levels inside one schema, objects and arrays in
+    # one schema, and $ref hops along any path through it.
+    max_schema_depth: int = 64
+    max_schema_nodes: int = 10_000
+    max_ref_chain: int = 64
 
     @property
     def max_prompt_chars(self) -> int:
@@ -104,6 +110,8 @@ class Runner(Protocol):
     def generate_ids(self, prompt_ids: list[int], params: SamplingParams, max_new: int, stop_ids: frozenset,
                      logprobs: int | None = None, constraint=None) -> Iterator[int | Sampled]:
         """Yield sampled ids; the first after prefill. Stops after a stop id or max_new ids.
+        deadline (a time.perf_counter() value; only for runners whose `checks_deadline` is true):
+        checked between prefill chunks, RequestTimeout when passed before the first id.
         logprobs=k (0..MAX_TOP_LOGPROBS): yield Sampled instead, from the same logits the pick used.
         constraint (grammar.Constraint): before each pick `constraint.fill_mask(ptr, nbytes)` writes
         the allowed tokens' bitmask (False: none allowed, stop), the pick sees only those, and
@@ -133,6 +141,9 @@ class Engine:
         self.fallback_reason = fallback_reason  # why the GPU is not used, when it could have been
         self.index_cached = index_cached  # False: persist_index() writes the model index
         self.requests_served = 0
+        # The engine-side failure of the last request (the model file unreadable, the device
+        # lost), None once a request succeeds: health answers 503 with it (api/model_state.py).
+        self.fault: ReflexError | None = None
         self._chat_template = gguf.get("tokenizer.chat_template")
 
     def persist_index(self) -> bool:
@@ -207,9 +218,28 @@ class Engine:
 
     # -- generate --------------------------------------------------------------------------
 
+    def _watch(self, work):
+        """Run a generation, keeping `fault` current (see __init__)."""
+        try:
+            yield from work
+        except ReflexError as e:
+            self._note_fault(e)
+            raise
+        self.fault = None
+
+    def _note_fault(self, e: ReflexError) -> None:
+        if e.http_status >= 500 and not isinstance(e, (RequestError, RequestTimeout)):
+            self.fault = e
+
     def generate(self, req: GenerateRequest, prompt_ids: list[int] | None = None) -> Iterator[TextDelta | Finished]:
         """Stream TextDelta events, then one Finished with the request record. `req` comes
-        validated from reflex_runtime/api (api.direct_ops.parse_generate and the OpenAI mapping)."""
+        validated from reflex_runtime/api (api.direct_ops.parse_generate and the OpenAI mapping).
+        Raises RequestTimeout when the time limit passes during the prefill, and RequestError
+        naming the grammar's field when the grammar engine fails mid-way (its output could not
+        be valid)."""
+        return self._watch(self._generate(req, prompt_ids))
+
+    def _generate(self, req: GenerateRequest, prompt_ids: list[int] | None):
         assert 1 <= req.max_tokens <= self.limits.max_new_tokens, req.max_tokens
         stops = tuple(req.stop or ())
         t_req = time.perf_counter()
@@ -243,6 +273,8 @@ class Engine:
             constraint = req.grammar.constraint(self.tokenizer, self.config.vocab_size, stop_ids)
             extra["constraint"] = constraint
         lps: list[Sampled] = []  # logprobs of tokens whose text is not out yet
+        if deadline is not None and getattr(self.runner, "checks_deadline", False):
+            extra["deadline"] = deadline
         gen = self.runner.generate_ids(ids, params, req.max_tokens, stop_ids, **extra)
         try:
             for tok in gen:
@@ -279,10 +311,14 @@ class Engine:
                 if deadline is not None and time.perf_counter() > deadline:
                     timed_out = True  # ends like max_tokens: finish "length"
                     break
+        except RequestTimeout:
+            raise RequestTimeout(f"the request timeout of {req.time_limit_s:g} s passed while the prompt ({len(ids)} "
+                                 "tokens) was processed: shorten it or raise the timeout (--request-timeout, "
+                                 "REFLEX_REQUEST_TIMEOUT)") from None
         finally:
             gen.close()
-        if constraint is not None and constraint.error:
-            finish = "stop"  # the runner stopped: the grammar allowed nothing more
+        if constraint is not None and constraint.failure:
+            raise req.grammar.failed(constraint.failure)
         if finish == "length":
             pending += decoder.flush()
             cut = _find_stop(pending, stops)
@@ -300,8 +336,6 @@ class Engine:
             rec["time_limited"] = True
         if constraint is not None:
             rec["constrained"] = req.grammar.kind
-            if constraint.error:
-                rec["grammar_error"] = constraint.error
         if req.messages is not None or req.chat:
             self._chat_fields(rec)
         yield Finished(rec, "".join(text_parts), finish)
@@ -346,6 +380,15 @@ class Engine:
         """Score each candidate continuation: sum of its tokens' log-probabilities after the prompt.
         emit(result) is called with the scores before the request record is built: the record's
         energy reading waits for the GPU's energy counter to tick (up to ~0.1 s), the answer need not."""
+        try:
+            result = self._system1(prompt, candidates, messages, chat, emit)
+        except ReflexError as e:
+            self._note_fault(e)
+            raise
+        self.fault = None
+        return result
+
+    def _system1(self, prompt, candidates, messages, chat, emit) -> dict:
         assert candidates and len(candidates) <= self.limits.max_candidates  # checked by reflex_runtime/api
         cand_ids = []
         for i, c in enumerate(candidates):

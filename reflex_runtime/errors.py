@@ -65,6 +65,16 @@ class RequestError(ReflexError):
         self.headers = headers or {}
 
 
+class RequestTimeout(ReflexError):
+    """A request ran past its time limit before it produced anything (the prompt was still being
+    processed): 504, as a gateway reports a deadline it could not meet."""
+
+    exit_code = 6
+    http_status = 504
+    kind = "timeout_error"
+    code = "request_timeout"
+
+
 class HubError(ReflexError):
     """A model reference could not be resolved or downloaded."""
 

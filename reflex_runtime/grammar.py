@@ -13,6 +13,12 @@ per tokenizer and kept.
     c.fill_mask(ptr, nbytes)              # bitmask of the tokens allowed next (bit i of word i // 32)
     c.accept(token_id)                    # after sampling
     c.finished                            # the grammar is complete: nothing but a stop may follow
+    c.failure                             # why the grammar engine could not go on (one line), or None
+
+Every compile (check, constraint) runs through native_guard: on a large-stack thread with a time
+limit, so a schema that makes llguidance recurse deeply cannot overflow the caller's stack (the
+request layer bounds schemas first: api/schema_bounds.py). llguidance's errors are asked for in
+their short form (no parser-state dump) and cut to one line.
 
 The mask is a little-endian bitmask of ceil(vocab / 32) uint32 words: the runners apply it before
 argmax / sampling (reference/sampling.py; on the GPU gpu/constrained.py, kernels/constrain.cu).
@@ -26,8 +32,10 @@ import json
 import threading
 from dataclasses import dataclass
 
+from . import native_guard
 from .errors import RequestError
 
+COMPILE_TIMEOUT_S = 10.0  # one compile; measured compiles take 1-100 ms (tests/test_schema_fuzz.py)
 _lock = threading.Lock()
 _tokenizers: dict[int, tuple[object, object]] = {}  # id(Tokenizer) -> (Tokenizer, LLTokenizer)
 
@@ -44,6 +52,11 @@ def _llg():
     import llguidance  # only on the first structured request
 
     return llguidance
+
+
+def _limits():
+    """llguidance's default resource limits, with errors in their one-line form."""
+    return _llg().LLParserLimits(verbose_errors=False)
 
 
 @dataclass(frozen=True)
@@ -79,16 +92,34 @@ class Grammar:
     def check(self) -> None:
         """Compile without a vocabulary: an invalid or unsupported schema is a RequestError naming
         the field (before anything is generated)."""
-        msg = _llg().LLMatcher.validate_grammar(self.llguidance_grammar())
+        def validate():
+            return _llg().LLMatcher.validate_grammar(self.llguidance_grammar(), limits=_limits())
+
+        msg = self._guarded(validate)
         if msg and not msg.startswith("WARNING"):
             raise RequestError(f"'{self.field}' cannot be used: {_one_line(msg)}", field=self.field)
 
     def constraint(self, tokenizer, vocab_size: int, stop_ids=frozenset()) -> "Constraint":
-        llg = _llg()
-        m = llg.LLMatcher(lltokenizer(tokenizer, vocab_size), self.llguidance_grammar(), log_level=0)
+        llg, lt = _llg(), lltokenizer(tokenizer, vocab_size)
+        m = self._guarded(lambda: llg.LLMatcher(lt, self.llguidance_grammar(), log_level=0, limits=_limits()))
         if m.is_error():
             raise RequestError(f"'{self.field}' cannot be used: {_one_line(m.get_error())}", field=self.field)
         return Constraint(m, vocab_size, tokenizer.eos_id, stop_ids)
+
+    def failed(self, reason: str) -> RequestError:
+        """The error of a generation whose grammar engine gave up before a valid end."""
+        return RequestError(f"'{self.field}' could not be followed to the end of a valid output: {reason}",
+                            field=self.field)
+
+    def _guarded(self, fn):
+        try:
+            return native_guard.call(fn, timeout=COMPILE_TIMEOUT_S)
+        except native_guard.NativeTimeout:
+            raise RequestError(f"'{self.field}' did not compile within {COMPILE_TIMEOUT_S:g} s: simplify it",
+                               field=self.field) from None
+        except native_guard.NativeBusy:
+            raise RequestError("every grammar compile slot is busy with a slow compile; retry later", status=503,
+                               code="grammar_busy") from None
 
 
 class Constraint:
@@ -101,6 +132,7 @@ class Constraint:
         self._eos = eos_id
         self._stops = frozenset(stop_ids)
         self.tokens = 0  # accepted so far
+        self._empty = False  # a mask allowed nothing while the matcher reported no error
 
     def fill_mask(self, ptr: int, nbytes: int) -> bool:
         """Write the allowed-token bitmask for the next position into host memory at ptr
@@ -117,7 +149,10 @@ class Constraint:
             for s in self._stops:  # the end of the grammar: every stop id of the request may end it
                 if 0 <= s < self.vocab_size:
                     words[s >> 5] |= 1 << (s & 31)
-        return not m.is_error() and any(words)
+        if m.is_error():
+            return False
+        self._empty = not any(words)
+        return not self._empty
 
     def accept(self, token_id: int) -> bool:
         """Advance past a sampled token; a stop id ends the generation and is not fed in."""
@@ -133,7 +168,14 @@ class Constraint:
 
     @property
     def error(self) -> str | None:
-        return self._m.get_error() if self._m.is_error() else None
+        return _one_line(self._m.get_error()) if self._m.is_error() else None
+
+    @property
+    def failure(self) -> str | None:
+        """Why generation had to stop short of a valid end (one line), or None."""
+        if self._m.is_error():
+            return self.error
+        return "the grammar allowed no next token" if self._empty else None
 
 
 def lltokenizer(tokenizer, vocab_size: int):
@@ -169,5 +211,8 @@ def lltokenizer(tokenizer, vocab_size: int):
 
 
 def _one_line(e) -> str:
-    text = " ".join(str(e).split())
+    """llguidance's message: its first line (short-form errors end with a `<non-verbose/>` line),
+    whitespace collapsed, at most 300 characters."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip() and ln.strip() != "<non-verbose/>"]
+    text = " ".join(" ".join(lines[:1]).split())
     return text if len(text) <= 300 else text[:297] + "..."

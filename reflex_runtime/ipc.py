@@ -16,8 +16,13 @@ Protocol (the same on both transports):
 
 The socket serves one connection at a time, to completion, in accept order: a second client's
 connect succeeds (the listen backlog) and it is read once the first disconnects, or once the
-first has sent nothing for `--idle-timeout` seconds while another waits (the idle one gets an
-error line with code "idle_timeout" and is closed).
+first has not completed a request line within `--idle-timeout` seconds while another waits: a
+deadline per line, which bytes trickling in do not extend (the slow one gets an error line with
+code "idle_timeout" and is closed).
+
+A client that leaves is noticed before its generation and after every token (api/client_watch.py:
+on the socket a close, not a shut sending side; on stdio the reader of stdout closing), and the
+writes of one request's answer may block WRITE_TIMEOUT seconds in total.
 """
 
 from __future__ import annotations
@@ -30,18 +35,19 @@ import stat
 import sys
 import time
 
+from .api.client_watch import ClientLeft, StallBudget, pipe_gone, small_send_buffer, socket_gone
 from .api.direct_ops import LINE_OPS, answer
 from .api.json_wire import MAX_BODY_BYTES, dumps, parse_object
 from .api.responses import line_error
 from .errors import ReflexError, RequestError
 
 MAX_LINE = MAX_BODY_BYTES  # longer lines are answered with an error and skipped
-IDLE_TIMEOUT = 10.0  # seconds a connection may send nothing while another client waits
-WRITE_TIMEOUT = 30.0  # seconds one write to a socket client may block
+IDLE_TIMEOUT = 10.0  # seconds one request line may take to arrive while another client waits
+WRITE_TIMEOUT = 10.0  # seconds the writes of one request's answer may block, in total
 
-
-class ClientGone(Exception):
-    """A write to the client failed: stop answering it (an engine OSError is a request error)."""
+# A write to the client failed, or it left mid-request: stop answering it (an engine OSError is a
+# request error, not this).
+ClientGone = ClientLeft
 
 
 class Idle(Exception):
@@ -80,9 +86,10 @@ def ready_line(engine, timeline) -> dict:
             "fallback_reason": engine.fallback_reason, "coldstart": rec}
 
 
-def serve_lines(engine, readline, write, api_key: str | None = None) -> bool:
+def serve_lines(engine, readline, write, api_key: str | None = None, gone=None) -> bool:
     """Answer lines until EOF (returns True) or `shutdown` (returns False). `write(dict)` raises
-    ClientGone when the client cannot be written to; that, Idle, and read errors propagate."""
+    ClientGone when the client cannot be written to, as a generation does when `gone()` turns
+    true; that, Idle, and read errors propagate."""
     while True:
         line = readline(MAX_LINE + 1)
         if not line:
@@ -97,7 +104,7 @@ def serve_lines(engine, readline, write, api_key: str | None = None) -> bool:
         rid = None
         try:
             rid, d = parse_line(line)
-            replies = answer(engine, d, api_key=api_key, ops=LINE_OPS, deltas=True)
+            replies = answer(engine, d, api_key=api_key, ops=LINE_OPS, deltas=True, gone=gone)
             try:  # a failed write closes the generation behind the replies at this token
                 for obj in replies:
                     write({"id": rid, **obj})
@@ -145,7 +152,8 @@ def _serve_stdio(args, timeline) -> int:
     try:
         engine = _load(args, timeline, write)
         write(ready_line(engine, timeline))
-        serve_lines(engine, sys.stdin.buffer.readline, write, getattr(args, "api_key", None))
+        serve_lines(engine, sys.stdin.buffer.readline, write, getattr(args, "api_key", None),
+                    gone=lambda: pipe_gone(out.fileno()))
     except ClientGone:
         return 0  # the reader went away: nothing left to answer
     finally:
@@ -237,9 +245,10 @@ def serve_socket(engine, sock: socket.socket, ready: dict, api_key: str | None =
 
 
 class _LineReader:
-    """readline(limit) over a connection, watching the listening socket: while the client sends
-    nothing, a connection waiting in the backlog starts a clock; after `idle_timeout` Idle is
-    raised. A client alone on the socket may stay idle as long as it likes."""
+    """readline(limit) over a connection, watching the listening socket. While a connection waits
+    in the backlog, the line being read must be whole within `idle_timeout` of the later of the
+    read's start and the moment a waiter was seen; bytes that trickle in do not extend it (Idle
+    is raised). A client alone on the socket may take as long as it likes."""
 
     def __init__(self, conn: socket.socket, listener: socket.socket, idle_timeout: float):
         self.conn, self.listener, self.idle_timeout = conn, listener, idle_timeout
@@ -263,38 +272,45 @@ class _LineReader:
                 if not data:
                     self.eof = True
                 self.buf += data
-                waiting_since = None  # activity
-            elif self.listener.fileno() in ready:
+            if self.listener.fileno() in ready:
                 now = time.monotonic()
                 waiting_since = waiting_since or now
                 if now - waiting_since >= self.idle_timeout:
                     raise Idle()
-                time.sleep(0.05)  # the listener stays readable until accepted: do not spin
+                if self.conn.fileno() not in ready:
+                    time.sleep(0.05)  # the listener stays readable until accepted: do not spin
             else:
-                waiting_since = None
+                waiting_since = None  # the waiter gave up
 
 
 def _serve_connection(engine, conn: socket.socket, listener: socket.socket, ready: dict,
                       api_key: str | None, idle_timeout: float) -> bool:
     """Serve one client to EOF; False when it asked for shutdown."""
-    conn.settimeout(WRITE_TIMEOUT)  # recv only follows poll(); sendall to a client that stops reading gives up
+    small_send_buffer(conn)  # a client that stops reading blocks our writes early: the budget then runs
+    reader = _LineReader(conn, listener, idle_timeout)
+    budget = [StallBudget(conn, WRITE_TIMEOUT)]  # a new one per request line; recv only follows poll()
+
+    def readline(limit: int) -> bytes:
+        line = reader.readline(limit)
+        budget[0] = StallBudget(conn, WRITE_TIMEOUT)
+        return line
 
     def write(obj: dict) -> None:
         try:
-            conn.sendall(_line(obj))
+            budget[0].write(conn.sendall, _line(obj))
         except OSError as e:
             raise ClientGone(str(e)) from None
 
     with conn:
-        reader = _LineReader(conn, listener, idle_timeout)
         try:
             write(ready)
-            return serve_lines(engine, reader.readline, write, api_key)
+            return serve_lines(engine, readline, write, api_key, gone=lambda: socket_gone(conn, half_close=False))
         except Idle:
+            budget[0] = StallBudget(conn, WRITE_TIMEOUT)
             try:
                 write(line_error(None, RequestError(
-                    f"closed: no request for {idle_timeout:g} s while another client waited", status=408,
-                    code="idle_timeout")))
+                    f"closed: no whole request line within {idle_timeout:g} s while another client waited",
+                    status=408, code="idle_timeout")))
             except ClientGone:
                 pass
             return True

@@ -13,21 +13,21 @@ All engine work runs on ONE worker thread, the one that loaded the model: a GPU 
 current on that thread only, and it serializes requests (a FIFO queue; concurrent clients wait
 their turn). Connection threads read, authenticate, validate and tokenize (at most
 api.http_routes.PREPARE_SLOTS at once), then queue a Job; the worker runs it and writes the
-answer to that client itself, then the connection thread reads the next request. A streaming
-client that disconnects is noticed before the next chunk is written; the worker closes the
-generation there (the engine is free at the next token). A non-streaming request runs to its end
-(at most the request timeout) even if its client has left.
+answer to that client itself, then the connection thread reads the next request. A client that
+disconnects is noticed before the generation starts and after every token (api/client_watch.py),
+streaming or not; the worker closes the generation there (the engine is free at the next token).
 
-Bounds: bodies up to MAX_BODY bytes, received within BODY_TIMEOUT; a client that stops reading
-may hold the engine WRITE_TIMEOUT per write; idle keep-alive connections close after
-Handler.timeout; generations end at `--request-timeout` (engine.Limits).
+Bounds: bodies up to MAX_BODY bytes, received within BODY_TIMEOUT; the writes of one answer may
+block the engine WRITE_TIMEOUT seconds in total (a client that stops reading; a stream's send
+buffer is small, so that starts after tens of KB); idle keep-alive connections close after
+Handler.timeout; generations end at `--request-timeout` (engine.Limits), the prompt's processing
+included.
 """
 
 from __future__ import annotations
 
 import queue
 import re
-import select
 import socket
 import sys
 import threading
@@ -36,6 +36,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from .api.client_watch import ClientLeft, StallBudget, small_send_buffer, socket_gone
 from .api.http_routes import HttpFront
 from .api.json_wire import MAX_BODY_BYTES, dumps
 from .api.model_state import ModelState
@@ -44,8 +45,7 @@ from .errors import ReflexError, RequestError, printable
 
 MAX_BODY = MAX_BODY_BYTES
 BODY_TIMEOUT = 30.0  # seconds for a declared body to arrive
-WRITE_TIMEOUT = 30.0  # seconds one write to a client may block the engine
-_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer shut down its side
+WRITE_TIMEOUT = 10.0  # seconds the writes of one answer may block the engine, in total
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")  # ASCII digits only: "²".isdigit() is True
 
 
@@ -79,7 +79,9 @@ class Job:
         h = self.handler
         try:
             try:
-                resp = self.call.run(engine)
+                resp = self.call.run(engine, gone=lambda: socket_gone(h.connection))
+            except ClientLeft:
+                raise
             except Exception as e:
                 if not isinstance(e, ReflexError):
                     _log_internal(e)
@@ -88,8 +90,8 @@ class Job:
             if resp.stream is None:
                 h.send(resp)
             else:
-                h.write_stream(resp.stream)
-        except OSError:  # the client is gone; its generation is closed already
+                h.write_stream(resp.stream, StallBudget(h.connection, WRITE_TIMEOUT))
+        except (OSError, ClientLeft):  # the client is gone; its generation is closed already
             h.close_connection = True
         except Exception as e:  # a bug after the answer began: this connection cannot continue
             h.close_connection = True
@@ -177,21 +179,6 @@ class Handler(BaseHTTPRequestHandler):
         err = RequestError(message or HTTPStatus(code).phrase, status=code, headers={"Connection": "close"})
         self.send(error_response(err))
 
-    def _peer_gone(self) -> bool:
-        """True when the client closed its end (poll: no fd-number limit, unlike select)."""
-        sock = self.connection
-        try:
-            p = select.poll()
-            p.register(sock, select.POLLIN | _POLLRDHUP)
-            ev = p.poll(0)
-            if not ev:
-                return False
-            if ev[0][1] & (select.POLLHUP | select.POLLERR | _POLLRDHUP):
-                return True
-            return sock.recv(1, socket.MSG_PEEK) == b""  # readable: EOF, or a pipelined request
-        except OSError:
-            return True
-
     # -- one request ------------------------------------------------------------------------
 
     def do_GET(self):
@@ -206,9 +193,7 @@ class Handler(BaseHTTPRequestHandler):
         self._unread_body = self.headers.get("Content-Length", "0") not in ("", "0") or \
             "Transfer-Encoding" in self.headers
         path = urlsplit(self.path).path
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        if "authorization" in headers:  # http.server decodes headers as latin-1; keys are UTF-8
-            headers["authorization"] = headers["authorization"].encode("latin-1", "replace").decode("utf-8", "replace")
+        headers = [(k, _utf8(v) if k.lower() == "authorization" else v) for k, v in self.headers.items()]
         try:
             resp = self.state.front.respond(self.command, path, headers, self._read_body, self._run)
             if resp is not None:
@@ -271,27 +256,35 @@ class Handler(BaseHTTPRequestHandler):
         job.done.wait()
         return None
 
-    def write_stream(self, stream) -> None:
+    def write_stream(self, stream, budget: StallBudget) -> None:
         """Chunked SSE, one HTTP chunk per event, written by the worker as tokens come. A client
-        that left is noticed before the next chunk; closing the lines closes the generation."""
+        that left is noticed before the next chunk, one that stops reading once `budget` is
+        spent; closing the lines closes the generation."""
         lines = sse_lines(stream)
         chunked = self.request_version != "HTTP/1.0"  # 1.0 clients get a body that ends at close
+        write = self.wfile.write
+        small_send_buffer(self.connection)
         try:
             self._status = 200
-            self.wfile.write(b"HTTP/1.1 200 OK\r\nServer: reflex\r\nContent-Type: text/event-stream\r\n"
-                             b"Cache-Control: no-cache\r\n"
-                             + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Connection: close\r\n\r\n"))
+            budget.write(write, b"HTTP/1.1 200 OK\r\nServer: reflex\r\nContent-Type: text/event-stream\r\n"
+                         b"Cache-Control: no-cache\r\n"
+                         + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Connection: close\r\n\r\n"))
             for line in lines:  # each step computes the next token
-                if self._peer_gone():
-                    raise ConnectionResetError("client closed the stream")
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line) if chunked else line)
+                if socket_gone(self.connection):
+                    raise ClientLeft("client closed the stream")
+                budget.write(write, b"%x\r\n%s\r\n" % (len(line), line) if chunked else line)
             if chunked:
-                self.wfile.write(b"0\r\n\r\n")
+                budget.write(write, b"0\r\n\r\n")
             else:
                 self.close_connection = True
         finally:
             lines.close()
             stream.close()
+
+
+def _utf8(value: str) -> str:
+    """http.server decodes headers as latin-1; API keys are UTF-8."""
+    return value.encode("latin-1", "replace").decode("utf-8", "replace")
 
 
 class _Server(ThreadingHTTPServer):

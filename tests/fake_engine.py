@@ -5,6 +5,7 @@ transport tests run in milliseconds."""
 from __future__ import annotations
 
 import codecs
+import itertools
 import threading
 import time
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from reflex_runtime.engine import Engine, Limits
+from reflex_runtime.errors import RequestTimeout
 from reflex_runtime.sampling import Sampled
 
 BOS, EOS, OFFSET = 1, 2, 10
@@ -46,12 +48,16 @@ class ByteTokenizer:
 
 
 class ScriptedRunner:
-    """Answers every prompt with REPLY then EOS; `delay` seconds per token; records what it did."""
+    """Answers every prompt with REPLY then EOS; `delay` seconds per token, `prefill_s` seconds
+    before the first (in 10 steps, the deadline checked before each, as runners do); `fault`, when
+    set, is raised by the next generation instead (an engine-side failure); records what it did."""
 
     name = "fake"
+    checks_deadline = True
 
-    def __init__(self, reply: str = REPLY, delay: float = 0.0, max_context: int = 512):
-        self.reply, self.delay, self.max_context = reply, delay, max_context
+    def __init__(self, reply: str = REPLY, delay: float = 0.0, max_context: int = 512, prefill_s: float = 0.0):
+        self.reply, self.delay, self.max_context, self.prefill_s = reply, delay, max_context, prefill_s
+        self.fault: BaseException | None = None
         self.started = self.closed = 0
         self.tokens = 0  # tokens produced over all requests
         self.threads: set[str] = set()
@@ -60,16 +66,27 @@ class ScriptedRunner:
     def info(self):
         return {"device": "fake"}
 
-    def generate_ids(self, prompt_ids, params, max_new, stop_ids, logprobs=None, constraint=None):
+    def _prefill(self, deadline):
+        for j in range(10 if self.prefill_s else 0):
+            if deadline is not None and time.perf_counter() > deadline:
+                raise RequestTimeout(f"deadline passed after {j} of 10 prefill steps")
+            time.sleep(self.prefill_s / 10)
+        if self.fault is not None:
+            raise self.fault
+
+    def _ids(self, max_new, constraint):
+        return [b + OFFSET for b in self.reply.encode("utf-8")] + [EOS]
+
+    def generate_ids(self, prompt_ids, params, max_new, stop_ids, logprobs=None, constraint=None, deadline=None):
         """logprobs: scripted values (token j gets -0.1 * (j % 5), its top list the token itself and
         the ids after it); constraints are not followed (the reply is fixed)."""
-        assert constraint is None, "the scripted runner cannot follow a grammar"
+        assert constraint is None or isinstance(self, GrammarRunner), "the scripted runner cannot follow a grammar"
         assert self.busy.acquire(blocking=False), "two generations ran at once"
         self.started += 1
         self.threads.add(threading.current_thread().name)
         try:
-            ids = [b + OFFSET for b in self.reply.encode("utf-8")] + [EOS]
-            for step, tok in enumerate(ids[:max_new]):
+            self._prefill(deadline)
+            for step, tok in enumerate(itertools.islice(self._ids(max_new, constraint), max_new)):
                 if self.delay:
                     time.sleep(self.delay)
                 self.tokens += 1
@@ -86,9 +103,31 @@ class ScriptedRunner:
             self.busy.release()
 
     def score(self, prompt_ids, candidates):
+        if self.fault is not None:
+            raise self.fault
         # A candidate token scores 0 when it matches REPLY at that position, else -5.
         want = [b + OFFSET for b in self.reply.encode("utf-8")]
         return [[0.0 if j < len(want) and t == want[j] else -5.0 for j, t in enumerate(c)] for c in candidates]
+
+
+class GrammarRunner(ScriptedRunner):
+    """Follows a grammar: each token is the lowest id the constraint allows (the reply is then
+    whatever the grammar's first choices spell); stops when the constraint allows nothing."""
+
+    def _ids(self, max_new, constraint):
+        if constraint is None:
+            yield from super()._ids(max_new, None)
+            return
+        import numpy as np
+
+        words = np.zeros(constraint.words, dtype=np.uint32)
+        for _ in range(max_new):
+            if not constraint.fill_mask(words.ctypes.data, words.nbytes):
+                return
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+            tok = int(np.flatnonzero(bits)[0])
+            constraint.accept(tok)
+            yield tok
 
 
 class FakeEngine(Engine):
@@ -103,10 +142,13 @@ class FakeEngine(Engine):
         return head + "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
 
-def make_engine(reply: str = REPLY, delay: float = 0.0, max_context: int = 512, **limits) -> FakeEngine:
+def make_engine(reply: str = REPLY, delay: float = 0.0, max_context: int = 512, prefill_s: float = 0.0,
+                grammar: bool = False, **limits) -> FakeEngine:
+    """grammar=True: the runner follows response_format / forced tool-call grammars (GrammarRunner)."""
     gguf = SimpleNamespace(path="/nonexistent/fake.gguf", get=lambda key: None)
-    config = SimpleNamespace(name="fake-model", arch="fake", file_type="F32")
-    return FakeEngine(gguf, config, ByteTokenizer(), ScriptedRunner(reply, delay, max_context),
+    config = SimpleNamespace(name="fake-model", arch="fake", file_type="F32", vocab_size=ByteTokenizer.vocab_size)
+    runner = (GrammarRunner if grammar else ScriptedRunner)(reply, delay, max_context, prefill_s)
+    return FakeEngine(gguf, config, ByteTokenizer(), runner,
                       model_ref="fake", limits=Limits(**{"max_new_tokens": 256, **limits}))
 
 

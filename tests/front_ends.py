@@ -6,7 +6,8 @@ so a test can send one input everywhere and compare what comes back.
 - `HandlerFront`: handlers/app.py imported fresh, fed Function URL events (`http`) or direct
   invokes (`direct`).
 Each `send` returns an Outcome: the status, and for errors the kind, message, field and code,
-read from that transport's own error shape.
+read from that transport's own error shape. `fronts_maker` builds all three on fresh fake engines;
+`serve_process` runs a real `reflex serve` subprocess.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import io
 import json
 import logging
 import os
+import socket
+import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -226,3 +230,57 @@ def sdk_clients(engine, timeout: float = 600):
         serve.close()
         handler.close()
         mp.undo()
+
+
+@contextlib.contextmanager
+def fronts_maker(monkeypatch):
+    """make(load_error=None, **engine_options) -> {"serve", "lines", "handler"}, each on its own
+    fake engine (fake_engine.make_engine); all closed at the end."""
+    made = []
+    monkeypatch.setattr(serve, "_log", lambda msg: None)  # access lines arrive after the test moved on
+
+    def make(load_error=None, **engine_options):
+        f = {"serve": ServeFront(make_engine(**engine_options), load_error=load_error),
+             "lines": LinesFront(make_engine(**engine_options)),
+             "handler": HandlerFront(monkeypatch, make_engine(**engine_options), load_error=load_error)}
+        made.append(f)
+        return f
+
+    try:
+        yield make
+    finally:
+        for f in made:
+            f["serve"].close()
+            f["handler"].close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_process(model: str, *args: str, log=subprocess.DEVNULL, ready_s: float = 120):
+    """(port, Popen) of `reflex serve --backend cpu -m model *args` on 127.0.0.1, once /healthz
+    answers 200; terminated at the end."""
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", "cpu", "--port", str(port),
+                          "-m", model, *args], stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            assert p.poll() is None, "serve exited while loading"
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/healthz")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "serve did not become healthy"
+            time.sleep(0.2)
+        yield port, p
+    finally:
+        p.terminate()
+        p.wait(10)

@@ -28,7 +28,7 @@ from reflex_runtime.errors import ReflexError, RequestError
 from reflex_runtime.sampling import SamplingParams
 
 from fake_engine import REPLY, make_engine
-from front_ends import CTX, KEY, HandlerFront, LinesFront, ServeFront
+from front_ends import CTX, KEY, HandlerFront, LinesFront, fronts_maker
 
 AUTH = "Bearer " + KEY
 
@@ -36,20 +36,8 @@ AUTH = "Bearer " + KEY
 @pytest.fixture
 def make_fronts(monkeypatch):
     """make_fronts(**engine_options) -> {"serve", "lines", "handler"}, each on its own fake engine."""
-    made = []
-    monkeypatch.setattr(serve, "_log", lambda msg: None)
-
-    def make(load_error=None, **engine_options):
-        f = {"serve": ServeFront(make_engine(**engine_options), load_error=load_error),
-             "lines": LinesFront(make_engine(**engine_options)),
-             "handler": HandlerFront(monkeypatch, make_engine(**engine_options), load_error=load_error)}
-        made.append(f)
-        return f
-
-    yield make
-    for f in made:
-        f["serve"].close()
-        f["handler"].close()
+    with fronts_maker(monkeypatch) as make:
+        yield make
 
 
 def _generate_everywhere(f, body: dict, endpoint="/v1/completions"):

@@ -98,6 +98,11 @@ def test_truncated_before_weights_were_read_answers_an_error_and_survives(served
         message = json.loads(body)["error"]["message"]
         assert "shorter than when it was opened" in message and "\n" not in message, message
     assert _request(port, "GET", "/v1/models")[0] == 200
+    # health says what requests get (issue 30: it answered 200 here)
+    status, body = _request(port, "GET", "/healthz")
+    err = json.loads(body)["error"]
+    assert (status, err["code"], err["type"]) == (503, "engine_failed", "model_file_error"), body
+    assert err["message"].startswith("the engine failed its last request: model file")
     assert p.poll() is None
 
 

@@ -5,6 +5,10 @@ any case, separated from the key by any run of spaces or tabs; surrounding space
 trimmed. HTTP front ends read the header; JSON lines and Lambda direct invokes carry the same
 string in an `"authorization"` field. Only a configured key is ever required (no key: all open),
 and health (`GET /healthz`, the `ping` op) never needs one. Keys are compared in constant time.
+
+One credential per request: HTTP front ends join repeated headers with ", " (as RFC 9110 allows and
+as Lambda delivers them), and a value with a comma is refused whatever it holds, so a request
+with a wrong and a right Authorization header fails in either order (a key cannot contain ",").
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from ..errors import RequestError
 
 _BLANKS = " \t"
 MESSAGE = "missing or invalid API key (send 'Authorization: Bearer <key>')"
+SEVERAL = "more than one Authorization credential (send one 'Authorization: Bearer <key>' header)"
 
 
 def bearer_key(value) -> str | None:
@@ -35,6 +40,8 @@ def check(value, api_key: str | None) -> None:
         return
     import hmac  # only with a key: the CLI's cold path never needs it
 
+    if isinstance(value, str) and "," in value:
+        raise RequestError(SEVERAL, status=401, code="invalid_api_key")
     got = bearer_key(value)
     # compare_digest on bytes: any code point encodes (surrogatepass), and the time does not
     # depend on where the strings differ.

@@ -12,7 +12,9 @@ JSON-lines transports only, `{"op": "shutdown"}`. Transport keys (`op`, `id`, `s
 
 Order for every request: the op (unknown: 400, field "op"), then the API key (auth.py; `ping`
 needs none), then the fields. `answer()` yields the response objects; the transport adds its
-framing (an "id", a statusCode).
+framing (an "id", a statusCode). `ping` is health: the 503 of a faulted engine (model_state.py).
+Events Lambda parsed itself go through `answer_event()`, which first bounds their nesting as
+json_wire.parse_object bounds every parsed line.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from ..engine import Finished, GenerateRequest
 from ..errors import RequestError
 from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
 from . import auth
+from .client_watch import ClientLeft
+from .json_wire import check_depth
+from .model_state import check_engine
 from .fields import (DEFAULT_LIMITS, brief, check_bool, check_candidates, check_int, check_keys, check_max_tokens,
                      check_num, check_stop, check_temperature, prompt_or_messages)
 
@@ -56,7 +61,7 @@ def parse_generate(d: dict, limits=DEFAULT_LIMITS, time_limit_s: float | None = 
         plan = check_tools(d, engine) if d.get("tools") or d.get("tool_choice") is not None else None
         if plan is not None and plan.tools and messages is None and not check_bool(d, "chat", False):
             raise RequestError("'tools' need a chat request ('messages' or 'chat': true)", field="tools")
-        grammar = check_response_format(d)
+        grammar = check_response_format(d, limits)
         if plan is not None:
             if grammar is not None and plan.grammar is not None:
                 raise RequestError("'response_format' cannot be combined with a 'tool_choice' that forces a call",
@@ -133,13 +138,21 @@ def check_op(d: dict, ops: tuple[str, ...]) -> str:
                        field="op")
 
 
+def answer_event(engine, event: dict, **kw) -> Iterator[dict]:
+    """answer() for an event that did not come through json_wire.parse_object (Lambda's own)."""
+    check_depth(event)
+    return answer(engine, event, **kw)
+
+
 def answer(engine, d: dict, *, api_key: str | None = None, ops: tuple[str, ...] = OPS,
-           deltas: bool = False) -> Iterator[dict]:
+           deltas: bool = False, gone=None) -> Iterator[dict]:
     """The response objects for one direct request. With `deltas` a `"stream": true` generate
     yields `{"delta": text}` objects before its result; the last object is always the result
-    (`{"op": ..., ...}`). Errors raise (RequestError and the engine's own)."""
+    (`{"op": ..., ...}`). Errors raise (RequestError and the engine's own). `gone()`, when given,
+    is asked before the generation and after each token: True ends it (ClientLeft)."""
     op = check_op(d, ops)
     if op == "ping":
+        check_engine(engine)
         yield {"op": "ping", "ok": True, "model": engine.model_name, "requests_served": engine.requests_served}
         return
     auth.check(d.get("authorization"), api_key)
@@ -148,10 +161,14 @@ def answer(engine, d: dict, *, api_key: str | None = None, ops: tuple[str, ...] 
     elif op == "generate":
         stream = check_bool(d, "stream", False) and deltas
         req = parse_generate(d, engine.limits, engine.limits.request_timeout_s, engine)
+        if gone is not None and gone():
+            raise ClientLeft("the client left before its generation started")
         gen = engine.generate(req)
         sampled = []
         try:  # a write that fails (client gone) closes the generation at this token
             for ev in gen:
+                if gone is not None and gone():
+                    raise ClientLeft("the client left during its generation")
                 if isinstance(ev, Finished):
                     yield {"op": "generate", **_result(engine, req, ev, sampled)}
                     continue

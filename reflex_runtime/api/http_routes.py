@@ -46,19 +46,31 @@ def allowed_methods(path: str) -> tuple[str, ...] | None:
     return None
 
 
+def header_map(headers) -> dict[str, str]:
+    """Lower-case names; a repeated header's values joined with ", " (RFC 9110), so the request
+    layer sees every value (auth refuses a joined credential)."""
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        name = name.lower()
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
 class HttpFront:
     def __init__(self, state: ModelState, api_key: str | None, on_internal_error: Callable | None = None):
         self.state, self.api_key = state, api_key or None
         self.on_internal_error = on_internal_error  # called inside the except block (tracebacks work)
         self._prepare_slots = threading.BoundedSemaphore(PREPARE_SLOTS)
 
-    def respond(self, method: str, path: str, headers: dict, read_body: Callable[[], bytes | str],
+    def respond(self, method: str, path: str, headers, read_body: Callable[[], bytes | str],
                 run: Callable | None = None) -> Response | None:
-        """Answer one request. `headers` has lower-case names. `read_body()` returns the body or
-        raises RequestError; `run(call, engine)` runs a prepared call where the engine lives and
-        returns its Response, or None once it has answered itself (serve's worker writes)."""
+        """Answer one request. `headers`: (name, value) pairs as received, repeats included, or a
+        dict. `read_body()` returns the body or raises RequestError; `run(call, engine)` runs a
+        prepared call where the engine lives and returns its Response, or None once it has
+        answered itself (serve's worker writes)."""
         try:
-            return self._respond(method, path, headers, read_body, run)
+            return self._respond(method, path, header_map(headers), read_body, run)
         except Exception as e:
             if not isinstance(e, ReflexError) and self.on_internal_error:
                 self.on_internal_error(e)

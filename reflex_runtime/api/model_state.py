@@ -4,6 +4,10 @@ A failed load answers every request (health included) with one 503: the error's 
 that failed (the loader records it on the timeline), and the reason, with code
 "model_load_failed". `serve --stay-up` and the Lambda handler keep answering it; without
 `--stay-up`, serve exits instead.
+
+A loaded engine whose last request failed on the engine's side (the model file truncated under
+it, the device lost: `Engine.fault`) makes health (`GET /healthz`, the `ping` op) a 503 with code
+"engine_failed" and that reason, until a request succeeds again; requests are still tried.
 """
 
 from __future__ import annotations
@@ -60,10 +64,31 @@ class ModelState:
         return self.engine
 
 
+class EngineFaultError(ReflexError):
+    """Health while the engine's last request failed on its side."""
+
+    http_status = 503
+    code = "engine_failed"
+
+    def __init__(self, cause):
+        self.kind = getattr(cause, "kind", "engine_error")
+        self.headers = {"Retry-After": "60"}
+        super().__init__(f"the engine failed its last request: {cause}")
+
+
+def check_engine(engine) -> None:
+    """Raise the 503 while the engine's last request failed on the engine's side."""
+    fault = getattr(engine, "fault", None)
+    if fault is not None:
+        raise EngineFaultError(fault)
+
+
 def health(state: ModelState) -> Response:
-    """204 while loading, 200 with the model when ready; raises the 503 after a failed load."""
+    """204 while loading, 200 with the model when ready; raises the 503 after a failed load or
+    while the engine is faulted."""
     if state.loading:
         return Response(204)
     e = state.wait()
+    check_engine(e)
     return Response(200, {"status": "ok", "model": e.model_name, "backend": e.runner.name,
                           "requests_served": e.requests_served})

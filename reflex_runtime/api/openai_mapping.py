@@ -6,9 +6,11 @@ Each endpoint is two steps, so a transport can keep slow work off the engine:
 - `call.prepare(engine)` tokenizes the prompt (chat template included) and settles the default
   max_tokens. It touches no runner state: `serve` runs it on the connection's thread, beside a
   generation in progress.
-- `call.run(engine)` takes the engine: it starts the generation and pulls its first event before
-  returning, so limit errors and the prefill happen before a transport commits to a 200 and a
-  stream. The caller holds the engine until the stream is exhausted or closed.
+- `call.run(engine, gone)` takes the engine: it starts the generation and pulls its first event
+  before returning, so limit errors and the prefill happen before a transport commits to a 200
+  and a stream. The caller holds the engine until the stream is exhausted or closed. `gone()`
+  (a transport's check that its client is still there) is asked before the generation and, when
+  the answer is not a stream, after every token: True ends it with client_watch.ClientLeft.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..engine import Finished, GenerateRequest
 from ..errors import RequestError
 from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
 from . import logprobs as lp_shapes
+from .client_watch import ClientLeft
 from .direct_ops import parse_system1
 from .fields import (BRIEF_CHARS, check_bool, check_int, check_max_tokens, check_messages, check_num, check_stop,
                      check_temperature, check_text)
@@ -120,7 +123,7 @@ def _chat_logprobs(body: dict) -> int | None:
 def _constraints(body: dict, engine):
     """(grammar, ToolPlan): response_format and tools/tool_choice, checked (400s name the field)."""
     plan = check_tools(body, engine)
-    grammar = check_response_format(body)
+    grammar = check_response_format(body, engine.limits)
     if grammar is not None and plan.grammar is not None:
         raise RequestError("'response_format' cannot be combined with a 'tool_choice' that forces a call",
                            field="response_format")
@@ -153,11 +156,11 @@ class GenerateCall:
                                    f"{engine.runner.max_context}", field="messages" if r.messages else "prompt")
             r.max_tokens = min(r.max_tokens, room)
 
-    def run(self, engine) -> Response:
+    def run(self, engine, gone=None) -> Response:
         if self.prompt_ids is None:
             self.prepare(engine)
         return _respond(engine, self.req, self.prompt_ids, self.kind, self.stream, self.include_usage,
-                        self.parse_tools)
+                        self.parse_tools, gone)
 
 
 class System1Call:
@@ -167,7 +170,8 @@ class System1Call:
     def prepare(self, engine) -> None:
         """Nothing: Engine.system1 tokenizes its candidates and prompt itself (bounded in characters)."""
 
-    def run(self, engine) -> Response:
+    def run(self, engine, gone=None) -> Response:
+        """One forward pass: nothing to stop half-way (`gone` is not asked)."""
         r = self.req
         result = engine.system1(prompt=r.prompt, candidates=r.candidates, messages=r.messages, chat=r.chat)
         return Response(200, {"object": "system1.result", "model": engine.model_name, **result})
@@ -205,7 +209,7 @@ def validate_completion(engine, body: dict) -> GenerateCall:
     logprobs = check_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     req = GenerateRequest(prompt=prompt, max_tokens=max_new, sampling=sampling, stop=stop, ignore_eos=ignore_eos,
                           time_limit_s=limits.request_timeout_s, logprobs=logprobs,
-                          grammar=check_response_format(body))
+                          grammar=check_response_format(body, limits))
     return GenerateCall(req, "text", stream, include_usage, True, ids)
 
 
@@ -253,7 +257,9 @@ def _model_card(engine) -> dict:
 
 
 def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, include_usage: bool,
-             parse_tools: bool = False) -> Response:
+             parse_tools: bool = False, gone=None) -> Response:
+    if gone is not None and gone():
+        raise ClientLeft("the client left before its generation started")
     gen = engine.generate(req, prompt_ids=ids)
     first = next(gen)  # engine checks + prefill: errors here are still a clean 4xx
     meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex(),
@@ -267,6 +273,8 @@ def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, includ
         while not isinstance(ev, Finished):
             parts.append(ev.text)
             sampled += ev.logprobs or []
+            if gone is not None and gone():
+                raise ClientLeft("the client left during its generation")
             ev = next(gen)
     finally:
         gen.close()

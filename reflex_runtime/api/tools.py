@@ -4,9 +4,11 @@ tool-call output -> `tool_calls`.
 - `check_tools(body, engine)` -> ToolPlan: the tools to render through the model's own chat
   template (templates that never read `tools` -> 400 naming "tools"), and for `tool_choice`
   "required" or a named function the grammar that forces the call (grammar.py, llguidance).
-- `check_response_format(body)` -> Grammar | None: `{"type": "json_object"}` and
-  `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`; the schema is compiled
-  here, so an invalid one is a 400 naming `response_format.json_schema.schema`.
+- `check_response_format(body, limits)` -> Grammar | None: `{"type": "json_object"}` and
+  `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`; the schema is bounded
+  (schema_bounds.py) and compiled here, so an invalid one is a 400 naming
+  `response_format.json_schema.schema` (or the part of it past a bound).
+Tool `parameters` get the same bounds, whether or not a call is forced.
 - `HermesCalls`: the calls in Qwen3/Hermes-style output (`<tool_call>{"name", "arguments"}
   </tool_call>`), whole (`parse`) or as text streams in (`feed`/`end`), the form the SDK expects.
 """
@@ -19,7 +21,8 @@ import re
 from dataclasses import dataclass
 
 from ..errors import RequestError
-from .fields import brief
+from .fields import DEFAULT_LIMITS, brief
+from .schema_bounds import check_schema
 
 MAX_TOOLS = 128
 MAX_TOOLS_CHARS = 65536  # the tools' JSON, all together (it goes into the prompt)
@@ -44,7 +47,7 @@ def check_tools(body: dict, engine) -> ToolPlan:
         raise RequestError("this model's chat template does not describe tools to the model (it never reads "
                            "'tools'), so tool calls are not supported with it; use a model whose template does "
                            "(e.g. Qwen3)", field="tools")
-    tools = _check_tool_list(tools)
+    tools = _check_tool_list(tools, engine.limits)
     names = [t["function"]["name"] for t in tools]
     if choice is None or choice == "auto":
         return ToolPlan(tools, True)
@@ -65,7 +68,12 @@ def check_tools(body: dict, engine) -> ToolPlan:
                        "{\"type\": \"function\", \"function\": {\"name\": ...}}", field="tool_choice")
 
 
-def _check_tool_list(tools) -> list[dict]:
+def _check_strict(d: dict, where: str) -> None:
+    if d.get("strict") is not None and not isinstance(d["strict"], bool):
+        raise RequestError(f"'{where}.strict' must be true or false, got {brief(d['strict'])}", field=f"{where}.strict")
+
+
+def _check_tool_list(tools, limits) -> list[dict]:
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise RequestError(f"'tools' must be a list of at most {MAX_TOOLS} tools", field="tools")
     out, seen = [], set()
@@ -87,6 +95,7 @@ def _check_tool_list(tools) -> list[dict]:
         seen.add(name)
         if f.get("description") is not None and not isinstance(f["description"], str):
             raise RequestError(f"'{where}.function.description' must be a string", field=f"{where}.function.description")
+        _check_strict(f, f"{where}.function")
         params = f.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise RequestError(f"'{where}.function.parameters' must be a JSON schema object",
@@ -98,6 +107,9 @@ def _check_tool_list(tools) -> list[dict]:
         out.append({"type": "function", "function": fn})
     if len(json.dumps(out)) > MAX_TOOLS_CHARS:
         raise RequestError(f"'tools' take more than {MAX_TOOLS_CHARS} characters as JSON", field="tools")
+    for i, t in enumerate(tools):  # after the size bound: it bounds this work too
+        if t["function"].get("parameters") is not None:
+            check_schema(t["function"]["parameters"], f"tools[{i}].function.parameters", limits)
     return out
 
 
@@ -107,12 +119,13 @@ def _forced_grammar(tools: list[dict], several: bool):
     embedded JSON schemas, compact separators (grammar.JSON_OPTIONS)."""
     from ..grammar import JSON_OPTIONS, Grammar
 
-    def call_schema(t):
+    def call_schema(t, at: str):
         f = t["function"]
-        return {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+        args = rebase_refs(f["parameters"], at + "/properties/arguments")
+        return {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": args},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
-    schemas = [call_schema(t) for t in tools]
+    schemas = [call_schema(t, "#" if len(tools) == 1 else f"#/anyOf/{k}") for k, t in enumerate(tools)]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     schema = {**schema, "x-guidance": JSON_OPTIONS}
     more = ' ("\\n" call)*' if several else ""  # Qwen3 puts a newline between parallel calls
@@ -123,7 +136,31 @@ def _forced_grammar(tools: list[dict], several: bool):
     return g
 
 
-def check_response_format(body: dict):
+def rebase_refs(schema, base: str):
+    """A copy of `schema` whose local refs (`#`, `#/...`) point where it now sits, `base` (a JSON
+    pointer such as `#/properties/arguments`): parameters keep their own `$defs` when embedded in
+    the call's schema. Iterative (schemas are bounded already, but nothing here recurses)."""
+    root: list = [None]
+    stack = [(schema, root, 0)]
+    while stack:
+        node, parent, key = stack.pop()
+        if isinstance(node, dict):
+            copy = dict.fromkeys(node)  # filled below, in the same key order
+            for k, v in node.items():
+                if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+                    copy[k] = base + v[1:]
+                else:
+                    stack.append((v, copy, k))
+        elif isinstance(node, list):
+            copy = [None] * len(node)
+            stack += [(v, copy, j) for j, v in enumerate(node)]
+        else:
+            copy = node
+        parent[key] = copy
+    return root[0]
+
+
+def check_response_format(body: dict, limits=DEFAULT_LIMITS):
     """The grammar `response_format` asks for, or None (absent, or {"type": "text"})."""
     rf = body.get("response_format")
     if rf is None:
@@ -149,10 +186,12 @@ def check_response_format(body: dict):
         if not isinstance(js.get("name"), str) or not _NAME.match(js["name"]):
             raise RequestError("'response_format.json_schema.name' must be 1-64 letters, digits, '_', '.' or '-'",
                                field="response_format.json_schema.name")
+        _check_strict(js, "response_format.json_schema")
         schema = js.get("schema", {})
         if not isinstance(schema, dict):
             raise RequestError("'response_format.json_schema.schema' must be a JSON schema object",
                                field="response_format.json_schema.schema")
+        check_schema(schema, "response_format.json_schema.schema", limits)
         g = Grammar.json_schema(schema, field="response_format.json_schema.schema")
     elif kind in ("text", "json_object"):
         raise RequestError(f"'response_format' of type {kind} takes no other fields", field="response_format")

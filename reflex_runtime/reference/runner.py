@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 import numpy as np
 
+from ..errors import RequestTimeout
 from ..sampling import Sampled, SamplingParams
 from ..tree import tree_layout
 from .sampling import allowed_bits, sample, token_logprobs
@@ -26,8 +28,14 @@ def tree_batch(prompt_ids: list[int], candidates: list[list[int]]):
     return ids, np.asarray(positions, dtype=np.int64), mask, predictors
 
 
+# Prompt tokens per forward pass when a deadline is checked between passes (~0.4 s each for
+# SmolLM2-135M on the 2-core development VM): the request timeout then overshoots by one pass at most.
+PREFILL_CHUNK = 256
+
+
 class ReferenceRunner:
     name = "cpu"
+    checks_deadline = True  # generate_ids takes `deadline` (engine.Runner)
 
     def __init__(self, model, max_context: int | None = None):
         self.model = model
@@ -37,11 +45,12 @@ class ReferenceRunner:
         return {"device": "cpu (numpy reference)"}
 
     def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids, logprobs: int | None = None,
-                     constraint=None) -> Iterator[int]:
+                     constraint=None, deadline: float | None = None) -> Iterator[int]:
         """engine.Runner.generate_ids: logprobs from the same logits row the pick reads; a
-        constraint's bitmask applied before the pick (reference/sampling.py)."""
+        constraint's bitmask applied before the pick (reference/sampling.py); with a deadline the
+        prompt runs PREFILL_CHUNK tokens at a time, the deadline checked before each pass."""
         cache = self.model.new_cache(len(prompt_ids) + max_new)
-        logits = self.model.forward(prompt_ids, cache)[-1]
+        logits = self._prefill(prompt_ids, cache, deadline)
         words = np.zeros((logits.shape[-1] + 31) // 32, dtype=np.uint32) if constraint is not None else None
         for step in range(max_new):
             allow = None
@@ -59,6 +68,15 @@ class ReferenceRunner:
             if tok in stop_ids or step + 1 == max_new:
                 return
             logits = self.model.forward([tok], cache)[-1]
+
+    def _prefill(self, ids, cache, deadline: float | None) -> np.ndarray:
+        if deadline is None:
+            return self.model.forward(ids, cache)[-1]
+        for c0 in range(0, len(ids), PREFILL_CHUNK):
+            if time.perf_counter() > deadline:
+                raise RequestTimeout(f"deadline passed after {c0} of {len(ids)} prompt tokens")
+            logits = self.model.forward(ids[c0:c0 + PREFILL_CHUNK], cache)[-1]
+        return logits
 
     def score(self, prompt_ids, candidates) -> list[list[float]]:
         if getattr(self.model, "supports_tree_mask", True):
