@@ -571,7 +571,7 @@ class _AllowAll:
         self.accepted.append(tok)
 
 
-def _fake_runner(ptx_params):
+def _fake_runner(ptx_params, max_context=128):
     from reflex_runtime.coldstart import Timeline
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.gguf_file import GGUFFile
@@ -580,7 +580,7 @@ def _fake_runner(ptx_params):
     g = GGUFFile(_fixture_file("qwen3"))
     cfg = read_config(g)
     dev = FakeDevice(ptx_params)
-    runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=128)
+    runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=max_context)
     runner.wait_ready()
     return runner, dev
 
@@ -612,6 +612,31 @@ def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature):
 
     with pytest.raises(ValueError, match="issue 32"):
         list(runner.decode(Step.of(Seq.prompt([1], pick=Pick()), Seq.prompt([2], pick=Pick())), 2, frozenset()))
+
+
+def test_the_prefill_stops_at_the_deadline_between_chunks(ptx_params, monkeypatch):
+    """CudaRunner takes the engine's deadline: checked before each MAX_BATCH-token chunk of the
+    prompt, after the previous one has finished on the device (RequestTimeout); none: no waits."""
+    from reflex_runtime.errors import RequestTimeout
+    from reflex_runtime.gpu import runner as runner_module
+    from reflex_runtime.gpu.runner import MAX_BATCH
+    from reflex_runtime.sampling import SamplingParams
+
+    runner, dev = _fake_runner(ptx_params, max_context=4 * MAX_BATCH)
+    assert runner.checks_deadline
+    ids = [(7 * i + 11) % 1000 + 1 for i in range(2 * MAX_BATCH + 5)]  # three chunks
+    syncs = []
+    monkeypatch.setattr(dev, "sync", lambda stream: syncs.append(runner.forward_passes))
+    clock = iter([0.0, 10.0])  # the first check passes, the second (after one chunk) does not
+    monkeypatch.setattr(runner_module.time, "perf_counter", lambda: next(clock))
+    with pytest.raises(RequestTimeout, match=f"after {MAX_BATCH} of {len(ids)} prompt tokens"):
+        list(runner.generate_ids(ids, SamplingParams(), 2, frozenset(), deadline=5.0))
+    assert runner.forward_passes == 1 and syncs[0] == 1  # waited for the first chunk before the check
+    monkeypatch.undo()
+    passes, syncs = runner.forward_passes, []
+    monkeypatch.setattr(dev, "sync", lambda stream: syncs.append(runner.forward_passes))
+    assert len(list(runner.generate_ids(ids, SamplingParams(), 2, frozenset()))) == 2
+    assert runner.forward_passes == passes + 3 and syncs == [passes + 3]  # no deadline: no waits until the end
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the fake device's copies bring back zeros

@@ -15,9 +15,10 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from typing import Iterator
 
-from ..errors import DeviceError, RequestError
+from ..errors import DeviceError, RequestError, RequestTimeout
 from ..sampling import Sampled, SamplingParams
 from ..tree import tree_layout
 from .launch import Launcher
@@ -36,6 +37,7 @@ MAX_SCORED = 8192  # candidate tokens per system1 call (the engine's limits are 
 
 class CudaRunner:
     name = "cuda"
+    checks_deadline = True  # generate_ids takes `deadline` (engine.Runner): checked between prefill chunks
 
     def __init__(self, boot, gguf, config, timeline, model_cls, max_context: int | None = None):
         self.boot = boot
@@ -151,9 +153,17 @@ class CudaRunner:
             ints[self._seq_at:self._seq_at + len(seq_start)] = _int_array(seq_start)
             dev.htod(d.p("seq_start"), self._in_ptr + 4 * self._seq_at, 4 * len(seq_start), s)
 
-    def _forward_chunks(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1) -> None:
-        """Forward the n input tokens in chunks; the LM head runs on the last chunk only."""
+    def _forward_chunks(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1,
+                        deadline: float | None = None) -> None:
+        """Forward the n input tokens in chunks; the LM head runs on the last chunk only. With a
+        deadline (time.perf_counter()), before each chunk, once the previous one has finished on
+        the device (launches only queue work): RequestTimeout when it has passed."""
         for c0 in range(0, n, MAX_BATCH):
+            if deadline is not None:
+                if c0:
+                    self.dev.sync(self.stream)
+                if time.perf_counter() > deadline:
+                    raise RequestTimeout(f"deadline passed after {c0} of {n} prompt tokens")
             m = min(MAX_BATCH, n - c0)
             last = c0 + m >= n
             self.model.forward(m, first=c0, logit_rows=logit_rows if last else 0, logits=logits,
@@ -176,11 +186,11 @@ class CudaRunner:
         sampled = seq.pick is not None and not seq.pick.greedy
         self._write_inputs(seq.tokens, pos, slots, n_kv=slots[-1] + 1, sampling=seq.pick.params if sampled else None)
 
-    def prefill(self, step: Step) -> None:
+    def prefill(self, step: Step, deadline: float | None = None) -> None:
         """write(step), then forward its tokens in chunks of MAX_BATCH; each sequence's last row
-        leaves its logits for pick()."""
+        leaves its logits for pick(). deadline: checked between chunks (RequestTimeout)."""
         self.write(step)
-        self._forward_chunks(step.n_tokens)
+        self._forward_chunks(step.n_tokens, deadline=deadline)
 
     def forward(self, step: Step, pdl: bool | None = None) -> None:
         """One decode step's forward pass over `step` (one token per sequence, which the previous
@@ -238,18 +248,19 @@ class CudaRunner:
         self.dev.wait_event(self._rb_events[k])
         return self._rb_view.cast("i")[k]
 
-    def decode(self, step: Step, max_new: int, stop_ids) -> Iterator[int | Sampled]:
+    def decode(self, step: Step, max_new: int, stop_ids, deadline: float | None = None) -> Iterator[int | Sampled]:
         """The decode loop: prefill `step` (a sequence's prompt, with its pick), pick the first
         token, then one forward and pick per token until a stop id or max_new tokens. A plain pick
         replays one graph per token (forward + pick) with AHEAD steps queued on the GPU; a hooked
         pick (logprobs, a grammar) waits for each token before it queues the next step (the mask
-        depends on it) and yields Sampled with logprobs. A grammar that allows nothing ends it."""
+        depends on it) and yields Sampled with logprobs. A grammar that allows nothing ends it; a
+        deadline that passes during the prefill raises RequestTimeout."""
         seq = self._one_sequence(step)
         pick = seq.pick
         hooks = [self.pick_hooks(pick)] if pick.hooked else []
         nxt = Step.of(Seq.decode(pick))  # every later step: one device-held token
-        self.prefill(step)
         try:
+            self.prefill(step, deadline)
             if not self.pick(step, hooks):
                 return
             self.read_back(0)
@@ -320,13 +331,13 @@ class CudaRunner:
     # -- the Runner interface --------------------------------------------------------------------
 
     def generate_ids(self, prompt_ids, params: SamplingParams, max_new: int, stop_ids, logprobs: int | None = None,
-                     constraint=None) -> Iterator[int | Sampled]:
+                     constraint=None, deadline: float | None = None) -> Iterator[int | Sampled]:
         """engine.Runner.generate_ids: one sequence through decode()."""
         n = len(prompt_ids)
         if n + max_new > self.max_context:
             raise RequestError(f"prompt ({n}) + max_tokens ({max_new}) exceed the context of {self.max_context}")
         yield from self.decode(Step.of(Seq.prompt(prompt_ids, pick=Pick(params, logprobs, constraint))), max_new,
-                               stop_ids)
+                               stop_ids, deadline)
 
     def score(self, prompt_ids, candidates) -> list[list[float]]:
         if self.model.scoring == "fork":
