@@ -37,6 +37,7 @@ DEMO_PROMPT = "The capital of France is the city of"
 TARGETS = {"light": 120, "kernels": 480, "tests": 900}  # seconds
 TARGET_RSS_MB = 4096
 PATHS = ("light", "kernels", "tests")
+DEV_ONLY = ("torch", "transformers", "pytest")  # what only `.[dev]` brings
 
 
 def log(msg: str) -> None:
@@ -145,7 +146,7 @@ def measure(name: str, nc: Newcomer) -> dict:
     nc.setup()
     if name == "light":
         nc.install(".[embedded]", REFLEX_SKIP_KERNELS="1")
-        nc.result["venv_has_torch"] = nc.has("torch")
+        nc.result["dev_packages"] = [d for d in DEV_ONLY if nc.has(d)]  # the light path must have none
         nc.demo()
     elif name == "kernels":
         nc.install(".[embedded]", REFLEX_REQUIRE_KERNELS="1")
