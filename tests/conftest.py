@@ -3,6 +3,7 @@ by scripts/make_fixtures.py under $REFLEX_TEST_CACHE, so warm runs only load the
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -129,6 +130,19 @@ def fixture_paths():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     return get_fixture
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _models_go_with_their_module(request):
+    """hf_for and reference_for memoize per test module, not per session: a session's worth of
+    transformers models and dequantized references (most with a 151,936-row vocabulary) is what
+    made plain `pytest` peak at 11.7 GB. A module that memoizes models in dicts of its own names
+    them in MODEL_MEMOS; they are emptied with it. A model a later module needs again is reloaded
+    from the disk cache (a second or two)."""
+    yield
+    for memo in (_HF, _REF, *getattr(request.module, "MODEL_MEMOS", ())):
+        memo.clear()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

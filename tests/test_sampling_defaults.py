@@ -17,8 +17,9 @@ from reflex_runtime.api.direct_ops import parse_generate
 from reflex_runtime.errors import ModelFileError
 
 from fake_engine import make_engine
-from front_ends import KEY, HandlerFront, LinesFront, ServeFront
+from front_ends import KEY
 from gguf_edit import VT, GGUFModel
+from test_hostile_requests import make_fronts  # noqa: F401 (the fixture: every front end over fake engines)
 
 AUTH = "Bearer " + KEY
 RECOMMENDED = {"general.sampling.temp": 0.7, "general.sampling.top_k": 20, "general.sampling.top_p": 0.8,
@@ -80,22 +81,17 @@ def test_request_values_win_field_by_field():
 
 
 @pytest.fixture
-def fronts(monkeypatch):
-    from reflex_runtime import serve
-
-    monkeypatch.setattr(serve, "_log", lambda msg: None)
-    made = []
+def fronts(make_fronts):
+    """fronts(meta) -> serve, the JSON lines and the handler, each over a fake engine whose file
+    has the metadata `meta`."""
 
     def make(meta):
-        f = {"serve": ServeFront(_engine(meta)), "lines": LinesFront(_engine(meta)),
-             "handler": HandlerFront(monkeypatch, _engine(meta))}
-        made.append(f)
+        f = make_fronts()
+        for front in f.values():
+            front.engine.sampling_defaults = sampling_defaults.from_gguf(_gguf(meta))
         return f
 
-    yield make
-    for f in made:
-        f["serve"].close()
-        f["handler"].close()
+    return make
 
 
 def _everywhere(f, body: dict) -> dict:
