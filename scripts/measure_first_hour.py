@@ -9,8 +9,9 @@ Paths (each: git clone -> python3 -m venv -> the install -> what it is for):
   light    REFLEX_SKIP_KERNELS=1 pip install '.[embedded]', then the demo (target: answer <= 2 min)
   kernels  pip install '.[embedded]' (nvcc builds the kernels for every architecture; a kernel that
            fails to build fails the install), then the demo (target: answer <= 8 min)
-  tests    pip install -e '.[dev]', then README's `pytest` under /usr/bin/time -v
-           (target: <= 15 min, peak RSS <= 4 GB)
+  tests    pip install -e '.[dev]', then README's `pytest` under /usr/bin/time -v, twice: the first
+           run builds the test fixtures into the empty test cache, the second finds them
+           (target for each: <= 15 min, peak RSS <= 4 GB)
 The demo is README's `reflex generate "The capital of France is the city of"`; it must say Paris.
 Caches (pip's, the model cache, the test cache: XDG_CACHE_HOME, REFLEX_CACHE, REFLEX_TEST_CACHE)
 start empty in the work folder, as on a new machine; --warm-caches keeps the user's instead.
@@ -104,23 +105,27 @@ class Newcomer:
         doctor = json.loads(run(["reflex", "doctor", "--json"], self.dir, self.env, 300, capture=True)[1].stdout)
         self.result["kernels"] = doctor.get("kernels")
 
-    def pytest(self) -> None:
-        timing = self.dir / "pytest.time"
-        logfile = self.dir / "pytest.log"
+    def pytest(self, run_no: int) -> dict:
+        """README's `pytest` in the clone under /usr/bin/time -v: the first run builds the test
+        fixtures into the (empty) test cache, a second one finds them there."""
+        timing, logfile = self.dir / f"pytest-{run_no}.time", self.dir / f"pytest-{run_no}.log"
         t = time.monotonic()
         with open(logfile, "w") as out:
             log(f"$ /usr/bin/time -v pytest    (in {self.clone}; output in {logfile})")
             r = subprocess.run(["/usr/bin/time", "-v", "-o", str(timing), "pytest"], cwd=self.clone, env=self.env,
                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=4 * 3600)
         wall = round(time.monotonic() - t, 1)
-        tv = timing.read_text()
-        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", tv)
+        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", timing.read_text())
         tail = logfile.read_text().strip().splitlines()
-        self.result.update(pytest_wall_s=wall, pytest_exit=r.returncode,
-                           peak_rss_mb=round(int(rss.group(1)) / 1024) if rss else None,
-                           pytest_summary=tail[-1].strip("= ") if tail else "",
-                           test_cache_mb=du_mb(Path(self.env.get("REFLEX_TEST_CACHE")
-                                                    or Path.home() / ".cache" / "reflex-runtime" / "test")))
+        run = {"load_start": self.result["load_start"] if run_no == 1 else loadavg(), "pytest_wall_s": wall,
+               "pytest_exit": r.returncode, "peak_rss_mb": round(int(rss.group(1)) / 1024) if rss else None,
+               "pytest_summary": tail[-1].strip("= ") if tail else "",
+               "test_cache_mb": du_mb(Path(self.env.get("REFLEX_TEST_CACHE")
+                                           or Path.home() / ".cache" / "reflex-runtime" / "test")),
+               "load_end": loadavg(), "target_s": TARGETS["tests"]}
+        run["met"] = (run["pytest_exit"] == 0 and wall <= TARGETS["tests"]
+                      and (run["peak_rss_mb"] or 1e9) <= TARGET_RSS_MB)
+        return run
 
     def finish(self, target_key: str) -> dict:
         res = self.result
@@ -129,8 +134,7 @@ class Newcomer:
             res["clone_to_answer_s"] = round(sum(res.get(k, 0) for k in ("clone_s", "venv_s", "install_s", "demo_s")), 1)
             res["met"] = bool(res.get("answer_ok")) and res["clone_to_answer_s"] <= TARGETS[target_key]
         else:
-            res["met"] = (res.get("pytest_exit") == 0 and res["pytest_wall_s"] <= TARGETS["tests"]
-                          and (res.get("peak_rss_mb") or 1e9) <= TARGET_RSS_MB)
+            res["met"] = all(r["met"] for r in res["runs"])
         res["target_s"] = TARGETS[target_key]
         return res
 
@@ -142,7 +146,7 @@ def du_mb(path: Path) -> float | None:
     return round(total / 2**20, 1)
 
 
-def measure(name: str, nc: Newcomer) -> dict:
+def measure(name: str, nc: Newcomer, pytest_runs: int) -> dict:
     nc.setup()
     if name == "light":
         nc.install(".[embedded]", REFLEX_SKIP_KERNELS="1")
@@ -153,7 +157,9 @@ def measure(name: str, nc: Newcomer) -> dict:
         nc.demo()
     else:
         nc.install(".[dev]", editable=True)
-        nc.pytest()
+        nc.result["runs"] = []
+        for i in range(1, pytest_runs + 1):  # saved as it goes: the JSON is rewritten after each path
+            nc.result["runs"].append(nc.pytest(i))
     return nc.finish(name)
 
 
@@ -167,8 +173,13 @@ def table(report: dict) -> str:
             rows.append((name, "", "", "", "", "", "", "no", r["error"].splitlines()[0][:60]))
             continue
         if name == "tests":
-            step, total = r.get("pytest_wall_s"), r.get("pytest_wall_s")
-            notes = f"peak RSS {r.get('peak_rss_mb')} MB, exit {r.get('pytest_exit')}, {r.get('pytest_summary', '')[:50]}"
+            rows.append((name, r.get("clone_s"), r.get("venv_s"), r.get("install_s"), "", "", "", "", "pip install -e '.[dev]'"))
+            for i, run in enumerate(r.get("runs", []), 1):
+                notes = (f"peak RSS {run['peak_rss_mb']} MB (<= {TARGET_RSS_MB}), exit {run['pytest_exit']}, "
+                         f"test cache {run['test_cache_mb']} MB, {run['pytest_summary'][:50]}")
+                rows.append((f"  pytest #{i}", "", "", "", run["pytest_wall_s"], run["pytest_wall_s"],
+                             f"<= {run['target_s']} s", "yes" if run["met"] else "no", notes))
+            continue
         else:
             step, total = r.get("demo_s"), r.get("clone_to_answer_s")
             notes = f"first token {r.get('first_token_ms')} ms, answer {'ok' if r.get('answer_ok') else 'WRONG'}"
@@ -186,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="first_hour.json", help="JSON report")
     ap.add_argument("--keep", default=None, help="work in this folder and keep it (default: a temp folder, removed)")
     ap.add_argument("--warm-caches", action="store_true", help="use the user's caches instead of empty ones")
+    ap.add_argument("--pytest-runs", type=int, default=2,
+                    help="tests path: run pytest this many times (the first fills the empty test cache; default 2)")
     args = ap.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
     if not steps or set(steps) - set(PATHS):
@@ -203,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"== {name}")
             nc = Newcomer(work, name, args.repo, commit, args.warm_caches)
             try:
-                report["paths"][name] = measure(name, nc)
+                report["paths"][name] = measure(name, nc, args.pytest_runs)
             except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as e:
                 report["paths"][name] = {**nc.result, "error": str(e), "met": False, "target_s": TARGETS[name]}
             Path(args.out).write_text(json.dumps(report, indent=2) + "\n")  # after each path: a long run keeps what it has
