@@ -81,6 +81,43 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+_PREBUILD: dict = {}
+
+
+def whole_suite_run(config) -> bool:
+    """README's `pytest`: no paths, the default marker selection, not an xdist worker."""
+    return (not config.option.file_or_dir and config.option.markexpr == "not gpu" and not config.option.collectonly
+            and "PYTEST_XDIST_WORKER" not in os.environ and os.environ.get("REFLEX_TEST_PREBUILD") != "0")
+
+
+def pytest_collection_finish(session):
+    """A whole-suite run builds the fixtures it will need (tests/fixture_list.json) in a background
+    process, ahead of the tests (scripts/prebuild_fixtures.py): on an empty test cache the
+    conversions then use the second core instead of stopping the tests one by one."""
+    if not whole_suite_run(session.config):
+        return
+    import subprocess
+
+    from llama_cpp_sdist import cache_dir
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    log = open(cache_dir() / "prebuild.log", "w")
+    _PREBUILD["proc"] = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "prebuild_fixtures.py")],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # Ctrl-C stops pytest; pytest stops it
+    log.close()
+
+
+def pytest_sessionfinish(session):
+    proc = _PREBUILD.pop("proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()  # it finishes the fixture in hand (never half-written), then exits
+        try:
+            proc.wait(timeout=120)
+        except Exception:  # noqa: BLE001 - a conversion that hangs must not hold the run
+            proc.kill()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _kernel_coverage():
     """REFLEX_KERNEL_COVERAGE=PREFIX: write the names of the kernels this test process launched to
