@@ -39,7 +39,7 @@ OPT_IN = {
     # changes the machine (apt-get, a Docker daemon, pip installs outside the environment)
     "system": (SYSTEM_TESTS_ENV, "changes the system (apt-get, dockerd, pip)"),
     # inherently big: real models fetched from PyPI, fuzz at full size
-    "full": (FULL_TESTS_ENV, "a full-size test (real models, 10,000 fuzz cases)"),
+    "full": (FULL_TESTS_ENV, "inherently big (a real model fetched from PyPI, or the 10,000-case fuzz)"),
 }
 
 # The quick GPU tier's engine tests (a test id, or a function for all its cases): every family once

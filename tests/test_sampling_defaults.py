@@ -17,9 +17,8 @@ from reflex_runtime.api.direct_ops import parse_generate
 from reflex_runtime.errors import ModelFileError
 
 from fake_engine import make_engine
-from front_ends import KEY
+from front_ends import KEY, fronts_maker
 from gguf_edit import VT, GGUFModel
-from test_hostile_requests import make_fronts  # noqa: F401 (the fixture: every front end over fake engines)
 
 AUTH = "Bearer " + KEY
 RECOMMENDED = {"general.sampling.temp": 0.7, "general.sampling.top_k": 20, "general.sampling.top_p": 0.8,
@@ -81,17 +80,18 @@ def test_request_values_win_field_by_field():
 
 
 @pytest.fixture
-def fronts(make_fronts):
+def fronts(monkeypatch):
     """fronts(meta) -> serve, the JSON lines and the handler, each over a fake engine whose file
     has the metadata `meta`."""
+    with fronts_maker(monkeypatch) as make_fronts:
 
-    def make(meta):
-        f = make_fronts()
-        for front in f.values():
-            front.engine.sampling_defaults = sampling_defaults.from_gguf(_gguf(meta))
-        return f
+        def make(meta):
+            f = make_fronts()
+            for front in f.values():
+                front.engine.sampling_defaults = sampling_defaults.from_gguf(_gguf(meta))
+            return f
 
-    return make
+        yield make
 
 
 def _everywhere(f, body: dict) -> dict:
