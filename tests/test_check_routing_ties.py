@@ -25,6 +25,7 @@ LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea, 
 PROMPT = "The capital of France is the city of"  # tests/gpu_harness.py's
 
 _CACHE: dict = {}
+MODEL_MEMOS = (_CACHE,)  # emptied when this module ends (tests/conftest.py)
 
 
 def _files(name, outtype):

@@ -1,5 +1,6 @@
 """The `reflex` command line: one-line errors with distinct exit codes, doctor, the build fallback."""
 
+import json
 import os
 import subprocess
 import sys
@@ -81,7 +82,6 @@ def test_bad_request_values(tmp_path):
 def test_doctor_reports_without_a_gpu():
     r = reflex("doctor", "--json")
     assert r.returncode == 0, r.stderr
-    import json
 
     info = json.loads(r.stdout)
     assert info["python"] and info["backend_auto"] in ("cpu", "cuda")
@@ -100,10 +100,82 @@ def test_install_without_nvcc_warns_and_succeeds(monkeypatch, capsys):
     assert err.count("WARNING") == 1
 
 
-@pytest.mark.parametrize("argv", [["generate"], ["system1", "hi"], ["frobnicate"]])
-def test_usage_errors_exit_2(argv):
+@pytest.mark.parametrize("argv, needle", [
+    ([], "required: COMMAND"), (["system1", "hi"], "required: --candidate"), (["frobnicate"], "invalid choice"),
+    (["generate", "hi", "--max-tokens", "many"], "argument --max-tokens/-n: invalid int value: 'many'"),
+    (["generate", "hi", "--colour"], "unrecognized arguments: --colour"),
+])
+def test_usage_errors_are_one_line_exit_2(argv, needle):
+    """The usage is for --help; an error is one line that names the problem and where help is."""
     r = reflex(*argv)
-    assert r.returncode == 2 and "usage:" in r.stderr
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("reflex: error: "), r.stderr
+    assert needle in r.stderr and "--help" in r.stderr and "usage:" not in r.stderr
+
+
+def test_help_still_prints_the_usage():
+    r = reflex("generate", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: reflex generate")
+
+
+def test_version():
+    from reflex_runtime import __version__
+
+    r = reflex("--version")
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, f"reflex-runtime {__version__}", "")
+
+
+def _generate_tiny(fixture_paths, *args, stdin=None, input=None):
+    gguf = str(fixture_paths("gemma3", "f32").gguf)
+    return subprocess.run([sys.executable, "-m", "reflex_runtime.cli", "generate", *args, "-n", "3", "--backend", "cpu",
+                           "--model", gguf, "--json"], capture_output=True, text=True,
+                          env=ENV, timeout=300, stdin=stdin, input=input)
+
+
+def test_a_prompt_from_stdin_with_dash_or_a_pipe(fixture_paths):
+    want = _generate_tiny(fixture_paths, "The capital of France is", stdin=subprocess.DEVNULL)
+    assert want.returncode == 0, want.stderr
+    text = json.loads(want.stdout)["text"]
+    for args in (["-"], []):
+        r = _generate_tiny(fixture_paths, *args, input="The capital of France is\n")  # echo's newline is dropped
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["text"] == text and out["record"]["prompt_tokens"] == json.loads(want.stdout)["record"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("data, needle", [(b"", "the prompt on stdin is empty"), (b"\n\n", "the prompt on stdin is empty"),
+                                          (b"caf\xe9", "the prompt on stdin is not UTF-8 (byte 3)")])
+def test_a_bad_prompt_on_stdin_is_one_line(data, needle):
+    r = subprocess.run([sys.executable, "-m", "reflex_runtime.cli", "generate", "-", "--backend", "cpu"], input=data,
+                       capture_output=True, env=ENV, timeout=60)
+    assert r.returncode == RequestError.exit_code and r.stdout == b""
+    assert r.stderr.decode().strip() == f"reflex: error: {needle}"
+
+
+def test_an_oversized_prompt_on_stdin_is_refused_without_reading_it_all():
+    from reflex_runtime.engine import Limits
+
+    most = Limits().max_prompt_chars * 4
+    r = subprocess.run([sys.executable, "-m", "reflex_runtime.cli", "system1", "-c", "x", "--backend", "cpu"],
+                       input=b"a" * (most + 2), capture_output=True, env=ENV, timeout=60)
+    assert r.returncode == RequestError.exit_code
+    assert r.stderr.decode().strip() == f"reflex: error: the prompt on stdin has more than {most} bytes"
+
+
+def test_no_prompt_on_a_terminal_is_a_usage_error():
+    """Left out with stdin a terminal, nothing is waited for: a one-line usage error."""
+    import pty
+
+    parent, child = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "reflex_runtime.cli", "generate", "--backend", "cpu"], stdin=child,
+                           capture_output=True, text=True, env=ENV, timeout=60)
+    finally:
+        os.close(child)
+        os.close(parent)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("reflex: error: the following arguments are required: prompt (or '-'")
+    assert r.stderr.count("\n") == 1
 
 
 def test_unwritable_record_path_is_one_line_after_the_answer(tmp_path):
@@ -153,12 +225,10 @@ def test_bad_option_values_are_usage_errors(argv, needle, capsys):
 def test_bad_option_values_exit_2_from_the_command():
     r = reflex("generate", "hi", "--ctx", "0", "--backend", "cpu", timeout=60)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1].endswith("argument --ctx: must be an integer in [16, 1048576], got '0'")
+    assert r.stderr.count("\n") == 1 and "argument --ctx: must be an integer in [16, 1048576], got '0'" in r.stderr
 def test_chat_on_a_model_without_a_template_says_so(fixture_paths):
     """`--chat` on a base model (this Gemma 3 fixture has no chat template): one notice line on
     stderr, then the continuation, and the record names the fallback."""
-    import json
-
     gguf = str(fixture_paths("gemma3", "f32").gguf)
     r = reflex("generate", "Hi", "--chat", "-n", "2", "--backend", "cpu", "--model", gguf, "--json")
     assert r.returncode == 0, r.stderr

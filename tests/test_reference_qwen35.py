@@ -48,6 +48,7 @@ CONFIGS = {
 _FX: dict = {}
 _REF: dict = {}
 _HF: dict = {}
+MODEL_MEMOS = (_REF, _HF)  # emptied when this module ends (tests/conftest.py)
 
 
 def fixture(name: str, outtype: str = "f32"):

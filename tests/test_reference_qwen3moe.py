@@ -40,6 +40,7 @@ QUANTIZED = [
 ]
 
 _HF_RENORMALIZED: dict = {}
+MODEL_MEMOS = (_HF_RENORMALIZED,)  # emptied when this module ends (tests/conftest.py)
 
 
 

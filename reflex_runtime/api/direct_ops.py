@@ -23,13 +23,14 @@ from typing import Iterator, NamedTuple
 
 from ..engine import Finished, GenerateRequest
 from ..errors import RequestError
-from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
+from ..sampling import MAX_TOP_LOGPROBS
+from ..sampling_defaults import MAX_TEMPERATURE, REFLEX_DEFAULTS
 from . import auth
 from .client_watch import ClientLeft
 from .json_wire import check_depth
 from .model_state import check_engine
 from .fields import (DEFAULT_LIMITS, brief, check_bool, check_candidates, check_int, check_keys, check_max_tokens,
-                     check_num, check_stop, check_temperature, prompt_or_messages)
+                     check_sampling, check_stop, prompt_or_messages)
 
 TRANSPORT_KEYS = frozenset({"op", "id", "stream", "authorization"})
 GENERATE_KEYS = frozenset({"prompt", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p",
@@ -51,7 +52,9 @@ class System1Request(NamedTuple):
 
 
 def parse_generate(d: dict, limits=DEFAULT_LIMITS, time_limit_s: float | None = None, engine=None) -> GenerateRequest:
-    """A generate request; `engine` is needed only for tools (its chat template decides them)."""
+    """A generate request. With the `engine`, sampling fields left out take the model's defaults
+    (sampling_defaults.py) and tools are checked against its chat template; without it, reflex's
+    defaults apply (the CLI checks a request this way before the model loads)."""
     check_keys(d, GENERATE_KEYS, TRANSPORT_KEYS, "generate")
     prompt, messages = prompt_or_messages(d, limits)
     grammar, tools = None, None
@@ -67,13 +70,8 @@ def parse_generate(d: dict, limits=DEFAULT_LIMITS, time_limit_s: float | None = 
                 raise RequestError("'response_format' cannot be combined with a 'tool_choice' that forces a call",
                                    field="response_format")
             grammar, tools = grammar or plan.grammar, plan.tools
-    sampling = SamplingParams(
-        temperature=check_temperature(d, 0.0, 100.0),
-        top_k=check_int(d, "top_k", 0, lo=0),
-        top_p=check_num(d, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        min_p=check_num(d, "min_p", 0.0, 0.0, 1.0),
-        seed=check_int(d, "seed", None, lo=0, hi=2**63 - 1),
-    )
+    defaults = engine.sampling_defaults.params if engine is not None else REFLEX_DEFAULTS
+    sampling = check_sampling(d, defaults, MAX_TEMPERATURE)
     return GenerateRequest(
         prompt=prompt, messages=messages,
         max_tokens=check_max_tokens(d, "max_tokens", min(DEFAULT_MAX_TOKENS, limits.max_new_tokens), limits),

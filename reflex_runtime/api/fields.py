@@ -11,6 +11,7 @@ import math
 
 from ..engine import Limits
 from ..errors import RequestError
+from ..sampling import SamplingParams
 from .json_wire import well_formed
 
 import json
@@ -62,6 +63,18 @@ def check_num(d: dict, key: str, default, lo: float, hi: float, lo_open: bool = 
 def check_temperature(d: dict, default: float, hi: float) -> float:
     t = check_num(d, "temperature", default, 0.0, hi)
     return 0.0 if t < GREEDY_BELOW else t
+
+
+def check_sampling(d: dict, defaults: SamplingParams, max_temperature: float) -> SamplingParams:
+    """temperature, top_k, top_p, min_p and seed; a field the request leaves out takes its value
+    from `defaults` (the model's recommendation or reflex's, sampling_defaults.py)."""
+    return SamplingParams(
+        temperature=check_temperature(d, defaults.temperature, max_temperature),
+        top_k=check_int(d, "top_k", defaults.top_k, lo=0),
+        top_p=check_num(d, "top_p", defaults.top_p, 0.0, 1.0, lo_open=True),
+        min_p=check_num(d, "min_p", defaults.min_p, 0.0, 1.0),
+        seed=check_int(d, "seed", None, lo=0, hi=2**63 - 1),
+    )
 
 
 def check_bool(d: dict, key: str, default):

@@ -26,8 +26,8 @@ from ..sampling import MAX_TOP_LOGPROBS, SamplingParams
 from . import logprobs as lp_shapes
 from .client_watch import ClientLeft
 from .direct_ops import parse_system1
-from .fields import (BRIEF_CHARS, check_bool, check_int, check_max_tokens, check_messages, check_num, check_stop,
-                     check_temperature, check_text)
+from .fields import (BRIEF_CHARS, check_bool, check_int, check_max_tokens, check_messages, check_sampling, check_stop,
+                     check_text)
 from .responses import Response
 from .tools import HermesCalls, check_response_format, check_tools
 
@@ -81,15 +81,10 @@ def _check_model(body: dict) -> None:
         raise RequestError("'model' must be a string", field="model")
 
 
-def _sampling(body: dict) -> SamplingParams:
-    # OpenAI's defaults: temperature 1, top_p 1 (reflex's direct API defaults to greedy instead).
-    return SamplingParams(
-        temperature=check_temperature(body, 1.0, 2.0),
-        top_k=check_int(body, "top_k", 0, lo=0),
-        top_p=check_num(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        min_p=check_num(body, "min_p", 0.0, 0.0, 1.0),
-        seed=check_int(body, "seed", None, lo=0, hi=2**63 - 1),
-    )
+def _sampling(engine, body: dict) -> SamplingParams:
+    # Not OpenAI's temperature 1: a field left out takes the model's recommendation, else greedy,
+    # as on every other front end (sampling_defaults.py). OpenAI's bound on temperature is 2.
+    return check_sampling(body, engine.sampling_defaults.params, 2.0)
 
 
 def _stream_opts(body: dict) -> tuple[bool, bool]:
@@ -187,7 +182,7 @@ def validate_chat(engine, body: dict) -> GenerateCall:
     if kwargs is not None and (not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}):
         raise RequestError("'chat_template_kwargs' supports only 'enable_thinking'", field="chat_template_kwargs")
     thinking = check_bool(body, "enable_thinking", check_bool(kwargs or {}, "enable_thinking", None))
-    sampling, stop, ignore_eos = _sampling(body), check_stop(body, limits), check_bool(body, "ignore_eos", False)
+    sampling, stop, ignore_eos = _sampling(engine, body), check_stop(body, limits), check_bool(body, "ignore_eos", False)
     stream, include_usage = _stream_opts(body)
     max_new = _given_max(body, ("max_completion_tokens", "max_tokens"), limits)
     logprobs = _chat_logprobs(body)
@@ -201,7 +196,7 @@ def validate_chat(engine, body: dict) -> GenerateCall:
 def validate_completion(engine, body: dict) -> GenerateCall:
     limits = engine.limits
     _check_fields(body, COMPLETION_KEYS)
-    sampling, stop, ignore_eos = _sampling(body), check_stop(body, limits), check_bool(body, "ignore_eos", False)
+    sampling, stop, ignore_eos = _sampling(engine, body), check_stop(body, limits), check_bool(body, "ignore_eos", False)
     stream, include_usage = _stream_opts(body)
     prompt, ids = _completion_prompt(engine, body.get("prompt"))
     max_new = _given_max(body, ("max_tokens",), limits) or min(COMPLETION_DEFAULT_MAX_TOKENS, limits.max_new_tokens)
@@ -250,7 +245,8 @@ def _model_card(engine) -> dict:
     except (OSError, AttributeError):
         created = 0
     return {"id": engine.model_name, "object": "model", "created": created, "owned_by": "reflex",
-            "backend": engine.runner.name, "max_context": engine.runner.max_context}
+            "backend": engine.runner.name, "max_context": engine.runner.max_context,
+            "sampling_defaults": engine.sampling_defaults.describe()}
 
 
 # -- running a generation --------------------------------------------------------------------
