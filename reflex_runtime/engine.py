@@ -171,7 +171,7 @@ class Engine:
         prompt gets instead (the CLI prints it; chat requests carry it in their record)."""
         if self._chat_template is not None:
             return None
-        from .chat import fallback_name
+        from .text.chat import fallback_name
 
         return (f"this model file has no chat template (a base model, not tuned to chat): messages are laid out "
                 f"in the plain {fallback_name(self.config.arch)} format and the reply is a continuation, not an "
@@ -181,13 +181,13 @@ class Engine:
     def tool_call_format(self) -> str | None:
         """How this model's chat template describes tools and its output calls them ("hermes":
         `<tool_call>{json}</tool_call>`), or None when the template cannot render tools."""
-        from .chat import tool_call_format
+        from .text.chat import tool_call_format
 
         return tool_call_format(self._chat_template)
 
     def render_messages(self, messages: list[dict], enable_thinking: bool | None = None,
                         tools: list[dict] | None = None) -> str:
-        from .chat import render_chat
+        from .text.chat import render_chat
 
         tok = self.tokenizer
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
@@ -349,7 +349,7 @@ class Engine:
         if self._chat_template is not None:
             rec["chat_template"] = "model"
             return
-        from .chat import fallback_name
+        from .text.chat import fallback_name
 
         rec["chat_template"] = f"none (plain {fallback_name(self.config.arch)} fallback)"
         rec["notice"] = self.chat_notice

@@ -140,7 +140,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits):
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
     tl.begin("tokenizer")
-    from .tokenizer import Tokenizer
+    from .text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(gguf)
     if index:

@@ -96,7 +96,7 @@ def main() -> int:
     a = ap.parse_args()
 
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.tokenizer import Tokenizer
+    from reflex_runtime.text.tokenizer import Tokenizer
 
     if a.model is None:
         from make_fixtures import make_fixture
@@ -109,7 +109,7 @@ def main() -> int:
 
     vocab = read_config(g).vocab_size  # rows of the output matrix: the mask covers them all
 
-    from reflex_runtime import grammar
+    from reflex_runtime.text import grammar
 
     t = time.perf_counter()
     grammar.lltokenizer(tok, vocab)

@@ -40,7 +40,7 @@ def main() -> int:
     a = ap.parse_args()
 
     from reflex_runtime.engine import Finished, GenerateRequest
-    from reflex_runtime.grammar import Grammar
+    from reflex_runtime.text.grammar import Grammar
     from reflex_runtime.loader import load_engine
     from reflex_runtime.sampling import SamplingParams
 

@@ -28,7 +28,7 @@ What llama.cpp's converter (DeepseekV2Model, conversion/deepseek.py) writes for 
   "normal" pair-adjacent RoPE on them);
 - vocabulary via `_set_vocab_gpt2` (tokenizer.json): with the real Qwen3 tokenizer that is
   model "gpt2", pre "qwen2" (real DeepSeek files say "deepseek-llm" / "deepseek-v3", which
-  reflex_runtime.pretokenize also knows).
+  reflex_runtime.text.pretokenize also knows).
 """
 
 from __future__ import annotations

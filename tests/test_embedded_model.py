@@ -62,7 +62,7 @@ def prompt_ids(embedded):
     tokens, scores = g.get("tokenizer.ggml.tokens"), g.get("tokenizer.ggml.scores")
     ids = [g.get("tokenizer.ggml.bos_token_id")] + spm_encode(tokens, scores, PROMPT)
     try:
-        from reflex_runtime.tokenizer import Tokenizer
+        from reflex_runtime.text.tokenizer import Tokenizer
     except ImportError:
         return ids
     assert Tokenizer.from_gguf(g).encode(PROMPT) == ids  # the runtime tokenizer agrees

@@ -118,7 +118,7 @@ def qwen3_pair():
 
 
 def _constraint(eng):
-    from reflex_runtime.grammar import Grammar
+    from reflex_runtime.text.grammar import Grammar
 
     return Grammar.json_schema(PERSON, "schema").constraint(eng.tokenizer, eng.config.vocab_size,
                                                            frozenset([eng.tokenizer.eos_id]))

@@ -335,7 +335,7 @@ def test_tree_mask_and_cache_copy(name, ref):
 def test_cli_generate_runs_and_matches_transformers(fx, hf):
     import torch
 
-    from reflex_runtime.tokenizer import Tokenizer
+    from reflex_runtime.text.tokenizer import Tokenizer
     from reflex_runtime.gguf_file import GGUFFile
 
     name = "v2lite"

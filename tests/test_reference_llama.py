@@ -194,11 +194,11 @@ def test_smollm2_matches_transformers_on_the_same_file(smollm2_path):
     (gguf_file=, its own dequantization and q/k un-permutation) on the chat prompt, at every
     position, and their greedy answers."""
     from reflex_runtime.families import load_reference
-    from reflex_runtime.tokenizer import Tokenizer
+    from reflex_runtime.text.tokenizer import Tokenizer
 
     ref = load_reference(smollm2_path)
     tok = Tokenizer.from_gguf(ref.gguf)
-    from reflex_runtime.chat import render_chat
+    from reflex_runtime.text.chat import render_chat
 
     text = render_chat(tok.chat_template, [{"role": "user", "content": "What is the capital of France?"}])
     ids = tok.encode(text)

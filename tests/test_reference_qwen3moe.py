@@ -319,7 +319,7 @@ def test_cli_generate_runs_on_the_fixture(fixture_paths, hf_for):
     from transformers import GenerationConfig
 
     from reflex_runtime.gguf_file import GGUFFile
-    from reflex_runtime.tokenizer import Tokenizer
+    from reflex_runtime.text.tokenizer import Tokenizer
 
     fx = fixture_paths(ARCH)
     text_prompt = "The capital of France is"

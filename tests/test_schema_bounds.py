@@ -18,7 +18,8 @@ import textwrap
 
 import pytest
 
-from reflex_runtime import native_guard, serve
+from reflex_runtime.text import native_guard
+from reflex_runtime import serve
 from reflex_runtime.api.schema_bounds import check_schema
 from reflex_runtime.engine import Limits
 from reflex_runtime.errors import RequestError
@@ -220,7 +221,7 @@ def test_the_guarded_compile_survives_a_chain_the_bounds_would_refuse():
     """Straight to grammar.Grammar.check (no bounds): a 20,000-hop chain needs ~70 MB of stack.
     On the caller's own thread (8 MB) the same call kills the process; guarded it answers."""
     guarded = _run("""
-        from reflex_runtime.grammar import Grammar
+        from reflex_runtime.text.grammar import Grammar
         Grammar.json_schema(ref_chain(20000), "s").check()
         print("answered")
     """)

@@ -22,8 +22,8 @@ import pytest
 
 from reflex_runtime.errors import ModelFileError, RequestError, UnsupportedModelError
 from reflex_runtime.gguf_file import GGUFFile
-from reflex_runtime.merges import _bpe_heap, _bpe_scan
-from reflex_runtime.tokenizer import Tokenizer
+from reflex_runtime.text.merges import _bpe_heap, _bpe_scan
+from reflex_runtime.text.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_DIR = Path("/work/shared/data/qwen3-tokenizer")
@@ -281,7 +281,7 @@ def test_smollm2_metadata(smollm2_gguf):
 
 @pytest.mark.slow
 def test_smollm2_matches_transformers(smollm2_gguf, hf_smollm2):
-    from reflex_runtime.pretokenize import BYTE_CHARS
+    from reflex_runtime.text.pretokenize import BYTE_CHARS
 
     ours = Tokenizer.from_gguf(smollm2_gguf)
     # SmolLM2's vocabulary has no token for 21 bytes (e.g. 0x1D): both sides drop them.
@@ -483,7 +483,7 @@ def test_deepseek_r1_qwen_is_qwen2(qwen3_gguf, qwen3):
 
 
 def test_qwen2_pre_tokenizer_is_the_one_in_tokenizer_json(qwen3_spec):
-    from reflex_runtime.pretokenize import PATTERNS
+    from reflex_runtime.text.pretokenize import PATTERNS
 
     (split, _) = qwen3_spec["pre_tokenizer"]["pretokenizers"]
     assert PATTERNS["qwen2"] == (split["pattern"]["Regex"],)
@@ -493,7 +493,7 @@ def test_qwen2_pre_tokenizer_is_the_one_in_tokenizer_json(qwen3_spec):
 
 
 def test_short_and_long_merge_paths_agree(qwen3):
-    from reflex_runtime.pretokenize import TO_BYTE_CHARS
+    from reflex_runtime.text.pretokenize import TO_BYTE_CHARS
 
     ranks = qwen3._merge_ranks()
     words = [w for text in CORPUS for w in qwen3._splitter()(text)] + ["unbelievably", "Ġantidisestablishment"]

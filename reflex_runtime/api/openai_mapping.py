@@ -141,7 +141,7 @@ class GenerateCall:
         if self.prompt_ids is None:
             self.prompt_ids = engine.prompt_ids(r.prompt, r.messages, r.chat, r.enable_thinking, r.tools)
         if r.grammar is not None:  # build llguidance's vocabulary here, off the engine thread (once)
-            from ..grammar import lltokenizer
+            from ..text.grammar import lltokenizer
 
             lltokenizer(engine.tokenizer, engine.config.vocab_size)
         if not self.max_given:  # the default: at most Limits.default_max_tokens, and what the context holds

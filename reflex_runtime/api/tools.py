@@ -117,7 +117,7 @@ def _forced_grammar(tools: list[dict], several: bool):
     """Output that is one (or, several=True, one or more) Hermes tool call(s) of these tools, each
     `{"name": <one of them>, "arguments": <its parameters schema>}`: llguidance's Lark with
     embedded JSON schemas, compact separators (grammar.JSON_OPTIONS)."""
-    from ..grammar import JSON_OPTIONS, Grammar
+    from ..text.grammar import JSON_OPTIONS, Grammar
 
     def call_schema(t, at: str):
         f = t["function"]
@@ -168,7 +168,7 @@ def check_response_format(body: dict, limits=DEFAULT_LIMITS):
     if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
         raise RequestError("'response_format' must be an object with a 'type'", field="response_format")
     kind = rf["type"]
-    from ..grammar import Grammar
+    from ..text.grammar import Grammar
 
     if kind == "text" and set(rf) == {"type"}:
         return None

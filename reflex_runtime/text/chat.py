@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from .errors import RequestError
+from ..errors import RequestError
 
 GEMMA_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")

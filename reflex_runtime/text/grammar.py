@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 
 from . import native_guard
-from .errors import RequestError
+from ..errors import RequestError
 
 COMPILE_TIMEOUT_S = 10.0  # one compile; measured compiles take 1-100 ms (tests/test_schema_fuzz.py)
 _lock = threading.Lock()

@@ -20,7 +20,7 @@ import re
 import sys
 from typing import Callable
 
-from .errors import ReflexError, UnsupportedModelError
+from ..errors import ReflexError, UnsupportedModelError
 
 # Contractions are case-insensitive in the originals: (?i:...) also folds e.g. "'ſ" to "'s".
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
