@@ -33,9 +33,11 @@ RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq 
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the kernel build reads (the sources, and the kernel names in gpu/ops/, which import
-# nothing else; tests/test_fatbin.py checks that), so Python-only changes reuse this layer.
+# only modelfile/ggml_types; tests/test_build_kernels.py checks that), so Python-only changes
+# reuse this layer.
 COPY kernels/ kernels/
-COPY reflex_runtime/__init__.py reflex_runtime/ggml_types.py reflex_runtime/
+COPY reflex_runtime/__init__.py reflex_runtime/
+COPY reflex_runtime/modelfile/__init__.py reflex_runtime/modelfile/ggml_types.py reflex_runtime/modelfile/
 COPY reflex_runtime/gpu/__init__.py reflex_runtime/gpu/
 COPY reflex_runtime/gpu/ops/ reflex_runtime/gpu/ops/
 COPY scripts/build_kernels.py scripts/build_kernels.py

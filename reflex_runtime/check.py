@@ -30,7 +30,7 @@ TOLERANCES = {"F32": 5e-3, "F16": 5e-3, "BF16": 5e-3, "Q8_0": 5e-3, "Q5_0": 8e-3
 
 
 def dominant_weight_type(gguf) -> str:
-    from .ggml_types import GGML_TYPES
+    from .modelfile.ggml_types import GGML_TYPES
 
     total: dict[str, int] = {}
     for ti in gguf.tensors.values():

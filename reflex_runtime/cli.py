@@ -359,7 +359,7 @@ def _dispatch(args) -> int:
 
         return serve_main(args, _TIMELINE)
     if cmd == "pull":
-        from .hub import pull_main
+        from .modelfile.hub import pull_main
 
         return pull_main(args)
     raise RequestError(f"unknown command {cmd}")

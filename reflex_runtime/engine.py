@@ -154,7 +154,7 @@ class Engine:
         (modelcache.py). Call it after a response has gone out: it is never worth a delay."""
         if self.index_cached:
             return False
-        from . import modelcache
+        from .modelfile import modelcache
 
         self.index_cached = modelcache.save(self.gguf.path, self.gguf, self.tokenizer)
         return self.index_cached

@@ -22,18 +22,18 @@ def resolve_model(ref: str | None, log=None) -> str:
     Hub reference)."""
     ref = ref or os.environ.get("REFLEX_MODEL") or None
     if ref is None:
-        from .embedded import embedded_model_path
+        from .modelfile.embedded import embedded_model_path
 
         return embedded_model_path()
-    from .pypi_models import is_short_name
+    from .modelfile.pypi_models import is_short_name
 
     if is_short_name(ref) and not os.path.exists(ref):
-        from .pypi_models import model_path
+        from .modelfile.pypi_models import model_path
 
         return model_path(ref, log=log)
     if is_local_path(ref):
         return os.path.expanduser(ref)  # GGUFFile says "not found" or "not a regular file"
-    from .hub import resolve_model_ref
+    from .modelfile.hub import resolve_model_ref
 
     return resolve_model_ref(ref)
 
@@ -47,7 +47,7 @@ def is_local_path(ref: str) -> bool:
         return True
     if ":" not in ref and ref.lower().endswith(".gguf"):
         return True
-    from .hub import looks_like_ref
+    from .modelfile.hub import looks_like_ref
 
     return not looks_like_ref(ref)
 
@@ -55,7 +55,7 @@ def is_local_path(ref: str) -> bool:
 def _prefetch(path: str, tl: Timeline) -> None:
     """With a cold page cache, start reading the model file now so the disk reads overlap CUDA
     initialisation instead of following it; with a warm one, do nothing."""
-    from .pagecache import prefetch, resident_fraction
+    from .modelfile.pagecache import prefetch, resident_fraction
 
     frac = resident_fraction(path)
     tl.page_cache_resident = frac
@@ -107,7 +107,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits):
         device = None
         tl.no_energy("backend cpu: the GPU is not used")
     from .engine import Engine
-    from .gguf_file import GGUFFile
+    from .modelfile.gguf_file import GGUFFile
     from .families import read_config
 
     log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
@@ -117,7 +117,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits):
         _prefetch(path, tl)
     tl.mark("model_resolved")
     tl.begin("open_model")
-    from . import modelcache
+    from .modelfile import modelcache
 
     index = modelcache.load(path) if os.path.isfile(path) else None
     gguf = GGUFFile(path, index=index["gguf"] if index else None)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time opening a GGUF with reflex_runtime.gguf_file against gguf.GGUFReader, in fresh processes.
+"""Time opening a GGUF with reflex_runtime.modelfile.gguf_file against gguf.GGUFReader, in fresh processes.
 
     python scripts/bench_gguf_open.py [FILE ...]     (default: llama.cpp's Qwen2 test vocabulary, 151,936 tokens)
 
@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 
-OURS = "import time; t=time.perf_counter(); from reflex_runtime.gguf_file import GGUFFile; g=GGUFFile({p!r}); print(time.perf_counter()-t)"
+OURS = "import time; t=time.perf_counter(); from reflex_runtime.modelfile.gguf_file import GGUFFile; g=GGUFFile({p!r}); print(time.perf_counter()-t)"
 THEIRS = "import time; t=time.perf_counter(); import gguf; r=gguf.GGUFReader({p!r}); print(time.perf_counter()-t)"
 
 

@@ -95,7 +95,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.text.tokenizer import Tokenizer
 
     if a.model is None:

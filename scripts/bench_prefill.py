@@ -96,7 +96,7 @@ class Bench:
     def weights(self, type_name: str, rows: list[int], k: int, copy: int = 0, base: int = 0) -> list:
         """Copy number `copy` of matrices rows[0] x k, rows[1] x k, ... laid out one after the other
         (256-byte aligned) in the pool from byte `base`; copies follow each other, wrapping around."""
-        from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
+        from reflex_runtime.modelfile.ggml_types import GGML_TYPES_BY_NAME
 
         t = GGML_TYPES_BY_NAME[type_name]
         rb = k // t.block_size * t.type_size
@@ -196,7 +196,7 @@ def run_dense(b: Bench, types: list[str]) -> tuple[list, dict]:
     records, crossover = [], {}
     for model, prods in DENSE.items():
         for tn in types:
-            from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
+            from reflex_runtime.modelfile.ggml_types import GGML_TYPES_BY_NAME
 
             qk = GGML_TYPES_BY_NAME[tn].block_size
             usable = [p for p in prods if p[1] % qk == 0]
@@ -278,7 +278,7 @@ def run_attention(b: Bench) -> list:
 def run_moe(b: Bench, types: list[str]) -> list:
     import numpy as np
 
-    from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
+    from reflex_runtime.modelfile.ggml_types import GGML_TYPES_BY_NAME
     from reflex_runtime.gpu.ops.moe import MoeGroups
 
     L, out = b.L, []

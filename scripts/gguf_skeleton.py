@@ -35,7 +35,7 @@ _TRAILER = b"RXSKEL"
 
 
 def take(src: str, dst: str) -> None:
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     g = GGUFFile(src)
     with open(src, "rb") as f:
@@ -64,7 +64,7 @@ def _random_data(ggml_type: int, n_elements: int, k: int, rng) -> bytes:
 
 
 def fill(skeleton: str, dst: str, seed: int = 0) -> None:
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     with open(skeleton, "rb") as f:
         blob = f.read()

@@ -273,7 +273,7 @@ def kv_cache_bytes(path: str | os.PathLike) -> dict:
     """KV-cache bytes per token of context, f16: the latent cache against an expanded one."""
     from reflex_runtime.families import read_config
     from reflex_runtime.families.deepseek2.config import kv_cache_bytes_per_token
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     with GGUFFile(path) as g:
         return kv_cache_bytes_per_token(read_config(g))

@@ -190,7 +190,7 @@ def active_bytes_per_token(path: str | os.PathLike) -> int:
     root = str(Path(__file__).resolve().parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     with GGUFFile(path) as g:
         used = g.arch_get("expert_used_count")

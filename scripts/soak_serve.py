@@ -358,7 +358,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.text.tokenizer import Tokenizer
 
     model = args.model or default_model()

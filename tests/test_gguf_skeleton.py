@@ -13,7 +13,7 @@ SCRIPT = os.path.join(ROOT, "scripts", "gguf_skeleton.py")
 
 def test_take_then_fill_keeps_the_shape_and_makes_finite_weights(tmp_path, fixture_paths):
     from reflex_runtime.families import load_reference, read_config
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.text.tokenizer import Tokenizer
 
     src = fixture_paths("qwen3", "q4_k_m").gguf

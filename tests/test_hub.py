@@ -1,4 +1,4 @@
-"""reflex_runtime.hub against a fake Hub on loopback.
+"""reflex_runtime.modelfile.hub against a fake Hub on loopback.
 
 The fake answers what huggingface_hub asks for (read off its source): the tree listing API
 (`GET /api/models/{repo}/tree/{rev}`), model info, and `HEAD`/`GET /{repo}/resolve/{rev}/{file}`
@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from reflex_runtime import hub
+from reflex_runtime.modelfile import hub
 from reflex_runtime.errors import HubError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

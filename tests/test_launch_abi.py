@@ -244,7 +244,7 @@ def _fixture_file(arch, tmp_dir=None, **overrides):
 
 def _model(arch, params, tmp_dir=None, cc=(9, 0), path=None, **overrides):
     from reflex_runtime.families import gpu_model_class, gpu_unsupported, read_config
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.gpu.launch import Launcher
 
     g = GGUFFile(str(path or _fixture_file(arch, tmp_dir, **overrides)))
@@ -354,7 +354,7 @@ def test_every_prompt_kernel_launch_matches_abi(ptx_params):
     n_tok, k_embd, n_ff, n_expert, top_k = 300, 1024, 768, 8, 2
 
     def weight(type_name, rows, k):
-        from reflex_runtime.ggml_types import GGML_TYPES_BY_NAME
+        from reflex_runtime.modelfile.ggml_types import GGML_TYPES_BY_NAME
 
         t = GGML_TYPES_BY_NAME[type_name]
         rb = k // t.block_size * t.type_size
@@ -574,7 +574,7 @@ class _AllowAll:
 def _fake_runner(ptx_params, max_context=128):
     from reflex_runtime.coldstart import Timeline
     from reflex_runtime.families import gpu_model_class, read_config
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.gpu.runner import CudaRunner
 
     g = GGUFFile(_fixture_file("qwen3"))

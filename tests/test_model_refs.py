@@ -10,7 +10,7 @@ import pytest
 
 from reflex_runtime import cli
 from reflex_runtime.errors import ModelFileError
-from reflex_runtime.gguf_file import GGUFFile
+from reflex_runtime.modelfile.gguf_file import GGUFFile
 from reflex_runtime.loader import is_local_path
 
 

@@ -30,7 +30,7 @@ def q8(shape):  # Q8_0 bytes of a ggml shape
 
 
 def test_config_and_tensor_types(bench):
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.families import read_config
 
     path, template = bench
@@ -65,7 +65,7 @@ def test_keys_match_the_converter(bench):
 def test_weight_scale_and_norms(bench):
     import gguf
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     path, _ = bench
     with GGUFFile(path) as g:
@@ -99,7 +99,7 @@ def test_active_bytes_per_token(bench):
     from make_moe_bench import active_bytes_per_token
 
     path, template = bench
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     with GGUFFile(template) as t:
         vocab = len(t.get("tokenizer.ggml.tokens"))

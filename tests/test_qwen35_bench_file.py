@@ -37,7 +37,7 @@ def tiny(request, fixture_paths, tmp_path_factory):
 
 
 def _vocab(path) -> int:
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     with GGUFFile(path) as g:
         return len(g.get("tokenizer.ggml.tokens"))
@@ -57,7 +57,7 @@ def test_keys_match_the_converter(tiny):
 
 
 def test_tensors_match_the_converter(tiny):
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     _, ours, theirs = tiny
     with GGUFFile(ours) as g, GGUFFile(theirs) as t:
@@ -69,7 +69,7 @@ def test_tensors_match_the_converter(tiny):
 
 def test_reads_as_the_config_and_runs_in_the_reference(tiny):
     from reflex_runtime.families import gpu_unsupported, load_reference, read_config
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     arch, ours, theirs = tiny
     with GGUFFile(ours) as g, GGUFFile(theirs) as t:
@@ -99,7 +99,7 @@ def test_q4_k_m_types_and_weight_scale(arch, fixture_paths, tmp_path):
     std 0.5/sqrt(row length)."""
     from make_qwen35_bench import write_qwen35_bench
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     model, shape = TINY_ARCH[arch]
     shape = dict(shape, layers=8, v_heads=8, heads=4, tied=0, vocab=152064)  # rows of 256 everywhere; 8 layers

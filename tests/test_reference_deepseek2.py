@@ -229,7 +229,7 @@ class _Hidden:
 def test_legacy_kv_b_file_matches_split_file_and_transformers(fx, ref, hf, tmp_path):
     from fixtures_deepseek import hf_deepseek_from_gguf, write_legacy_kv_b
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.families import load_reference
 
     name = "v3_noq"  # tied: the smallest file
@@ -266,7 +266,7 @@ def test_legacy_kv_b_file_matches_split_file_and_transformers(fx, ref, hf, tmp_p
 def test_quantized_file_matches_dequantized_transformers(outtype, fx, ref):
     from fixtures_deepseek import hf_deepseek_from_gguf
 
-    from reflex_runtime.ggml_types import GGML_TYPES
+    from reflex_runtime.modelfile.ggml_types import GGML_TYPES
     from reflex_runtime.families import load_reference
 
     name = "v3"
@@ -336,7 +336,7 @@ def test_cli_generate_runs_and_matches_transformers(fx, hf):
     import torch
 
     from reflex_runtime.text.tokenizer import Tokenizer
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     name = "v2lite"
     path = fx(name).gguf

@@ -146,7 +146,7 @@ def test_files_the_family_refuses_are_named(fixture_paths, tmp_path):
     import gguf as gguf_py
 
     from reflex_runtime.families import read_config
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     src = fixture_paths("llama", "f32", **LLAMA3).gguf
     S = gguf_py.GGUFValueType.STRING

@@ -275,7 +275,7 @@ QUANT = {"q8_0": ({"Q8_0"}, {"dense": 0.995, "moe": 0.99}), "q4_k_m": ({"Q4_K", 
 def test_quantized_file_matches_dequantized_transformers(name, outtype):
     from fixtures_qwen35 import hf_model_from_gguf
 
-    from reflex_runtime.ggml_types import GGML_TYPES
+    from reflex_runtime.modelfile.ggml_types import GGML_TYPES
 
     fx = fixture(name, outtype)
     ref = reference(name, outtype)

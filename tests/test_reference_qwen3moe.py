@@ -174,7 +174,7 @@ def test_greedy_decode_matches_generate(cfg, reference_for, hf_for, fixture_path
 def test_quantized_file_matches_dequantized_transformers(cfg, outtype, types, min_corr, fixture_paths, reference_for):
     from fixtures_qwen3moe import hf_qwen3moe_from_gguf
 
-    from reflex_runtime.ggml_types import GGML_TYPES
+    from reflex_runtime.modelfile.ggml_types import GGML_TYPES
     from reflex_runtime.families import load_reference
 
     fx = fixture_paths(ARCH, outtype, **CONFIGS[cfg])
@@ -283,7 +283,7 @@ def _write_moe_gguf(path, *, n_layers=1, n_embd=32, n_ff=16, n_expert=4, used=2,
     (dict(skip_keys=("expert_feed_forward_length",)), "no expert_feed_forward_length"),
 ])
 def test_bad_files_get_one_line_errors(tmp_path, kwargs, needle):
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.families import read_config
 
     path = _write_moe_gguf(tmp_path / "bad.gguf", **kwargs)
@@ -294,7 +294,7 @@ def test_bad_files_get_one_line_errors(tmp_path, kwargs, needle):
 
 
 def test_well_formed_small_file_and_per_layer_counts(tmp_path):
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.families import read_config
 
     c = read_config(GGUFFile(_write_moe_gguf(tmp_path / "ok.gguf", n_layers=2, used=[3, 3])))
@@ -318,7 +318,7 @@ def test_cli_generate_runs_on_the_fixture(fixture_paths, hf_for):
     import torch
     from transformers import GenerationConfig
 
-    from reflex_runtime.gguf_file import GGUFFile
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.text.tokenizer import Tokenizer
 
     fx = fixture_paths(ARCH)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from reflex_runtime.errors import ModelFileError, RequestError, UnsupportedModelError
-from reflex_runtime.gguf_file import GGUFFile
+from reflex_runtime.modelfile.gguf_file import GGUFFile
 from reflex_runtime.text.merges import _bpe_heap, _bpe_scan
 from reflex_runtime.text.tokenizer import Tokenizer
 

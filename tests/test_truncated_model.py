@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from reflex_runtime.errors import ModelFileError
-from reflex_runtime.gguf_file import GGUFFile
+from reflex_runtime.modelfile.gguf_file import GGUFFile
 
 CHAT = {"messages": [{"role": "user", "content": "Name one color."}], "max_tokens": 2, "temperature": 0}
 

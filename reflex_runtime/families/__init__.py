@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import UnsupportedModelError
-from ..gguf_file import printable
+from ..modelfile.gguf_file import printable
 from .config import ModelConfig, validate
 
 # general.architecture -> family package
@@ -59,7 +59,7 @@ def load_reference(gguf, config: ModelConfig | None = None, keep_weights: bool =
     """The numpy reference model of an open GGUFFile (or a path). Weights are dequantized lazily,
     the first time a forward needs them, and kept unless keep_weights=False."""
     if not hasattr(gguf, "tensors"):
-        from ..gguf_file import GGUFFile
+        from ..modelfile.gguf_file import GGUFFile
 
         gguf = GGUFFile(gguf)
     config = config or read_config(gguf)

@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import tensor_names as T
+from ..modelfile import tensor_names as T
 from ..errors import ModelFileError, UnsupportedModelError
-from ..ggml_types import COMPUTE_TYPES, GGML_TYPES
-from ..gguf_file import printable
+from ..modelfile.ggml_types import COMPUTE_TYPES, GGML_TYPES
+from ..modelfile.gguf_file import printable
 
 
 @dataclass

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import tensor_names as T
+from ..modelfile import tensor_names as T
 from ..errors import UnsupportedModelError
-from ..ggml_types import GGML_TYPES
+from ..modelfile.ggml_types import GGML_TYPES
 from . import products
 from .launch import Launcher
 from .ops import attention, attn_decode, flash_attn, logits, mvs, norm, rope

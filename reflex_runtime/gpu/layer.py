@@ -15,7 +15,7 @@ others add into x).
 
 from __future__ import annotations
 
-from .. import tensor_names as T
+from ..modelfile import tensor_names as T
 from .blocks import Batch, Residual
 
 

@@ -12,7 +12,7 @@ The runner (gpu/runner.py) sees only this base class.
 
 from __future__ import annotations
 
-from .. import tensor_names as T
+from ..modelfile import tensor_names as T
 from .arena import Arena
 from .blocks import Batch, LmHead, Residual, TensorReader
 from .launch import Launcher

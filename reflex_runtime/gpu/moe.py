@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import tensor_names as T
+from ..modelfile import tensor_names as T
 from ..errors import UnsupportedModelError
 from . import products
 from .blocks import Batch, Input, TensorReader

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import tensor_names as T
+from ..modelfile import tensor_names as T
 from ..errors import RequestError
 from . import layers
 from .blocks import lm_head

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import tensor_names as T
+from ..modelfile import tensor_names as T
 from . import layers
 
 _F32 = np.float32

@@ -24,7 +24,7 @@ import codecs
 from typing import Any, Iterable, Mapping
 
 from ..errors import ModelFileError, RequestError, UnsupportedModelError
-from ..gguf_file import printable
+from ..modelfile.gguf_file import printable
 from .merges import bpe_merge, spm_merge
 from .pretokenize import (ADD_BOS_DEFAULT, FROM_BYTE_CHARS, IGNORE_MERGES, PATTERNS, TO_BYTE_CHARS, SpecialTokens,
                           ids_of_types, splitter)

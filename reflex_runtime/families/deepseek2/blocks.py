@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...gpu import products
 from ...gpu.blocks import Batch, FfnWeights, GatedFFN, Input, TensorReader
 from ...gpu.moe import MoeFFN

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 
 from ...errors import ModelFileError, UnsupportedModelError
-from ...gguf_file import printable
+from ...modelfile.gguf_file import printable
 from ..config import (MAX_EXPERTS, MAX_HEADS, MAX_WIDTH, MetadataReader, ModelConfig, check_tensor_types,
                       embedding_shape, file_type_name)
 

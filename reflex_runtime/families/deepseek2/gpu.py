@@ -12,7 +12,7 @@ layer (not folded into their matrix kernels).
 
 from __future__ import annotations
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...gpu.blocks import GatedFFN
 from ...gpu.layer import DecoderLayer
 from ...gpu.model import GpuModel

@@ -22,7 +22,7 @@ from __future__ import annotations
 import array
 import math
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ..config import (MAX_HEADS, MAX_WIDTH, MetadataReader, ModelConfig, attention_shapes, check_shapes,
                       check_tensor_types, embedding_shape, file_type_name, gated_ffn_shapes, head_shapes)
 

@@ -9,7 +9,7 @@ Each post-norm, its residual add and the next block's pre-norm are one kernel (g
 
 from __future__ import annotations
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...gpu.blocks import Attention, GatedFFN
 from ...gpu.layer import DecoderLayer
 from ...gpu.model import GpuModel

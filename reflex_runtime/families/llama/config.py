@@ -18,9 +18,9 @@ What llama.cpp takes from the file for `llama`, and what we follow:
 
 from __future__ import annotations
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...errors import ModelFileError, UnsupportedModelError
-from ...gguf_file import printable
+from ...modelfile.gguf_file import printable
 from ..config import (MAX_HEADS, MAX_WIDTH, MetadataReader, ModelConfig, check_tensor_types, embedding_shape,
                       file_type_name)
 

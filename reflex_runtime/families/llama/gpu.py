@@ -7,7 +7,7 @@ with pairwise rope and Llama 3's per-pair frequency factors (the layer diagram i
 
 from __future__ import annotations
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...gpu.blocks import Attention, GatedFFN
 from ...gpu.layer import DecoderLayer
 from ...gpu.model import GpuModel

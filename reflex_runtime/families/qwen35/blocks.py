@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...gpu.blocks import Attention, AttnWeights, Batch, FfnWeights, GatedFFN, Input, TensorReader
 from ...gpu import products
 from ...gpu.moe import MoeFFN, MoeWeights

@@ -36,7 +36,7 @@ from __future__ import annotations
 import array
 
 from ...errors import ModelFileError, UnsupportedModelError
-from ...gguf_file import printable
+from ...modelfile.gguf_file import printable
 from ..config import MAX_EXPERTS, MAX_HEADS, MAX_WIDTH, MetadataReader, ModelConfig, check_shapes, check_tensor_types
 from ..qwen3.config import qwen3_config
 

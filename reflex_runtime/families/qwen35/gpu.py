@@ -15,7 +15,7 @@ MTP (nextn) blocks a file may hold are never read.
 
 from __future__ import annotations
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...gpu.blocks import Batch, GatedFFN
 from ...gpu.layer import DecoderLayer
 from ...gpu.model import MAX_SEQS, GpuModel

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import tensor_names as T
+from ...modelfile import tensor_names as T
 from ...errors import RequestError
 from ...reference import blocks, layers
 from ...reference.base import KVCache, ReferenceModel

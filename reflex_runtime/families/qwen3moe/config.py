@@ -27,7 +27,7 @@ from __future__ import annotations
 import array
 
 from ...errors import ModelFileError
-from ...gguf_file import printable
+from ...modelfile.gguf_file import printable
 from ..config import (MAX_EXPERTS, MAX_WIDTH, MetadataReader, ModelConfig, attention_shapes, check_shapes,
                       check_tensor_types, head_shapes)
 from ..qwen3.config import qwen3_config

@@ -4,8 +4,8 @@ its argument packs (ctypes mirrors of its structs) and the functions that launch
 kernels/common.cuh. Adding a kernel touches its .cu and its ops module: the fatbin's manifest
 (scripts/build_kernels.py), `reflex smoke` and tests/test_launch_abi.py collect the names here.
 
-These modules import only the standard library, each other and reflex_runtime.ggml_types: the
-kernel build reads them before any dependency is installed.
+These modules import only the standard library, each other and modelfile/ggml_types.py: the kernel
+build reads them before any dependency is installed.
 """
 
 from __future__ import annotations

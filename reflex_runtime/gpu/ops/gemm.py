@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ctypes import Structure, c_int, c_long, c_void_p
 
-from ...ggml_types import GGML_TYPES_BY_NAME
+from ...modelfile.ggml_types import GGML_TYPES_BY_NAME
 from .common import Weight, per_type
 from .moe import TILE, MoeGroups
 

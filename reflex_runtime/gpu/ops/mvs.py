@@ -9,7 +9,7 @@ from __future__ import annotations
 from ctypes import Structure, c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
-from ...ggml_types import GGML_TYPES_BY_NAME
+from ...modelfile.ggml_types import GGML_TYPES_BY_NAME
 from .common import Weight, per_type
 from .matvec import MvSegs
 from .sample import RxState

@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HubError
+from ..errors import HubError
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import stat
 import struct
 from typing import Any, NamedTuple
 
-from .errors import ModelFileError
+from ..errors import ModelFileError
 from .ggml_types import GGML_TYPES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC
 
 SUPPORTED_VERSIONS = (2, 3)
