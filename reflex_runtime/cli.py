@@ -351,11 +351,11 @@ def _dispatch(args) -> int:
 
         return bench_main(args)
     if cmd in ("stdio", "uds"):
-        from .ipc import main as ipc_main
+        from .frontends.ipc import main as ipc_main
 
         return ipc_main(args, _TIMELINE)
     if cmd == "serve":
-        from .serve import main as serve_main
+        from .frontends.serve import main as serve_main
 
         return serve_main(args, _TIMELINE)
     if cmd == "pull":

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from reflex_runtime import ipc, serve
+from reflex_runtime.frontends import ipc, serve
 from reflex_runtime.api.json_wire import dumps
 
 from fake_engine import make_engine

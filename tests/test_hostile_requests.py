@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from reflex_runtime import errors, ipc, serve
+from reflex_runtime import errors
+from reflex_runtime.frontends import ipc, serve
 from reflex_runtime.api import openai_mapping
 from reflex_runtime.api.direct_ops import parse_generate
 from reflex_runtime.api.json_wire import dumps

@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from reflex_runtime import ipc
+from reflex_runtime.frontends import ipc
 from reflex_runtime.errors import ReflexError
 
 from fake_engine import REPLY, make_engine

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from reflex_runtime import serve
+from reflex_runtime.frontends import serve
 from reflex_runtime.engine import Limits
 
 from front_ends import KEY, HandlerFront, LinesFront, ServeFront

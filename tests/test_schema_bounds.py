@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 from reflex_runtime.text import native_guard
-from reflex_runtime import serve
+from reflex_runtime.frontends import serve
 from reflex_runtime.api.schema_bounds import check_schema
 from reflex_runtime.engine import Limits
 from reflex_runtime.errors import RequestError

@@ -17,7 +17,7 @@ import pytest
 openai = pytest.importorskip("openai")  # a dev dependency; GPU machines without it still collect this module
 import pytest
 
-from reflex_runtime import serve
+from reflex_runtime.frontends import serve
 from reflex_runtime.errors import ModelFileError
 
 from fake_engine import REPLY, make_engine

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from reflex_runtime import ipc, serve
+from reflex_runtime.frontends import ipc, serve
 from reflex_runtime.api.client_watch import pipe_gone
 
 from fake_engine import make_engine

@@ -36,12 +36,12 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from .api.client_watch import ClientLeft, StallBudget, small_send_buffer, socket_gone
-from .api.http_routes import HttpFront
-from .api.json_wire import MAX_BODY_BYTES, dumps
-from .api.model_state import ModelState
-from .api.responses import error_response, sse_lines
-from .errors import ReflexError, RequestError, printable
+from ..api.client_watch import ClientLeft, StallBudget, small_send_buffer, socket_gone
+from ..api.http_routes import HttpFront
+from ..api.json_wire import MAX_BODY_BYTES, dumps
+from ..api.model_state import ModelState
+from ..api.responses import error_response, sse_lines
+from ..errors import ReflexError, RequestError, printable
 
 MAX_BODY = MAX_BODY_BYTES
 BODY_TIMEOUT = 30.0  # seconds for a declared body to arrive
@@ -105,8 +105,8 @@ class Job:
 
 
 def _load(args, timeline):
-    from .engine import serving_limits
-    from .loader import load_engine
+    from ..engine import serving_limits
+    from ..loader import load_engine
 
     return load_engine(args.model, args.backend, timeline, max_context=args.ctx, log=_log,
                        limits=serving_limits(getattr(args, "request_timeout", None)))

@@ -35,11 +35,11 @@ import stat
 import sys
 import time
 
-from .api.client_watch import ClientLeft, StallBudget, pipe_gone, small_send_buffer, socket_gone
-from .api.direct_ops import LINE_OPS, answer
-from .api.json_wire import MAX_BODY_BYTES, dumps, parse_object
-from .api.responses import line_error
-from .errors import ReflexError, RequestError
+from ..api.client_watch import ClientLeft, StallBudget, pipe_gone, small_send_buffer, socket_gone
+from ..api.direct_ops import LINE_OPS, answer
+from ..api.json_wire import MAX_BODY_BYTES, dumps, parse_object
+from ..api.responses import line_error
+from ..errors import ReflexError, RequestError
 
 MAX_LINE = MAX_BODY_BYTES  # longer lines are answered with an error and skipped
 IDLE_TIMEOUT = 10.0  # seconds one request line may take to arrive while another client waits
@@ -121,8 +121,8 @@ def serve_lines(engine, readline, write, api_key: str | None = None, gone=None) 
 def _load(args, timeline, write):
     """The engine; a failure is written as an error line, then re-raised for the CLI's one-line
     message and exit code."""
-    from .engine import serving_limits
-    from .loader import load_engine
+    from ..engine import serving_limits
+    from ..loader import load_engine
 
     try:
         return load_engine(args.model, args.backend, timeline, max_context=args.ctx,
