@@ -335,7 +335,7 @@ def _dispatch(args) -> int:
     if cmd == "system1":
         return cmd_system1(args)
     if cmd == "doctor":
-        from .doctor import main as doctor_main
+        from .commands.doctor import main as doctor_main
 
         return doctor_main(args, _TIMELINE)
     if cmd == "smoke":
@@ -343,11 +343,11 @@ def _dispatch(args) -> int:
 
         return smoke_main(args, _TIMELINE)
     if cmd == "check":
-        from .check import main as check_main
+        from .commands.check import main as check_main
 
         return check_main(args)
     if cmd == "bench":
-        from .bench import main as bench_main
+        from .commands.bench import main as bench_main
 
         return bench_main(args)
     if cmd in ("stdio", "uds"):

@@ -116,7 +116,7 @@ if has decode_ab && [ -d .gpu/old ]; then
   step "decode_ab (old = $(cat .gpu/old/REV))"
   cat > /tmp/decode_rate.py <<'PY'
 import json, sys
-from reflex_runtime.bench import decode_rate
+from reflex_runtime.commands.bench import decode_rate
 from reflex_runtime.loader import load_engine
 e = load_engine(sys.argv[1], "cuda")
 print(json.dumps({"tree": sys.argv[2], **decode_rate(e, 128, 5)}), flush=True)

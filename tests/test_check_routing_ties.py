@@ -130,7 +130,7 @@ class EmulatedEngine:
 
 
 def _check(name, outtype, prompt, steps, bump=None):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     cpu, ref, emu_ref = _files(name, outtype)
     return run_check(EmulatedEngine(cpu, EmulatedRunner(emu_ref, bump)), ref, prompt, steps)
@@ -199,7 +199,7 @@ def test_v3_q5_k_decode_row_is_a_routing_tie():
 @pytest.mark.parametrize("kind", ["prompt", "decode"])
 def test_an_error_away_from_a_tie_still_fails(kind):
     """A row whose routing had room (margin above the tolerance) is held to the tolerance."""
-    from reflex_runtime.check import TOLERANCES
+    from reflex_runtime.commands.check import TOLERANCES
 
     cpu, ref, _ = _files("v3", "q5_k")
     ids = cpu.prompt_ids(PROMPT)

@@ -280,7 +280,7 @@ def _engine(name, outtype, max_context=None):
 @pytest.mark.parametrize("outtype", FIXTURE_TYPES)
 @pytest.mark.parametrize("name", ["v2lite", "v2", "v3"])
 def test_check_passes_deepseek(name, outtype):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = _engine(name, outtype)
     res = run_check(eng, ref, PROMPT, 8)
@@ -293,7 +293,7 @@ def test_check_passes_legacy_kv_b_layout(tmp_path):
     from fixtures_deepseek import write_legacy_kv_b
     from make_fixtures import make_fixture
 
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference
     from reflex_runtime.loader import load_engine
 
@@ -342,7 +342,7 @@ def test_long_prompt_in_chunks_on_tensor_cores(name):
     included where K % 64 == 0), the grouped expert path, attention over the first chunk's cache.
     (v3 failed here on 2026-12-01 before `reflex check` excused routing near-ties: expert flips
     under the GPU's f16 roundings, tests/test_check_routing_ties.py; no chunking error.)"""
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = _engine(name, "q8_0", max_context=1024)
     long_prompt = " ".join(["Once upon a time there was a small village by the sea, and"] * 55)

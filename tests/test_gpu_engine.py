@@ -43,7 +43,7 @@ def qwen3_q8():
 
 @pytest.mark.parametrize("outtype", QWEN3_TYPES)
 def test_check_passes_qwen3(outtype):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture("qwen3", outtype))
@@ -54,7 +54,7 @@ def test_check_passes_qwen3(outtype):
 
 @pytest.mark.parametrize("outtype", ["f32", "q4_k_m"])
 def test_check_passes_gemma3(outtype):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture("gemma3", outtype))
@@ -64,7 +64,7 @@ def test_check_passes_gemma3(outtype):
 
 
 def test_long_prompt_uses_chunks_and_tensor_cores(qwen3_q8):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = qwen3_q8
     res = run_check(eng, ref, LONG_PROMPT, 4)
@@ -75,7 +75,7 @@ def test_long_prompt_uses_chunks_and_tensor_cores(qwen3_q8):
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_k_m"])
 def test_long_prompt_on_the_older_tensor_core_kernels(outtype):
     """The kernels pre-sm_80 GPUs take for prompts (WMMA tiles, scalar attention), forced on this GPU."""
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture("qwen3", outtype))
@@ -86,7 +86,7 @@ def test_long_prompt_on_the_older_tensor_core_kernels(outtype):
 
 def test_gemma3_long_prompt_sliding_window_across_chunks():
     """> 512 tokens through Gemma 3: flash attention's window (8 in the fixture) across two chunks."""
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture("gemma3", "q4_k_m"))
@@ -179,7 +179,7 @@ def test_cli_smoke_generate_and_check():
 def test_check_passes_with_legacy_decode_kernels_too(arch, outtype):
     """The staged decode kernels are the default (the tests above); the legacy ones they replace
     stay a working fallback (REFLEX_DECODE_KERNELS=legacy, and the bench's comparison)."""
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture(arch, outtype))

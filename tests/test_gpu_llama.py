@@ -47,7 +47,7 @@ def engine_and_reference(path):
 @pytest.mark.parametrize("outtype", TYPES)
 @pytest.mark.parametrize("variant", ["untied", "tied_llama3"])
 def test_check_passes_llama(variant, outtype):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = engine_and_reference(fixture(outtype, **VARIANTS[variant]))
     res = run_check(eng, ref, PROMPT, 8)
@@ -57,7 +57,7 @@ def test_check_passes_llama(variant, outtype):
 
 @pytest.mark.parametrize("variant,outtype", [("linear_rope", "q8_0"), ("tied_llama3", "q4_1"), ("untied", "q5_1")])
 def test_long_prompt_through_tensor_cores(variant, outtype):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = engine_and_reference(fixture(outtype, **VARIANTS[variant]))
     res = run_check(eng, ref, LONG_PROMPT, 4)
@@ -92,7 +92,7 @@ def smollm2(smollm2_path):
 
 
 def test_smollm2_check_passes(smollm2):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = smollm2
     res = run_check(eng, ref, PROMPT, 8)

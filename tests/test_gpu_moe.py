@@ -170,7 +170,7 @@ def _engine(outtype):
 
 @pytest.mark.parametrize("outtype", FIXTURE_TYPES)
 def test_check_passes_qwen3moe(outtype):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = _engine(outtype)
     assert eng.runner.name == "cuda"
@@ -182,7 +182,7 @@ def test_check_passes_qwen3moe(outtype):
 def test_qwen3moe_long_prompt_grouped_prefill_and_greedy_32():
     """A > 512-token prompt runs the grouped (tensor-core) expert path in two chunks; then 32
     greedy tokens from the decode graph (routing on the GPU) equal the reference's."""
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.sampling import SamplingParams
 
     eng, ref = _engine("q8_0")

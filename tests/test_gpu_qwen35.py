@@ -282,7 +282,7 @@ def q8(request):
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
 @pytest.mark.parametrize("outtype", FIXTURE_TYPES)
 def test_check_passes(arch, outtype):
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference
 
     eng = engine_for(fixture(arch, outtype))
@@ -295,7 +295,7 @@ def test_check_passes(arch, outtype):
 def test_long_prompt_crosses_batches_and_chunks(q8):
     """> 512 tokens: two prefill passes (the second continuing the recurrent state), each
     through the chunked delta rule and the tensor-core projections."""
-    from reflex_runtime.check import run_check
+    from reflex_runtime.commands.check import run_check
 
     eng, ref = q8
     res = run_check(eng, ref, " ".join(["Once upon a time there was a small village by the sea, and"] * 55), 4)

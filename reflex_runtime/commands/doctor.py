@@ -22,7 +22,7 @@ def calibrate_idle(seconds: float) -> dict | None:
     energy (idle_power.py). None with no NVML."""
     import ctypes
 
-    from . import idle_power
+    from .. import idle_power
 
     if seconds <= 0:
         return None
@@ -37,8 +37,8 @@ def calibrate_idle(seconds: float) -> dict | None:
 
 
 def collect(timeline, args=None) -> dict:
-    from . import __version__
-    from .gpu.bootstrap import DeviceBootstrap, kernels_dir, read_manifest
+    from .. import __version__
+    from ..gpu.bootstrap import DeviceBootstrap, kernels_dir, read_manifest
 
     info = {
         "reflex_runtime": __version__,

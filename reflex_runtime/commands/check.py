@@ -30,7 +30,7 @@ TOLERANCES = {"F32": 5e-3, "F16": 5e-3, "BF16": 5e-3, "Q8_0": 5e-3, "Q5_0": 8e-3
 
 
 def dominant_weight_type(gguf) -> str:
-    from .modelfile.ggml_types import GGML_TYPES
+    from ..modelfile.ggml_types import GGML_TYPES
 
     total: dict[str, int] = {}
     for ti in gguf.tensors.values():
@@ -49,7 +49,7 @@ def rel_err(a, b) -> float:
 def run_check(engine, ref_model, prompt: str, steps: int) -> dict:
     import numpy as np
 
-    from .engine import Finished, GenerateRequest
+    from ..engine import Finished, GenerateRequest
 
     ids = engine.prompt_ids(prompt)
     wtype = dominant_weight_type(engine.gguf)
@@ -114,14 +114,14 @@ def _route_margins(ref_model, n: int):
 
 
 def _greedy():
-    from .sampling import SamplingParams
+    from ..sampling import SamplingParams
 
     return SamplingParams()
 
 
 def main(args) -> int:
-    from .loader import load_engine
-    from .families import load_reference
+    from ..loader import load_engine
+    from ..families import load_reference
 
     engine = load_engine(args.model, "cuda")
     if args.golden:
@@ -145,7 +145,7 @@ def main(args) -> int:
 
 def _golden(engine, args) -> int:
     """Generated ids and text against a stored golden file, byte for byte."""
-    from .engine import Finished, GenerateRequest
+    from ..engine import Finished, GenerateRequest
 
     with open(args.golden) as f:
         gold = json.load(f)

@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 
-from .gpu.step import Seq, Step
+from ..gpu.step import Seq, Step
 
 
 def _events_ms(dev, stream, fn, repeats: int) -> float:
@@ -111,7 +111,7 @@ def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
 
 
 def decode_rate(engine, n_tokens: int, repeats: int) -> dict:
-    from .engine import Finished, GenerateRequest
+    from ..engine import Finished, GenerateRequest
 
     rates = []
     for _ in range(repeats + 1):  # the first run captures the graph
@@ -131,7 +131,7 @@ def prefill_rate(runner, n: int, repeats: int) -> dict:
 
 
 def main(args) -> int:
-    from .loader import load_engine
+    from ..loader import load_engine
 
     depths = [int(d) for d in (getattr(args, "depths", "") or "").split(",") if d]
     ctx = max(depths) + args.decode_tokens + 16 if depths else None
