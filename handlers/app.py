@@ -21,7 +21,7 @@ Import cost, measured with `python -X importtime` (2-core dev box, warm page cac
 Logger+Metrics ~25 ms. HTTP events need no event-handler import (routing is the request layer's).
 """
 
-from reflex_runtime.coldstart import Timeline
+from reflex_runtime.measure.coldstart import Timeline
 
 _TIMELINE = Timeline()  # first: the cold-start clock covers this module's own imports
 

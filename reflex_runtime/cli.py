@@ -7,7 +7,7 @@ from __future__ import annotations
 
 # The timeline is created before anything else is imported: the cold path is measured from
 # process start, and the CLI's own imports are part of what we measure.
-from .coldstart import Timeline, fast_exit
+from .measure.coldstart import Timeline, fast_exit
 
 _TIMELINE = Timeline()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 from . import sampling_defaults
-from .coldstart import Timeline
+from .measure.coldstart import Timeline
 from .errors import ReflexError, RequestError, RequestTimeout
 from .sampling import MAX_TOP_LOGPROBS, Sampled, SamplingParams  # noqa: F401 (re-exported for runners' callers)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .coldstart import Timeline
+from .measure.coldstart import Timeline
 from .errors import DeviceError, ReflexError
 
 BACKENDS = ("auto", "cuda", "cpu")

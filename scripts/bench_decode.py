@@ -83,7 +83,7 @@ KNOBS = ("staged", "attn_decode", "mvs_budget", "mvs_blocks_per_sm", "attn_min_k
 
 class Bench:
     def __init__(self):
-        from reflex_runtime.coldstart import Timeline
+        from reflex_runtime.measure.coldstart import Timeline
         from reflex_runtime.gpu.bootstrap import DeviceBootstrap
         from reflex_runtime.gpu.launch import Launcher
 

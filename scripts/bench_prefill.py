@@ -53,7 +53,7 @@ MOE = dict(n_expert=128, k=8, n_embd=2048, n_ff=768)
 
 class Bench:
     def __init__(self, quick: bool):
-        from reflex_runtime.coldstart import Timeline
+        from reflex_runtime.measure.coldstart import Timeline
         from reflex_runtime.gpu.bootstrap import DeviceBootstrap
         from reflex_runtime.gpu.launch import Launcher
 

@@ -56,7 +56,7 @@ def rms_ref(x, w, eps):
 
 class GpuHarness:
     def __init__(self):
-        from reflex_runtime.coldstart import Timeline
+        from reflex_runtime.measure.coldstart import Timeline
         from reflex_runtime.gpu.bootstrap import DeviceBootstrap
         from reflex_runtime.gpu.launch import Launcher
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from reflex_runtime import coldstart, energy
-from reflex_runtime.coldstart import Timeline
-from reflex_runtime.energy import EnergyMeter, window_energy
+from reflex_runtime.measure import coldstart, energy
+from reflex_runtime.measure.coldstart import Timeline
+from reflex_runtime.measure.energy import EnergyMeter, window_energy
 
 RECORD_FIELDS = {
     "t0_source", "t0_resolution_ms", "python_started_ms", "stages", "total_ms", "background",
@@ -167,7 +167,7 @@ def test_timeline_record_covers_process_start_to_first_token(monkeypatch):
     tl = Timeline()
     tl.t0 = coldstart.now_boottime()  # a process that starts now
     born = time.monotonic()  # ... with a counter at 150 W since then
-    monkeypatch.setattr("reflex_runtime.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
+    monkeypatch.setattr("reflex_runtime.measure.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
     time.sleep(0.25)
     tl.start_energy()
     assert tl.wait_for_meter(0)

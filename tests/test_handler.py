@@ -142,7 +142,7 @@ def test_first_log_line_carries_the_energy_record(load_app, capsys, monkeypatch)
     from test_coldstart import FakeMeter
 
     born = time.monotonic()
-    monkeypatch.setattr("reflex_runtime.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
+    monkeypatch.setattr("reflex_runtime.measure.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
 
     def metered_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None):
         engine = make_engine()

@@ -1,4 +1,4 @@
-"""The idle power the record's net energy subtracts (reflex_runtime/idle_power.py): the sources in
+"""The idle power the record's net energy subtracts (reflex_runtime/measure/idle_power.py): the sources in
 their order, the calibration `reflex doctor` caches per GPU, and the meter using it. NVML is a
 fake here; scripts/bench_coldstart.py checks the net figure against an external reading on a GPU."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from reflex_runtime import idle_power
-from reflex_runtime.energy import EnergyMeter
+from reflex_runtime.measure import idle_power
+from reflex_runtime.measure.energy import EnergyMeter
 
 
 class FakeNvml:
@@ -100,7 +100,7 @@ def test_the_record_says_why_there_is_no_net_figure(monkeypatch, tmp_path):
     """No idle reading: gross joules as before, net null with the reason."""
     from test_coldstart import FakeMeter
 
-    from reflex_runtime import coldstart
+    from reflex_runtime.measure import coldstart
 
     class NoIdle(FakeMeter):
         def start(self, clock, flags=0):
@@ -108,7 +108,7 @@ def test_the_record_says_why_there_is_no_net_figure(monkeypatch, tmp_path):
             self.idle_watts = self.idle_source = None
 
     born = time.monotonic()
-    monkeypatch.setattr("reflex_runtime.coldstart.EnergyMeter", lambda index=0: NoIdle(born))
+    monkeypatch.setattr("reflex_runtime.measure.coldstart.EnergyMeter", lambda index=0: NoIdle(born))
     tl = coldstart.Timeline()
     tl.t0 = coldstart.now_boottime()
     tl.start_energy()

@@ -123,7 +123,7 @@ def test_the_graph_sees_every_kind_of_import():
     g = import_graph()
     assert "reflex_runtime.errors" in g["reflex_runtime.engine"]  # top level, relative
     assert "reflex_runtime.loader" in g["reflex_runtime.cli"]  # inside a function
-    assert "reflex_runtime.coldstart" in g["handlers.app"]  # absolute, across packages
+    assert "reflex_runtime.measure.coldstart" in g["handlers.app"]  # absolute, across packages
     assert "reflex_runtime.gpu" in g["reflex_runtime.loader"]  # a package run on the way to a submodule
 
 

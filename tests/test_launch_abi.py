@@ -572,7 +572,7 @@ class _AllowAll:
 
 
 def _fake_runner(ptx_params, max_context=128):
-    from reflex_runtime.coldstart import Timeline
+    from reflex_runtime.measure.coldstart import Timeline
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.gpu.runner import CudaRunner

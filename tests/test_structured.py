@@ -76,7 +76,7 @@ def test_token_logprobs_are_the_log_softmax_with_ties_to_the_lower_id():
 
 @pytest.fixture(scope="module")
 def tiny(fixture_paths):
-    from reflex_runtime.coldstart import Timeline
+    from reflex_runtime.measure.coldstart import Timeline
     from reflex_runtime.loader import load_engine
 
     return load_engine(str(fixture_paths("qwen3").gguf), backend="cpu", timeline=Timeline())

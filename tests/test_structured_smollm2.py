@@ -67,7 +67,7 @@ TOOL_TEMPLATE = (
 
 
 def _engine(path):
-    from reflex_runtime.coldstart import Timeline
+    from reflex_runtime.measure.coldstart import Timeline
 
     return load_engine(str(path), backend="cpu", timeline=Timeline())
 

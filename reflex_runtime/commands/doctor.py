@@ -22,7 +22,7 @@ def calibrate_idle(seconds: float) -> dict | None:
     energy (idle_power.py). None with no NVML."""
     import ctypes
 
-    from .. import idle_power
+    from ..measure import idle_power
 
     if seconds <= 0:
         return None

@@ -72,7 +72,7 @@ def busy_processes(nvml, handle) -> int | None:
 
 
 def calibration_path() -> str:
-    from .modelfile.embedded import model_cache_dir
+    from ..modelfile.embedded import model_cache_dir
 
     return os.path.join(str(model_cache_dir()), CALIBRATION_FILE)
 
