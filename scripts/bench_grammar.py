@@ -99,7 +99,7 @@ def main() -> int:
     from reflex_runtime.text.tokenizer import Tokenizer
 
     if a.model is None:
-        from make_fixtures import make_fixture
+        from fixtures import make_fixture
 
         a.model = str(make_fixture("qwen3", "q8_0").gguf)
     imports = import_seconds(a.runs)

@@ -23,7 +23,7 @@ finite; the scales are set so that the decoded weights have std about 0.5/sqrt(r
 
 What the file holds mirrors llama.cpp: the keys, their order and the tensor order of
 convert_hf_to_gguf.py's deepseek2 output (the tiny converter-made fixtures of
-scripts/fixtures_deepseek.py), the tensors src/models/deepseek2.cpp loads (split attn_k_b /
+scripts/fixtures/deepseek.py), the tensors src/models/deepseek2.cpp loads (split attn_k_b /
 attn_v_b, the MLA key/value lengths, head_count_kv 1), tokenizer.* copied from --template
 (default: llama.cpp's ggml-vocab-deepseek-llm.gguf, the 102400-token DeepSeek LLM vocabulary that
 V2 uses). Types as the pinned llama.cpp's tools make them: Q8_0 = every matrix Q8_0 (the

@@ -11,7 +11,7 @@ are made directly: one pool of random blocks per row length, tiled to the larges
 needs it, and every tensor is a slice of that at a random block offset (no per-tensor copy).
 
 The file mirrors what convert_hf_to_gguf.py writes for qwen3moe (checked against the tiny
-converter-made fixture of scripts/fixtures_qwen3moe.py): the same general.* / qwen3moe.* keys in
+converter-made fixture of scripts/fixtures/qwen3moe.py): the same general.* / qwen3moe.* keys in
 the same order, tokenizer.* copied verbatim from --template (default: that fixture), the same
 tensor names, shapes and order, default alignment. Weights: every matrix Q8_0 with std about
 0.5/sqrt(row length), so activations stay finite through the layers; norms F32 ones; router
@@ -93,9 +93,9 @@ class _Q8Source:
 
 def _read_template(path: str | os.PathLike) -> list[tuple[str, int, int | None, object]]:
     """The template's tokenizer.* keys as (key, value type, array element type, value)."""
-    from quantize_gguf import _SourceGGUF  # exact value types, raw string bytes
+    from quantize_gguf import SourceGGUF  # exact value types, raw string bytes
 
-    keys = [m for m in _SourceGGUF(path).metadata if m[0].startswith("tokenizer.")]
+    keys = [m for m in SourceGGUF(path).metadata if m[0].startswith("tokenizer.")]
     if not any(k == "tokenizer.ggml.tokens" for k, *_ in keys):
         raise SystemExit(f"template {path} has no tokenizer.ggml.tokens")
     return keys
@@ -103,7 +103,7 @@ def _read_template(path: str | os.PathLike) -> list[tuple[str, int, int | None, 
 
 def default_template() -> Path:
     """The tiny converter-made qwen3moe Q8_0 fixture (built once, then cached)."""
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     return Path(make_fixture(ARCH, "q8_0").gguf)
 

@@ -209,16 +209,16 @@ class _BlockSource:
 
 def default_template() -> Path:
     """The tiny converter-made qwen35 Q8_0 fixture (its tokenizer is the real Qwen3 one)."""
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     return Path(make_fixture("qwen35", "q8_0").gguf)
 
 
 def _tokenizer_keys(template, vocab: int) -> list:
     """The template's tokenizer.* keys, tokens and token types padded to `vocab` ([PAD<id>], UNUSED)."""
-    from quantize_gguf import _SourceGGUF  # exact value types, raw string bytes
+    from quantize_gguf import SourceGGUF  # exact value types, raw string bytes
 
-    keys = [list(m) for m in _SourceGGUF(template).metadata if m[0].startswith("tokenizer.")]
+    keys = [list(m) for m in SourceGGUF(template).metadata if m[0].startswith("tokenizer.")]
     by_name = {m[0]: m for m in keys}
     if "tokenizer.ggml.tokens" not in by_name:
         raise SystemExit(f"template {template} has no tokenizer.ggml.tokens")

@@ -5,14 +5,14 @@ A first run on an empty test cache converts ~80 tiny models (about 7 minutes on 
 development VM) one at a time, each when a test first needs it, while the second core idles.
 tests/conftest.py starts this script in the background of a whole-suite run (plain `pytest`, no
 paths given; REFLEX_TEST_PREBUILD=0 turns it off) so those conversions happen ahead of the tests
-that need them, in the order they need them. It builds through make_fixtures.make_fixture, whose
+that need them, in the order they need them. It builds through fixtures.make_fixture, whose
 per-fixture file locks make a test that wants a fixture being built here wait for it rather than
 build it twice; a fixture already cached costs a stat.
 
     python scripts/prebuild_fixtures.py [LIST]                 # build LIST (default tests/fixture_list.json)
     python scripts/prebuild_fixtures.py --write LIST RECORD    # LIST from a recorded run (first use first)
 
-A run records every fixture asked for with REFLEX_RECORD_FIXTURES=RECORD (make_fixtures appends a
+A run records every fixture asked for with REFLEX_RECORD_FIXTURES=RECORD (fixtures/cache.py appends a
 JSON line per call, from any process); a list that lags behind the tests only costs time: a
 fixture it lacks is built when a test asks, one it has too many is built for nothing.
 """
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[2], file=sys.stderr)
         return 2
     sys.path.insert(0, str(_HERE))
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     entries = json.loads(Path(argv[0] if argv else DEFAULT_LIST).read_text())
     os.nice(10)  # the tests come first

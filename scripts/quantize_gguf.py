@@ -298,7 +298,7 @@ _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7:
 _NP_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
-class _SourceGGUF:
+class SourceGGUF:
     """metadata: list of (key, value type, array element type or None, value); tensors: list of
     (name, ggml shape, ggml type id, absolute offset)."""
 
@@ -378,7 +378,7 @@ class _SourceGGUF:
         return np.frombuffer(self.buf, dtype=np.uint8, count=n_rows * row_bytes, offset=offset).reshape(n_rows, row_bytes)
 
 
-def _copy_metadata(src: _SourceGGUF, writer, file_type: int) -> None:
+def copy_metadata(src: SourceGGUF, writer, file_type: int) -> None:
     from gguf import GGUFValueType
 
     for key, vtype, etype, value in src.metadata:
@@ -403,7 +403,7 @@ def _quantize_tensor(job: tuple) -> tuple[str, str, str | None, np.ndarray]:
     src, name, shape, type_id, offset, scheme, n_layers, tied = job
     source = _WORKER_SOURCE.get(src)
     if source is None:
-        source = _WORKER_SOURCE[src] = _SourceGGUF(src)
+        source = _WORKER_SOURCE[src] = SourceGGUF(src)
     src_type = gguf.GGMLQuantizationType(type_id)
     values = gguf.quants.dequantize(source.tensor_bytes(shape, type_id, offset), src_type)
     values = values.reshape(tuple(reversed(shape))).astype(np.float32, copy=False)
@@ -429,12 +429,12 @@ def quantize_file(src: str | Path, dst: str | Path, scheme: str, log: Callable[[
     # The per-process sources are keyed by path: a new file at an old path (a test's reused temp
     # folder) must not be read through the old one's parsed header.
     _WORKER_SOURCE.clear()
-    source = _SourceGGUF(src)
+    source = SourceGGUF(src)
     arch = source.get("general.architecture").decode()
     n_layers = int(source.get(f"{arch}.block_count", 0))
     tied = all(name != "output.weight" for name, *_ in source.tensors)
     writer = gguf.GGUFWriter(str(dst), arch)
-    _copy_metadata(source, writer, SCHEMES[scheme])
+    copy_metadata(source, writer, SCHEMES[scheme])
     chosen: dict[str, str] = {}
     float_types = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     for name, shape, type_id, offset in source.tensors:

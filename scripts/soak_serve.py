@@ -338,7 +338,7 @@ def _slope_mb_per_min(series: list[dict]) -> float | None:
 
 def default_model() -> str:
     sys.path.insert(0, str(ROOT / "scripts"))
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     return str(make_fixture("gemma3", "f32").gguf)
 

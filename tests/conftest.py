@@ -1,5 +1,6 @@
 """Shared test fixtures: tiny random models converted by llama.cpp's converter (cached on disk
-by scripts/make_fixtures.py under $REFLEX_TEST_CACHE, so warm runs only load them)."""
+by the fixtures package, scripts/fixtures/, under $REFLEX_TEST_CACHE, so warm runs only load
+them). scripts/ is on sys.path through pyproject's pytest `pythonpath`."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts")
-if SCRIPTS not in sys.path:
-    sys.path.insert(0, SCRIPTS)
 
 SYSTEM_TESTS_ENV = "REFLEX_SYSTEM_TESTS"
 FULL_TESTS_ENV = "REFLEX_FULL_TESTS"
@@ -155,7 +154,7 @@ def get_fixture(arch: str, outtype: str = "f32", seed: int = 0, **overrides):
     """make_fixture with an in-process memo on top of the disk cache."""
     key = (arch, outtype, seed, tuple(sorted(overrides.items())))
     if key not in _FIXTURES:
-        from make_fixtures import make_fixture
+        from fixtures import make_fixture
 
         _FIXTURES[key] = make_fixture(arch, outtype, seed, **overrides)
     return _FIXTURES[key]
@@ -213,7 +212,7 @@ def hf_for(fixture_paths):
             if outtype == "f32":
                 model = AutoModelForCausalLM.from_pretrained(fx.hf_dir, dtype=torch.float32).eval()
             else:
-                from make_fixtures import hf_model_from_gguf
+                from fixtures import hf_model_from_gguf
 
                 model = hf_model_from_gguf(fx.gguf, fx.hf_dir)
             _HF[key] = model

@@ -32,8 +32,8 @@ def _files(name, outtype):
     """(cpu engine for the tokenizer and file, reference, a second reference for the emulation)."""
     key = (name, outtype)
     if key not in _CACHE:
-        from fixtures_deepseek import GPU_CONFIGS
-        from make_fixtures import make_fixture
+        from fixtures.deepseek import GPU_CONFIGS
+        from fixtures import make_fixture
 
         from reflex_runtime.families import load_reference
         from reflex_runtime.loader import load_engine

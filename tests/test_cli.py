@@ -90,7 +90,6 @@ def test_doctor_reports_without_a_gpu():
 
 
 def test_install_without_nvcc_warns_and_succeeds(monkeypatch, capsys):
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
     import build_kernels
 
     monkeypatch.setattr(build_kernels, "find_nvcc", lambda: None)

@@ -49,14 +49,14 @@ def test_config(bench):
 def test_keys_and_tensors_match_the_converter(bench, fixture_paths):
     """Same non-tokenizer keys (names, value types, order) and tensor names in the same order as
     the converter's own V2-Lite-like fixture of the same depth."""
-    from quantize_gguf import _SourceGGUF
+    from quantize_gguf import SourceGGUF
 
     from reflex_runtime.modelfile.gguf_file import GGUFFile
 
     path, _ = bench
     ref = fixture_paths("deepseek_v2", "q8_0").gguf
-    ours = [m[:3] for m in _SourceGGUF(path).metadata if not m[0].startswith("tokenizer.")]
-    theirs = [m[:3] for m in _SourceGGUF(ref).metadata if not m[0].startswith("tokenizer.")]
+    ours = [m[:3] for m in SourceGGUF(path).metadata if not m[0].startswith("tokenizer.")]
+    theirs = [m[:3] for m in SourceGGUF(ref).metadata if not m[0].startswith("tokenizer.")]
     assert ours == theirs
     with GGUFFile(path) as g, GGUFFile(ref) as t:
         assert list(g.tensors) == list(t.tensors)

@@ -112,7 +112,7 @@ def test_reference_continues_with_paris(embedded, reference_run):
 def test_transformers_on_the_dequantized_file_agrees(embedded, prompt_ids, reference_run):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from make_fixtures import hf_model_from_gguf
+    from fixtures import hf_model_from_gguf
 
     path, g = embedded
     md = g.metadata

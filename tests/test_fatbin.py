@@ -7,14 +7,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import sysconfig
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KDIR = os.path.join(ROOT, "reflex_runtime", "_kernels")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
 def cuobjdump():

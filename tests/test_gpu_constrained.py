@@ -14,8 +14,6 @@ Run on a GPU machine: pytest -m gpu tests/test_gpu_constrained.py
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -25,8 +23,6 @@ from reflex_runtime.gpu.ops import constrain
 from reflex_runtime.gpu.ops.constrain import STATS_PARTS, STATS_TOPK
 from reflex_runtime.reference.sampling import token_logprobs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 ROW_LENGTHS = [1, 45, 4099, 50_001]  # the host run keeps to these; the GPU adds vocabulary sizes
 K_VALUES = [0, 1, 7, STATS_TOPK]
@@ -109,7 +105,7 @@ MAX_EXCUSED = 3  # near-tie steps allowed out of MAX_NEW: more means the backend
 
 @pytest.fixture(scope="module")
 def qwen3_pair():
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     from reflex_runtime.loader import load_engine
 

@@ -261,8 +261,8 @@ _ENGINES: dict = {}
 
 
 def _engine(name, outtype, max_context=None):
-    from fixtures_deepseek import GPU_CONFIGS
-    from make_fixtures import make_fixture
+    from fixtures.deepseek import GPU_CONFIGS
+    from fixtures import make_fixture
 
     from reflex_runtime.families import load_reference
     from reflex_runtime.loader import load_engine
@@ -290,8 +290,8 @@ def test_check_passes_deepseek(name, outtype):
 
 def test_check_passes_legacy_kv_b_layout(tmp_path):
     """An f32 V3 (no q_lora) rewritten into the single attn_kv_b layout: the transposed W_k."""
-    from fixtures_deepseek import write_legacy_kv_b
-    from make_fixtures import make_fixture
+    from fixtures.deepseek import write_legacy_kv_b
+    from fixtures import make_fixture
 
     from reflex_runtime.commands.check import run_check
     from reflex_runtime.families import load_reference

@@ -13,8 +13,6 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from gpu_harness import FIXTURE_TYPES as QWEN3_TYPES
 from gpu_harness import PROMPT, reference_greedy
@@ -22,7 +20,7 @@ LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea, 
 
 
 def fixture(arch, outtype):
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     return str(make_fixture(arch, outtype).gguf)
 

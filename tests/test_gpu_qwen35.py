@@ -260,7 +260,7 @@ def test_gate_split_and_sigmoid_gate(gpu, n_tok, n_head, hd):
 # -- the engine against the reference ---------------------------------------------------------
 
 def fixture(arch, outtype):
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     return str(make_fixture(arch, outtype).gguf)
 

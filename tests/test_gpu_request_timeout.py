@@ -7,19 +7,13 @@ tests/test_auth_health_timeout.py.
 Run on a GPU machine: pytest -m gpu tests/test_gpu_request_timeout.py
 """
 
-import os
-import sys
-
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
 
 def test_the_cuda_prefill_stops_at_the_deadline_between_chunks():
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     from reflex_runtime.engine import GenerateRequest, Limits
     from reflex_runtime.errors import RequestTimeout

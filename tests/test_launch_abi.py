@@ -16,7 +16,6 @@ import glob
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -25,7 +24,6 @@ from reflex_runtime.gpu.ops import (attn_decode, constrain, delta_net, flash_att
 from reflex_runtime.gpu import products
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
 def find_nvcc():
@@ -227,10 +225,10 @@ def _fixture_file(arch, tmp_dir=None, **overrides):
     """The q4_k_m file of a fixture: an architecture (with overrides), or a deepseek GPU config
     ('deepseek_v3'), or 'deepseek_legacy' (a V3 without q_lora rewritten into the single
     attn_kv_b layout, f32)."""
-    from make_fixtures import make_fixture
+    from fixtures import make_fixture
 
     if arch.startswith("deepseek_"):
-        from fixtures_deepseek import GPU_CONFIGS, write_legacy_kv_b
+        from fixtures.deepseek import GPU_CONFIGS, write_legacy_kv_b
 
         if arch == "deepseek_legacy":
             out = os.path.join(tmp_dir, "legacy.gguf")
@@ -421,8 +419,8 @@ def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
 def test_fused_qwen35_files_read_row_views_of_the_fused_tensors(ptx_params, arch, flag):
     """--fuse-qkv (attention layers' q|gate, k, v in one attn_qkv) and --fuse-gate-up-exps (per
     expert [gate | up] rows) run as views of the fused tensor: same launches as unfused files."""
-    from fixtures_qwen35 import convert_variant
-    from make_fixtures import make_fixture
+    from fixtures.qwen35 import convert_variant
+    from fixtures import make_fixture
 
     path = convert_variant(make_fixture(arch, "f32"), "f32", flag)
     dec, dev = _model(arch, ptx_params, path=path)

@@ -53,10 +53,10 @@ def test_config_and_tensor_types(bench):
 
 def test_keys_match_the_converter(bench):
     """Same keys, value types and order as the fixture; tokenizer.* values copied verbatim."""
-    from quantize_gguf import _SourceGGUF
+    from quantize_gguf import SourceGGUF
 
     path, template = bench
-    ours, theirs = _SourceGGUF(path).metadata, _SourceGGUF(template).metadata
+    ours, theirs = SourceGGUF(path).metadata, SourceGGUF(template).metadata
     assert [m[:3] for m in ours] == [m[:3] for m in theirs]
     tok = [m for m in theirs if m[0].startswith("tokenizer.")]
     assert tok and [m for m in ours if m[0].startswith("tokenizer.")] == tok

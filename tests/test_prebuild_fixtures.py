@@ -22,11 +22,11 @@ def test_the_list_is_a_recorded_run_in_first_use_order(tmp_path):
 
 
 def test_make_fixture_records_each_use(tmp_path, monkeypatch, fixture_paths):
-    import make_fixtures
+    import fixtures
 
     fixture_paths("gemma3", "f32")  # cached: the recorded call below only looks it up
     monkeypatch.setenv("REFLEX_RECORD_FIXTURES", str(tmp_path / "record.jsonl"))
-    make_fixtures.make_fixture("gemma3", "F32", 0)
+    fixtures.make_fixture("gemma3", "F32", 0)
     assert json.loads((tmp_path / "record.jsonl").read_text()) == {"arch": "gemma3", "outtype": "f32", "seed": 0,
                                                                    "overrides": {}}
 
@@ -47,7 +47,7 @@ def test_build_goes_in_order_skips_failures_and_stops_when_told():
 
 
 def test_the_committed_list_names_real_fixtures():
-    from make_fixtures import ARCHS, CONVERTER_TYPES
+    from fixtures import ARCHS, CONVERTER_TYPES
     from quantize_gguf import SCHEMES
 
     entries = json.loads(pb.DEFAULT_LIST.read_text())

@@ -172,7 +172,7 @@ def _write_source(path, row: int = 512):
 
 
 def _typed_metadata(path):
-    return {k: (t, e, v) for k, t, e, v in qg._SourceGGUF(path).metadata}
+    return {k: (t, e, v) for k, t, e, v in qg.SourceGGUF(path).metadata}
 
 
 @pytest.mark.parametrize("scheme", sorted(qg.SCHEMES))

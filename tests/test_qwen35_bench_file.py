@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-# The default tiny fixtures of scripts/fixtures_qwen35.py, in the generator's terms.
+# The default tiny fixtures of scripts/fixtures/qwen35.py, in the generator's terms.
 TINY = dict(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, rope_dim=16, k_heads=2, v_heads=4, k_dim=32,
             v_dim=32, conv=4, tied=1, context=4096)
 TINY_ARCH = {"qwen35": ("0.8b", dict(TINY, ff=512)),
@@ -23,7 +23,7 @@ TINY_ARCH = {"qwen35": ("0.8b", dict(TINY, ff=512)),
 @pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
 def tiny(request, fixture_paths, tmp_path_factory):
     """(arch, written Q8_0 file, the converter's --no-nextn Q8_0 file of the same model shape)."""
-    from fixtures_qwen35 import convert_variant
+    from fixtures.qwen35 import convert_variant
     from make_qwen35_bench import write_qwen35_bench
 
     arch = request.param
@@ -45,10 +45,10 @@ def _vocab(path) -> int:
 
 def test_keys_match_the_converter(tiny):
     """Same keys, value types and order as the converter's file; tokenizer.* copied verbatim."""
-    from quantize_gguf import _SourceGGUF
+    from quantize_gguf import SourceGGUF
 
     _, ours, theirs = tiny
-    mine, conv = _SourceGGUF(ours).metadata, _SourceGGUF(theirs).metadata
+    mine, conv = SourceGGUF(ours).metadata, SourceGGUF(theirs).metadata
     assert [m[:3] for m in mine] == [m[:3] for m in conv]
     values = {m[0]: m[3] for m in mine}
     for key, _, _, value in conv:

@@ -74,7 +74,7 @@ def test_greedy_decode_matches_generate(arch, reference_for, hf_for):
 @pytest.mark.parametrize("outtype", QUANT_TYPES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_file_matches_dequantized_transformers(arch, outtype, fixture_paths, reference_for, hf_for):
-    from make_fixtures import hf_model_from_gguf
+    from fixtures import hf_model_from_gguf
 
     from reflex_runtime.modelfile.ggml_types import GGML_TYPES
     from reflex_runtime.families import load_reference

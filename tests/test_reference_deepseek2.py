@@ -1,5 +1,5 @@
 """The numpy reference of `deepseek2` (DeepSeek-V2, V2-Lite, V3) against `transformers` on tiny
-random models converted by llama.cpp's own convert_hf_to_gguf.py (scripts/fixtures_deepseek.py),
+random models converted by llama.cpp's own convert_hf_to_gguf.py (scripts/fixtures/deepseek.py),
 plus the forward contract (cache, positions, tree masks), the legacy attn_kv_b layout, quantized
 files, `reflex generate` and system1 on the CPU.
 
@@ -41,12 +41,6 @@ NAMES = list(CONFIGS)
 # outtype -> (ggml types the file must hold, so it cannot pass as a secretly-f32 file; the least
 # median correlation of its logits with the f32 file's)
 QUANT = {"q8_0": ({"Q8_0"}, 0.999), "q4_k_m": ({"Q4_K", "Q6_K"}, 0.8)}
-
-
-
-
-
-
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +221,7 @@ class _Hidden:
 
 
 def test_legacy_kv_b_file_matches_split_file_and_transformers(fx, ref, hf, tmp_path):
-    from fixtures_deepseek import hf_deepseek_from_gguf, write_legacy_kv_b
+    from fixtures.deepseek import hf_deepseek_from_gguf, write_legacy_kv_b
 
     from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.families import load_reference
@@ -264,7 +258,7 @@ def test_legacy_kv_b_file_matches_split_file_and_transformers(fx, ref, hf, tmp_p
 
 @pytest.mark.parametrize("outtype", list(QUANT))
 def test_quantized_file_matches_dequantized_transformers(outtype, fx, ref):
-    from fixtures_deepseek import hf_deepseek_from_gguf
+    from fixtures.deepseek import hf_deepseek_from_gguf
 
     from reflex_runtime.modelfile.ggml_types import GGML_TYPES
     from reflex_runtime.families import load_reference

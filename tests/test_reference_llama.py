@@ -1,5 +1,5 @@
 """The llama family's numpy reference against `transformers`: tiny random LlamaForCausalLM models
-converted by llama.cpp's own converter (scripts/fixtures_llama.py: GQA, untied and tied LM heads,
+converted by llama.cpp's own converter (scripts/fixtures/llama.py: GQA, untied and tied LM heads,
 Llama 3.1's rope scaling through rope_freqs, linear rope scaling) in f32, f16, Q8_0, Q4_1, Q5_1
 and Q4_K_M, and the real SmolLM2-135M-Instruct Q4_1 against transformers reading the same GGUF.
 
@@ -15,7 +15,7 @@ from reference_checks import (TOL, assert_copy_is_independent, assert_greedy_mat
 
 from reflex_runtime.errors import ModelFileError, UnsupportedModelError
 
-LLAMA3 = {"rope_llama3": 4.0}  # rope_freqs with kept, scaled and smoothed pairs (fixtures_llama.py)
+LLAMA3 = {"rope_llama3": 4.0}  # rope_freqs with kept, scaled and smoothed pairs (scripts/fixtures/llama.py)
 VARIANTS = {
     "untied": {},
     "tied": {"tie_word_embeddings": True},
@@ -72,7 +72,7 @@ def test_greedy_decode_matches_generate(variant, reference_for, hf_for):
 @pytest.mark.parametrize("outtype", QUANT_TYPES)
 @pytest.mark.parametrize("variant", ["untied", "tied_llama3_gqa4"])
 def test_quantized_file_matches_dequantized_transformers(variant, outtype, fixture_paths, reference_for):
-    from make_fixtures import hf_model_from_gguf
+    from fixtures import hf_model_from_gguf
 
     from reflex_runtime.families import load_reference
 
@@ -115,9 +115,9 @@ def test_prefill_tree_and_cache_contract(reference_for):
 def _rewrite(src, dst, *, drop=(), add_keys=None, add_tensors=None, replace=None):
     """Copy a GGUF with some keys added/replaced and tensors dropped/added (gguf-py writer)."""
     import gguf as gguf_py
-    from quantize_gguf import _SourceGGUF
+    from quantize_gguf import SourceGGUF
 
-    s = _SourceGGUF(src)
+    s = SourceGGUF(src)
     w = gguf_py.GGUFWriter(str(dst), "llama")
     for key, vtype, etype, value in s.metadata:
         if key == "general.architecture":

@@ -1,5 +1,5 @@
 """Qwen3.5 hybrid (`qwen35`, `qwen35moe`) in the numpy reference against `transformers`, on tiny
-random models converted by llama.cpp's own convert_hf_to_gguf.py (scripts/fixtures_qwen35.py):
+random models converted by llama.cpp's own convert_hf_to_gguf.py (scripts/fixtures/qwen35.py):
 Gated DeltaNet layers (conv state + delta-rule state), gated full attention, the MoE with its
 shared expert, the files' MTP blocks, quantized files, and the recurrent-state cache contract.
 
@@ -24,7 +24,7 @@ from reflex_runtime.families.qwen35 import delta_net  # noqa: E402
 
 PROMPT_LEN = 70  # more than one 64-token chunk of the delta rule (ours and transformers')
 
-# name -> (arch, overrides). The defaults (scripts/fixtures_qwen35.py): hidden 256, 4 layers
+# name -> (arch, overrides). The defaults (scripts/fixtures/qwen35.py): hidden 256, 4 layers
 # (linear, linear, linear, full), 4 query / 2 kv heads of 64 (rope on 16 dims), linear attention
 # with 2 key / 4 value heads of 32 (the converter reorders value heads), conv kernel 4, one MTP
 # block, tied embeddings; MoE: 8 experts, top 2, expert ff 256, shared expert ff 512.
@@ -54,7 +54,7 @@ MODEL_MEMOS = (_REF, _HF)  # emptied when this module ends (tests/conftest.py)
 def fixture(name: str, outtype: str = "f32"):
     key = (name, outtype)
     if key not in _FX:
-        from make_fixtures import make_fixture
+        from fixtures import make_fixture
 
         arch, overrides = CONFIGS[name]
         _FX[key] = make_fixture(arch, outtype, 0, **overrides)
@@ -77,12 +77,6 @@ def hf_model(name: str):
 
         _HF[name] = AutoModelForCausalLM.from_pretrained(fixture(name).hf_dir, dtype=torch.float32).eval()
     return _HF[name]
-
-
-
-
-
-
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -222,7 +216,7 @@ def test_prefill_equals_token_by_token(name):
 
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_files_with_and_without_mtp_blocks(name):
-    from fixtures_qwen35 import convert_variant
+    from fixtures.qwen35 import convert_variant
 
     from reflex_runtime.families import load_reference
 
@@ -247,7 +241,7 @@ def test_files_with_and_without_mtp_blocks(name):
 @pytest.mark.parametrize("name,flag", [("dense", "--fuse-qkv"), ("moe", "--fuse-gate-up-exps")])
 def test_fused_tensor_files(name, flag):
     """The converter's optional fusions (attn_qkv on full-attention layers; ffn_gate_up_exps)."""
-    from fixtures_qwen35 import convert_variant
+    from fixtures.qwen35 import convert_variant
 
     from reflex_runtime.families import load_reference
 
@@ -273,7 +267,7 @@ QUANT = {"q8_0": ({"Q8_0"}, {"dense": 0.995, "moe": 0.99}), "q4_k_m": ({"Q4_K", 
 @pytest.mark.parametrize("outtype", list(QUANT))
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_quantized_file_matches_dequantized_transformers(name, outtype):
-    from fixtures_qwen35 import hf_model_from_gguf
+    from fixtures.qwen35 import hf_model_from_gguf
 
     from reflex_runtime.modelfile.ggml_types import GGML_TYPES
 

@@ -1,5 +1,5 @@
 """Qwen3-MoE: the numpy reference against transformers' Qwen3MoeForCausalLM on tiny random models
-converted by llama.cpp's own convert_hf_to_gguf.py (scripts/fixtures_qwen3moe.py), the routing
+converted by llama.cpp's own convert_hf_to_gguf.py (scripts/fixtures/qwen3moe.py), the routing
 rule, the forward contract, bad files, the CLI and system1 on the CPU.
 
 Relative error of a logits row: max_i |ref_i - hf_i| / max_i |hf_i|, checked at EVERY position.
@@ -41,12 +41,6 @@ QUANTIZED = [
 
 _HF_RENORMALIZED: dict = {}
 MODEL_MEMOS = (_HF_RENORMALIZED,)  # emptied when this module ends (tests/conftest.py)
-
-
-
-
-
-
 
 
 def hf_model(cfg: str, hf_for, fixture_paths):
@@ -172,7 +166,7 @@ def test_greedy_decode_matches_generate(cfg, reference_for, hf_for, fixture_path
 
 @pytest.mark.parametrize("cfg,outtype,types,min_corr", QUANTIZED)
 def test_quantized_file_matches_dequantized_transformers(cfg, outtype, types, min_corr, fixture_paths, reference_for):
-    from fixtures_qwen3moe import hf_qwen3moe_from_gguf
+    from fixtures.qwen3moe import hf_qwen3moe_from_gguf
 
     from reflex_runtime.modelfile.ggml_types import GGML_TYPES
     from reflex_runtime.families import load_reference
