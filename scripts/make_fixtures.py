@@ -1,19 +1,7 @@
 #!/usr/bin/env python3
-"""Tiny random `transformers` models converted to GGUF by llama.cpp's own converter.
-
-The tests compare our numpy reference (and later the GPU engine) with `transformers` on the
-same random model. To make sure our GGUF conventions are the ones real files use, the GGUF is
-written by llama.cpp's UNMODIFIED `convert_hf_to_gguf.py` from the pinned sdist
-(scripts/llama_cpp_sdist.py), run in a subprocess. Types the converter cannot write (Q4_0,
-Q4_1, Q5_0, Q5_1, K-quants, the Q4_K_M mix) are made from the f32 GGUF by scripts/quantize_gguf.py.
-
-The code is the fixtures package (scripts/fixtures/); this is its command line.
-
-    make_fixture("qwen3", "q8_0", seed=0, num_hidden_layers=3) -> FixturePaths(hf_dir, gguf)
-
-is cached under $REFLEX_TEST_CACHE (default ~/.cache/reflex-runtime/test)/fixtures/, keyed by
-(arch, overrides, seed, outtype, converter version, fixtures/common.py's FIXTURE_VERSION), so re-runs
-are instant and parallel test processes build each fixture once (file lock).
+"""The command line of the test fixtures: tiny random `transformers` models converted to GGUF by
+llama.cpp's own converter (the fixtures package, scripts/fixtures/; fixtures/build.py says how
+they are made and cached under $REFLEX_TEST_CACHE/fixtures/).
 
 CLI (also used offline on the GPU machine to make real-sized files with random weights):
 
