@@ -216,7 +216,6 @@ def _measured_row(cmd, clock, env, idle, record_path) -> dict:
     row["child_joules_process_start_to_first_token"] = cs.get("joules_process_start_to_first_token")
     row["child_net_joules"] = cs.get("joules_above_idle_process_start_to_first_token")
     row["child_idle_watts"], row["child_idle_source"] = cs.get("idle_watts"), cs.get("idle_watts_source")
-    row["child_power_instant_at_nvml_start_w"] = cs.get("power_instant_at_nvml_start_w")
     row["child_energy_estimated_joules"] = cs.get("energy_estimated_joules")
     return row
 

@@ -71,9 +71,10 @@ def collect(timeline, args=None) -> dict:
                        "kernel_format": boot.kernel_format}
     timeline.wait_for_meter(5.0)
     m = timeline.meter
+    if m is not None:
+        m.resolve_idle()
     info["nvml_energy"] = None if m is None or m.method is None else {
-        "method": m.method, "idle_watts": m.idle_watts, "idle_watts_source": m.idle_source,
-        "power_instant_at_nvml_start_w": m.instant_at_start}
+        "method": m.method, "idle_watts": m.idle_watts, "idle_watts_source": m.idle_source}
     if m is not None and m.error:
         info["nvml_error"] = m.error
     info["backend_auto"] = "cuda" if dev is not None else "cpu"

@@ -168,14 +168,15 @@ class Timeline:
             "energy_counter_period_ms": None,
             "energy_method": m.method if m else None,
             "energy_nvml_start": self.nvml_start,
-            "idle_watts": m.idle_watts if m else None,
-            "idle_watts_source": m.idle_source if m else None,
-            "power_instant_at_nvml_start_w": m.instant_at_start if m else None,
+            "idle_watts": None,
+            "idle_watts_source": None,
             "energy_net_error": None,
             "energy_error": (m.error if m else "energy meter was not started"),
         }
         if m is None or m.method is None:
             return out
+        m.resolve_idle()
+        out["idle_watts"], out["idle_watts_source"] = m.idle_watts, m.idle_source
         if m.idle_watts is None:
             from .idle_power import NO_IDLE
 

@@ -38,8 +38,7 @@ class EnergyMeter:
         self.method: str | None = None  # "total_energy_counter" | "power_samples" | None
         self.error: str | None = None
         self.start_watts: float | None = None  # NVML's (averaged) power when it came up: the estimate's
-        self.instant_at_start: float | None = None  # NVML's instantaneous power then
-        self.idle_watts: float | None = None  # what the net figure subtracts (idle_power.resolve)
+        self.idle_watts: float | None = None  # what the net figure subtracts (resolve_idle)
         self.idle_source: str | None = None
         self._nvml = None
         self._handle = None
@@ -70,10 +69,8 @@ class EnergyMeter:
         self._ready(clock)
 
     def _ready(self, clock) -> None:
-        """NVML is open: the power now, which method, the first counter read, then the idle power."""
-        from . import idle_power
-
-        self.instant_at_start = idle_power.instant_watts(self._nvml, self._handle)  # for comparison only
+        """NVML is open: the power now, which method, the first counter read. Nothing else: this
+        thread runs beside the cold path's imports, and its Python holds their GIL."""
         self.start_watts = self.power_watts()
         v = self.counter_mj()
         if v is not None:
@@ -83,6 +80,14 @@ class EnergyMeter:
             self.method = "power_samples"
         else:
             self.error = "NVML reports neither the energy counter nor power on this GPU"
+
+    def resolve_idle(self) -> None:
+        """The idle power the net figure subtracts (idle_power.py), read when the record is built,
+        after the first token: the calibration lookup costs the cold path nothing then."""
+        if self._nvml is None or self.idle_source is not None:
+            return
+        from . import idle_power
+
         uuid = idle_power.gpu_uuid(self._nvml, self._handle)
         self.idle_watts, self.idle_source = idle_power.resolve(os.environ.get(idle_power.ENV),
                                                                idle_power.calibrated_watts(uuid))

@@ -10,12 +10,13 @@ build reads them before any dependency is installed.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 
 
 def kernel_modules() -> list:
     """The ops modules that own a kernel file (those with KERNELS), by name."""
+    import importlib
+    import pkgutil  # not at import: the cold path imports a few ops modules and needs neither
+
     mods = [importlib.import_module(f"{__name__}.{m.name}") for m in pkgutil.iter_modules(__path__)]
     return sorted((m for m in mods if hasattr(m, "KERNELS")), key=lambda m: m.__name__)
 
