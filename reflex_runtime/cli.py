@@ -82,6 +82,16 @@ def _seconds(value: str) -> float:
     return v
 
 
+def _idle_seconds(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v <= 60:  # NaN fails too; the sampling runs before doctor answers
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in [0, 60] (0: skip), got {value!r}")
+    return v
+
+
 STDIN_HELP = "the prompt; '-', or left out while stdin is not a terminal: read from stdin (trailing newlines dropped)"
 
 
@@ -180,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="what this machine has: Python, driver, GPU, kernels, NVML; measures and caches "
                                       "the GPU's idle power for the records' net energy")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--idle-seconds", type=float, default=1.0, metavar="S",
+    p.add_argument("--idle-seconds", type=_idle_seconds, default=1.0, metavar="S",
                    help="sample the idle GPU's power for S seconds before touching it (0: skip)")
 
     p = sub.add_parser("smoke", help="AOT pipeline check: load the fatbin, resolve every kernel, run a known-answer kernel")

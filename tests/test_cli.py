@@ -103,6 +103,8 @@ def test_install_without_nvcc_warns_and_succeeds(monkeypatch, capsys):
     ([], "required: COMMAND"), (["system1", "hi"], "required: --candidate"), (["frobnicate"], "invalid choice"),
     (["generate", "hi", "--max-tokens", "many"], "argument --max-tokens/-n: invalid int value: 'many'"),
     (["generate", "hi", "--colour"], "unrecognized arguments: --colour"),
+    # the idle sampling runs before doctor answers: NaN, infinite or long spans are refused
+    (["doctor", "--idle-seconds", "nan"], "in [0, 60]"), (["doctor", "--idle-seconds", "1e9"], "in [0, 60]"),
 ])
 def test_usage_errors_are_one_line_exit_2(argv, needle):
     """The usage is for --help; an error is one line that names the problem and where help is."""

@@ -67,6 +67,8 @@ def test_calibration_is_cached_per_gpu_and_refused_on_a_busy_gpu(tmp_path):
     assert idle_power.calibrated_watts("GPU-a", path) == pytest.approx(79.25)
     assert idle_power.calibrated_watts("GPU-b", path) == pytest.approx(95.0)
     assert idle_power.calibrated_watts("GPU-other", path) is None
+    once = idle_power.calibrate(FakeNvml(81.0, "GPU-c"), None, seconds=0.0, every=0.0, path=path)
+    assert once["samples"] >= 1 and once["idle_watts"] == pytest.approx(81.0)  # never a median of nothing
     busy = idle_power.calibrate(FakeNvml(200.0, "GPU-a", busy=2), None, seconds=0.05, path=path)
     assert busy["idle_watts"] is None and "2 process(es)" in busy["error"]
     assert idle_power.calibrated_watts("GPU-a", path) == pytest.approx(79.25)  # unchanged

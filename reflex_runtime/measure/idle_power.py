@@ -119,7 +119,7 @@ def calibrate(nvml, handle, seconds: float = 1.0, every: float = 0.05, path: str
         return {"idle_watts": None, "error": f"{busy} process(es) hold the GPU: its idle power was not measured"}
     samples = []
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while not samples or time.monotonic() < end:  # at least one sample, however short the span
         w = instant_watts(nvml, handle)
         if w is None:
             return {"idle_watts": None, "error": "NVML has no instantaneous power field on this GPU/driver"}
