@@ -310,42 +310,39 @@ def _summarize(case: Case, rows, cache, method, idle, clock) -> dict:
     return summary
 
 
-def energy_agreement(rows: list[dict], clock: EnergyClock) -> dict | None:
-    """The child's own process-start -> first-token joules against ours over spawn -> first
-    output, for the same runs: medians, per-run differences, and whether the medians agree within
-    one counter step or 20%, whichever is larger."""
-    pairs = [(r["child_joules_process_start_to_first_token"], r["joules_to_first_output"]) for r in rows
-             if r.get("child_joules_process_start_to_first_token") is not None and r.get("joules_to_first_output") is not None]
-    if not pairs:
-        return None
-    rec, ext = [p[0] for p in pairs], [p[1] for p in pairs]
-    m_rec, m_ext = statistics.median(rec), statistics.median(ext)
-    step = clock.step_j
-    bound = max(step or 0.0, 0.2 * abs(m_ext))
-    return {"runs": len(pairs), "record_median_j": m_rec, "external_median_j": m_ext,
-            "median_difference_j": m_rec - m_ext, "per_run_difference_j": {"p05": pct([a - b for a, b in pairs], 0.05),
-                                                                        "p50": pct([a - b for a, b in pairs], 0.5),
-                                                                        "p95": pct([a - b for a, b in pairs], 0.95)},
-            "counter_step_j": step, "bound_j": bound, "agree": abs(m_rec - m_ext) <= bound}
-
-
-NET_BOUND_J, NET_BOUND_FRACTION = 3.0, 0.2  # issue #25: within 3 J or 20%, whichever is larger
-
-
-def net_agreement(rows: list[dict]) -> dict | None:
-    """The child's net joules (gross less its idle power over its window) against ours (our gross
-    less the idle power we measured before spawning, over spawn -> first output), same runs."""
-    pairs = [(r["child_net_joules"], r["net_joules_to_first_output"]) for r in rows
-             if r.get("child_net_joules") is not None and r.get("net_joules_to_first_output") is not None]
+def _agreement(rows: list[dict], child_key: str, ext_key: str, floor_j: float) -> dict | None:
+    """The child's own figure (child_key) against ours (ext_key) for the same runs: medians,
+    per-run differences, and whether the medians agree within floor_j or 20% of ours, whichever is
+    larger (`runs_within_bound`: the same test run by run)."""
+    pairs = [(r[child_key], r[ext_key]) for r in rows if r.get(child_key) is not None and r.get(ext_key) is not None]
     if not pairs:
         return None
     diffs = [a - b for a, b in pairs]
     m_rec, m_ext = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
-    bound = max(NET_BOUND_J, NET_BOUND_FRACTION * abs(m_ext))
+
+    def bound(ext: float) -> float:
+        return max(floor_j, 0.2 * abs(ext))
+
     return {"runs": len(pairs), "record_median_j": m_rec, "external_median_j": m_ext, "median_difference_j": m_rec - m_ext,
             "per_run_difference_j": {"p05": pct(diffs, 0.05), "p50": pct(diffs, 0.5), "p95": pct(diffs, 0.95)},
-            "runs_within_bound": sum(abs(d) <= max(NET_BOUND_J, NET_BOUND_FRACTION * abs(b)) for d, (_, b) in zip(diffs, pairs)),
-            "bound_j": bound, "agree": abs(m_rec - m_ext) <= bound}
+            "runs_within_bound": sum(abs(d) <= bound(b) for d, (_, b) in zip(diffs, pairs)),
+            "bound_j": bound(m_ext), "agree": abs(m_rec - m_ext) <= bound(m_ext)}
+
+
+def energy_agreement(rows: list[dict], clock: EnergyClock) -> dict | None:
+    """Gross: the child's process-start -> first-token joules against ours over spawn -> first
+    output, within one counter step or 20%."""
+    out = _agreement(rows, "child_joules_process_start_to_first_token", "joules_to_first_output", clock.step_j or 0.0)
+    return out and dict(out, counter_step_j=clock.step_j)
+
+
+NET_BOUND_J = 3.0  # issue #25: net joules within 3 J or 20%, whichever is larger
+
+
+def net_agreement(rows: list[dict]) -> dict | None:
+    """Net: the child's joules above idle (its gross less its idle power over its window) against
+    ours (our gross less the idle power we measured before spawning, over spawn -> first output)."""
+    return _agreement(rows, "child_net_joules", "net_joules_to_first_output", NET_BOUND_J)
 
 
 def _median_stages(records: list[dict]) -> dict | None:
