@@ -19,21 +19,16 @@ def _version(dist: str) -> str | None:
 
 def calibrate_idle(seconds: float) -> dict | None:
     """Before this process touches the GPU: its idle power, cached per GPU for the records' net
-    energy (idle_power.py). None with no NVML."""
-    import ctypes
-
+    energy (idle_power.py). None when asked to skip it (seconds 0)."""
     from ..measure import idle_power
+    from ..measure.energy import open_nvml_device
 
     if seconds <= 0:
         return None
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    handle = ctypes.c_void_p()
-    if nvml.nvmlInit_v2() != 0 or nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(0), ctypes.byref(handle)) != 0:
-        return {"idle_watts": None, "error": "NVML could not open GPU 0"}
-    return idle_power.calibrate(nvml, handle, seconds)
+    opened = open_nvml_device(0)
+    if isinstance(opened, str):
+        return {"idle_watts": None, "error": opened}
+    return idle_power.calibrate(*opened, seconds)
 
 
 def collect(timeline, args=None) -> dict:

@@ -31,6 +31,22 @@ NVML_PERIOD_S = 0.1  # the H200's energy counter period (measured: see the docst
 POLL_S = 0.005  # how often the counter is read while waiting for its step after the end mark
 
 
+def open_nvml_device(index: int = 0, flags: int = 0):
+    """(libnvidia-ml, device handle), or a one-line reason why not."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return "NVML not available (libnvidia-ml.so.1 not found: no NVIDIA driver)"
+    rc = nvml.nvmlInitWithFlags(ctypes.c_uint(flags)) if flags else nvml.nvmlInit_v2()
+    if rc != 0:
+        return f"nvmlInit failed (NVML error {rc})"
+    handle = ctypes.c_void_p()
+    rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle))
+    if rc != 0:
+        return f"nvmlDeviceGetHandleByIndex({index}) failed (NVML error {rc})"
+    return nvml, handle
+
+
 class EnergyMeter:
     """NVML's energy counter and power for one GPU, read at the window's two ends."""
 
@@ -50,22 +66,12 @@ class EnergyMeter:
     # -- NVML -----------------------------------------------------------------------------
 
     def start(self, clock, flags: int = 0) -> None:
-        """Load libnvidia-ml, open the device, read the idle power and the counter once."""
-        try:
-            nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        except OSError:
-            self.error = "NVML not available (libnvidia-ml.so.1 not found: no NVIDIA driver)"
+        """Load libnvidia-ml, open the device, read the power and the counter once."""
+        opened = open_nvml_device(self._device_index, flags)
+        if isinstance(opened, str):
+            self.error = opened
             return
-        rc = nvml.nvmlInitWithFlags(ctypes.c_uint(flags)) if flags else nvml.nvmlInit_v2()
-        if rc != 0:
-            self.error = f"nvmlInit failed (NVML error {rc})"
-            return
-        handle = ctypes.c_void_p()
-        rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(self._device_index), ctypes.byref(handle))
-        if rc != 0:
-            self.error = f"nvmlDeviceGetHandleByIndex({self._device_index}) failed (NVML error {rc})"
-            return
-        self._nvml, self._handle = nvml, handle
+        self._nvml, self._handle = opened
         self._ready(clock)
 
     def _ready(self, clock) -> None:
