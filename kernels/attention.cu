@@ -39,10 +39,13 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     // of the row computes the same count from the same n_kv; surplus blocks leave before any
     // barrier. Larger minimum slices (64 keys) made decode slower on the H200: one warp walking
     // more keys costs more than the merge saves.
-    n_split = min(n_split, max(1, (n_vis + ATT_MIN_KEYS - 1) / ATT_MIN_KEYS));
+    n_split = min(n_split, max(1, (n_vis - (prefix_len > 0 ? 0 : min(lo, n_vis)) + ATT_MIN_KEYS - 1) / ATT_MIN_KEYS));
     if (split >= n_split) return;
-    int chunk = (n_vis + n_split - 1) / n_split;
-    int j0 = split * chunk, j1 = min(n_vis, j0 + chunk);
+    // Without a shared prefix nothing before seg_lo is visible: start there (a batch of sequences'
+    // decode rows, each in its own range of the cache).
+    int start = prefix_len > 0 ? 0 : min(lo, n_vis);
+    int chunk = (n_vis - start + n_split - 1) / n_split;
+    int j0 = start + split * chunk, j1 = min(n_vis, j0 + chunk);
 
     const float* qh = q + ((long)t * n_head + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d] * scale;

@@ -2,7 +2,9 @@
 // serves all G = n_head / n_head_kv query heads of one KV head, so K and V are read once per KV
 // head, and the context is split across blocks by its length.
 //
-// Grid (n_head_kv, max_split), 128 threads. n_split = clamp(ceil(n_vis / min_keys), 1, max_split)
+// Grid (n_head_kv, max_split, rows), 128 threads. Each z is one row: the decode token of one
+// sequence of a batch (rows > 1: continuous batching), whose keys are the cache slots
+// seq_lo[row] .. its slot (seq_lo NULL: from 0); rows share nothing but the weights of the launch. n_split = clamp(ceil(n_vis / min_keys), 1, max_split)
 // slices of the n_vis visible keys; blocks past n_split leave at once, so a short context runs few
 // blocks and a long one up to max_split per KV head. A block walks its slice in tiles of 32 keys:
 // cp.async copies the next tile's K and V rows into shared memory while the current one is
@@ -20,7 +22,7 @@
 // kv_pos[slot] = pos, KV head 0), and uses them as the newest key. Rotation as in rope.cu: NeoX
 // pairs (i, i + rope_dim/2) or, with mode 1, pairwise (2i, 2i + 1); angle_i = pos * freq_scale *
 // base^(-2i/rope_dim) / factors[i] (factors optional), in double; dims from rope_dim pass through.
-// Visible keys: j < n_vis = min(n_kv, slot + 1), and pos - kv_pos[j] < window when window > 0.
+// Visible keys: seq_lo[row] <= j < n_vis = min(n_kv, slot + 1), and pos - kv_pos[j] < window when window > 0.
 // With `window_slots` (the caller's promise that slot j holds position j + c, as in generate), a
 // sliding window also bounds the slots walked: only the last `window` slots can be visible, so a
 // local layer reads window keys, not the whole context (the per-key test still applies).
@@ -108,7 +110,7 @@ __device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
 
 extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
-    const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
+    const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
     int hd_v, int n_ctx, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
     AtdRope rope) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
@@ -118,8 +120,18 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     __shared__ float knew[256];           // rope: the new key, normalized and rotated
     __shared__ __align__(16) half kv16[512];  // rope: the new key and value as stored (f16)
     __shared__ int is_last;
-    int kvh = blockIdx.x, split = blockIdx.y, max_split = gridDim.y;
+    int kvh = blockIdx.x, split = blockIdx.y, max_split = gridDim.y, row = blockIdx.z;
     int G = n_head / n_head_kv;
+    // Row `row` is its own sequence's decode token (a batch of sequences, one token each): its
+    // inputs, outputs, partials and counters are the row's own, its keys start at seq_lo[row].
+    q += (long)row * n_head * hd;
+    q_pos += row, q_slot += row;
+    out += (long)row * n_head * hd_v;
+    part_o += (long)row * n_head * max_split * hd_v;
+    part_ml += (long)row * n_head * max_split * 2;
+    counters += (long)row * n_head_kv;
+    int first = seq_lo ? seq_lo[row] : 0;
+    if (rope.k) rope.k += (long)row * n_head_kv * hd, rope.v += (long)row * n_head_kv * hd_v;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int ks = 2 * hd + ATD_PAD, vs = 2 * hd_v + ATD_PAD;
     float* qs = reinterpret_cast<float*>(rx_dyn_smem);  // G x hd, pre-scaled
@@ -133,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
     auto plan = [&]() {  // the same numbers in every block of the KV head
         n_vis = min(*n_kv_ptr, *q_slot + 1);
-        lo = window > 0 && window_slots ? max(0, n_vis - window) : 0;
+        lo = window > 0 && window_slots ? max(first, n_vis - window) : first;
         n_split = min(max_split, max(1, (n_vis - lo + min_keys - 1) / min_keys));
         chunk = (n_vis - lo + n_split - 1) / n_split;
         j0 = min(n_vis, lo + split * chunk);

@@ -4,7 +4,8 @@
 //   greedy: argmax, lowest id on ties;
 //   otherwise z = logits / T, keep z >= max(t_topk, t_topp) and p >= min_p, draw u = uniform(seed, step)
 //   and walk the kept tokens in id order until the running mass exceeds u * kept mass.
-// After choosing, both kernels write tokens[0] (the next step's input), out_tokens[step], and
+// reflex_pick_rows does either for every row of a batch of sequences (continuous batching).
+// After choosing, the single-sequence kernels write tokens[0] (the next step's input), out_tokens[step], and
 // move pos/slot/n_kv one past the last token of this pass (index `last`).
 #include "state.cuh"
 
@@ -122,10 +123,10 @@ struct RxSampling {
     unsigned long long seed;
 };
 
-// One block of 1024 threads over the whole vocabulary.
-extern "C" __global__ void __launch_bounds__(1024) reflex_sample(const float* logits, int n, const RxSampling* sp,
-                                                                 RxState st, int last) {
-    rx_pdl_begin();
+// The sampled token of one row (one block of 1024 threads over the whole vocabulary); `step`
+// (the request's token index) and the seed make the draw, so a request's tokens do not depend on
+// what else ran beside it. Every thread returns the token.
+__device__ int rx_sample_row(const float* logits, int n, const RxSampling* sp, int step) {
     float temperature = sp->temperature, top_p = sp->top_p, min_p = sp->min_p;
     int top_k = sp->top_k;
     unsigned long long seed = sp->seed;
@@ -182,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(1024) reflex_sample(const float* lo
     }
     __syncthreads();
     double total = dscratch[0];
-    unsigned long long r = rx_splitmix64(rx_splitmix64(seed) ^ (unsigned long long)(*st.step));
+    unsigned long long r = rx_splitmix64(rx_splitmix64(seed) ^ (unsigned long long)step);
     double target = (double)(r >> 40) * (1.0 / 16777216.0) * total;
     double run = chunk_prefix[threadIdx.x];
     if (mine > 0.0 && target >= run && target < run + mine) {
@@ -208,6 +209,65 @@ extern "C" __global__ void __launch_bounds__(1024) reflex_sample(const float* lo
                     break;
                 }
         }
-        rx_advance(st, last, tok < 0 ? 0 : tok);
+        chosen = tok < 0 ? 0 : tok;
+    }
+    __syncthreads();
+    return chosen;
+}
+
+extern "C" __global__ void __launch_bounds__(1024) reflex_sample(const float* logits, int n, const RxSampling* sp,
+                                                                 RxState st, int last) {
+    rx_pdl_begin();
+    int tok = rx_sample_row(logits, n, sp, *st.step);
+    if (threadIdx.x == 0) rx_advance(st, last, tok);
+}
+
+// The argmax of one row by one block (lowest id on ties, NaN never wins); every thread returns it.
+__device__ int rx_argmax_row(const float* x, int n) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[i];
+        if (v != v) v = -INFINITY;
+        if (rx_better(v, i, bv, bi)) bv = v, bi = i;
+    }
+    rx_warp_argmax(bv, bi);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    bv = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+    bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+    rx_warp_argmax(bv, bi);
+    return bi == 0x7fffffff ? 0 : bi;
+}
+
+// A batch of sequences' decode state, one row each (continuous batching): the next input token,
+// its position and cache slot, and the sequence's token count (its sampling step).
+struct RxRows {
+    int* tokens;
+    int* pos;
+    int* slot;
+    int* steps;
+};
+
+// The pick of every row of a batch: grid (rows), 1024 threads. Row r's logits at logits + r * n,
+// its settings sp[r] (greedy when temperature <= 0 or top_k == 1, as gpu/step.py Pick.greedy);
+// then the row advances: tokens[r] = the pick, pos, slot and steps one further.
+extern "C" __global__ void __launch_bounds__(1024) reflex_pick_rows(const float* logits, int n, const RxSampling* sp,
+                                                                    RxRows st) {
+    rx_pdl_begin();
+    int r = blockIdx.x;
+    const float* x = logits + (long)r * n;
+    const RxSampling* p = sp + r;
+    int step = st.steps[r];
+    int tok = p->temperature <= 0.f || p->top_k == 1 ? rx_argmax_row(x, n) : rx_sample_row(x, n, p, step);
+    if (threadIdx.x == 0) {
+        st.tokens[r] = tok;
+        st.pos[r] += 1;
+        st.slot[r] += 1;
+        st.steps[r] = step + 1;
     }
 }

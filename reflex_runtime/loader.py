@@ -64,8 +64,9 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
-                max_context: int | None = None, log=None, device=None, limits=None):
-    """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
+                max_context: int | None = None, log=None, device=None, limits=None, parallel: int = 1):
+    """Build an Engine. `parallel`: sequences the runner holds at once (serving front ends; each
+    gets max_context tokens of cache). `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
     `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`.
     `limits`: the engine.Limits requests are held to (default: Limits()).
     On failure the timeline's `failed_stage` names the stage that raised: resolve_model,
@@ -85,7 +86,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     gc.disable()
     tl = timeline or Timeline()
     try:
-        return _load(model_ref, backend, tl, max_context, log, device, limits)
+        return _load(model_ref, backend, tl, max_context, log, device, limits, parallel)
     except BaseException:
         tl.fail()
         raise
@@ -96,7 +97,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, tl, max_context, log, device, limits):
+def _load(model_ref, backend, tl, max_context, log, device, limits, parallel=1):
     tl.begin("resolve_model")
     if backend in ("auto", "cuda"):
         if device is None:  # first: cuInit is the cold path's longest stage
@@ -135,7 +136,8 @@ def _load(model_ref, backend, tl, max_context, log, device, limits):
             from .gpu.runner import CudaRunner
 
             # Starts the weight upload; it waits for the device thread and runs beside us.
-            runner = CudaRunner.start(device, gguf, config, tl, gpu_model_class(config), max_context=max_context)
+            runner = CudaRunner.start(device, gguf, config, tl, gpu_model_class(config), max_context=max_context,
+                                      max_seqs=max(1, parallel))
         else:
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 

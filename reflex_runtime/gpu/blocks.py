@@ -78,6 +78,11 @@ class Batch:
     # every cache slot j holds position j + c (prompts, decode, check; not system1's trees): a
     # sliding window then bounds the slots decode attention reads
     slots_in_order: bool = True
+    # continuous batching (gpu/batch.py): rows = every token is its own sequence's decode token,
+    # its keys from slot seg_lo[row] (the pointer `seg_lo` then means that); kv_base = the slots
+    # of this batch count from that cache slot (one sequence's prompt chunk in its range)
+    rows: bool = False
+    kv_base: int = 0
 
     @property
     def matvec(self) -> bool:
@@ -163,7 +168,7 @@ class Attention:
         k_bytes = c.n_head_kv * model.n_ctx * c.head_dim * 2
         v_bytes = c.n_head_kv * model.n_ctx * c.head_dim_v * 2
         model.arena.reserve(f"kv{il}", k_bytes + v_bytes)
-        model.need(self.buffers(c, model.max_batch))
+        model.need(self.buffers(c, model.max_batch, model.max_seqs))
         self._k_bytes = k_bytes
         self.w: AttnWeights | None = None
 
@@ -178,12 +183,13 @@ class Attention:
         return None
 
     @staticmethod
-    def buffers(c, t: int) -> list[tuple[str, int]]:
+    def buffers(c, t: int, rows: int = 1) -> list[tuple[str, int]]:
+        """rows: decode tokens of that many sequences in one pass (their split partials)."""
         splits = max(attention.SPLITS_DECODE, attn_decode.SPLITS_MAX)  # the legacy and the decode kernel's slices
         return [("q", t * c.n_head * c.head_dim), ("k", t * c.n_head_kv * c.head_dim),
                 ("v", t * c.n_head_kv * c.head_dim_v), ("att", t * c.n_head * c.head_dim_v),
-                ("part_o", c.n_head * splits * c.head_dim_v), ("part_ml", c.n_head * splits * 2),
-                ("attn_counters", c.n_head)]
+                ("part_o", rows * c.n_head * splits * c.head_dim_v), ("part_ml", rows * c.n_head * splits * 2),
+                ("attn_counters", rows * c.n_head)]
 
     def read(self, r: TensorReader, il: int) -> AttnWeights:
         """This layer's q/k/v/o weights and q/k norms (a family with another layout overrides it)."""
@@ -212,31 +218,38 @@ class Attention:
         qk-norm + rope + cache store fused in where the launcher allows it. Prompts and system1's
         trees: flash attention on tensor cores (sm_80+), else the split-K scalar kernel."""
         c, L, p, w = self.cfg, self.launch, self.p, self.w
-        decode = b.n == 1 and not b.seg_lo and attn_decode.fits(L, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        fits = attn_decode.fits(L, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
+        decode = (b.rows or (b.n == 1 and not b.seg_lo)) and fits
+        rows = b.n if b.rows else 1
+        # a prompt chunk of one sequence in its own range: its slots count from kv_base
+        k_cache = self.k_cache + 2 * b.kv_base * c.head_dim
+        v_cache = self.v_cache + 2 * b.kv_base * c.head_dim_v
+        kv_pos = p("kv_pos") + 4 * b.kv_base
         fused = None
         if decode and L.fuse_rope:
             fused = AtdRope(k, v, w.q_norm or None, w.k_norm or None, self.rope_factors or None, self.eps,
                             self.rope_base, self.rope_freq_scale, c.rope_dim, 1 if self.rope_pairs else 0)
         else:
             with L.role("qk-norm + rope + cache store"):
-                rope.qk_rope_store(L, q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, p("kv_pos"), self.k_cache,
-                                   self.v_cache, b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim,
+                rope.qk_rope_store(L, q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, kv_pos, k_cache,
+                                   v_cache, b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim,
                                    self.rope_base, self.rope_freq_scale, self.eps, self.n_ctx,
                                    freq_factors=self.rope_factors, pairwise=self.rope_pairs)
         with L.role("attention + qk-norm + rope + cache store" if fused is not None else "attention"):
             if decode and attn_decode.attention(
-                    L, q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.n_kv, att, p("part_o"),
+                    L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.n_kv, att, p("part_o"),
                     p("part_ml"), p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx,
-                    self.window, self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=fused):
+                    self.window, self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=fused,
+                    rows=rows, seq_lo=b.seg_lo if b.rows else 0):
                 return
             assert fused is None, "the rope was left to the decode attention"
-            if flash_attn.ok(L, b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
-                flash_attn.attention(L, q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo,
+            if not b.rows and flash_attn.ok(L, b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
+                flash_attn.attention(L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.seg_lo,
                                      b.prefix_len, b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx,
                                      self.window, self.scale, 0.0)
-            else:
-                n_split = attention.SPLITS_DECODE if b.n == 1 else 1
-                attention.attention(L, q, self.k_cache, self.v_cache, p("kv_pos"), b.pos, b.slot, b.seg_lo,
+            else:  # rows: seg_lo with no prefix is each row's own range (reflex_attn starts there)
+                n_split = attention.SPLITS_DECODE if b.n == 1 or b.rows else 1
+                attention.attention(L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.seg_lo,
                                     b.prefix_len, b.n_kv, att, p("part_o"), p("part_ml"), p("attn_counters"), b.n,
                                     c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
                                     self.scale, 0.0, n_split)

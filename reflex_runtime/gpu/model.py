@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..modelfile import tensor_names as T
 from .arena import Arena
-from .blocks import Batch, LmHead, Residual, TensorReader
+from .blocks import Attention, Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
 from .layer import DecoderLayer
 from .ops import embed
@@ -36,9 +36,12 @@ class GpuModel:
     # sequences (forward(seqs=...)), their attention layers still under the tree mask.
     scoring = "tree"
 
-    def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int):
+    def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int, max_seqs: int = 1):
         self.cfg, self.gguf = config, gguf
         self.max_batch, self.n_ctx, self.max_new = max_batch, n_ctx, max_new
+        # sequences decoded together (gpu/batch.py): their decode rows sit at state index 0..max_seqs-1,
+        # a prompt chunk's tokens after them; each sequence's cache is its own range of n_ctx slots
+        self.max_seqs = max_seqs
         self.weights_bytes = gguf.size - gguf.data_offset
         self.arena = Arena()
         self.arena.reserve("weights", self.weights_bytes)
@@ -47,15 +50,17 @@ class GpuModel:
         self.need([(name, t * c.n_embd) for name in Residual.BUFFERS])
         # argmax partials: ARGMAX_PARTS for reflex_argmax_*, one per block (<= one per row) for the
         # LM head with the pick fused; mvs_counters: [0] that head's, [1] the MoE router's (zeroed)
-        self.need([("logits", c.vocab_size), ("amax_v", max(ARGMAX_PARTS, c.vocab_size)),
+        self.need([("logits", max_seqs * c.vocab_size), ("amax_v", max(ARGMAX_PARTS, c.vocab_size)),
                    ("amax_i", max(ARGMAX_PARTS, c.vocab_size)), ("mvs_counters", 4)])
         self.plan()
         self.head = LmHead(self, self.softcap)
         self.arena.reserve_f32(self._needs.items())
-        nt = max(t, n_ctx)  # per-token inputs cover a whole prompt, prefilled in chunks
+        nt = max(t, n_ctx, max_seqs + t)  # per-token inputs cover a whole prompt, prefilled in chunks
         self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
-                                ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1)])
+                                ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1),
+                                ("steps", max_seqs + 1)])
         self.arena.reserve("sampling", 64)
+        self.arena.reserve("sampling_rows", 32 * (max_seqs + 1))
 
     # -- for families ---------------------------------------------------------------------
 
@@ -116,20 +121,29 @@ class GpuModel:
 
     # -- the forward pass ---------------------------------------------------------------------
 
+    @property
+    def batchable(self) -> bool:
+        """Whether sequences can decode together (gpu/batch.py): every layer's mixer is the shared
+        attention block (recurrent state and latent caches are not batched yet)."""
+        return self.scoring == "tree" and all(type(ly.mixer) is Attention for ly in self.layers)
+
     def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
                 logit_row: int = -1, logit_rows: int = 1, logits: int = 0, seqs: int = 0, seq_max: int = 0,
-                pick=None) -> bool:
+                pick=None, rows: bool = False, kv_base: int = 0) -> bool:
         """Run n tokens (state arrays from index `first`) through every layer, then the LM head
         for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
         one-row logits buffer). logit_rows = 0 skips the head. seqs > 0: the batch is that many
         independent sequences (starts in the seq_start array, the longest seq_max tokens), each
         continuing its own state copy from fork(seqs). pick = (RxState, last): the head may take
-        the greedy choice itself; True when it did (the caller then launches no pick)."""
+        the greedy choice itself; True when it did (the caller then launches no pick). rows: each
+        of the n tokens is another sequence's decode token (gpu/batch.py), whose keys start at its
+        seg_lo entry. kv_base: the batch's slots count from this cache slot (one sequence's prompt
+        chunk in its own range)."""
         p, E = self.p, self.cfg.n_embd
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
-                  p("seg_lo") + 4 * first if tree else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
+                  p("seg_lo") + 4 * first if tree or rows else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
                   seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0,
-                  slots_in_order=not tree)
+                  slots_in_order=not tree, rows=rows, kv_base=kv_base)
         with self.launch.role("embedding", n * self.embedding.row_bytes):
             embed.embed(self.launch, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
         self.res.added()

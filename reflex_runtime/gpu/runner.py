@@ -39,14 +39,17 @@ class CudaRunner:
     name = "cuda"
     checks_deadline = True  # generate_ids takes `deadline` (engine.Runner): checked between prefill chunks
 
-    def __init__(self, boot, gguf, config, timeline, model_cls, max_context: int | None = None):
+    def __init__(self, boot, gguf, config, timeline, model_cls, max_context: int | None = None, max_seqs: int = 1):
         self.boot = boot
         self.gguf = gguf
         self.config = config
         self.tl = timeline
         n_ctx = max_context or min(config.context_length, 4096)
-        self.max_context = n_ctx
-        self.model = model_cls(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)  # a family's gpu.model.GpuModel
+        self.max_context = n_ctx  # per sequence
+        # max_seqs > 1 (serving): one cache range of n_ctx slots per sequence (gpu/batch.py)
+        self.model = model_cls(config, gguf, MAX_BATCH, n_ctx * max_seqs, max_new=n_ctx * max_seqs,
+                               max_seqs=max_seqs)  # a family's gpu.model.GpuModel
+        self._batch = None  # gpu/batch.py Batcher, on the first batch_open
         self.error: str | None = None
         self.dev = None
         self._graphs: dict[tuple[str, bool], object] = {}  # ("greedy" | "sample" | "forward", pdl) -> decode graph
@@ -57,8 +60,9 @@ class CudaRunner:
         self.pdl: bool | None = None  # None: chain the decode graph's kernels (PDL) where the GPU can
 
     @classmethod
-    def start(cls, boot, gguf, config, timeline, model_cls, max_context: int | None = None) -> "CudaRunner":
-        r = cls(boot, gguf, config, timeline, model_cls, max_context)
+    def start(cls, boot, gguf, config, timeline, model_cls, max_context: int | None = None,
+              max_seqs: int = 1) -> "CudaRunner":
+        r = cls(boot, gguf, config, timeline, model_cls, max_context, max_seqs)
         r._thread = threading.Thread(target=r._load, name="reflex-upload", daemon=True)
         r._thread.start()
         return r
@@ -216,17 +220,18 @@ class CudaRunner:
             h.after(self.model.p("logits"))
         return True
 
-    def pick_hooks(self, pick: Pick):
+    def pick_hooks(self, pick: Pick, tokens_ptr: int = 0):
         """The hooks a logprobs or grammar pick needs (None for a plain one), on this runner's
-        step buffers (allocated on first use)."""
+        step buffers (allocated on first use); the pick leaves its token at tokens_ptr (default:
+        the first decode row's)."""
         if not pick.hooked:
             return None
         from .constrained import PickHooks, StepBuffers
 
         if self._constrain_bufs is None:
             self._constrain_bufs = StepBuffers(self.dev, self.config.vocab_size)
-        return PickHooks(self.launch, self.dev, self.stream, self.model.p("tokens"), self.config.vocab_size,
-                         self._constrain_bufs, pick)
+        return PickHooks(self.launch, self.dev, self.stream, tokens_ptr or self.model.p("tokens"),
+                         self.config.vocab_size, self._constrain_bufs, pick)
 
     def step_graph(self, greedy: bool, pdl: bool | None = None):
         """A decode step (forward + the plain pick, fused into the LM head for greedy decoding
@@ -284,6 +289,44 @@ class CudaRunner:
                     queued += 1
         finally:
             self.dev.sync(self.stream)  # nothing in flight touches the inputs of the next request
+
+    # -- the batch API (the engine's scheduler; gpu/batch.py does the work) ----------------------
+
+    @property
+    def max_seqs(self) -> int:
+        """Sequences decoded together: the pool's ranges, when the family's layers can batch."""
+        return self.model.max_seqs if self.model.batchable else 1
+
+    def batch_open(self, prompt_ids, pick: Pick, max_new: int, stop_ids) -> int:
+        if self._batch is None:
+            from .batch import Batcher
+
+            self._batch = Batcher(self)
+        return self._batch.open(prompt_ids, pick, max_new, stop_ids)
+
+    def batch_step(self, prefill, decode) -> dict:
+        return self._batch.step(prefill, decode)
+
+    def batch_close(self, sid: int) -> None:
+        self._batch.close(sid)
+
+    # the batcher's handles on the runner's graphs, picks and decode state
+    @property
+    def state(self) -> RxState:
+        return self._state
+
+    def pick_one(self, greedy: bool, row: int) -> None:
+        self._pick(greedy, row)
+
+    def graph(self, kind: str, body):
+        """A decode graph captured once per kind from body() (PDL where the GPU has it)."""
+        return self._graph(kind, body, None)
+
+    def read_token(self, ptr: int) -> int:
+        """One int from the device, after the work queued before it."""
+        self.dev.dtoh(self._rb_ptr, ptr, 4, self.stream)
+        self.dev.sync(self.stream)
+        return self._rb_view.cast("i")[0]
 
     def _one_sequence(self, step: Step) -> Seq:
         if len(step.seqs) != 1:

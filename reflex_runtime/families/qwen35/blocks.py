@@ -150,8 +150,8 @@ class GatedAttention(Attention):
     """Attention whose query projection gives per head [query | gate]: out (+)= Wo (attention * sigmoid(gate))."""
 
     @staticmethod
-    def buffers(c, t: int) -> list[tuple[str, int]]:
-        return Attention.buffers(c, t) + [("qg", t * 2 * c.n_head * c.head_dim), ("attn_gate", t * c.n_head * c.head_dim)]
+    def buffers(c, t: int, rows: int = 1) -> list[tuple[str, int]]:
+        return Attention.buffers(c, t, rows) + [("qg", t * 2 * c.n_head * c.head_dim), ("attn_gate", t * c.n_head * c.head_dim)]
 
     def read(self, r: TensorReader, il: int) -> AttnWeights:
         """attn_q ([query | gate] per head), attn_k, attn_v; or their rows of one attn_qkv (--fuse-qkv)."""

@@ -37,9 +37,10 @@ def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
 
 def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters, n_head, n_head_kv,
               hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool, window_slots: bool = False,
-              rope: AtdRope | None = None) -> bool:
-    """One query token (see the module doc). part_o / part_ml hold n_head * SPLITS_MAX slices;
-    counters n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two
+              rope: AtdRope | None = None, rows: int = 1, seq_lo: int = 0) -> bool:
+    """One query token per row (see the module doc): rows > 1 is a batch of sequences, row r's
+    keys from slot seq_lo[r] (device ints; 0: every row from slot 0). part_o / part_ml hold
+    rows * n_head * SPLITS_MAX slices; counters rows * n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two
     or more launches back (the decode graph). window_slots: slot j holds position j + c, so a
     sliding window bounds the slots read. rope: q is raw and the new key / value are rope.k /
     rope.v: the kernel normalizes, rotates and stores them. False: not applicable, nothing launched."""
@@ -48,9 +49,9 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
     if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
         return False
     smem = _smem(n_head // n_head_kv, hd, hd_v)
-    L.go("reflex_attn_decode", (n_head_kv, splits(L, n_head_kv), 1), 128,
+    L.go("reflex_attn_decode", (n_head_kv, splits(L, n_head_kv), rows), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
-          c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
+          c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale),
           c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
           rope if rope is not None else AtdRope()], smem)

@@ -1,0 +1,299 @@
+"""Continuous batching on the CUDA runner: the runner's batch API (batch_open, batch_step,
+batch_close; the engine's scheduler drives it, reflex_runtime/scheduler.py).
+
+Each sequence owns a range of `max_context` cache slots (sequence i: slots i*C .. i*C + C - 1),
+carved at load from one pool of max_seqs ranges. A step:
+- prompt chunks, one sequence at a time, at state index max_seqs.. with slots relative to the
+  sequence's range (Batch.kv_base): flash attention then reads that range only; the chunk that
+  ends a prompt picks the first token (read back at once: it is the first token);
+- one forward over the decode token of every running sequence (rows 0..N-1 of the state
+  arrays, Batch.rows: the matrix products see N rows, the decode attention one row per
+  sequence from its range's first slot), then reflex_pick_rows picks and advances every row.
+  That pass is one captured CUDA graph per N, replayed with AHEAD steps queued on the GPU while
+  the set of rows stays the same; N = 1 replays the single-sequence graph (the pick fused into
+  the LM head) with the row's range start as its first key.
+- a sequence whose pick has hooks (logprobs, a grammar) decodes on its own, one token a step,
+  as a one-token prompt chunk followed by the hooked pick (the host takes part in every pick).
+When the set of rows changes (a sequence joins or leaves), the queued steps are finished and
+their tokens kept (none past a stop id or max_new is returned) before the rows are rewritten.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import RequestError
+from ..sampling import Sampled
+from .step import Pick
+from .ops import sample
+from .ops.sample import RxRows, RxSampling
+
+AHEAD = 2  # decode steps queued beyond the one being read back (as the single-sequence loop)
+PINNED = 4  # input buffers in flight (each reused once its copies have run)
+SP = ctypes.sizeof(RxSampling)  # bytes per row of sampling_rows (the kernel's stride)
+
+
+@dataclass
+class _Seq:
+    base: int  # its range's first cache slot
+    prompt: list[int]
+    pick: Pick
+    max_new: int
+    stop_ids: frozenset
+    fed: int = 0  # prompt tokens forwarded
+    out: int = 0  # tokens handed back
+    queued: int = 0  # tokens computed or queued (>= out)
+    last: int = -1  # the latest token: the next step's input
+    ended: bool = False  # a stop id or max_new reached: later tokens are dropped
+    hooks: object = None
+    sampling: RxSampling = field(default_factory=RxSampling)
+
+
+class Batcher:
+    """The batch state of one CudaRunner (created once its weights are on the device)."""
+
+    def __init__(self, runner):
+        self.r = runner
+        m = runner.model
+        self.S, self.C, self.vocab = m.max_seqs, runner.max_context, runner.config.vocab_size
+        self.X = self.S  # state index of a prompt chunk's first token (after the decode rows)
+        self.free = list(range(self.S - 1, -1, -1))
+        self.seqs: dict[int, _Seq] = {}
+        self.rows: list[int] = []  # sequences in decode-row order
+        self.inflight: deque = deque()  # (readback slot, rows) per queued decode step
+        self.pending: dict[int, list] = {}  # tokens landed outside a step (close), handed out by the next
+        self.dirty = False  # the device rows no longer match self.rows
+        self.n_launched = 0
+        dev = runner.dev
+        n_int = 5 * self.S + 3 * m.max_batch + 8
+        self._in_bytes = 4 * n_int + SP * (self.S + 1)
+        self._in = [dev.alloc_pinned(self._in_bytes) for _ in range(PINNED)]
+        self._in_ev = [None] * PINNED
+        self._in_at = 0
+        n_rb = AHEAD + 2
+        self._rb = [dev.alloc_pinned(4 * self.S) for _ in range(n_rb)]
+        self._rb_ev = [dev.event() for _ in range(n_rb)]
+        p = m.p
+        self._rows_state = RxRows(p("tokens"), p("pos"), p("slot"), p("steps"))
+
+    # -- the API ----------------------------------------------------------------------------
+
+    def open(self, prompt_ids, pick: Pick, max_new: int, stop_ids) -> int:
+        if len(prompt_ids) + max_new > self.C:
+            raise RequestError(f"prompt ({len(prompt_ids)}) + max_tokens ({max_new}) exceed the context of {self.C}")
+        if not self.free:
+            raise RequestError(f"all {self.S} sequences are in use")
+        sid = self.free.pop()
+        sp = RxSampling()
+        ps = pick.params
+        sp.temperature, sp.top_k, sp.top_p, sp.min_p = ps.temperature, ps.top_k, ps.top_p, ps.min_p
+        sp.seed = (ps.seed or 0) & 0xFFFFFFFFFFFFFFFF
+        self.seqs[sid] = _Seq(sid * self.C, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
+                              hooks=self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X))
+        return sid
+
+    def close(self, sid: int) -> None:
+        if sid in self.rows:  # queued steps still write its range: finish them first
+            self._drain(self.pending)
+            self.rows = [s for s in self.rows if s != sid]
+            self.dirty = True
+        self.pending.pop(sid, None)
+        if self.seqs.pop(sid, None) is not None:
+            self.free.append(sid)
+
+    def step(self, prefill, decode) -> dict[int, list]:
+        out, self.pending = self.pending, {}
+        plain = [s for s in decode if s in self.seqs and self.seqs[s].hooks is None and not self.seqs[s].ended]
+        if set(plain) != set(self.rows) or self.dirty:
+            self._drain(out)
+            self.dirty = False
+            self.rows = [s for s in self.rows if s in plain] + [s for s in plain if s not in self.rows]
+            self._write_rows()
+        for sid, n in prefill:
+            self._prefill(sid, n, out)
+        for sid in decode:
+            seq = self.seqs.get(sid)
+            if seq is not None and seq.hooks is not None and not seq.ended and seq.out:
+                self._hooked_step(sid, seq, out)
+        if self.rows:
+            self._launch_ahead()
+            if self.inflight:
+                self._land(out)
+        return out
+
+    # -- decode rows ----------------------------------------------------------------------------
+
+    def _write_rows(self) -> None:
+        """Rows 0..N-1 of the state arrays from the host's view of each sequence (after a drain)."""
+        n = len(self.rows)
+        if not n:
+            return
+        seqs = [self.seqs[s] for s in self.rows]
+        pos = [len(q.prompt) + q.out - 1 for q in seqs]  # the position of the latest token
+        ints = {"tokens": [q.last for q in seqs], "pos": pos, "slot": [q.base + p for q, p in zip(seqs, pos)],
+                "seg_lo": [q.base for q in seqs], "steps": [q.out for q in seqs]}
+        for q in seqs:
+            q.queued = q.out
+        r, m = self.r, self.r.model
+        ptr, view = self._input()
+        words = view.cast("i")
+        at = 0
+        for name, vals in ints.items():
+            words[at:at + n] = _ints(vals)
+            r.dev.htod(m.p(name), ptr + 4 * at, 4 * n, r.stream)
+            at += n
+        words[at] = self.S * self.C if n > 1 else ints["slot"][0] + 1  # n_kv: every range / the row's own
+        words[at + 1] = seqs[0].out  # step: the single-sequence pick's draw index
+        r.dev.htod(m.p("n_kv"), ptr + 4 * at, 4, r.stream)
+        r.dev.htod(m.p("step"), ptr + 4 * (at + 1), 4, r.stream)
+        sb = ptr + 4 * (at + 2)
+        for i, q in enumerate(seqs):
+            ctypes.memmove(sb + SP * i, ctypes.addressof(q.sampling), SP)
+        r.dev.htod(m.p("sampling_rows"), sb, SP * n, r.stream)
+        if n == 1:
+            r.dev.htod(m.p("sampling"), sb, SP, r.stream)
+        self._sent()
+
+    def _graph(self):
+        n, r, m = len(self.rows), self.r, self.r.model
+        if n == 1:
+            greedy = self.seqs[self.rows[0]].pick.greedy
+
+            def one():
+                if not m.forward(1, first=0, rows=True, pick=(r.state, 0) if greedy else None):
+                    r.pick_one(greedy, 0)
+
+            return r.graph(f"row1-{'greedy' if greedy else 'sample'}", one)
+
+        def many():
+            m.forward(n, first=0, rows=True, logit_row=0, logit_rows=n)
+            sample.pick_rows(r.launch, m.p("logits"), self.vocab, m.p("sampling_rows"), self._rows_state, n)
+
+        return r.graph(f"rows{n}", many)
+
+    def _launch_ahead(self) -> None:
+        seqs = [self.seqs[s] for s in self.rows]
+        g = None
+        while len(self.inflight) <= AHEAD and all(q.queued < q.max_new for q in seqs):
+            g = g or self._graph()
+            g.launch(self.r.stream)
+            k = self.n_launched % len(self._rb)
+            self.r.dev.dtoh(self._rb[k][0], self.r.model.p("tokens"), 4 * len(self.rows), self.r.stream)
+            self.r.dev.record(self._rb_ev[k], self.r.stream)
+            self.inflight.append((k, tuple(self.rows)))
+            self.n_launched += 1
+            for q in seqs:
+                q.queued += 1
+
+    def _land(self, out) -> None:
+        k, rows = self.inflight.popleft()
+        self.r.dev.wait_event(self._rb_ev[k])
+        toks = self._rb[k][1].cast("i")
+        for i, sid in enumerate(rows):
+            seq = self.seqs.get(sid)
+            if seq is not None:
+                self._emit(sid, seq, toks[i], out)
+
+    def _drain(self, out) -> None:
+        while self.inflight:
+            self._land(out)
+
+    # -- prompts and hooked picks --------------------------------------------------------------
+
+    def _prefill(self, sid: int, n: int, out) -> None:
+        seq = self.seqs[sid]
+        r, m = self.r, self.r.model
+        while n > 0:
+            c = min(n, m.max_batch)
+            ids = seq.prompt[seq.fed:seq.fed + c]
+            last = seq.fed + c >= len(seq.prompt)
+            self._write_chunk(ids, seq.fed)
+            m.forward(c, first=self.X, kv_base=seq.base, logit_rows=1 if last else 0)
+            r.forward_passes += 1
+            seq.fed += c
+            n -= c
+            if last:
+                self._pick_first(sid, seq, out)
+                return
+
+    def _write_chunk(self, ids, start: int, steps: int = 0) -> None:
+        """A chunk's tokens at state index X, positions (= slots in its range) from start; the pick
+        after it draws with `steps` (the sequence's token index)."""
+        r, m, n = self.r, self.r.model, len(ids)
+        ptr, view = self._input()
+        w = view.cast("i")
+        pos = list(range(start, start + n))
+        for k, (name, vals) in enumerate((("tokens", ids), ("pos", pos), ("slot", pos))):
+            w[k * n:(k + 1) * n] = _ints(vals)
+            r.dev.htod(m.p(name) + 4 * self.X, ptr + 4 * k * n, 4 * n, r.stream)
+        w[3 * n], w[3 * n + 1] = self.S * self.C, steps  # n_kv: any slot of the chunk's range is visible
+        r.dev.htod(m.p("n_kv"), ptr + 12 * n, 4, r.stream)
+        r.dev.htod(m.p("steps") + 4 * self.S, ptr + 12 * n + 4, 4, r.stream)
+        self._sent()
+
+    def _pick_at_x(self, seq: _Seq) -> int | Sampled | None:
+        """Pick from the logits row the head just wrote (the hooks around it), read it back."""
+        r, m = self.r, self.r.model
+        h = seq.hooks
+        if h is not None and not h.before(m.p("logits")):
+            return None
+        ptr, _ = self._input()
+        ctypes.memmove(ptr, ctypes.addressof(seq.sampling), SP)
+        r.dev.htod(m.p("sampling_rows") + SP * self.S, ptr, SP, r.stream)
+        self._sent()
+        x = 4 * self.X
+        rows = RxRows(m.p("tokens") + x, m.p("pos") + x, m.p("slot") + x, m.p("steps") + 4 * self.S)
+        sample.pick_rows(r.launch, m.p("logits"), self.vocab, m.p("sampling_rows") + SP * self.S, rows, 1)
+        if h is not None:
+            h.after(m.p("logits"))
+        tok = r.read_token(m.p("tokens") + x)
+        return h.result(tok) if h is not None else tok
+
+    def _pick_first(self, sid: int, seq: _Seq, out) -> None:
+        tok = self._pick_at_x(seq)
+        seq.queued = 1
+        self._emit(sid, seq, tok, out)
+
+    def _hooked_step(self, sid: int, seq: _Seq, out) -> None:
+        """One token of a hooked sequence: its latest token as a one-token chunk, then the pick."""
+        pos = len(seq.prompt) + seq.out - 1
+        self._write_chunk([seq.last], pos, steps=seq.out)
+        self.r.model.forward(1, first=self.X, kv_base=seq.base)
+        self.r.forward_passes += 1
+        seq.queued += 1
+        self._emit(sid, seq, self._pick_at_x(seq), out)
+
+    def _emit(self, sid: int, seq: _Seq, tok, out) -> None:
+        if seq.ended:
+            return
+        out.setdefault(sid, []).append(tok)
+        seq.out += 1
+        if tok is None:
+            seq.ended = True
+            return
+        seq.last = tok.token_id if isinstance(tok, Sampled) else tok
+        if seq.last in seq.stop_ids or seq.out >= seq.max_new:
+            seq.ended = True
+
+    # -- pinned inputs ----------------------------------------------------------------------------
+
+    def _input(self):
+        """The next pinned input buffer, once the copies that last read it have run."""
+        k = self._in_at % PINNED
+        if self._in_ev[k] is not None:
+            self.r.dev.wait_event(self._in_ev[k])
+        return self._in[k]
+
+    def _sent(self) -> None:
+        k = self._in_at % PINNED
+        if self._in_ev[k] is None:
+            self._in_ev[k] = self.r.dev.event()
+        self.r.dev.record(self._in_ev[k], self.r.stream)
+        self._in_at += 1
+
+
+def _ints(vals):
+    return array.array("i", vals)

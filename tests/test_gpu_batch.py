@@ -1,0 +1,227 @@
+"""Continuous batching on the CUDA runner (gpu/batch.py): the decode attention over a batch of
+sequences (one row each, each in its own cache range), reflex_pick_rows, and whole sequences
+decoded together against each one alone and against the numpy reference.
+
+Run on a GPU machine: pytest -m gpu tests/test_gpu_batch.py
+"""
+
+import numpy as np
+import pytest
+from teacher_forced import compare
+from test_gpu_kernels import _attention_ref, knobs  # noqa: F401 (the fixture)
+
+from reflex_runtime.gpu.ops import attention, attn_decode
+from reflex_runtime.gpu.ops import sample as sample_ops
+from reflex_runtime.gpu.ops.sample import RxRows, RxSampling
+
+pytestmark = pytest.mark.gpu
+
+ROW_CASES = {
+    # name: (n_head, n_kv_heads, hd, lengths of the rows' sequences, window)
+    "qwen3_rows5": (16, 8, 128, (1, 37, 300, 2, 129), 0),
+    "gqa4_rows3_long": (8, 2, 128, (1500, 65, 7), 0),
+    "gemma_window_rows4": (4, 1, 256, (700, 3, 40, 513), 512),
+    "hd96_rows2": (6, 3, 96, (50, 51), 0),
+}
+
+
+def _rows_problem(case):
+    n_head, n_kvh, hd, lens, window = ROW_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    C = max(lens) + 13  # each sequence's range of the cache
+    R = len(lens)
+    n_ctx = R * C + 5
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    kv_pos = (np.arange(n_ctx, dtype=np.int32) % C) + 2  # slot r*C + j holds position j + 2
+    q = (rng.standard_normal((R, n_head, hd)) * 2).astype(np.float32)
+    seq_lo = (np.arange(R) * C).astype(np.int32)
+    q_slot = (seq_lo + np.array(lens) - 1).astype(np.int32)
+    q_pos = kv_pos[q_slot]
+    scale = 1.0 / np.sqrt(hd)
+    expect = np.concatenate([_attention_ref(q[r:r + 1], kc, vc, kv_pos, q_pos[r:r + 1], q_slot[r:r + 1],
+                                            seq_lo[r:r + 1], 0, n_ctx, window, scale, 0.0) for r in range(R)])
+    return (n_head, n_kvh, hd, window, R, n_ctx, scale), (q, kc, vc, kv_pos, q_pos, q_slot, seq_lo), expect
+
+
+@pytest.mark.parametrize("case", list(ROW_CASES))
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_decode_attention_rows(gpu, knobs, case, prefetch):
+    """Row r sees its own range only (keys seq_lo[r] .. its slot), whatever the other rows hold."""
+    (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, expect = _rows_problem(case)
+    q, kc, vc, kv_pos, q_pos, q_slot, seq_lo = (gpu.put(a) for a in arrays)
+    knobs.attn_min_keys = 16
+    part_o = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * hd,))
+    part_ml = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * 2,))
+    counters = gpu.put(np.zeros(R * n_head, np.int32))
+    for window_slots in [False, window > 0]:
+        out = gpu.poisoned((R, n_head, hd))
+        assert attn_decode.attention(gpu.launch, q, kc, vc, kv_pos, q_pos, q_slot, gpu.put(np.array([n_ctx], np.int32)),
+                                     out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
+                                     prefetch, window_slots, rows=R, seq_lo=seq_lo)
+        np.testing.assert_allclose(gpu.get(out, (R, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
+    assert not gpu.get(counters, (R * n_head,), np.int32).any()
+
+
+@pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2"])
+def test_scalar_attention_rows_start_at_their_range(gpu, case):
+    """The legacy kernel (GPUs or head sizes the decode kernel does not serve) on the same rows."""
+    (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, expect = _rows_problem(case)
+    q, kc, vc, kv_pos, q_pos, q_slot, seq_lo = (gpu.put(a) for a in arrays)
+    out = gpu.poisoned((R, n_head, hd))
+    part_o = gpu.poisoned((R * n_head * attention.SPLITS_DECODE * hd,))
+    part_ml = gpu.poisoned((R * n_head * attention.SPLITS_DECODE * 2,))
+    counters = gpu.put(np.zeros(R * n_head, np.int32))
+    attention.attention(gpu.launch, q, kc, vc, kv_pos, q_pos, q_slot, seq_lo, 0, gpu.put(np.array([n_ctx], np.int32)),
+                        out, part_o, part_ml, counters, R, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
+                        attention.SPLITS_DECODE)
+    np.testing.assert_allclose(gpu.get(out, (R, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
+
+
+def test_pick_rows_greedy_and_sampled_per_row(gpu):
+    """Each row picks with its own settings and its own step (the request's token index)."""
+    from reflex_runtime.reference.sampling import sample
+    from reflex_runtime.sampling import SamplingParams
+
+    vocab = 1003  # not a multiple of anything the kernel strides by
+    rng = np.random.default_rng(11)
+    settings = [dict(), dict(temperature=0.7, top_k=1), dict(temperature=0.8), dict(temperature=1.0, top_k=40),
+                dict(temperature=1.3, top_p=0.9), dict(temperature=0.9, min_p=0.05), dict()]
+    R = len(settings)
+    logits = (rng.standard_normal((R, vocab)) * 3).astype(np.float32)
+    logits[0, [5, 900]] = logits[0].max() + 1  # a tie: the lower id
+    logits[6, 17] = np.nan  # NaN never wins
+    params = [SamplingParams(seed=int(rng.integers(0, 2**63)), **s) for s in settings]
+    sp = b"".join(bytes(RxSampling(p.temperature, p.top_k, p.top_p, p.min_p, p.seed)) for p in params)
+    steps = rng.integers(0, 50, R).astype(np.int32)
+    pos = rng.integers(0, 1000, R).astype(np.int32)
+    slot = pos + 4096 * np.arange(R, dtype=np.int32)
+    bufs = {k: gpu.put(v) for k, v in dict(tokens=np.full(R, -1, np.int32), pos=pos, slot=slot, steps=steps).items()}
+    sample_ops.pick_rows(gpu.launch, gpu.put(logits), vocab, gpu.put(np.frombuffer(sp, np.uint8)),
+                         RxRows(bufs["tokens"], bufs["pos"], bufs["slot"], bufs["steps"]), R)
+    got = gpu.get(bufs["tokens"], (R,), np.int32)
+    expect = [sample(np.nan_to_num(logits[r], nan=-np.inf), params[r], int(steps[r])) for r in range(R)]
+    assert list(got) == expect
+    assert got[0] == 5
+    np.testing.assert_array_equal(gpu.get(bufs["pos"], (R,), np.int32), pos + 1)
+    np.testing.assert_array_equal(gpu.get(bufs["slot"], (R,), np.int32), slot + 1)
+    np.testing.assert_array_equal(gpu.get(bufs["steps"], (R,), np.int32), steps + 1)
+
+
+# -- whole sequences ------------------------------------------------------------------------------
+
+PROMPTS = ["The capital of France is the city of", "Once upon a time", "1 2 3 4 5 6 7 8 9 10 11 12 13 14",
+           "a"]
+NEW = 24
+
+
+def _engine(arch, outtype, parallel=4):
+    from fixtures import make_fixture
+
+    from reflex_runtime.families import load_reference
+    from reflex_runtime.loader import load_engine
+
+    eng = load_engine(str(make_fixture(arch, outtype).gguf), "cuda", parallel=parallel)
+    return eng, load_reference(eng.gguf, eng.config)
+
+
+def _run(runner, prompts, params, join_after=None, chunk=5):
+    """Drive the batch API as the scheduler does: prompts in chunks of `chunk` tokens beside the
+    running decodes; with join_after, the last prompt joins once the others have that many tokens."""
+    from reflex_runtime.gpu.step import Pick
+
+    out = {}
+    todo = list(range(len(prompts)))
+    late = todo.pop() if join_after is not None else None
+    sids, fed = {}, {}
+
+    def open_(i):
+        sids[i] = runner.batch_open(prompts[i], Pick(params[i]), NEW, frozenset())
+        fed[i] = 0
+        out[i] = []
+
+    for i in todo:
+        open_(i)
+    sizes = []
+    while any(len(out[i]) < NEW for i in out) or (late is not None and late not in out):
+        if late is not None and late not in out and min(len(out[i]) for i in todo) >= join_after:
+            open_(late)
+        prefill = [(sids[i], min(chunk, len(prompts[i]) - fed[i])) for i in out if fed[i] < len(prompts[i])]
+        for sid, n in prefill:
+            fed[next(i for i in sids if sids[i] == sid)] += n
+        decode = [sids[i] for i in out if fed[i] >= len(prompts[i]) and out[i] and len(out[i]) < NEW]
+        sizes.append(len(decode))
+        got = runner.batch_step(prefill, decode)
+        for i, sid in sids.items():
+            out[i] += got.get(sid, [])
+            if len(out[i]) >= NEW and sid is not None:
+                runner.batch_close(sid)
+                sids[i] = None
+    return out, sizes
+
+
+@pytest.mark.parametrize("arch,outtype", [("qwen3", "q8_0"), ("qwen3", "q4_k_m"), ("gemma3", "q4_k_m"),
+                                          ("llama", "f32"), ("qwen3moe", "q8_0")])
+def test_sequences_together_match_each_alone(arch, outtype):
+    """Greedy: the tokens of every sequence are the same whether it decoded alone (the batch path
+    with one row: the single-sequence graph) or beside others (N-row graphs, a sequence joining
+    mid-way, prompts in chunks), and alone they equal generate_ids (the CLI path); the reference,
+    teacher-forced, agrees with every pick but near-ties."""
+    from reflex_runtime.sampling import SamplingParams
+
+    eng, ref = _engine(arch, outtype)
+    runner = eng.runner
+    assert runner.max_seqs == 4
+    prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS]
+    greedy = [SamplingParams()] * len(prompts)
+    alone = {i: _run(runner, [p], greedy[:1])[0][0] for i, p in enumerate(prompts)}
+    for i, p in enumerate(prompts):
+        assert list(runner.generate_ids(p, SamplingParams(), NEW, frozenset())) == alone[i], i
+    together, sizes = _run(runner, prompts, greedy, join_after=2)
+    assert max(sizes) == 4 and 3 in sizes
+    for i in alone:
+        assert together[i] == alone[i], (i, together[i], alone[i])
+        v = compare(ref, prompts[i], alone[i], SamplingParams())
+        assert v.excused <= 1, (i, v)
+
+
+def test_seeded_sampling_in_a_batch_is_reproducible():
+    from reflex_runtime.sampling import SamplingParams
+
+    eng, _ = _engine("qwen3", "q8_0")
+    prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS]
+    params = [SamplingParams(temperature=0.9, top_k=40, seed=100 + i) for i in range(len(prompts))]
+    alone = {i: _run(eng.runner, [p], [params[i]])[0][0] for i, p in enumerate(prompts)}
+    together, _ = _run(eng.runner, prompts, params)
+    again, _ = _run(eng.runner, prompts, params, join_after=3)
+    assert together == again
+    assert together == alone
+
+
+def test_hooked_sequence_beside_plain_ones():
+    """A logprobs request decodes beside plain ones (its own one-token passes) and gets the
+    logprobs the single-sequence path gives."""
+    from reflex_runtime.gpu.step import Pick
+    from reflex_runtime.sampling import Sampled, SamplingParams
+
+    eng, _ = _engine("qwen3", "q8_0")
+    r = eng.runner
+    prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS[:3]]
+    single = list(r.generate_ids(prompts[0], SamplingParams(), NEW, frozenset(), logprobs=3))
+    sids = [r.batch_open(prompts[0], Pick(SamplingParams(), 3), NEW, frozenset())]
+    sids += [r.batch_open(p, Pick(SamplingParams()), NEW, frozenset()) for p in prompts[1:]]
+    got = {s: [] for s in sids}
+    first = r.batch_step([(s, len(p)) for s, p in zip(sids, prompts)], [])
+    for s in sids:
+        got[s] += first.get(s, [])
+    while any(len(v) < NEW for v in got.values()):
+        step = r.batch_step([], [s for s in sids if len(got[s]) < NEW])
+        for s, toks in step.items():
+            got[s] += toks
+    for s in sids:
+        r.batch_close(s)
+    hooked = got[sids[0]]
+    assert all(isinstance(t, Sampled) for t in hooked)
+    assert [t.token_id for t in hooked] == [t.token_id for t in single]
+    for a, b in zip(hooked, single):
+        assert abs(a.logprob - b.logprob) < 1e-4 and a.top_ids == b.top_ids
