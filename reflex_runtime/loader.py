@@ -64,10 +64,11 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
-                max_context: int | None = None, log=None, device=None, limits=None):
+                max_context: int | None = None, log=None, device=None, limits=None, max_seqs: int | None = None):
     """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
     `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`.
     `limits`: the engine.Limits requests are held to (default: Limits()).
+    `max_seqs`: sequences the CPU runner holds at once for the scheduler (default 8; `--parallel`).
     On failure the timeline's `failed_stage` names the stage that raised: resolve_model,
     open_model, load_weights, tokenizer or engine."""
     if backend not in BACKENDS:
@@ -85,7 +86,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     gc.disable()
     tl = timeline or Timeline()
     try:
-        return _load(model_ref, backend, tl, max_context, log, device, limits)
+        return _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs)
     except BaseException:
         tl.fail()
         raise
@@ -96,7 +97,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, tl, max_context, log, device, limits):
+def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs):
     tl.begin("resolve_model")
     if backend in ("auto", "cuda"):
         if device is None:  # first: cuInit is the cold path's longest stage
@@ -166,7 +167,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits):
         from .families import load_reference
         from .reference.runner import ReferenceRunner
 
-        runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context)
+        runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context, max_seqs=max_seqs or 8)
         tl.mark("weights_loaded")
         if device is None or not getattr(device, "energy_started", False):
             if tl.meter is None:

@@ -256,7 +256,7 @@ def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, includ
              parse_tools: bool = False, gone=None) -> Response:
     if gone is not None and gone():
         raise ClientLeft("the client left before its generation started")
-    gen = engine.generate(req, prompt_ids=ids)
+    gen = engine.generate(req, prompt_ids=ids, gone=gone)
     first = next(gen)  # engine checks + prefill: errors here are still a clean 4xx
     meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex(),
             "object": "chat.completion" if kind == "chat" else "text_completion",

@@ -109,6 +109,10 @@ class CudaRunner:
         self.dev.make_current()
         self.tl.mark("weights_uploaded")
 
+    def bind_thread(self) -> None:
+        """Make the context current on the calling thread: the scheduler's (scheduler.py)."""
+        self.dev.make_current()
+
     def info(self) -> dict:
         dev = self.dev
         out = {"device": dev.name if dev else None,
