@@ -200,8 +200,8 @@ class Scheduler:
         with self._cv:
             if self._stopped:
                 raise ReflexError("the engine is shutting down")
-            if len(self._waiting) >= self.max_queue:
-                n = len(self._waiting)
+            n = len(self._waiting)
+            if n >= self.max_queue + max(0, self.max_seqs - len(self._running)):  # free slots take it at once
                 wait = min(60.0, max(1.0, self._mean_s * math.ceil(n / self.max_seqs)))
                 raise Busy(f"the server is busy: {n} requests wait for {self.max_seqs} running ones "
                            f"(the queue holds {self.max_queue}); retry in {wait:.0f} s", round(wait, 1))
@@ -337,6 +337,7 @@ class Scheduler:
         if t.deadline is not None and getattr(self.runner, "checks_deadline", False):
             extra["deadline"] = t.deadline
         gen = self.runner.generate_ids(t.prompt, p.params, t.max_new, t.stop_ids, **extra)
+        self._running.append(t)  # holds the one slot (submit counts it)
         try:
             first = True
             for tok in gen:
@@ -350,4 +351,5 @@ class Scheduler:
             return
         finally:
             gen.close()
+            self._running.remove(t)
         self._retire(t, ended=t.cancelled)
