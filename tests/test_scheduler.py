@@ -245,3 +245,13 @@ def test_a_full_queue_is_an_error_line_over_uds():
                 s.close()
     finally:
         eng.stop_scheduler()
+
+
+def test_busy_is_429_with_retry_after_in_every_error_shape():
+    from reflex_runtime.api.responses import error_response, line_error
+
+    err = Busy("the server is busy", 2.4)
+    r = error_response(err)  # serve and the handler's HTTP events and direct invokes
+    assert r.status == 429 and r.headers["Retry-After"] == "2" and r.body["error"]["code"] == "busy"
+    line = line_error(7, err)["error"]
+    assert line["status"] == 429 and line["retry_after_s"] == 2.4 and "\n" not in line["message"]
