@@ -8,7 +8,7 @@ Each endpoint is two steps, so a transport can keep slow work off the engine:
   generation in progress.
 - `call.run(engine, gone)` takes the engine: it starts the generation and pulls its first event
   before returning, so limit errors and the prefill happen before a transport commits to a 200
-  and a stream. The caller holds the engine until the stream is exhausted or closed. `gone()`
+  and a stream. The caller holds a scheduler slot until the stream is exhausted or closed. `gone()`
   (a transport's check that its client is still there) is asked before the generation and, when
   the answer is not a stream, after every token: True ends it with client_watch.ClientLeft.
 """
