@@ -91,7 +91,7 @@ class Busy(ReflexError):
     kind = "rate_limit_error"
     code = "busy"
 
-    def __init__(self, message: str, retry_after_s: float):
+    def __init__(self, message: str, retry_after_s: float = 1.0):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.headers = {"Retry-After": str(max(1, round(retry_after_s)))}
