@@ -62,14 +62,29 @@ def _model_ref(value: str) -> str:
 def _context(value: str) -> int:
     from .engine import CONTEXT_RANGE
 
-    lo, hi = CONTEXT_RANGE
-    try:
-        n = int(value)
-    except ValueError:
-        n = None
-    if n is None or not lo <= n <= hi:
-        raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {value!r}")
-    return n
+    return _int_in(*CONTEXT_RANGE)(value)
+
+
+def _int_in(lo: int, hi: int):
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            n = None
+        if n is None or not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{lo}, {hi}], got {value!r}")
+        return n
+
+    return parse
+
+
+def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
+    from .engine import PARALLEL_RANGE, QUEUE_RANGE
+
+    p.add_argument("--parallel", type=_int_in(*PARALLEL_RANGE), default=None, metavar="N",
+                   help="requests generated at once, batched into each step (default: 8 on cpu; the GPU runner's own)")
+    p.add_argument("--max-queue", type=_int_in(*QUEUE_RANGE), default=None, metavar="N",
+                   help="requests that may wait for a free slot; more are answered 429 'busy' (default 256)")
 
 
 def _seconds(value: str) -> float:
@@ -221,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--idle-timeout", type=_seconds, default=10.0, metavar="SECONDS",
                            help="close a connection whose request line is not whole this long while another client waits "
                                 "(default 10)")
+            _add_scheduler_args(p)
         _add_model_args(p)
         _add_server_args(p)
 
@@ -229,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    _add_scheduler_args(p)
     p.add_argument("--stay-up", action="store_true",
                    help="if the model fails to load, keep answering 503 with the reason (default: exit with the error)")
 

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Protocol
 
 from . import sampling_defaults
 from .measure.coldstart import Timeline
 from .errors import ReflexError, RequestError, RequestTimeout
-from .sampling import MAX_TOP_LOGPROBS, Sampled, SamplingParams  # noqa: F401 (re-exported for runners' callers)
+from .sampling import MAX_TOP_LOGPROBS, Pick, Sampled, SamplingParams  # noqa: F401 (re-exported for runners' callers)
 
 
 # `--ctx` and REFLEX_CTX: the context a runner may allocate, in tokens.
 CONTEXT_RANGE = (16, 1 << 20)
+# `--parallel` / REFLEX_PARALLEL (sequences decoded together) and `--max-queue` / REFLEX_MAX_QUEUE.
+PARALLEL_RANGE = (1, 1024)
+# What serve, uds and the handler hold at once when not told: the CUDA runner reserves a cache
+# range of the context per sequence at load (16 x 4,096 tokens: 7.5 GB for Qwen3-0.6B).
+DEFAULT_PARALLEL = 16
+QUEUE_RANGE = (0, 1 << 20)
 # What serve, stdio/uds and the handler set Limits.request_timeout_s to unless told otherwise.
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 
@@ -60,6 +67,12 @@ class Limits:
     max_schema_depth: int = 64
     max_schema_nodes: int = 10_000
     max_ref_chain: int = 64
+    # The scheduler (scheduler.py, serving front ends only): sequences decoded together, requests
+    # waiting beyond them before `submit` answers Busy (429), and prompt tokens per step over all
+    # prefilling sequences (a long prompt then delays the running decodes by one chunk at most).
+    max_seqs: int = 8
+    max_queue: int = 256
+    prefill_chunk: int = 256
 
     @property
     def max_prompt_chars(self) -> int:
@@ -127,7 +140,8 @@ class Runner(Protocol):
 
 
 class Engine:
-    """Load once, serve many requests, one at a time."""
+    """Load once, serve many requests: one at a time on the caller's thread, or, once
+    start_scheduler() ran (serving front ends), from many threads through the scheduler."""
 
     def __init__(self, gguf, config, tokenizer, runner: Runner, timeline: Timeline | None = None,
                  model_ref: str = "", limits: Limits | None = None, fallback_reason: str | None = None,
@@ -148,6 +162,46 @@ class Engine:
         self._chat_template = gguf.get("tokenizer.chat_template")
         # What a request's left-out sampling fields get: the file's general.sampling.*, else greedy.
         self.sampling_defaults = sampling_defaults.from_gguf(gguf)
+        self.scheduler = None  # scheduler.Scheduler once start_scheduler() ran
+        self._lock = threading.Lock()  # requests_served and the cold-start timeline's one owner
+        self._timeline_taken = False
+
+    def start_scheduler(self, max_seqs: int | None = None, max_queue: int | None = None, energy=None):
+        """Serve through one scheduler thread (scheduler.py) from now on. `energy`: a callable
+        returning a total-energy counter in millijoules (default: the runner's `energy_counter`,
+        when it has one), shared among the requests as their record's joules_attributed."""
+        from .scheduler import Scheduler
+
+        if max_seqs is None:  # the runner's own default (the CUDA runner may pick one for its GPU)
+            max_seqs = getattr(self.runner, "default_seqs", None) or getattr(self.runner, "max_seqs", 1)
+        changes = {k: v for k, v in (("max_seqs", max_seqs), ("max_queue", max_queue)) if v is not None}
+        self.limits = replace(self.limits, **changes)
+        if energy is None:
+            energy = getattr(self.runner, "energy_counter", None)
+        self.scheduler = Scheduler(self.runner, self.limits, energy)
+        return self.scheduler
+
+    def stop_scheduler(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.stop()
+
+    def _take_timeline(self) -> Timeline | None:
+        """The cold-start timeline for the first request only, even when several start at once."""
+        with self._lock:
+            if self.timeline is None or self.requests_served or self._timeline_taken:
+                return None
+            self._timeline_taken = True
+            return self.timeline
+
+    def _served(self) -> None:
+        with self._lock:
+            self.requests_served += 1
+
+    def _give_back(self, tl) -> None:
+        """A request that took the timeline and failed: the next one reports the cold start."""
+        if tl is not None:
+            with self._lock:
+                self._timeline_taken = self.requests_served > 0
 
     def persist_index(self) -> bool:
         """Save the parsed header and tokenizer tables for the next cold start of this file
@@ -234,17 +288,17 @@ class Engine:
         if e.http_status >= 500 and not isinstance(e, (RequestError, RequestTimeout)):
             self.fault = e
 
-    def generate(self, req: GenerateRequest, prompt_ids: list[int] | None = None) -> Iterator[TextDelta | Finished]:
+    def generate(self, req: GenerateRequest, prompt_ids: list[int] | None = None, gone=None) -> Iterator[TextDelta | Finished]:
         """Stream TextDelta events, then one Finished with the request record. `req` comes
         validated from reflex_runtime/api (api.direct_ops.parse_generate and the OpenAI mapping).
         Raises RequestTimeout when the time limit passes during the prefill, and RequestError
         naming the grammar's field when the grammar engine fails mid-way (its output could not
-        be valid)."""
-        return self._watch(self._generate(req, prompt_ids))
+        be valid). `gone()`: whether the client left; the scheduler asks it until the first token
+        (a request whose client left while it waited never starts)."""
+        return self._watch(self._generate(req, prompt_ids, gone))
 
-    def _generate(self, req: GenerateRequest, prompt_ids: list[int] | None):
+    def _generate(self, req: GenerateRequest, prompt_ids: list[int] | None, gone=None):
         assert 1 <= req.max_tokens <= self.limits.max_new_tokens, req.max_tokens
-        stops = tuple(req.stop or ())
         t_req = time.perf_counter()
         ids = prompt_ids if prompt_ids is not None else self.prompt_ids(req.prompt, req.messages, req.chat,
                                                                          req.enable_thinking, req.tools)
@@ -256,7 +310,27 @@ class Engine:
         if params.seed is None and params.temperature > 0:
             params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p,
                                     int.from_bytes(os.urandom(8), "little") >> 1)
-        tl = self.timeline if self.requests_served == 0 else None
+        tl = self._take_timeline()
+        try:
+            yield from self._decode(req, ids, params, tl, t_req, gone)
+        finally:
+            self._give_back(tl)
+
+    def _tokens(self, ids, pick: Pick, max_new: int, stop_ids, deadline, gone):
+        """The request's token source: the scheduler's ticket, or the runner's own loop."""
+        if self.scheduler is not None:
+            return self.scheduler.submit(ids, pick, max_new, stop_ids, deadline, gone)
+        extra = {}
+        if pick.logprobs is not None:
+            extra["logprobs"] = pick.logprobs
+        if pick.constraint is not None:
+            extra["constraint"] = pick.constraint
+        if deadline is not None and getattr(self.runner, "checks_deadline", False):
+            extra["deadline"] = deadline
+        return self.runner.generate_ids(ids, pick.params, max_new, stop_ids, **extra)
+
+    def _decode(self, req: GenerateRequest, ids, params, tl, t_req, gone):
+        stops = tuple(req.stop or ())
         if tl:
             tl.mark("prompt")
         stop_ids = frozenset() if req.ignore_eos else self.tokenizer.stop_ids
@@ -269,16 +343,15 @@ class Engine:
         t_first = None
         deadline = t_req + req.time_limit_s if req.time_limit_s else None
         timed_out = False
-        extra, constraint = {}, None
-        if req.logprobs is not None:
-            extra["logprobs"] = req.logprobs
+        constraint = None
         if req.grammar is not None:
             constraint = req.grammar.constraint(self.tokenizer, self.config.vocab_size, stop_ids)
-            extra["constraint"] = constraint
         lps: list[Sampled] = []  # logprobs of tokens whose text is not out yet
-        if deadline is not None and getattr(self.runner, "checks_deadline", False):
-            extra["deadline"] = deadline
-        gen = self.runner.generate_ids(ids, params, req.max_tokens, stop_ids, **extra)
+        gen = self._tokens(ids, Pick(params, req.logprobs, constraint), req.max_tokens, stop_ids, deadline, gone)
+        # A ticket's constraint runs on the scheduler thread, maybe ahead of this loop: its state is
+        # this loop's only once the ticket ended (the scheduler ends it where the grammar finished).
+        scheduled = self.scheduler is not None
+        exhausted = False
         try:
             for tok in gen:
                 if isinstance(tok, Sampled):
@@ -307,21 +380,25 @@ class Engine:
                     text_parts.append(emit)
                     yield TextDelta(emit, tok, lps or None)
                     lps = []
-                if constraint is not None and constraint.finished:
-                    finish = "stop"  # the grammar is complete: only a stop token could follow
-                    pending += decoder.flush()
-                    break
+                if constraint is not None and not scheduled and constraint.finished:
+                    break  # the grammar is complete: only a stop token could follow
                 if deadline is not None and time.perf_counter() > deadline:
                     timed_out = True  # ends like max_tokens: finish "length"
                     break
+            else:
+                exhausted = True
         except RequestTimeout:
             raise RequestTimeout(f"the request timeout of {req.time_limit_s:g} s passed while the prompt ({len(ids)} "
                                  "tokens) was processed: shorten it or raise the timeout (--request-timeout, "
                                  "REFLEX_REQUEST_TIMEOUT)") from None
         finally:
             gen.close()
-        if constraint is not None and constraint.failure:
+        settled = exhausted or not scheduled
+        if constraint is not None and settled and constraint.failure:
             raise req.grammar.failed(constraint.failure)
+        if constraint is not None and settled and constraint.finished and not timed_out and finish == "length":
+            finish = "stop"
+            pending += decoder.flush()
         if finish == "length":
             pending += decoder.flush()
             cut = _find_stop(pending, stops)
@@ -333,8 +410,10 @@ class Engine:
         t_end = time.perf_counter()
         if tl:
             tl.mark("last_token")
-        self.requests_served += 1
+        self._served()
         rec = self._record("generate", ids, n_gen, t_req, t_first, t_end, params, finish, tl)
+        if scheduled:
+            rec.update(gen.stats(self.scheduler.energy is not None))
         if timed_out:
             rec["time_limited"] = True
         if constraint is not None:
@@ -410,14 +489,25 @@ class Engine:
         ids = self.prompt_ids(prompt, messages, chat)
         if len(ids) + sum(len(c) for c in cand_ids) > self.runner.max_context:
             raise RequestError(f"prompt + candidates exceed the context of {self.runner.max_context}", field="candidates")
-        tl = self.timeline if self.requests_served == 0 else None
+        tl = self._take_timeline()
+        try:
+            result = self._scored(prompt, candidates, messages, chat, emit, cand_ids, ids, t_req, tl)
+        finally:
+            self._give_back(tl)
+        return result
+
+    def _scored(self, prompt, candidates, messages, chat, emit, cand_ids, ids, t_req, tl) -> dict:
         if tl:
             tl.mark("prompt")
         # Identical token sequences are scored once: same work, and bit-identical scores by construction.
         unique: dict[tuple, int] = {}
         for c in cand_ids:
             unique.setdefault(tuple(c), len(unique))
-        scored = self.runner.score(ids, [list(u) for u in unique])
+        batch = [list(u) for u in unique]
+        if self.scheduler is not None:
+            scored = self.scheduler.call(lambda: self.runner.score(ids, batch))
+        else:
+            scored = self.runner.score(ids, batch)
         logprobs = [scored[unique[tuple(c)]] for c in cand_ids]
         t_end = time.perf_counter()
         if tl:
@@ -429,7 +519,7 @@ class Engine:
         probs = [w / total for w in weights]
         best = max(range(len(scores)), key=lambda i: (scores[i], -i))
         entropy = -sum(p * math.log(p) for p in probs if p > 0)
-        self.requests_served += 1
+        self._served()
         result = {
             "candidates": [
                 {"index": i, "text": c, "token_ids": t, "token_logprobs": [round(x, 6) for x in lp],

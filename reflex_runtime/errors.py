@@ -81,3 +81,18 @@ class HubError(ReflexError):
     exit_code = 7
     http_status = 503
     kind = "model_fetch_error"
+
+
+class Busy(ReflexError):
+    """The scheduler's wait queue is full (engine.Limits.max_queue): 429, with Retry-After."""
+
+    exit_code = 8
+    http_status = 429
+    kind = "rate_limit_error"
+    code = "busy"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.headers = {"Retry-After": str(max(1, round(retry_after_s)))}
+        self.extra = {"retry_after_s": retry_after_s}

@@ -64,11 +64,14 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
-                max_context: int | None = None, log=None, device=None, limits=None, parallel: int = 1):
-    """Build an Engine. `parallel`: sequences the runner holds at once (serving front ends; each
-    gets max_context tokens of cache). `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
+                max_context: int | None = None, log=None, device=None, limits=None, max_seqs: int | None = None):
+    """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
     `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`.
     `limits`: the engine.Limits requests are held to (default: Limits()).
+    `max_seqs`: sequences the runner holds at once for the scheduler (`--parallel`; serving front
+    ends pass engine.DEFAULT_PARALLEL when it is not given): the CUDA runner then carves its cache
+    into that many ranges of max_context tokens (default 1: one-shot generation), the CPU runner
+    keeps that many caches (default 8).
     On failure the timeline's `failed_stage` names the stage that raised: resolve_model,
     open_model, load_weights, tokenizer or engine."""
     if backend not in BACKENDS:
@@ -86,7 +89,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     gc.disable()
     tl = timeline or Timeline()
     try:
-        return _load(model_ref, backend, tl, max_context, log, device, limits, parallel)
+        return _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs)
     except BaseException:
         tl.fail()
         raise
@@ -97,7 +100,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, tl, max_context, log, device, limits, parallel=1):
+def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs):
     tl.begin("resolve_model")
     if backend in ("auto", "cuda"):
         if device is None:  # first: cuInit is the cold path's longest stage
@@ -137,7 +140,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, parallel=1):
 
             # Starts the weight upload; it waits for the device thread and runs beside us.
             runner = CudaRunner.start(device, gguf, config, tl, gpu_model_class(config), max_context=max_context,
-                                      max_seqs=max(1, parallel))
+                                      max_seqs=max_seqs or 1)
         else:
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
@@ -168,7 +171,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, parallel=1):
         from .families import load_reference
         from .reference.runner import ReferenceRunner
 
-        runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context)
+        runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context, max_seqs=max_seqs or 8)
         tl.mark("weights_loaded")
         if device is None or not getattr(device, "energy_started", False):
             if tl.meter is None:

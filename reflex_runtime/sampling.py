@@ -9,7 +9,7 @@ in token-id order. The numpy implementation is reflex_runtime/reference/sampling
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MASK64 = (1 << 64) - 1
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs; the GPU kernel keeps this many
@@ -26,6 +26,27 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What to choose after a sequence's last token: greedy or sampled (params), optionally with
+    the log-probabilities of the raw logits (`logprobs`: top-k, 0..20) and a grammar mask
+    (`constraint`: fill_mask(ptr, nbytes) -> bool, accept(token)). The hooks need the host every
+    token; a plain pick runs inside the decode graph."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    logprobs: int | None = None
+    constraint: object = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature <= 0 or self.params.top_k == 1
+
+    @property
+    def hooked(self) -> bool:
+        """Whether the host takes part in every pick (logprobs or a grammar)."""
+        return self.logprobs is not None or self.constraint is not None
 
 
 def splitmix64(x: int) -> int:

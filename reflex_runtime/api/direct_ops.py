@@ -161,7 +161,7 @@ def answer(engine, d: dict, *, api_key: str | None = None, ops: tuple[str, ...] 
         req = parse_generate(d, engine.limits, engine.limits.request_timeout_s, engine)
         if gone is not None and gone():
             raise ClientLeft("the client left before its generation started")
-        gen = engine.generate(req)
+        gen = engine.generate(req, gone=gone)
         sampled = []
         try:  # a write that fails (client gone) closes the generation at this token
             for ev in gen:

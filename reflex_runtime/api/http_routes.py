@@ -68,7 +68,7 @@ class HttpFront:
         """Answer one request. `headers`: (name, value) pairs as received, repeats included, or a
         dict. `read_body()` returns the body or raises RequestError; `run(call, engine)` runs a
         prepared call where the engine lives and returns its Response, or None once it has
-        answered itself (serve's worker writes)."""
+        answered itself (serve writes on the connection thread)."""
         try:
             return self._respond(method, path, header_map(headers), read_body, run)
         except Exception as e:

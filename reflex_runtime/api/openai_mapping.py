@@ -8,7 +8,7 @@ Each endpoint is two steps, so a transport can keep slow work off the engine:
   generation in progress.
 - `call.run(engine, gone)` takes the engine: it starts the generation and pulls its first event
   before returning, so limit errors and the prefill happen before a transport commits to a 200
-  and a stream. The caller holds the engine until the stream is exhausted or closed. `gone()`
+  and a stream. The caller holds a scheduler slot until the stream is exhausted or closed. `gone()`
   (a transport's check that its client is still there) is asked before the generation and, when
   the answer is not a stream, after every token: True ends it with client_watch.ClientLeft.
 """
@@ -256,7 +256,7 @@ def _respond(engine, req, ids: list[int] | None, kind: str, stream: bool, includ
              parse_tools: bool = False, gone=None) -> Response:
     if gone is not None and gone():
         raise ClientLeft("the client left before its generation started")
-    gen = engine.generate(req, prompt_ids=ids)
+    gen = engine.generate(req, prompt_ids=ids, gone=gone)
     first = next(gen)  # engine checks + prefill: errors here are still a clean 4xx
     meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex(),
             "object": "chat.completion" if kind == "chat" else "text_completion",

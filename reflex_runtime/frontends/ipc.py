@@ -1,4 +1,5 @@
-"""`reflex stdio` and `reflex uds PATH`: JSON lines in, JSON lines out, one request at a time.
+"""`reflex stdio` and `reflex uds PATH`: JSON lines in, JSON lines out, one request at a time per
+stream (uds serves its connections concurrently, batched by the engine's scheduler).
 
 A thin transport over the request layer (reflex_runtime/api/direct_ops.py decides every answer).
 Protocol (the same on both transports):
@@ -14,11 +15,12 @@ Protocol (the same on both transports):
   `"authorization": "Bearer <key>"` (the HTTP header's grammar, api/auth.py), else status 401.
 - EOF ends stdio (exit 0); on a socket it ends that connection. `shutdown` ends the process.
 
-The socket serves one connection at a time, to completion, in accept order: a second client's
-connect succeeds (the listen backlog) and it is read once the first disconnects, or once the
-first has not completed a request line within `--idle-timeout` seconds while another waits: a
-deadline per line, which bytes trickling in do not extend (the slow one gets an error line with
-code "idle_timeout" and is closed).
+The socket serves up to `--parallel` + `--max-queue` + 1 connections at once (one without a
+scheduler), each on its own thread; a request beyond the scheduler's queue gets a "busy" error
+line (status 429, `retry_after_s`). Further clients wait in the listen backlog and are accepted
+once a connection ends, or once one has not completed a request line within `--idle-timeout`
+seconds while another waits: a deadline per line, which bytes trickling in do not extend (the
+slow one gets an error line with code "idle_timeout" and is closed).
 
 A client that leaves is noticed before its generation and after every token (api/client_watch.py:
 on the socket a close, not a shut sending side; on stdio the reader of stdout closing), and the
@@ -33,6 +35,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 
 from ..api.client_watch import ClientLeft, StallBudget, pipe_gone, small_send_buffer, socket_gone
@@ -119,14 +122,18 @@ def serve_lines(engine, readline, write, api_key: str | None = None, gone=None) 
 
 
 def _load(args, timeline, write):
-    """The engine; a failure is written as an error line, then re-raised for the CLI's one-line
-    message and exit code."""
-    from ..engine import serving_limits
+    """The engine (uds: with its scheduler); a failure is written as an error line, then re-raised
+    for the CLI's one-line message and exit code."""
+    from ..engine import DEFAULT_PARALLEL, serving_limits
     from ..loader import load_engine
 
     try:
-        return load_engine(args.model, args.backend, timeline, max_context=args.ctx,
-                           limits=serving_limits(getattr(args, "request_timeout", None)))
+        engine = load_engine(args.model, args.backend, timeline, max_context=args.ctx,
+                             limits=serving_limits(getattr(args, "request_timeout", None)),
+                             max_seqs=getattr(args, "parallel", None) or DEFAULT_PARALLEL)
+        if args.command == "uds":
+            engine.start_scheduler(args.parallel, args.max_queue)
+        return engine
     except Exception as e:
         write(line_error(None, e))
         raise
@@ -235,13 +242,37 @@ def _serve_uds(args, timeline) -> int:
             pass
 
 
+def connection_slots(engine) -> int:
+    """Connections served at once: every request the scheduler may hold, and one more, which gets
+    the "busy" line when the queue is full; one without a scheduler."""
+    sched = getattr(engine, "scheduler", None)
+    return 1 if sched is None else sched.max_seqs + sched.max_queue + 1
+
+
 def serve_socket(engine, sock: socket.socket, ready: dict, api_key: str | None = None,
                  idle_timeout: float = IDLE_TIMEOUT) -> None:
-    """Accept and serve connections, one at a time, until a client asks for shutdown."""
-    while True:
+    """Accept and serve connections, each on its own thread (connection_slots at once), until a
+    client asks for shutdown."""
+    slots = threading.BoundedSemaphore(connection_slots(engine))
+    stop = threading.Event()
+    poll = select.poll()
+    poll.register(sock, select.POLLIN)
+
+    def serve(conn):
+        try:
+            if not _serve_connection(engine, conn, sock, ready, api_key, idle_timeout):
+                stop.set()
+        finally:
+            slots.release()
+
+    while not stop.is_set():
+        if not slots.acquire(timeout=0.25):
+            continue
+        if not poll.poll(250):
+            slots.release()
+            continue
         conn, _ = sock.accept()
-        if not _serve_connection(engine, conn, sock, ready, api_key, idle_timeout):
-            return
+        threading.Thread(target=serve, args=(conn,), name="reflex-uds-conn", daemon=True).start()
 
 
 class _LineReader:

@@ -9,24 +9,23 @@ once: /healthz answers 204 while loading, 200 when ready; other requests wait fo
 the load fails the server exits (one line, the error's exit code) unless `--stay-up` keeps it
 answering 503 with the reason.
 
-All engine work runs on ONE worker thread, the one that loaded the model: a GPU context may be
-current on that thread only, and it serializes requests (a FIFO queue; concurrent clients wait
-their turn). Connection threads read, authenticate, validate and tokenize (at most
-api.http_routes.PREPARE_SLOTS at once), then queue a Job; the worker runs it and writes the
-answer to that client itself, then the connection thread reads the next request. A client that
-disconnects is noticed before the generation starts and after every token (api/client_watch.py),
-streaming or not; the worker closes the generation there (the engine is free at the next token).
+A worker thread loads the model and starts the engine's scheduler (scheduler.py): from then on
+connection threads call the engine concurrently. Each reads, authenticates, validates and
+tokenizes (at most api.http_routes.PREPARE_SLOTS at once), then runs its call and writes its own
+answer, consuming its request's tokens as the scheduler batches them with the other requests'
+(`--parallel` at once, `--max-queue` more waiting; beyond that 429 with Retry-After). A client
+that disconnects is noticed before the generation starts and after every token
+(api/client_watch.py), streaming or not; closing the generation frees its slot at the next step.
 
 Bounds: bodies up to MAX_BODY bytes, received within BODY_TIMEOUT; the writes of one answer may
-block the engine WRITE_TIMEOUT seconds in total (a client that stops reading; a stream's send
-buffer is small, so that starts after tens of KB); idle keep-alive connections close after
-Handler.timeout; generations end at `--request-timeout` (engine.Limits), the prompt's processing
-included.
+block WRITE_TIMEOUT seconds in total (a client that stops reading; a stream's send buffer is
+small, so that starts after tens of KB), then its generation is closed; idle keep-alive
+connections close after Handler.timeout; generations end at `--request-timeout` (engine.Limits),
+the prompt's processing and the wait for a slot included.
 """
 
 from __future__ import annotations
 
-import queue
 import re
 import socket
 import sys
@@ -45,7 +44,7 @@ from ..errors import ReflexError, RequestError, printable
 
 MAX_BODY = MAX_BODY_BYTES
 BODY_TIMEOUT = 30.0  # seconds for a declared body to arrive
-WRITE_TIMEOUT = 10.0  # seconds the writes of one answer may block the engine, in total
+WRITE_TIMEOUT = 10.0  # seconds the writes of one answer may block, in total
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")  # ASCII digits only: "²".isdigit() is True
 
 
@@ -54,12 +53,11 @@ def _log(msg: str) -> None:
 
 
 class State:
-    """What the connection threads share: the model's state, the request layer, the job queue."""
+    """What the connection threads share: the model's state and the request layer."""
 
     def __init__(self, api_key: str | None):
         self.model = ModelState()
         self.front = HttpFront(self.model, api_key, on_internal_error=_log_internal)
-        self.jobs: queue.Queue = queue.Queue()
         self.api_key = api_key or None
 
 
@@ -67,49 +65,41 @@ def _log_internal(err: BaseException) -> None:
     _log(f"internal error: {type(err).__name__}: {err}")
 
 
-class Job:
-    """One prepared call for the worker, which also writes the answer: no per-token hand-off
-    between threads (each costs a wake-up and a GIL switch). The connection thread waits on `done`."""
-
-    def __init__(self, call, handler: "Handler"):
-        self.call, self.handler = call, handler
-        self.done = threading.Event()
-
-    def run(self, engine) -> None:
-        h = self.handler
+def _answer(call, engine, h: "Handler") -> None:
+    """Run a prepared call on the connection thread and write its answer."""
+    try:
         try:
-            try:
-                resp = self.call.run(engine, gone=lambda: socket_gone(h.connection))
-            except ClientLeft:
-                raise
-            except Exception as e:
-                if not isinstance(e, ReflexError):
-                    _log_internal(e)
-                resp = error_response(e)
-            h.connection.settimeout(WRITE_TIMEOUT)  # a client that stops reading cannot hold the engine
-            if resp.stream is None:
-                h.send(resp)
-            else:
-                h.write_stream(resp.stream, StallBudget(h.connection, WRITE_TIMEOUT))
-        except (OSError, ClientLeft):  # the client is gone; its generation is closed already
-            h.close_connection = True
-        except Exception as e:  # a bug after the answer began: this connection cannot continue
-            h.close_connection = True
-            _log_internal(e)
-        finally:
-            try:
-                h.connection.settimeout(h.timeout)
-            except OSError:
-                pass
-            self.done.set()
+            resp = call.run(engine, gone=lambda: socket_gone(h.connection))
+        except ClientLeft:
+            raise
+        except Exception as e:
+            if not isinstance(e, ReflexError):
+                _log_internal(e)
+            resp = error_response(e)
+        h.connection.settimeout(WRITE_TIMEOUT)  # a client that stops reading cannot hold its slot
+        if resp.stream is None:
+            h.send(resp)
+        else:
+            h.write_stream(resp.stream, StallBudget(h.connection, WRITE_TIMEOUT))
+    except (OSError, ClientLeft):  # the client is gone; its generation is closed already
+        h.close_connection = True
+    except Exception as e:  # a bug after the answer began: this connection cannot continue
+        h.close_connection = True
+        _log_internal(e)
+    finally:
+        try:
+            h.connection.settimeout(h.timeout)
+        except OSError:
+            pass
 
 
 def _load(args, timeline):
-    from ..engine import serving_limits
+    from ..engine import DEFAULT_PARALLEL, serving_limits
     from ..loader import load_engine
 
     return load_engine(args.model, args.backend, timeline, max_context=args.ctx, log=_log,
-                       limits=serving_limits(getattr(args, "request_timeout", None)))
+                       limits=serving_limits(getattr(args, "request_timeout", None)),
+                       max_seqs=getattr(args, "parallel", None) or DEFAULT_PARALLEL)
 
 
 def _worker(args, timeline, state: State, load, server) -> None:
@@ -122,19 +112,11 @@ def _worker(args, timeline, state: State, load, server) -> None:
         else:  # main() reports it as the one error line, then exits
             threading.Thread(target=server.shutdown, daemon=True).start()
         return
+    sched = engine.start_scheduler(getattr(args, "parallel", None), getattr(args, "max_queue", None))
     if timeline is not None:
-        _log(f"model ready: {engine.model_name} on {engine.runner.name}, "
+        _log(f"model ready: {engine.model_name} on {engine.runner.name} ({sched.max_seqs} at once), "
              f"process_start_to_ready_ms={round(timeline.mark('ready') * 1000, 3)}")
     state.model.ready(engine)
-    while True:
-        job = state.jobs.get()
-        if job is None:  # stop(): the server is closing
-            return
-        try:
-            job.run(engine)
-        except BaseException as e:  # a bug: keep the worker alive for the next request
-            _log_internal(e)
-            job.done.set()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -250,14 +232,11 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def _run(self, call, engine) -> None:
-        """Hand a prepared call to the worker; it writes the answer."""
-        job = Job(call, self)
-        self.state.jobs.put(job)
-        job.done.wait()
-        return None
+        """Run a prepared call here and write its answer (api.http_routes: None, answered)."""
+        _answer(call, engine, self)
 
     def write_stream(self, stream, budget: StallBudget) -> None:
-        """Chunked SSE, one HTTP chunk per event, written by the worker as tokens come. A client
+        """Chunked SSE, one HTTP chunk per event, written as tokens come. A client
         that left is noticed before the next chunk, one that stops reading once `budget` is
         spent; closing the lines closes the generation."""
         lines = sse_lines(stream)
@@ -316,15 +295,17 @@ def start(args, timeline, load=None) -> ThreadingHTTPServer:
     if not state.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
         _log(f"warning: {args.host} is reachable from other machines and no --api-key is set")
     server.state = state
-    threading.Thread(target=_worker, args=(args, timeline, state, load or _load, server), name="reflex-engine",
+    threading.Thread(target=_worker, args=(args, timeline, state, load or _load, server), name="reflex-load",
                      daemon=True).start()
     return server
 
 
 def stop(server) -> None:
-    """Close the listening socket and let the worker thread end (after the job it is on)."""
+    """Close the listening socket and stop the engine's scheduler (after the step it is on)."""
     server.server_close()
-    server.state.jobs.put(None)
+    engine = server.state.model.engine
+    if engine is not None:
+        engine.stop_scheduler()
 
 
 def main(args, timeline) -> int:

@@ -49,6 +49,8 @@ class CudaRunner:
         # max_seqs > 1 (serving): one cache range of n_ctx slots per sequence (gpu/batch.py)
         self.model = model_cls(config, gguf, MAX_BATCH, n_ctx * max_seqs, max_new=n_ctx * max_seqs,
                                max_seqs=max_seqs)  # a family's gpu.model.GpuModel
+        if max_seqs > 1 and not self.model.batchable:  # (plans only: nothing is on the device yet)
+            self.model = model_cls(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
         self._batch = None  # gpu/batch.py Batcher, on the first batch_open
         self.error: str | None = None
         self.dev = None
@@ -112,6 +114,10 @@ class CudaRunner:
             raise DeviceError(self.error)
         self.dev.make_current()
         self.tl.mark("weights_uploaded")
+
+    def bind_thread(self) -> None:
+        """Make the context current on the calling thread: the scheduler's (scheduler.py)."""
+        self.dev.make_current()
 
     def info(self) -> dict:
         dev = self.dev
@@ -309,6 +315,13 @@ class CudaRunner:
 
     def batch_close(self, sid: int) -> None:
         self._batch.close(sid)
+
+    @property
+    def energy_counter(self):
+        """NVML's total-energy counter of this GPU in millijoules (the scheduler shares it out
+        among requests), or None where the GPU has none."""
+        m = getattr(self.tl, "meter", None)
+        return m.counter_mj if m is not None and m.method == "total_energy_counter" else None
 
     # the batcher's handles on the runner's graphs, picks and decode state
     @property

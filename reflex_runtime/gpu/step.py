@@ -10,31 +10,10 @@ changing the calls: prefill(step), forward(step), pick(step), read_back / token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
-from ..sampling import SamplingParams
-
-
-@dataclass(frozen=True)
-class Pick:
-    """What to choose after a sequence's last token: greedy or sampled (params), optionally with
-    the log-probabilities of the raw logits (`logprobs`: top-k, 0..20) and a grammar mask
-    (`constraint`: fill_mask(ptr, nbytes) -> bool, accept(token)). The hooks need the host every
-    token; a plain pick runs inside the decode graph."""
-
-    params: SamplingParams = field(default_factory=SamplingParams)
-    logprobs: int | None = None
-    constraint: object = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.params.temperature <= 0 or self.params.top_k == 1
-
-    @property
-    def hooked(self) -> bool:
-        """Whether the host takes part in every pick (logprobs or a grammar)."""
-        return self.logprobs is not None or self.constraint is not None
+from ..sampling import Pick, SamplingParams  # noqa: F401 (Pick lives in sampling.py; gpu code imports it here)
 
 
 @dataclass(frozen=True)

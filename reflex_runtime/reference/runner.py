@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
-from ..errors import RequestTimeout
-from ..sampling import Sampled, SamplingParams
+from ..errors import RequestError, RequestTimeout
+from ..sampling import Pick, Sampled, SamplingParams
 from ..tree import tree_layout
 from .sampling import allowed_bits, sample, token_logprobs
 
@@ -33,13 +35,48 @@ def tree_batch(prompt_ids: list[int], candidates: list[list[int]]):
 PREFILL_CHUNK = 256
 
 
+def mask_words(logits: np.ndarray, pick: Pick):
+    """The buffer a constraint writes its bitmask into (None without one)."""
+    return np.zeros((logits.shape[-1] + 31) // 32, dtype=np.uint32) if pick.constraint is not None else None
+
+
+def pick_token(logits: np.ndarray, pick: Pick, step: int, words) -> int | Sampled | None:
+    """Generated token number `step` from one row of logits: the constraint's mask first (None
+    when it allows nothing), then the draw, then logprobs from the same row (Pick's rules)."""
+    allow, c = None, pick.constraint
+    if c is not None:
+        if not c.fill_mask(words.ctypes.data, words.nbytes):
+            return None
+        allow = allowed_bits(words, logits.shape[-1])
+    tok = sample(logits, pick.params, step, allow)
+    if c is not None:
+        c.accept(tok)
+    return tok if pick.logprobs is None else Sampled(tok, *token_logprobs(logits, tok, pick.logprobs))
+
+
+@dataclass
+class _Seq:
+    """One sequence of the batch API: its prompt, cache and progress."""
+
+    prompt: list[int]
+    pick: Pick
+    cache: object
+    fed: int = 0  # prompt tokens forwarded
+    n_out: int = 0  # tokens picked
+    last: int = -1  # the last picked id (the next decode's input)
+    words: object = None
+
+
 class ReferenceRunner:
     name = "cpu"
     checks_deadline = True  # generate_ids takes `deadline` (engine.Runner)
 
-    def __init__(self, model, max_context: int | None = None):
+    def __init__(self, model, max_context: int | None = None, max_seqs: int = 8):
         self.model = model
         self.max_context = max_context or min(model.config.context_length, 8192)
+        self.max_seqs = max_seqs  # the batch API (scheduler.py): sequences held at once
+        self._seqs: dict[int, _Seq] = {}
+        self._sids = itertools.count()
 
     def info(self) -> dict:
         return {"device": "cpu (numpy reference)"}
@@ -51,23 +88,51 @@ class ReferenceRunner:
         prompt runs PREFILL_CHUNK tokens at a time, the deadline checked before each pass."""
         cache = self.model.new_cache(len(prompt_ids) + max_new)
         logits = self._prefill(prompt_ids, cache, deadline)
-        words = np.zeros((logits.shape[-1] + 31) // 32, dtype=np.uint32) if constraint is not None else None
+        pick = Pick(params, logprobs, constraint)
+        words = mask_words(logits, pick)
         for step in range(max_new):
-            allow = None
-            if constraint is not None:
-                if not constraint.fill_mask(words.ctypes.data, words.nbytes):
-                    return
-                allow = allowed_bits(words, logits.shape[-1])
-            tok = sample(logits, params, step, allow)
-            if constraint is not None:
-                constraint.accept(tok)
-            if logprobs is None:
-                yield tok
-            else:
-                yield Sampled(tok, *token_logprobs(logits, tok, logprobs))
+            tok = pick_token(logits, pick, step, words)
+            if tok is None:
+                return
+            yield tok
+            tok = tok.token_id if isinstance(tok, Sampled) else tok
             if tok in stop_ids or step + 1 == max_new:
                 return
             logits = self.model.forward([tok], cache)[-1]
+
+    # -- the batch API (scheduler.py; docs/INTERNALS.md "Scheduler"): numpy loops over sequences --
+
+    def batch_open(self, prompt_ids, pick: Pick, max_new: int, stop_ids) -> int:
+        if len(prompt_ids) + max_new > self.max_context:
+            raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_new}) exceeds the context of "
+                               f"{self.max_context}", field="max_tokens")
+        sid = next(self._sids)
+        self._seqs[sid] = _Seq(list(prompt_ids), pick, self.model.new_cache(len(prompt_ids) + max_new))
+        return sid
+
+    def batch_step(self, prefill, decode) -> dict[int, list]:
+        out = {}
+        for sid, n in prefill:
+            s = self._seqs[sid]
+            logits = self.model.forward(s.prompt[s.fed:s.fed + n], s.cache)[-1]
+            s.fed += n
+            if s.fed == len(s.prompt):
+                out[sid] = [self._pick(s, logits)]
+        for sid in decode:
+            s = self._seqs[sid]
+            out[sid] = [self._pick(s, self.model.forward([s.last], s.cache)[-1])]
+        return out
+
+    def batch_close(self, sid: int) -> None:
+        self._seqs.pop(sid, None)
+
+    def _pick(self, s: _Seq, logits):
+        if s.words is None:
+            s.words = mask_words(logits, s.pick)
+        tok = pick_token(logits, s.pick, s.n_out, s.words)
+        s.n_out += 1
+        s.last = tok.token_id if isinstance(tok, Sampled) else (tok if tok is not None else -1)
+        return tok
 
     def _prefill(self, ids, cache, deadline: float | None) -> np.ndarray:
         if deadline is None:

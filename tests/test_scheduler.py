@@ -1,0 +1,257 @@
+"""The scheduler (reflex_runtime/scheduler.py): batched requests give what each gives alone, steps
+interleave prompt chunks with decodes, a full queue is Busy (429 over HTTP, an error line over
+uds), and the legacy path (a runner without the batch API) still works through it."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from reflex_runtime.engine import Finished, GenerateRequest, SamplingParams
+from reflex_runtime.errors import Busy
+from reflex_runtime.frontends import ipc, serve
+from reflex_runtime.scheduler import EnergyShare
+
+from fake_engine import REPLY, make_engine
+
+PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,", "Hello"]
+
+
+@pytest.fixture
+def cpu_engine(fixture_paths):
+    """A fresh CPU engine (no scheduler yet) on a fixture's f32 file."""
+    from reflex_runtime.loader import load_engine
+
+    return lambda arch: load_engine(str(fixture_paths(arch, "f32").gguf), "cpu")
+
+
+def _req(prompt, n, **kw) -> GenerateRequest:
+    return GenerateRequest(prompt=prompt, max_tokens=n, ignore_eos=True, **kw)
+
+
+def _run(engine, req, events=None) -> Finished:
+    for ev in engine.generate(req):
+        if events is not None:
+            events.append(ev)
+        if isinstance(ev, Finished):
+            return ev
+    raise AssertionError("no Finished")
+
+
+def _concurrently(engine, reqs) -> list[Finished]:
+    out = [None] * len(reqs)
+
+    def one(i):
+        out[i] = _run(engine, reqs[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen35"])
+def test_batched_greedy_and_seeded_equal_each_request_alone(cpu_engine, arch):
+    eng = cpu_engine(arch)
+    reqs = [_req(p, 6 + 3 * i) for i, p in enumerate(PROMPTS)]
+    reqs += [_req(p, 8, sampling=SamplingParams(temperature=0.9, top_k=40, seed=7 + i)) for i, p in enumerate(PROMPTS[:2])]
+    alone = [_run(eng, r) for r in reqs]  # the CLI path: the runner's own loop, no scheduler
+    sched = eng.start_scheduler(max_seqs=4)
+    try:
+        batched = _concurrently(eng, reqs)
+    finally:
+        eng.stop_scheduler()
+    assert [f.text for f in batched] == [f.text for f in alone]
+    assert [f.record["generated_tokens"] for f in batched] == [r.max_tokens for r in reqs]  # the max_tokens cap
+    assert max(len(p) + len(d) for p, d in sched.step_log) > 1  # they did share steps
+    for f in batched:
+        rec = f.record
+        assert rec["queue_wait_ms"] >= 0 and rec["prefill_ms"] >= 0 and rec["decode_tokens_per_s"] > 0
+        b = rec["batch_sizes"]
+        assert 1 <= b["min"] <= b["mean"] <= b["max"] <= 4 and rec["joules_attributed"] is None
+
+
+def test_a_request_joins_mid_decode_and_a_long_prompt_goes_in_chunks(cpu_engine):
+    eng = cpu_engine("gemma3")
+    long_prompt = " ".join(["word"] * 60)
+    want_b = _run(eng, _req(long_prompt, 4)).text
+    eng.limits = replace(eng.limits, prefill_chunk=8)
+    sched = eng.start_scheduler(max_seqs=2)
+    try:
+        gen_a = eng.generate(_req(PROMPTS[0], 40))
+        next(gen_a), next(gen_a)  # A is decoding
+        got_b = {}
+        t = threading.Thread(target=lambda: got_b.update(f=_run(eng, _req(long_prompt, 4))))
+        t.start()
+        rest_a = [ev for ev in gen_a]
+        t.join(120)
+    finally:
+        eng.stop_scheduler()
+    assert got_b["f"].text == want_b and isinstance(rest_a[-1], Finished)
+    sid_a = sched.step_log[0][0][0][0]
+    b_steps = [(p, d) for p, d in sched.step_log if any(sid != sid_a for sid, _ in p)]
+    assert len(b_steps) >= 60 // 8  # B's prompt took several steps, at most 8 tokens each
+    assert all(n <= 8 for p, _ in b_steps for _, n in p)
+    assert all(sid_a in d for _, d in b_steps)  # A decoded a token in every one of them
+    assert got_b["f"].record["batch_sizes"]["max"] == 2
+
+
+def test_a_closed_request_frees_its_slot(cpu_engine):
+    eng = cpu_engine("gemma3")
+    sched = eng.start_scheduler(max_seqs=2, max_queue=0)
+    try:
+        gens = [eng.generate(_req(p, 200)) for p in PROMPTS[:2]]
+        for g in gens:
+            next(g)
+        with pytest.raises(Busy):  # both slots taken, no queue
+            next(eng.generate(_req(PROMPTS[2], 2)))
+        gens[0].close()  # a client that left
+        time.sleep(0.2)
+        assert _run(eng, _req(PROMPTS[2], 2)).record["generated_tokens"] == 2
+        gens[1].close()
+    finally:
+        eng.stop_scheduler()
+    assert sched.step_log
+
+
+class Sink:
+    mj = 0.0  # what a Ticket gets attributed
+
+
+def test_energy_is_shared_per_token():
+    reads = iter([1000.0, 1040.0])
+    share = EnergyShare(lambda: next(reads))
+    a, b = Sink(), Sink()
+    share.add(a, 3)  # e.g. a 2-token prompt chunk and a decode
+    share.add(b, 1)
+    share.sample()  # 40 mJ over 4 tokens
+    assert (a.mj, b.mj) == (30.0, 10.0)
+
+
+def test_records_attribute_energy_from_a_counter():
+    eng = make_engine(delay=0.002)
+    mj = [0.0]
+
+    def counter():
+        mj[0] += 50.0
+        return mj[0]
+
+    eng.start_scheduler(energy=counter)
+    try:
+        recs = [f.record for f in _concurrently(eng, [_req("hi", 20), _req("yo", 30)])]
+    finally:
+        eng.stop_scheduler()
+    assert all(r["joules_attributed"] > 0 for r in recs)
+    assert sum(r["joules_attributed"] for r in recs) <= mj[0] / 1000
+
+
+def test_the_legacy_path_runs_one_at_a_time_on_the_scheduler_thread():
+    eng = make_engine(delay=0.001)
+    eng.start_scheduler()
+    try:
+        out = _concurrently(eng, [_req("a", 5 + i) for i in range(4)])
+        s1 = eng.system1(prompt="x", candidates=["Hel", "no"])
+    finally:
+        eng.stop_scheduler()
+    assert [f.text for f in out] == [REPLY[:5 + i] for i in range(4)]
+    assert all(f.record["batch_sizes"] == {"min": 1, "max": 1, "mean": 1.0} for f in out)
+    assert eng.runner.threads == {"reflex-engine"} and s1["best_text"] == "Hel"  # ScriptedRunner: no overlap
+
+
+# -- a full queue over the transports -------------------------------------------------------------
+
+
+def _post(port, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps(body))
+    return c
+
+
+def test_a_full_queue_is_429_with_retry_after_over_http(monkeypatch):
+    monkeypatch.setattr(serve, "_log", lambda msg: None)
+    eng = make_engine(delay=0.05)
+    args = SimpleNamespace(host="127.0.0.1", port=0, api_key=None, model=None, backend="cpu", ctx=None,
+                           stay_up=True, parallel=1, max_queue=1)
+    srv = serve.start(args, None, load=lambda a, tl: eng)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        srv.state.model.wait_settled(5)
+        running = _post(port, {"prompt": "a", "max_tokens": 20})
+        time.sleep(0.2)
+        waiting = _post(port, {"prompt": "b", "max_tokens": 2})
+        time.sleep(0.2)
+        r = _post(port, {"prompt": "c", "max_tokens": 2}).getresponse()
+        body = json.loads(r.read())
+        assert r.status == 429 and int(r.getheader("Retry-After")) >= 1
+        assert body["error"]["code"] == "busy" and body["error"]["type"] == "rate_limit_error"
+        assert running.getresponse().status == 200 and waiting.getresponse().status == 200
+    finally:
+        srv.shutdown()
+        serve.stop(srv)
+
+
+@contextlib.contextmanager
+def _uds(engine):
+    d = tempfile.mkdtemp(prefix="reflex-test-", dir="/tmp")
+    path = os.path.join(d, "s.sock")
+    sock = ipc.bind_socket(path)
+    t = threading.Thread(target=ipc.serve_socket, args=(engine, sock, {"id": None, "op": "ready"}), daemon=True)
+    t.start()
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            bye = socket.socket(socket.AF_UNIX)
+            bye.connect(path)
+            bye.sendall(b'{"op": "shutdown"}\n')
+            t.join(10)
+            bye.close()
+        sock.close()
+        os.unlink(path)
+        os.rmdir(d)
+
+
+def test_a_full_queue_is_an_error_line_over_uds():
+    eng = make_engine(delay=0.05)
+    eng.start_scheduler(max_seqs=1, max_queue=0)
+    try:
+        with _uds(eng) as path:
+            a, b = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+            a.connect(path)
+            b.connect(path)
+            fa, fb = a.makefile("rb"), b.makefile("rb")
+            assert json.loads(fa.readline())["op"] == "ready" and json.loads(fb.readline())["op"] == "ready"
+            a.sendall(b'{"id": 1, "op": "generate", "prompt": "x", "max_tokens": 20}\n')
+            time.sleep(0.2)
+            b.sendall(b'{"id": 2, "op": "generate", "prompt": "y", "max_tokens": 2}\n')
+            err = json.loads(fb.readline())
+            assert err["id"] == 2 and err["error"]["status"] == 429 and err["error"]["code"] == "busy"
+            assert err["error"]["retry_after_s"] >= 1
+            assert json.loads(fa.readline())["record"]["generated_tokens"] == 20
+            for s in (fa, fb, a, b):
+                s.close()
+    finally:
+        eng.stop_scheduler()
+
+
+def test_busy_is_429_with_retry_after_in_every_error_shape():
+    from reflex_runtime.api.responses import error_response, line_error
+
+    err = Busy("the server is busy", 2.4)
+    r = error_response(err)  # serve and the handler's HTTP events and direct invokes
+    assert r.status == 429 and r.headers["Retry-After"] == "2" and r.body["error"]["code"] == "busy"
+    line = line_error(7, err)["error"]
+    assert line["status"] == 429 and line["retry_after_s"] == 2.4 and "\n" not in line["message"]
