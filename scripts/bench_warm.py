@@ -31,21 +31,15 @@ import sys
 import tempfile
 import time
 
+from serve_client import WORDS, free_port, stop, wait_ready
+
 PROMPT_TOKENS = 16
 NEW_TOKENS = 16
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
 
 
 def _cli(args: argparse.Namespace, *extra: str) -> list[str]:
     cmd = [sys.executable, "-m", "reflex_runtime.cli", *extra, "--backend", args.backend]
     return cmd + (["--model", args.model] if args.model else [])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stats(xs: list[float]) -> dict:
@@ -59,28 +53,14 @@ def _stats(xs: list[float]) -> dict:
 
 class Http:
     def __init__(self, args):
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = subprocess.Popen(_cli(args, "serve") + ["--port", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + args.load_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit("bench_warm: reflex serve exited during start-up")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                c.request("GET", "/healthz")
-                r = c.getresponse()
-                r.read()
-                c.close()
-                if r.status == 200:
-                    break
-                if r.status == 503:
-                    raise SystemExit("bench_warm: the model failed to load (healthz 503)")
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("bench_warm: reflex serve did not become healthy")
-            time.sleep(0.05)
+        try:  # 503: the model failed to load
+            wait_ready(self.proc, self.port, "/healthz", args.load_timeout, "bench_warm: reflex serve", fatal=(503,))
+        except SystemExit:
+            stop(self.proc)
+            raise
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=args.request_timeout)
 
     def request(self, prompt: str, max_tokens: int, stream: bool) -> tuple[float, dict]:
@@ -101,8 +81,7 @@ class Http:
 
     def close(self):
         self.conn.close()
-        self.proc.terminate()
-        self.proc.wait(10)
+        stop(self.proc)
 
 
 # -- unix socket ---------------------------------------------------------------------------------

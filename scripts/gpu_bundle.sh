@@ -5,6 +5,7 @@
 #
 #   bash scripts/gpu_bundle.sh [--peers] [--old REV] [--skeleton GGUF]...
 #     --peers         llama.cpp's llama-bench/llama-simple/llama-quantize (41.5 MB of the 64 MiB a call may carry)
+#                     and the llama-server addon (1.4 MB)
 #     --old REV       that commit's package and fatbin, to benchmark against in the same run
 #     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
 #     --smol          the real SmolLM2's wheel split in .smolA/ (40 MiB) and .smolB/ (the rest): carry .smolA with
@@ -28,7 +29,7 @@ rm -rf $B/converter && mkdir -p $B/converter
 
 while [ $# -gt 0 ]; do
   case "$1" in
-    --peers) mkdir -p $B/peers && cp $SHARED/peers/llama.cpp-sm90.tar.xz $B/peers/ ;;
+    --peers) mkdir -p $B/peers && cp $SHARED/peers/llama.cpp-sm90.tar.xz $SHARED/peers/llama-server-sm90-addon.tar.xz $B/peers/ ;;
     --old)
       rev=$2; shift
       rm -rf $B/old /tmp/reflex-old && git worktree add -f -q --detach /tmp/reflex-old "$rev"

@@ -19,6 +19,10 @@
 #   energy     reflex doctor (caches the idle power), then bench_coldstart.py's net-energy agreement,
 #              calibrated, uncalibrated, and uncalibrated with NVML up before cuInit (0.6B Q8_0, RUNS runs each)
 #   structured decode tok/s plain, with logprobs, with a JSON schema, both (scripts/bench_structured.py, 0.6B Q8_0)
+#   serve      scripts/bench_serve.py: SERVE_CLIENTS (default 1,4,16,64) concurrent streaming clients against reflex
+#              serve and llama-server (when gpu_bundle.sh --peers carried it), SERVE_RUNS runs per level (default 3),
+#              on the 0.6B Q8_0 file and the files in SERVE_FILES (e.g. a MoE file made by $MAKE_MORE);
+#              serve-FILE.json and .log, the servers' logs, and compare.json rows under $W
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -52,6 +56,9 @@ mkdir -p .cache; [ -d .cache/qwen3-tokenizer ] || tar xJf .gpu/qwen3-tokenizer.t
 export REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
 if [ -f .gpu/peers/llama.cpp-sm90.tar.xz ] || [ -x /tmp/peers/llama.cpp/llama-bench ]; then  # carried now, or earlier
   [ -x /tmp/peers/llama.cpp/llama-bench ] || { mkdir -p /tmp/peers && tar xJf .gpu/peers/llama.cpp-sm90.tar.xz -C /tmp/peers; }
+  # llama-server and its two libraries, into the same folder, after the main tarball (shared/peers/README.md)
+  [ -f .gpu/peers/llama-server-sm90-addon.tar.xz ] && [ ! -x /tmp/peers/llama.cpp/llama-server ] \
+    && tar xJf .gpu/peers/llama-server-sm90-addon.tar.xz -C /tmp/peers
   export LD_LIBRARY_PATH=/tmp/peers/llama.cpp:${LD_LIBRARY_PATH:-}
   PEER=/tmp/peers/llama.cpp
 fi
@@ -203,6 +210,16 @@ if has energy; then  # issue 25 item 3: the record's net joules against an exter
 fi
 if has structured; then step structured
   timeout 300 python3 scripts/bench_structured.py --model "$Q8" --out "$W/structured.json" 2>&1 | tee "$W/structured.log" | tail -8
+fi
+if has serve; then
+  for f in $Q8 ${SERVE_FILES:-}; do
+    n=$(basename $f .gguf); step "serve $n"
+    targets=reflex; [ -x "${PEER:-/nonexistent}/llama-server" ] && targets=reflex,llama
+    timeout ${SERVE_TIMEOUT:-540} python3 scripts/bench_serve.py --model $f --clients ${SERVE_CLIENTS:-1,4,16,64} \
+      --runs ${SERVE_RUNS:-3} --targets $targets ${PEER:+--llama-server $PEER/llama-server} --log-dir "$W/serve-$n" \
+      --out "$W/serve-$n.json" --compare-out "$W/compare.json" > "$W/serve-$n.log" 2>&1
+    echo "serve $n: exit $?" | tee -a "$W/steps.txt"; grep -v "^bench_serve: " "$W/serve-$n.log" | tail -12 | tee -a "$W/steps.txt"
+  done
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
 cp "$W"/coldstart/waterfall.png "$OUT"/ 2>/dev/null

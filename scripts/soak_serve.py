@@ -37,14 +37,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from serve_client import WORDS, free_port, get, stop, wait_ready
+
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "soak-key"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 PROBE_EVERY = 0.5
 RSS_EVERY = 5.0
 CLIENT_TIMEOUT = 180.0
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
-         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
 # behaviour -> weight (of every client's requests)
 MIX = {"small": 35, "system1": 15, "stream": 10, "slow_sender": 5, "slow_reader": 5, "disconnect": 10,
        "oversized": 12, "long": 2, "no_key": 3}
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
 
     model = args.model or default_model()
     tokenizer = Tokenizer.from_gguf(GGUFFile(model)).prepare()
-    port = args.port or _free_port()
+    port = args.port or free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", "cpu", "--model", model,
            "--port", str(port), "--api-key", KEY]
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     log = open(log_path, "w")
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
-        _wait_healthy(port, server)
+        wait_ready(server, port, "/healthz", 300, "soak_serve: reflex serve")
         baseline = []
         probe(port, tokenizer, Tally(), time.monotonic() + args.baseline, baseline)
         tally, samples, rss = Tally(), [], []
@@ -388,13 +388,9 @@ def main(argv=None) -> int:
             t.join(args.duration + CLIENT_TIMEOUT + 60)
         alive = sum(t.is_alive() for t in threads)
         still_up = server.poll() is None
-        health = _get(port, "/healthz") if still_up else None
+        health = get(port, "/healthz") if still_up else None
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
         log.close()
 
     hostile = [s for s, h in samples if h]
@@ -430,36 +426,6 @@ def main(argv=None) -> int:
                                    "probe_small_request_latency", "rss_mb", "threads_max")}
     print(json.dumps(summary, indent=1))
     return 0 if res["lost_replies"] == 0 and res["mixed_replies"] == 0 and still_up else 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str):
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        c.request("GET", path)
-        r = c.getresponse()
-        body = r.read()
-        c.close()
-        return {"status": r.status, "body": json.loads(body) if body else None}
-    except OSError as e:
-        return {"error": str(e)}
-
-
-def _wait_healthy(port: int, server) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"soak_serve: reflex serve exited with {server.returncode}")
-        h = _get(port, "/healthz")
-        if h.get("status") == 200:
-            return
-        time.sleep(0.2)
-    raise SystemExit("soak_serve: reflex serve did not become healthy")
 
 
 if __name__ == "__main__":
