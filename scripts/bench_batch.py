@@ -45,6 +45,47 @@ def run(runner, vocab: int, n: int, prompt: int, answer: int, seed: int) -> dict
             "calls": steps}
 
 
+def profile(runner, vocab: int, n: int, prompt: int, reps: int = 20) -> list[dict]:
+    """Time each role of one n-row decode step on its own (its recorded launches replayed as a
+    graph `reps` times): where the step's time goes."""
+    import numpy as np
+
+    from reflex_runtime.gpu.ops import sample
+    from reflex_runtime.gpu.ops.sample import RxRows
+    from reflex_runtime.gpu.step import Pick
+
+    rng = np.random.default_rng(0)
+    sids = [runner.batch_open(list(rng.integers(10, vocab - 10, prompt)), Pick(), 64, frozenset()) for _ in range(n)]
+    runner.batch_step([(s, prompt) for s in sids], [])
+    runner.batch_step([], sids)  # the rows are written and a step runs
+    m, L, dev = runner.model, runner.launch, runner.dev
+    dev.sync(runner.stream)
+    with L.record() as launches:
+        m.forward(n, first=0, rows=True, logit_row=0, logit_rows=n)
+        with L.role("pick rows"):
+            sample.pick_rows(L, m.p("logits"), vocab, m.p("sampling_rows"),
+                             RxRows(m.p("tokens"), m.p("pos"), m.p("slot"), m.p("steps")), n)
+    dev.sync(runner.stream)
+    roles: dict[str, list] = {}
+    for ln in launches:
+        roles.setdefault(ln.role, []).append(ln)
+    out = []
+    start, end = dev.event(timing=True), dev.event(timing=True)
+    for role, lns in roles.items():
+        g = runner.graph_of(lns)
+        g.launch(runner.stream)
+        dev.record(start, runner.stream)
+        for _ in range(reps):
+            g.launch(runner.stream)
+        dev.record(end, runner.stream)
+        dev.sync(runner.stream)
+        out.append({"role": role, "launches": len(lns), "ms": round(dev.elapsed_ms(start, end) / reps, 4),
+                    "kernels": sorted({getattr(ln.kernel, "name", "?") for ln in lns})[:4]})
+    for s in sids:
+        runner.batch_close(s)
+    return sorted(out, key=lambda r: -r["ms"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -52,6 +93,9 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--answer", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2, help="runs per size (the best is kept; the first captures graphs)")
+    ap.add_argument("--mm-min", type=int, default=0,
+                    help="also run every size with products.MM_MIN_TOKENS set to this (the tensor-core crossover)")
+    ap.add_argument("--profile", default="", help="batch sizes whose decode step is timed role by role")
     ap.add_argument("--out")
     a = ap.parse_args()
     from reflex_runtime.loader import load_engine
@@ -69,8 +113,28 @@ def main() -> int:
                    key=lambda r: r["tok_s"])
         rows.append(best)
         print(f"{n:>5} {best['tok_s']:>9.1f} {best['ms_per_step']:>8.3f} {best['prefill_s']:>9.4f}", flush=True)
+    if a.mm_min:
+        from reflex_runtime.gpu import products
+
+        saved, products.MM_MIN_TOKENS = products.MM_MIN_TOKENS, a.mm_min
+        runner.reset_graphs()
+        print(f"with the tensor-core kernels from {a.mm_min} tokens:")
+        for n in sizes:
+            best = max((run(runner, eng.config.vocab_size, n, a.prompt, a.answer, k) for k in range(a.repeat)),
+                       key=lambda r: r["tok_s"])
+            best["mm_min_tokens"] = a.mm_min
+            rows.append(best)
+            print(f"{n:>5} {best['tok_s']:>9.1f} {best['ms_per_step']:>8.3f} {best['prefill_s']:>9.4f}", flush=True)
+        products.MM_MIN_TOKENS = saved
+        runner.reset_graphs()
+    profiles = {}
+    for n in [int(x) for x in a.profile.split(",") if x]:
+        profiles[n] = profile(runner, eng.config.vocab_size, n, a.prompt)
+        print(f"profile of a {n}-row step (ms per step, role by role):")
+        for r in profiles[n]:
+            print(f"  {r['ms']:8.4f}  {r['launches']:4d}  {r['role']}  {','.join(r['kernels'])}")
     res = {"model": os.path.basename(a.model), "prompt": a.prompt, "answer": a.answer, "device": runner.info()["device"],
-           "rows": rows, "command": " ".join(sys.argv)}
+           "rows": rows, "profiles": profiles, "command": " ".join(sys.argv)}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
