@@ -39,6 +39,8 @@
 //                                 roundings whatever the schedule (counters are left at zero).
 // Bound by tensor-core math for long prompts; weights are read once per BM tokens (per 64
 // pairs of an expert).
+// Dense products of a few tokens may split K across gridDim.z (partial sums added atomically
+// into an accumulated output): a 64-token decode batch times a 1024-row matrix is 16 tiles.
 // Requirements (host): K % 32 == 0, W 16-byte aligned, x rows 16-byte aligned, x < 2^31 floats.
 #include "common.cuh"
 #include "mma.cuh"
@@ -311,14 +313,33 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
     int rows = s2 ? sg.rows[2] : s1 ? sg.rows[1] : sg.rows[0];
     float* y = s2 ? sg.y[2] : s1 ? sg.y[1] : sg.y[0];
     const uint8_t* w = s2 ? sg.w[2] : s1 ? sg.w[1] : sg.w[0];
+    // Split-K (gridDim.z > 1, for grids too small to fill the GPU: a few tokens times a narrow
+    // matrix): this block takes its share of K's stages and adds its partial sums into y, which
+    // the host guarantees holds what they add to (accumulate).
+    const bool split = gridDim.z > 1;
+    int kc = K;
+    if (split) {
+        using R = GemmRaw<T>;
+        int stages = (K + R::KB - 1) / R::KB, per = (stages + gridDim.z - 1) / gridDim.z;
+        int s0 = blockIdx.z * per, s1 = min(stages, s0 + per);
+        if (s0 >= s1) return;
+        x += (long)s0 * R::KB;
+        w += (long)s0 * R::SB;
+        kc = min(K, s1 * R::KB) - s0 * R::KB;
+    }
     float acc[C::MT][C::NT][4];
-    gemm_mainloop<T, C>(GemmA{x, x_stride, nullptr, m0, n_tok}, GemmB{w, nullptr, row_bytes, n0, rows, false}, K,
+    gemm_mainloop<T, C>(GemmA{x, x_stride, nullptr, m0, n_tok}, GemmB{w, nullptr, row_bytes, n0, rows, false}, kc,
                         rx_smem, acc);
     bool pairs = (rows & 1) == 0;  // float2 stores stay 8-byte aligned
     gemm_for_each<C>(acc, [&](int m, int n, float v0, float v1) {
         int tk = m0 + m, r = n0 + n;
         if (tk >= n_tok || r >= rows) return;
         float* dst = y + (long)tk * rows + r;
+        if (split) {
+            atomicAdd(dst, v0);
+            if (r + 1 < rows) atomicAdd(dst + 1, v1);
+            return;
+        }
         if (pairs) {  // rows even: r + 1 < rows too
             float2 o = make_float2(v0, v1);
             if (accumulate) {

@@ -101,7 +101,7 @@ def main() -> int:
     from reflex_runtime.loader import load_engine
 
     sizes = [int(x) for x in a.seqs.split(",")]
-    eng = load_engine(a.model, "cuda", max_context=a.prompt + a.answer + 8, parallel=max(sizes))
+    eng = load_engine(a.model, "cuda", max_context=a.prompt + a.answer + 8, max_seqs=max(sizes))
     runner = eng.runner
     if runner.max_seqs < max(sizes):
         print(f"this model decodes at most {runner.max_seqs} sequences together", file=sys.stderr)

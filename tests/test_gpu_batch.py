@@ -8,9 +8,12 @@ Run on a GPU machine: pytest -m gpu tests/test_gpu_batch.py
 import numpy as np
 import pytest
 from teacher_forced import compare
-from test_gpu_kernels import _attention_ref, knobs  # noqa: F401 (the fixture)
+from gpu_harness import TYPE_NAMES
+from gpu_harness import random_weight as weight
+from test_gpu_kernels import TC_RTOL, _attention_ref, _gemm_ks, _sm80, assert_matmul_close
+from test_gpu_kernels import knobs  # noqa: F401 (the fixture)
 
-from reflex_runtime.gpu.ops import attention, attn_decode
+from reflex_runtime.gpu.ops import attention, attn_decode, gemm
 from reflex_runtime.gpu.ops import sample as sample_ops
 from reflex_runtime.gpu.ops.sample import RxRows, RxSampling
 
@@ -108,6 +111,29 @@ def test_pick_rows_greedy_and_sampled_per_row(gpu):
     np.testing.assert_array_equal(gpu.get(bufs["steps"], (R,), np.int32), steps + 1)
 
 
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+def test_gemm_split_k_in_a_decode_batch(gpu, qtype):
+    """An accumulated product of a decode batch whose tiles do not fill the GPU splits K across
+    blocks that add into the output: the same sums as numpy, for every type, K at awkward sizes."""
+    _sm80(gpu)
+    L = gpu.launch
+    for k in _gemm_ks(qtype) + [3072]:
+        rng = np.random.default_rng([int(qtype), k])
+        w, dense = weight(gpu, qtype, 200, k, rng)
+        for n_tok in (4, 37, 64):
+            assert gemm.k_splits(L, w, 4, True) == 1  # prompts never split
+            L.decode_rows = True
+            try:
+                assert gemm.k_splits(L, w, 4, True) > 1 or k <= gemm.stage_weights(w.type_name)
+                x = rng.standard_normal((n_tok, k)).astype(np.float32)
+                base = rng.standard_normal((n_tok, w.rows)).astype(np.float32)
+                y = gpu.put(base)
+                gemm.gemm(L, [w], gpu.put(x), [y], n_tok, accumulate=True, cfg="s")
+            finally:
+                L.decode_rows = False
+            assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, base, rtol=TC_RTOL)
+
+
 # -- whole sequences ------------------------------------------------------------------------------
 
 PROMPTS = ["The capital of France is the city of", "Once upon a time", "1 2 3 4 5 6 7 8 9 10 11 12 13 14",
@@ -121,7 +147,7 @@ def _engine(arch, outtype, parallel=4):
     from reflex_runtime.families import load_reference
     from reflex_runtime.loader import load_engine
 
-    eng = load_engine(str(make_fixture(arch, outtype).gguf), "cuda", parallel=parallel)
+    eng = load_engine(str(make_fixture(arch, outtype).gguf), "cuda", max_seqs=parallel)
     return eng, load_reference(eng.gguf, eng.config)
 
 

@@ -86,7 +86,7 @@ class Batch:
 
     @property
     def matvec(self) -> bool:
-        return matvec_path(self.n)
+        return matvec_path(self.n, rows=self.rows)
 
 
 @dataclass(frozen=True)
@@ -337,7 +337,7 @@ class LmHead:
                     if self.softcap > 0:
                         logits.softcap(L, out, c.vocab_size, self.softcap)
                     return fuse
-            if matvec_path(n_rows):
+            if matvec_path(n_rows, rows=L.decode_rows):
                 products.matmul(L, self.w, x_rows, out, n_rows, norm_w=self.norm_w, eps=c.rms_eps)
             else:
                 norm.rmsnorm(L, x_rows, self.norm_w, self.p("h"), n_rows, c.n_embd, c.rms_eps)

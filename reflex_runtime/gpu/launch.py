@@ -56,6 +56,9 @@ class Launcher:
         self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
         self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
         self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "2"))
+        # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the
+        # products then pick their kernels for decode rows (products.matvec_path, gemm.k_splits)
+        self.decode_rows = False
         self._recorded: list[Launch] | None = None
         self._role = ""
         self._bytes = 0

@@ -144,12 +144,17 @@ class GpuModel:
                   p("seg_lo") + 4 * first if tree or rows else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
                   seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0,
                   slots_in_order=not tree, rows=rows, kv_base=kv_base)
-        with self.launch.role("embedding", n * self.embedding.row_bytes):
-            embed.embed(self.launch, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
-        self.res.added()
-        for il, ly in enumerate(self.layers):
-            ly(self.res, b, self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else 0)
-        if logit_rows <= 0:
-            return False
-        row = (n - 1) if logit_row < 0 else logit_row
-        return self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"), pick=pick)
+        L = self.launch
+        L.decode_rows = rows
+        try:
+            with L.role("embedding", n * self.embedding.row_bytes):
+                embed.embed(L, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
+            self.res.added()
+            for il, ly in enumerate(self.layers):
+                ly(self.res, b, self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else 0)
+            if logit_rows <= 0:
+                return False
+            row = (n - 1) if logit_row < 0 else logit_row
+            return self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"), pick=pick)
+        finally:
+            L.decode_rows = False

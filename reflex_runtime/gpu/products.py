@@ -22,14 +22,21 @@ from .ops.common import Weight
 # MM_MIN_TOKENS on; such a type then runs the matrix-vector kernel on the normalized input).
 MM_MIN_TOKENS = 64
 MM_MIN_TOKENS_BY_TYPE: dict[str, int] = {}
+# A decode batch of several sequences (Launcher.decode_rows) goes to the tensor-core kernels from
+# this many rows: the matrix-vector kernels read the weights once per 4 rows, and a decode step
+# of 16 Qwen3-0.6B rows took 7.9 ms that way against 6.2 ms through them (H200, scripts/bench_batch.py).
+ROWS_MM_MIN_TOKENS = 4
 
 
-def matvec_path(n_tok: int, type_name: str | None = None) -> bool:
+def matvec_path(n_tok: int, type_name: str | None = None, rows: bool = False) -> bool:
     """True when a batch of n_tok tokens runs the matrix-vector kernels (which can fold an RMS
     norm of their input in); False when it runs the tensor-core kernels. Without a type: the
     batch's choice (whether its inputs get normalized by a separate kernel); with one: that
     weight type's choice for a batch whose inputs are normalized. Blocks and this module ask
-    this; no other code compares against MM_MIN_TOKENS."""
+    this; no other code compares against MM_MIN_TOKENS. rows: the batch is a decode step of that
+    many sequences (ROWS_MM_MIN_TOKENS)."""
+    if rows:
+        return n_tok < ROWS_MM_MIN_TOKENS
     if n_tok < MM_MIN_TOKENS or type_name is None:
         return n_tok < MM_MIN_TOKENS
     return n_tok < MM_MIN_TOKENS_BY_TYPE.get(type_name, MM_MIN_TOKENS)
@@ -48,7 +55,7 @@ def matmul_many(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumula
     share a type and row length (either path), else one each."""
     w0 = ws[0]
     x_stride = x_stride or w0.k
-    if (norm_w or matvec_path(n_tok, w0.type_name)) and all(w.k == w0.k for w in ws):
+    if (norm_w or matvec_path(n_tok, w0.type_name, L.decode_rows)) and all(w.k == w0.k for w in ws):
         # matrix-vector path: segments() splits types where its kernel needs it (not one token)
         segments(L, ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps)
         return
@@ -89,7 +96,7 @@ def gated_ffn_in(L, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: i
     alike = wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
     if alike and n_tok == 1 and mvs.glu(L, wg, wu, x, out, act, norm_w, eps):
         return
-    if alike and (norm_w or matvec_path(n_tok, wg.type_name)):
+    if alike and (norm_w or matvec_path(n_tok, wg.type_name, L.decode_rows)):
         matvec.glu(L, wg, wu, x, out, n_tok, act, norm_w, eps)
         return
     if alike and not norm_w and gemm.ok(L, wg) and gemm.ok(L, wu):

@@ -56,6 +56,22 @@ def cfg_for(L, n_tok: int, rows: int) -> str:
     return "l" if -(-n_tok // bm) * -(-rows // bn) >= L.dev.sm_count else "s"
 
 
+MAX_K_SPLITS = 16
+
+
+def k_splits(L, w: Weight, blocks: int, accumulate: bool) -> int:
+    """Slices of K for a grid of `blocks` tiles (gridDim.z): in a decode step of several sequences
+    (L.decode_rows; prompts keep their deterministic sums), an accumulated product whose tiles
+    fill less than the GPU twice over takes K in up to MAX_K_SPLITS slices of whole stages, each
+    added into the output atomically (a decode batch's output projection and FFN down). Products
+    that overwrite their output, and large grids, keep one."""
+    target = 2 * L.dev.sm_count
+    if not accumulate or not L.decode_rows or blocks >= target:
+        return 1
+    stages = -(-w.k // stage_weights(w.type_name))
+    return max(1, min(MAX_K_SPLITS, stages, -(-target // blocks)))
+
+
 def gemm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
          cfg: str | None = None) -> None:
     """ys[i][t, :] (+)= ws[i] x[t, :] for up to three matrices of one type and row length, one launch."""
@@ -70,7 +86,8 @@ def gemm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: boo
             segs.w[i], segs.y[i], segs.rows[i] = ws[i].ptr, ys[i], ws[i].rows
             end += -(-ws[i].rows // bn)
         segs.tile_end[i] = end
-    L.go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, -(-n_tok // bm), 1), THREADS[cfg],
+    L.go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, -(-n_tok // bm), k_splits(L, w0, end * -(-n_tok // bm), accumulate)),
+         THREADS[cfg],
          [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride), c_int(w0.k), c_int(n_tok),
           c_int(int(accumulate))], shared_bytes(w0.type_name, cfg))
 
