@@ -25,7 +25,8 @@ CONTEXT_RANGE = (16, 1 << 20)
 # `--parallel` / REFLEX_PARALLEL (sequences decoded together) and `--max-queue` / REFLEX_MAX_QUEUE.
 PARALLEL_RANGE = (1, 1024)
 # What serve, uds and the handler hold at once when not told: the CUDA runner reserves a cache
-# range of the context per sequence at load (16 x 4,096 tokens: 7.5 GB for Qwen3-0.6B).
+# range of the context per sequence at load (with the runner's own: 17 x 4,096 tokens, 8.0 GB of
+# cache for Qwen3-0.6B).
 DEFAULT_PARALLEL = 16
 QUEUE_RANGE = (0, 1 << 20)
 # What serve, stdio/uds and the handler set Limits.request_timeout_s to unless told otherwise.

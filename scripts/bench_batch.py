@@ -93,8 +93,9 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--answer", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2, help="runs per size (the best is kept; the first captures graphs)")
-    ap.add_argument("--mm-min", type=int, default=0,
-                    help="also run every size with products.MM_MIN_TOKENS set to this (the tensor-core crossover)")
+    ap.add_argument("--rows-mm-min", type=int, default=0,
+                    help="also run every size with products.ROWS_MM_MIN_TOKENS set to this (the decode rows' "
+                         "tensor-core crossover)")
     ap.add_argument("--profile", default="", help="batch sizes whose decode step is timed role by role")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -113,19 +114,19 @@ def main() -> int:
                    key=lambda r: r["tok_s"])
         rows.append(best)
         print(f"{n:>5} {best['tok_s']:>9.1f} {best['ms_per_step']:>8.3f} {best['prefill_s']:>9.4f}", flush=True)
-    if a.mm_min:
+    if a.rows_mm_min:
         from reflex_runtime.gpu import products
 
-        saved, products.MM_MIN_TOKENS = products.MM_MIN_TOKENS, a.mm_min
+        saved, products.ROWS_MM_MIN_TOKENS = products.ROWS_MM_MIN_TOKENS, a.rows_mm_min
         runner.reset_graphs()
-        print(f"with the tensor-core kernels from {a.mm_min} tokens:")
+        print(f"with the tensor-core kernels from {a.rows_mm_min} rows:")
         for n in sizes:
             best = max((run(runner, eng.config.vocab_size, n, a.prompt, a.answer, k) for k in range(a.repeat)),
                        key=lambda r: r["tok_s"])
-            best["mm_min_tokens"] = a.mm_min
+            best["rows_mm_min_tokens"] = a.rows_mm_min
             rows.append(best)
             print(f"{n:>5} {best['tok_s']:>9.1f} {best['ms_per_step']:>8.3f} {best['prefill_s']:>9.4f}", flush=True)
-        products.MM_MIN_TOKENS = saved
+        products.ROWS_MM_MIN_TOKENS = saved
         runner.reset_graphs()
     profiles = {}
     for n in [int(x) for x in a.profile.split(",") if x]:

@@ -151,7 +151,7 @@ def _engine(arch, outtype, parallel=4):
     return eng, load_reference(eng.gguf, eng.config)
 
 
-def _run(runner, prompts, params, join_after=None, chunk=5):
+def _run(runner, prompts, params, join_after=None, chunk=5, between=None):
     """Drive the batch API as the scheduler does: prompts in chunks of `chunk` tokens beside the
     running decodes; with join_after, the last prompt joins once the others have that many tokens."""
     from reflex_runtime.gpu.step import Pick
@@ -178,6 +178,8 @@ def _run(runner, prompts, params, join_after=None, chunk=5):
         decode = [sids[i] for i in out if fed[i] >= len(prompts[i]) and out[i] and len(out[i]) < NEW]
         sizes.append(len(decode))
         got = runner.batch_step(prefill, decode)
+        if between is not None:
+            between()
         for i, sid in sids.items():
             out[i] += got.get(sid, [])
             if len(out[i]) >= NEW and sid is not None:
@@ -251,3 +253,25 @@ def test_hooked_sequence_beside_plain_ones():
     assert [t.token_id for t in hooked] == [t.token_id for t in single]
     for a, b in zip(hooked, single):
         assert abs(a.logprob - b.logprob) < 1e-4 and a.top_ids == b.top_ids
+
+
+def test_system1_between_steps_leaves_the_batch_alone():
+    """system1 runs on the scheduler thread between steps, in the runner's own cache range: the
+    decoding sequences' tokens are those of a batch without it, and its scores those of an idle
+    runner."""
+    from reflex_runtime.sampling import SamplingParams
+
+    eng, _ = _engine("qwen3", "q8_0")
+    r = eng.runner
+    prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS[:3]]
+    greedy = [SamplingParams()] * len(prompts)
+    cands = [[5, 6], [7], [8, 9, 10]]
+    expect = r.score(prompts[1], cands)
+    plain, _ = _run(r, prompts, greedy)
+    scores = []
+    mixed, _ = _run(r, prompts, greedy, between=lambda: scores.append(r.score(prompts[1], cands)))
+    assert mixed == plain
+    assert len(scores) > 10
+    for got in scores:
+        for g, e in zip(got, expect):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

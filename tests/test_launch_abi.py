@@ -19,6 +19,8 @@ import subprocess
 
 import pytest
 
+from reflex_runtime.errors import RequestError
+
 from reflex_runtime.gpu.ops import (attn_decode, constrain, delta_net, flash_attn, gemm, kernel_modules, logits, moe,
                                     moe_decode, mvs, sample)
 from reflex_runtime.gpu import products
@@ -569,7 +571,7 @@ class _AllowAll:
         self.accepted.append(tok)
 
 
-def _fake_runner(ptx_params, max_context=128):
+def _fake_runner(ptx_params, max_context=128, max_seqs=1):
     from reflex_runtime.measure.coldstart import Timeline
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.modelfile.gguf_file import GGUFFile
@@ -578,9 +580,72 @@ def _fake_runner(ptx_params, max_context=128):
     g = GGUFFile(_fixture_file("qwen3"))
     cfg = read_config(g)
     dev = FakeDevice(ptx_params)
-    runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=max_context)
+    runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=max_context,
+                              max_seqs=max_seqs)
     runner.wait_ready()
     return runner, dev
+
+
+def test_batch_api_on_the_fake_device(ptx_params):
+    """gpu/batch.py's host side on the fake device (read-backs bring token 0, graph replays do
+    nothing): prompts in chunks beside running decodes, a sequence joining and a hooked one
+    decoding alone, each getting exactly max_new tokens; a stop id ends one at once and a closed
+    sequence's range is reused; every pack matches the PTX, the decode attention runs one grid
+    z per row and each row count gets its own graph."""
+    from reflex_runtime.gpu.step import Pick
+    from reflex_runtime.sampling import SamplingParams
+
+    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=4)
+    assert runner.max_seqs == 4
+    with pytest.raises(RequestError, match="exceed the context of 64"):
+        runner.batch_open(list(range(60)), Pick(), 5, frozenset())
+    want, got = {}, {}
+
+    def open_(prompt, pick, n):
+        sid = runner.batch_open(prompt, pick, n, frozenset())
+        want[sid], got[sid] = n, []
+        return sid
+
+    def step(prefill, decode):
+        for sid, toks in runner.batch_step(prefill, decode).items():
+            got[sid] += toks
+
+    a = open_([1, 2, 3, 4, 5, 6, 7], Pick(), 5)
+    b = open_([1, 2], Pick(SamplingParams(0.7, seed=3)), 6)
+    step([(a, 4), (b, 2)], [])
+    assert got == {a: [], b: [0]}  # a's prompt is half done; b's first token came with its prompt
+    step([(a, 3)], [b])
+    assert len(got[a]) == 1 and len(got[b]) >= 2
+    c = open_([9, 9], Pick(SamplingParams(), constraint=_AllowAll()), 3)  # hooked: one token a step
+    step([(c, 2)], [a, b])
+    for _ in range(20):
+        live = [s for s in got if 0 < len(got[s]) < want[s]]
+        if not live:
+            break
+        step([], live)
+    assert {s: len(t) for s, t in got.items()} == want and all(t == 0 for ts in got.values() for t in ts)
+    rows = {g[2] for n, g, _ in dev.launches if n == "reflex_attn_decode"}
+    assert {1, 2} <= rows  # the single-row graph and the two-row one (a hooked row decodes alone)
+    assert "reflex_pick_rows" in {n for n, _, _ in dev.launches}
+    for s in (a, b, c):
+        runner.batch_close(s)
+    # system1 between steps runs in the runner's own range and state rows: the decode rows of an
+    # unchanged batch are written again before its next step
+    e, f = open_([3, 4], Pick(), 20), open_([5], Pick(), 20)
+    step([(e, 2), (f, 1)], [])
+    step([], [e, f])
+    seg_lo, n_copies = runner.model.p("seg_lo"), len(dev.copies)
+    step([], [e, f])
+    assert not any(c[:2] == ("htod", seg_lo) for c in dev.copies[n_copies:])
+    assert len(runner.score([1, 2, 3], [[4], [5, 6]])) == 2
+    step([], [e, f])
+    assert ("htod", seg_lo, 8) in dev.copies[n_copies:]
+    for s in (e, f):
+        runner.batch_close(s)
+    d = runner.batch_open([1], Pick(), 5, frozenset({0}))
+    assert d in (a, b, c, e, f)  # a freed range
+    assert runner.batch_step([(d, 1)], []) == {d: [0]}  # the stop id ends it with its first token
+    runner.batch_close(d)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

@@ -1,8 +1,10 @@
 """Continuous batching on the CUDA runner: the runner's batch API (batch_open, batch_step,
 batch_close; the engine's scheduler drives it, reflex_runtime/scheduler.py).
 
-Each sequence owns a range of `max_context` cache slots (sequence i: slots i*C .. i*C + C - 1),
-carved at load from one pool of max_seqs ranges. A step:
+Each sequence owns a range of `max_context` cache slots (sequence i: slots (i+1)*C .. (i+1)*C +
+C - 1), carved at load from one pool of max_seqs + 1 ranges; range 0 stays the runner's own, for
+system1 scoring between steps (pause() first lands the queued steps and marks the decode rows
+for rewriting, which scoring overwrites). A step:
 - prompt chunks, one sequence at a time, at state index max_seqs.. with slots relative to the
   sequence's range (Batch.kv_base): flash attention then reads that range only; the chunk that
   ends a prompt picks the first token (read back at once: it is the first token);
@@ -91,7 +93,7 @@ class Batcher:
         ps = pick.params
         sp.temperature, sp.top_k, sp.top_p, sp.min_p = ps.temperature, ps.top_k, ps.top_p, ps.min_p
         sp.seed = (ps.seed or 0) & 0xFFFFFFFFFFFFFFFF
-        self.seqs[sid] = _Seq(sid * self.C, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
+        self.seqs[sid] = _Seq((sid + 1) * self.C, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
                               hooks=self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X))
         return sid
 
@@ -103,6 +105,12 @@ class Batcher:
         self.pending.pop(sid, None)
         if self.seqs.pop(sid, None) is not None:
             self.free.append(sid)
+
+    def pause(self) -> None:
+        """Before the runner uses the device state and cache range 0 itself (system1): the queued
+        steps land (their tokens wait for the next step) and the rows are rewritten after."""
+        self._drain(self.pending)
+        self.dirty = bool(self.rows)
 
     def step(self, prefill, decode) -> dict[int, list]:
         out, self.pending = self.pending, {}
@@ -145,7 +153,7 @@ class Batcher:
             words[at:at + n] = _ints(vals)
             r.dev.htod(m.p(name), ptr + 4 * at, 4 * n, r.stream)
             at += n
-        words[at] = self.S * self.C if n > 1 else ints["slot"][0] + 1  # n_kv: every range / the row's own
+        words[at] = m.n_ctx if n > 1 else ints["slot"][0] + 1  # n_kv: every range / the row's own
         words[at + 1] = seqs[0].out  # step: the single-sequence pick's draw index
         r.dev.htod(m.p("n_kv"), ptr + 4 * at, 4, r.stream)
         r.dev.htod(m.p("step"), ptr + 4 * (at + 1), 4, r.stream)
@@ -229,7 +237,7 @@ class Batcher:
         for k, (name, vals) in enumerate((("tokens", ids), ("pos", pos), ("slot", pos))):
             w[k * n:(k + 1) * n] = _ints(vals)
             r.dev.htod(m.p(name) + 4 * self.X, ptr + 4 * k * n, 4 * n, r.stream)
-        w[3 * n], w[3 * n + 1] = self.S * self.C, steps  # n_kv: any slot of the chunk's range is visible
+        w[3 * n], w[3 * n + 1] = m.n_ctx, steps  # n_kv: any slot of the chunk's range is visible
         r.dev.htod(m.p("n_kv"), ptr + 12 * n, 4, r.stream)
         r.dev.htod(m.p("steps") + 4 * self.S, ptr + 12 * n + 4, 4, r.stream)
         self._sent()

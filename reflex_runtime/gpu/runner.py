@@ -46,8 +46,10 @@ class CudaRunner:
         self.tl = timeline
         n_ctx = max_context or min(config.context_length, 4096)
         self.max_context = n_ctx  # per sequence
-        # max_seqs > 1 (serving): one cache range of n_ctx slots per sequence (gpu/batch.py)
-        self.model = model_cls(config, gguf, MAX_BATCH, n_ctx * max_seqs, max_new=n_ctx * max_seqs,
+        # max_seqs > 1 (serving): one cache range of n_ctx slots per sequence, and range 0 for
+        # the runner's own passes (system1) between steps (gpu/batch.py)
+        ranges = max_seqs + 1 if max_seqs > 1 else 1
+        self.model = model_cls(config, gguf, MAX_BATCH, n_ctx * ranges, max_new=n_ctx * ranges,
                                max_seqs=max_seqs)  # a family's gpu.model.GpuModel
         if max_seqs > 1 and not self.model.batchable:  # (plans only: nothing is on the device yet)
             self.model = model_cls(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
@@ -396,6 +398,8 @@ class CudaRunner:
                                stop_ids, deadline)
 
     def score(self, prompt_ids, candidates) -> list[list[float]]:
+        if self._batch is not None:  # sequences may be decoding: their state and ranges stay theirs
+            self._batch.pause()
         if self.model.scoring == "fork":
             return self._score_forked(prompt_ids, candidates)
         ids, positions, seg_lo, predictors = tree_layout(prompt_ids, candidates)
