@@ -30,6 +30,9 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     __shared__ float wacc[ATT_WARPS][256];
     int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+    // partials sit n_split (the launch's) slices apart per row: rows of a batch of sequences
+    // shrink their own n_split below to their keys, and must not share slices
+    const int stride = n_split;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int kvh = h / (n_head / n_head_kv);
     int my_slot = q_slot[t], my_pos = q_pos[t];
@@ -96,12 +99,12 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
         float o = 0.f;
         for (int w = 0; w < ATT_WARPS; w++) o += wacc[w][d];
         if (n_split == 1) out[row * hd_v + d] = bl > 0.f ? o / bl : 0.f;
-        else part_o[(row * n_split + split) * hd_v + d] = o;
+        else part_o[(row * stride + split) * hd_v + d] = o;
     }
     if (n_split == 1) return;
     if (threadIdx.x == 0) {
-        part_ml[(row * n_split + split) * 2] = bm;
-        part_ml[(row * n_split + split) * 2 + 1] = bl;
+        part_ml[(row * stride + split) * 2] = bm;
+        part_ml[(row * stride + split) * 2 + 1] = bl;
     }
     __threadfence();  // our partial is visible before we count ourselves done
     __syncthreads();
@@ -110,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    attn_merge(part_o, part_ml, out, row, hd_v, n_split);
+    attn_merge(part_o, part_ml, out, row, hd_v, n_split, stride);
     if (threadIdx.x == 0) counters[row] = 0;  // ready for the next replay
 }
 

@@ -316,7 +316,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
     if (!is_last) return;
     __threadfence();
     for (int hh = 0; hh < nh; hh++) {
-        attn_merge(part_o, part_ml, out, row0 + hh, r, n_split);
+        attn_merge(part_o, part_ml, out, row0 + hh, r, n_split, n_split);
         __syncthreads();  // attn_merge's shared weights are rewritten by the next head
     }
     if (tid == 0) *counter = 0;  // ready for the next replay

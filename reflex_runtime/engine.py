@@ -23,7 +23,7 @@ from .sampling import MAX_TOP_LOGPROBS, Pick, Sampled, SamplingParams  # noqa: F
 # `--ctx` and REFLEX_CTX: the context a runner may allocate, in tokens.
 CONTEXT_RANGE = (16, 1 << 20)
 # `--parallel` / REFLEX_PARALLEL (sequences decoded together) and `--max-queue` / REFLEX_MAX_QUEUE.
-PARALLEL_RANGE = (1, 1024)
+PARALLEL_RANGE = (1, 512)  # a decode step's rows are one forward pass (the CUDA runner's MAX_BATCH tokens)
 # What serve, uds and the handler hold at once when not told: the CUDA runner reserves a cache
 # range of the context per sequence at load (with the runner's own: 17 x 4,096 tokens, 8.0 GB of
 # cache for Qwen3-0.6B).

@@ -224,19 +224,32 @@ class Scheduler:
                 if not (self._waiting or self._running):  # only energy to settle
                     self._cv.wait(self.energy.wait_s())
                 job = self._next_job()
-            if isinstance(job, _Call):
-                job.run()
-            elif job is not None:
-                self._run_alone(job)
-            elif self._running:
-                self._step()
-            self._settle()
+            try:
+                if isinstance(job, _Call):
+                    job.run()
+                elif job is not None:
+                    self._run_alone(job)
+                elif self._running:
+                    self._step()
+                self._settle()
+            except Exception as e:  # noqa: BLE001 - a bug or a device fault: no consumer may hang on it
+                self._fail_running(e)
         for t in self._running + self._unsettled + [j for j in self._waiting if isinstance(j, Ticket)]:
             t.end(ReflexError("the engine is shutting down"))
         for c in self._waiting:
             if isinstance(c, _Call):
                 c.error = ReflexError("the engine is shutting down")
                 c.done.set()
+
+    def _fail_running(self, e: Exception) -> None:
+        """Every running and unsettled request ends with `e`; waiting ones stay (each meets the
+        fault itself, or is served if it was one request's)."""
+        for t in list(self._running):
+            self._retire(t, ended=True, quiet=True)
+            t.end(e)
+        for t in self._unsettled:
+            t.end(e)
+        self._unsettled.clear()
 
     def _next_job(self):
         """(under the lock) A call to run now, a ticket to run alone (no batch API), or None after
@@ -269,9 +282,10 @@ class Scheduler:
         now = time.perf_counter()
         for t in list(self._running):  # cancelled, or past the deadline still in the prompt
             if t.abandoned() or (t.fed < len(t.prompt) and t.deadline is not None and now > t.deadline):
-                self._retire(t, ended=t.cancelled)
-                if not t.cancelled:
-                    self._timed_out(t)
+                # its consumer may still wait (a client that left before its first token): end it
+                # after freeing the sequence, with the timeout when that is why
+                self._retire(t, ended=True)
+                self._timed_out(t) if not t.cancelled else t.end()
         budget, prefill, decode = self.chunk, [], []
         for t in self._running:
             if t.fed < len(t.prompt):
@@ -288,7 +302,7 @@ class Scheduler:
             out = self.runner.batch_step([(t.sid, n) for t, n in prefill], [t.sid for t in decode])
         except Exception as e:  # noqa: BLE001 - every sequence of the step shares the failure
             for t in [t for t, _ in prefill] + decode:
-                self._retire(t, ended=True)
+                self._retire(t, ended=True, quiet=True)
                 t.end(e)
             return
         size = len(prefill) + len(decode)
@@ -307,11 +321,16 @@ class Scheduler:
         if self.energy is not None:
             self.energy.add(t, n)
 
-    def _retire(self, t: Ticket, ended: bool = False) -> None:
-        """Free its sequence; `ended`: its consumer needs no end (cancelled, or told otherwise)."""
+    def _retire(self, t: Ticket, ended: bool = False, quiet: bool = False) -> None:
+        """Free its sequence; `ended`: its consumer needs no end (cancelled, or told otherwise);
+        `quiet`: after a failure of the runner, whose close may fail the same way."""
         if t in self._running:
             self._running.remove(t)
-            self.runner.batch_close(t.sid)
+            try:
+                self.runner.batch_close(t.sid)
+            except Exception:  # noqa: BLE001
+                if not quiet:
+                    raise
         self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t.t_submit)
         if ended:
             return
@@ -353,3 +372,5 @@ class Scheduler:
             gen.close()
             self._running.remove(t)
         self._retire(t, ended=t.cancelled)
+        if t.cancelled:  # closed by its consumer, or its client left before the first token
+            t.end()

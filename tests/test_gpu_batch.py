@@ -25,6 +25,9 @@ ROW_CASES = {
     "gqa4_rows3_long": (8, 2, 128, (1500, 65, 7), 0),
     "gemma_window_rows4": (4, 1, 256, (700, 3, 40, 513), 512),
     "hd96_rows2": (6, 3, 96, (50, 51), 0),
+    # a short row after a long one: the scalar kernel's rows take fewer slices than the launch's
+    # and must still keep to their own partials
+    "short_after_long": (16, 8, 128, (300, 3, 200, 1, 17), 0),
 }
 
 
@@ -66,7 +69,7 @@ def test_decode_attention_rows(gpu, knobs, case, prefetch):
     assert not gpu.get(counters, (R * n_head,), np.int32).any()
 
 
-@pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2"])
+@pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2", "short_after_long"])
 def test_scalar_attention_rows_start_at_their_range(gpu, case):
     """The legacy kernel (GPUs or head sizes the decode kernel does not serve) on the same rows."""
     (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, expect = _rows_problem(case)

@@ -255,3 +255,98 @@ def test_busy_is_429_with_retry_after_in_every_error_shape():
     assert r.status == 429 and r.headers["Retry-After"] == "2" and r.body["error"]["code"] == "busy"
     line = line_error(7, err)["error"]
     assert line["status"] == 429 and line["retry_after_s"] == 2.4 and "\n" not in line["message"]
+
+
+# -- failures on the scheduler thread: no consumer waits forever ------------------------------------
+
+
+class _StubRunner:
+    """A batch-API runner whose steps produce nothing (prompts never end) or fail."""
+
+    max_seqs = 4
+
+    def __init__(self, fail: str = ""):
+        self.fail, self.closed, self.n = fail, [], 0
+
+    def batch_open(self, prompt, pick, max_new, stop_ids):
+        self.n += 1
+        return self.n
+
+    def batch_step(self, prefill, decode):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        time.sleep(0.01)
+        return {}
+
+    def batch_close(self, sid):
+        self.closed.append(sid)
+        if self.fail:
+            raise RuntimeError(self.fail + " (sticky)")
+
+
+def _scheduler(runner, chunk=4):
+    from reflex_runtime.scheduler import Scheduler
+
+    return Scheduler(runner, SimpleNamespace(max_seqs=4, max_queue=4, prefill_chunk=chunk), None)
+
+
+def _consume(ticket, out: list) -> threading.Thread:
+    def run():
+        try:
+            out.append(list(ticket))
+        except Exception as e:  # noqa: BLE001 - what the consumer was told
+            out.append(e)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def test_a_deadline_in_the_prompt_is_a_timeout_not_an_empty_answer():
+    from reflex_runtime.errors import RequestTimeout
+    from reflex_runtime.sampling import Pick
+
+    s = _scheduler(_StubRunner(), chunk=1)
+    try:
+        t = s.submit(list(range(100)), Pick(), 5, frozenset(), deadline=time.perf_counter() + 0.1)
+        with pytest.raises(RequestTimeout, match="prompt tokens"):
+            list(t)
+    finally:
+        s.stop()
+
+
+def test_a_client_that_leaves_mid_prompt_frees_its_slot_and_its_consumer():
+    from reflex_runtime.sampling import Pick
+
+    runner, left = _StubRunner(), threading.Event()
+    s = _scheduler(runner)
+    try:
+        t = s.submit(list(range(500)), Pick(), 5, frozenset(), gone=left.is_set)
+        out: list = []
+        th = _consume(t, out)
+        time.sleep(0.05)
+        left.set()
+        th.join(5)
+        assert not th.is_alive() and out == [[]]
+        assert runner.closed == [1]
+    finally:
+        s.stop()
+
+
+def test_a_failing_runner_ends_every_running_request_and_the_scheduler_goes_on():
+    from reflex_runtime.sampling import Pick
+
+    s = _scheduler(_StubRunner(fail="device lost"))
+    try:
+        outs = [[] for _ in range(3)]
+        threads = [_consume(s.submit([1, 2, 3], Pick(), 5, frozenset()), out) for out in outs]
+        for th in threads:
+            th.join(5)
+            assert not th.is_alive()
+        assert all(isinstance(out[0], RuntimeError) and "device lost" in str(out[0]) for out in outs)
+        assert s._thread.is_alive()  # noqa: SLF001 - the next request is still served (and fails alike)
+        late: list = []
+        _consume(s.submit([4], Pick(), 5, frozenset()), late).join(5)
+        assert isinstance(late[0], RuntimeError)
+    finally:
+        s.stop()

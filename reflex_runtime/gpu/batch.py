@@ -88,13 +88,14 @@ class Batcher:
             raise RequestError(f"prompt ({len(prompt_ids)}) + max_tokens ({max_new}) exceed the context of {self.C}")
         if not self.free:
             raise RequestError(f"all {self.S} sequences are in use")
+        hooks = self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X)  # may allocate: before the slot
         sid = self.free.pop()
         sp = RxSampling()
         ps = pick.params
         sp.temperature, sp.top_k, sp.top_p, sp.min_p = ps.temperature, ps.top_k, ps.top_p, ps.min_p
         sp.seed = (ps.seed or 0) & 0xFFFFFFFFFFFFFFFF
         self.seqs[sid] = _Seq((sid + 1) * self.C, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
-                              hooks=self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X))
+                              hooks=hooks)
         return sid
 
     def close(self, sid: int) -> None:

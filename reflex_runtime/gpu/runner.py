@@ -48,6 +48,7 @@ class CudaRunner:
         self.max_context = n_ctx  # per sequence
         # max_seqs > 1 (serving): one cache range of n_ctx slots per sequence, and range 0 for
         # the runner's own passes (system1) between steps (gpu/batch.py)
+        max_seqs = min(max_seqs, MAX_BATCH)  # a decode step's rows must fit the activation buffers
         ranges = max_seqs + 1 if max_seqs > 1 else 1
         self.model = model_cls(config, gguf, MAX_BATCH, n_ctx * ranges, max_new=n_ctx * ranges,
                                max_seqs=max_seqs)  # a family's gpu.model.GpuModel
@@ -127,7 +128,7 @@ class CudaRunner:
                "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev else None,
                "kernel_format": self.boot.kernel_format, "context": self.max_context}
         out.update(self.upload_stats)
-        for (_, pdl), g in self._graphs.items():
+        for (_, pdl), g in list(self._graphs.items()):  # the scheduler thread may add one meanwhile
             out["decode_graph_nodes"] = g.n_nodes
             out["decode_graph_pdl"] = pdl
         return out
