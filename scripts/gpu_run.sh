@@ -23,6 +23,8 @@
 #              serve and llama-server (when gpu_bundle.sh --peers carried it), SERVE_RUNS runs per level (default 3),
 #              on the 0.6B Q8_0 file and the files in SERVE_FILES (e.g. a MoE file made by $MAKE_MORE);
 #              serve-FILE.json and .log, the servers' logs, and compare.json rows under $W
+#   soak       scripts/soak_serve.py against reflex serve on the GPU (0.6B Q8_0, --parallel 64): SOAK_S seconds
+#              (default 300), 50 clients, mixed requests; lost / mixed replies, latency, RSS (JSON under $W)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -222,6 +224,14 @@ if has serve; then
       --out "$W/serve-$n.json" --compare-out "$W/compare.json" > "$W/serve-$n.log" 2>&1
     echo "serve $n: exit $?" | tee -a "$W/steps.txt"; grep -v "^bench_serve: " "$W/serve-$n.log" | tail -12 | tee -a "$W/steps.txt"
   done
+fi
+if has soak; then
+  step "soak $(basename $Q8)"
+  timeout $(( ${SOAK_S:-300} + 240 )) python3 scripts/soak_serve.py --model $Q8 --backend cuda --parallel 64 \
+    --duration ${SOAK_S:-300} --clients 50 --out "$W/soak-serve.json" --log "$W/soak-serve-server.log" > "$W/soak.log" 2>&1
+  echo "soak: exit $?" | tee -a "$W/steps.txt"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('requests_total','lost_replies','mixed_replies','rss_mb')})" \
+    "$W/soak-serve.json" 2>&1 | tee -a "$W/steps.txt"
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
 cp "$W"/coldstart/waterfall.png "$OUT"/ 2>/dev/null

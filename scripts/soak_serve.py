@@ -13,7 +13,7 @@ clients, disconnects and oversized or hostile requests mixed in. It reports:
   scale, the probe first runs alone on the idle server for --baseline seconds.
 - the server's RSS every RSS_EVERY seconds (and its thread count): flat means no leak.
 
-The server runs the CPU backend on a tiny model (default: the random Gemma 3 test fixture, 14 MB,
+The server runs the CPU backend (--backend) on a tiny model (default: the random Gemma 3 test fixture, 14 MB,
 512-token vocabulary, built with scripts/make_fixtures.py) so the engine is fast enough for the
 transport to be what is stressed. The expected prompt token counts come from the same GGUF's
 tokenizer, loaded here.
@@ -352,6 +352,8 @@ def main(argv=None) -> int:
     ap.add_argument("--think", type=float, default=10.0,
                     help="mean seconds a client waits between its requests (exponential; 0: back to back, which "
                          "saturates the one engine and turns every latency into queueing)")
+    ap.add_argument("--backend", default="cpu", help="the server's backend (cuda on a GPU machine)")
+    ap.add_argument("--parallel", type=int, default=0, help="the server's --parallel (0: its default)")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--log", type=Path, help="the server's stderr (default: /tmp/soak-serve-PORT.log)")
@@ -365,8 +367,8 @@ def main(argv=None) -> int:
     tokenizer = Tokenizer.from_gguf(GGUFFile(model)).prepare()
     port = args.port or free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", "cpu", "--model", model,
-           "--port", str(port), "--api-key", KEY]
+    cmd = [sys.executable, "-m", "reflex_runtime.cli", "serve", "--backend", args.backend, "--model", model,
+           "--port", str(port), "--api-key", KEY] + (["--parallel", str(args.parallel)] if args.parallel else [])
     log_path = args.log or Path(f"/tmp/soak-serve-{port}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")
