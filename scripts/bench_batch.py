@@ -45,17 +45,20 @@ def run(runner, vocab: int, n: int, prompt: int, answer: int, seed: int) -> dict
             "calls": steps}
 
 
-def profile(runner, vocab: int, n: int, prompt: int, reps: int = 20) -> list[dict]:
-    """Time each role of one n-row decode step on its own (its recorded launches replayed as a
-    graph `reps` times): where the step's time goes."""
+def profile(runner, vocab: int, n: int, prompt: int, repeats: int = 20) -> list[dict]:
+    """One n-row decode step role by role (reflex bench's role_times: each role's recorded
+    launches replayed as a graph): where the step's time goes."""
     import numpy as np
 
+    from reflex_runtime.commands.bench import role_times
     from reflex_runtime.gpu.ops import sample
     from reflex_runtime.gpu.ops.sample import RxRows
     from reflex_runtime.gpu.step import Pick
 
     rng = np.random.default_rng(0)
-    sids = [runner.batch_open(list(rng.integers(10, vocab - 10, prompt)), Pick(), 64, frozenset()) for _ in range(n)]
+    answer = 64
+    sids = [runner.batch_open(list(rng.integers(10, vocab - 10, prompt)), Pick(), answer, frozenset())
+            for _ in range(n)]
     runner.batch_step([(s, prompt) for s in sids], [])
     runner.batch_step([], sids)  # the rows are written and a step runs
     m, L, dev = runner.model, runner.launch, runner.dev
@@ -66,24 +69,20 @@ def profile(runner, vocab: int, n: int, prompt: int, reps: int = 20) -> list[dic
             sample.pick_rows(L, m.p("logits"), vocab, m.p("sampling_rows"),
                              RxRows(m.p("tokens"), m.p("pos"), m.p("slot"), m.p("steps")), n)
     dev.sync(runner.stream)
-    roles: dict[str, list] = {}
-    for ln in launches:
-        roles.setdefault(ln.role, []).append(ln)
-    out = []
-    start, end = dev.event(timing=True), dev.event(timing=True)
-    for role, lns in roles.items():
-        g = runner.graph_of(lns)
-        g.launch(runner.stream)
-        dev.record(start, runner.stream)
-        for _ in range(reps):
-            g.launch(runner.stream)
-        dev.record(end, runner.stream)
-        dev.sync(runner.stream)
-        out.append({"role": role, "launches": len(lns), "ms": round(dev.elapsed_ms(start, end) / reps, 4),
-                    "kernels": sorted({getattr(ln.kernel, "name", "?") for ln in lns})[:4]})
+    # a replayed pick moves every row one slot on: within their ranges (context prompt + answer + 8)
+    out = role_times(runner, launches, repeats, max_replays=answer - 8)
     for s in sids:
         runner.batch_close(s)
-    return sorted(out, key=lambda r: -r["ms"])
+    return sorted(out, key=lambda r: -r["us"])
+
+
+def sweep(runner, vocab: int, sizes, a, rows: list, **tag) -> None:
+    """bench every batch size (the best of a.repeat runs; the first captures the graphs) into rows."""
+    for n in sizes:
+        best = max((run(runner, vocab, n, a.prompt, a.answer, k) for k in range(a.repeat)), key=lambda r: r["tok_s"])
+        best.update(tag)
+        rows.append(best)
+        print(f"{n:>5} {best['tok_s']:>9.1f} {best['ms_per_step']:>8.3f} {best['prefill_s']:>9.4f}", flush=True)
 
 
 def main() -> int:
@@ -109,31 +108,22 @@ def main() -> int:
         return 2
     rows = []
     print(f"{'seqs':>5} {'tok/s':>9} {'ms/step':>8} {'prefill s':>9}")
-    for n in sizes:
-        best = max((run(runner, eng.config.vocab_size, n, a.prompt, a.answer, k) for k in range(a.repeat)),
-                   key=lambda r: r["tok_s"])
-        rows.append(best)
-        print(f"{n:>5} {best['tok_s']:>9.1f} {best['ms_per_step']:>8.3f} {best['prefill_s']:>9.4f}", flush=True)
+    sweep(runner, eng.config.vocab_size, sizes, a, rows)
     if a.rows_mm_min:
         from reflex_runtime.gpu import products
 
         saved, products.ROWS_MM_MIN_TOKENS = products.ROWS_MM_MIN_TOKENS, a.rows_mm_min
         runner.reset_graphs()
         print(f"with the tensor-core kernels from {a.rows_mm_min} rows:")
-        for n in sizes:
-            best = max((run(runner, eng.config.vocab_size, n, a.prompt, a.answer, k) for k in range(a.repeat)),
-                       key=lambda r: r["tok_s"])
-            best["rows_mm_min_tokens"] = a.rows_mm_min
-            rows.append(best)
-            print(f"{n:>5} {best['tok_s']:>9.1f} {best['ms_per_step']:>8.3f} {best['prefill_s']:>9.4f}", flush=True)
+        sweep(runner, eng.config.vocab_size, sizes, a, rows, rows_mm_min_tokens=a.rows_mm_min)
         products.ROWS_MM_MIN_TOKENS = saved
         runner.reset_graphs()
     profiles = {}
     for n in [int(x) for x in a.profile.split(",") if x]:
         profiles[n] = profile(runner, eng.config.vocab_size, n, a.prompt)
-        print(f"profile of a {n}-row step (ms per step, role by role):")
+        print(f"profile of a {n}-row step (us per step, role by role):")
         for r in profiles[n]:
-            print(f"  {r['ms']:8.4f}  {r['launches']:4d}  {r['role']}  {','.join(r['kernels'])}")
+            print(f"  {r['us']:10.2f}  {r['launches']:4d}  {r['role']}")
     res = {"model": os.path.basename(a.model), "prompt": a.prompt, "answer": a.answer, "device": runner.info()["device"],
            "rows": rows, "profiles": profiles, "command": " ".join(sys.argv)}
     if a.out:

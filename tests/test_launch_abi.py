@@ -719,3 +719,18 @@ def test_logprobs_and_grammar_generation_launches_match_abi(ptx_params):
     assert names.count("reflex_sample") == names.count("reflex_token_logit") == 4
     first_mask = names.index("reflex_mask_logits")
     assert names.index("reflex_logit_stats") < first_mask < names.index("reflex_sample")  # stats see raw logits
+
+
+def test_step_breakdown_times_every_role_on_the_fake_device(ptx_params):
+    """reflex bench's role-by-role step (commands/bench.py step_breakdown -> role_times): every
+    role of a decode step gets a row (the fake device's clock reads 0), the state-advancing pick
+    only while its replays fit the context."""
+    from reflex_runtime.commands.bench import role_times, step_breakdown
+
+    runner, _ = _fake_runner(ptx_params)
+    rows = step_breakdown(runner, context=8, repeats=2)
+    roles = {r["role"] for r in rows}
+    assert {"qkv", "attn output"} <= roles and all(r["launches"] >= 1 and r["us"] == 0 for r in rows)
+    launches = runner.decode_step_launches(8)
+    assert any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 100))
+    assert not any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 1))

@@ -57,12 +57,19 @@ def step_breakdown(runner, context: int = 256, repeats: int = 20) -> list[dict]:
     rows' GB/s as upper bounds). GB/s counts the weight bytes each role reads. `us_pdl`: the
     same graph chained with programmatic dependent launches (each launch's early weight copies
     then overlap the previous one of its role, as they overlap the previous kernel in a step)."""
-    dev, s = runner.dev, runner.stream
     launches = runner.decode_step_launches(context)
+    # a pick advances the step counter per replay
+    return role_times(runner, launches, repeats, max_replays=runner.model.max_new - context - 2)
+
+
+def role_times(runner, launches, repeats: int, max_replays: int) -> list[dict]:
+    """step_breakdown's rows for recorded launches (gpu.launch.Launch), grouped by role; roles
+    that advance the decode state are left out when replaying them would advance it more than
+    max_replays times."""
+    dev, s = runner.dev, runner.stream
     roles: dict[str, list] = {}
     for ln in launches:
         roles.setdefault(ln.role, []).append(ln)
-    max_replays = runner.model.max_new - context - 2  # a pick advances the step counter per replay
     pdl = runner.pdl_available()
     out = []
     for role, group in roles.items():
@@ -77,7 +84,7 @@ def step_breakdown(runner, context: int = 256, repeats: int = 20) -> list[dict]:
             row[key] = round(_events_ms(dev, s, lambda: graph.launch(s), repeats) * 1000, 2)
         wbytes = sum(ln.weight_bytes for ln in group)
         us = min(row["us"], row.get("us_pdl", row["us"]))
-        row.update(weight_bytes=wbytes, gb_s=round(wbytes / (us / 1e6) / 1e9, 1) if wbytes else None)
+        row.update(weight_bytes=wbytes, gb_s=round(wbytes / (us / 1e6) / 1e9, 1) if wbytes and us > 0 else None)
         out.append(row)
     return out
 

@@ -22,14 +22,13 @@ their tokens kept (none past a stop id or max_new is returned) before the rows a
 
 from __future__ import annotations
 
-import array
 import ctypes
 from collections import deque
 from dataclasses import dataclass, field
 
 from ..errors import RequestError
 from ..sampling import Sampled
-from .step import Pick
+from .step import Pick, int_array
 from .ops import sample
 from .ops.sample import RxRows, RxSampling
 
@@ -151,7 +150,7 @@ class Batcher:
         words = view.cast("i")
         at = 0
         for name, vals in ints.items():
-            words[at:at + n] = _ints(vals)
+            words[at:at + n] = int_array(vals)
             r.dev.htod(m.p(name), ptr + 4 * at, 4 * n, r.stream)
             at += n
         words[at] = m.n_ctx if n > 1 else ints["slot"][0] + 1  # n_kv: every range / the row's own
@@ -169,13 +168,7 @@ class Batcher:
     def _graph(self):
         n, r, m = len(self.rows), self.r, self.r.model
         if n == 1:
-            greedy = self.seqs[self.rows[0]].pick.greedy
-
-            def one():
-                if not m.forward(1, first=0, rows=True, pick=(r.state, 0) if greedy else None):
-                    r.pick_one(greedy, 0)
-
-            return r.graph(f"row1-{'greedy' if greedy else 'sample'}", one)
+            return r.step_graph(self.seqs[self.rows[0]].pick.greedy, rows=True)
 
         def many():
             m.forward(n, first=0, rows=True, logit_row=0, logit_rows=n)
@@ -236,7 +229,7 @@ class Batcher:
         w = view.cast("i")
         pos = list(range(start, start + n))
         for k, (name, vals) in enumerate((("tokens", ids), ("pos", pos), ("slot", pos))):
-            w[k * n:(k + 1) * n] = _ints(vals)
+            w[k * n:(k + 1) * n] = int_array(vals)
             r.dev.htod(m.p(name) + 4 * self.X, ptr + 4 * k * n, 4 * n, r.stream)
         w[3 * n], w[3 * n + 1] = m.n_ctx, steps  # n_kv: any slot of the chunk's range is visible
         r.dev.htod(m.p("n_kv"), ptr + 12 * n, 4, r.stream)
@@ -303,6 +296,3 @@ class Batcher:
         self.r.dev.record(self._in_ev[k], self.r.stream)
         self._in_at += 1
 
-
-def _ints(vals):
-    return array.array("i", vals)

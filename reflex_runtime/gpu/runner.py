@@ -26,7 +26,7 @@ from .model import MAX_SEQS
 from .ops import sample
 from .ops.logits import logprob_rows
 from .ops.sample import ARGMAX_PARTS, RxSampling, RxState
-from .step import Pick, Seq, Step
+from .step import Pick, Seq, Step, int_array
 from .upload import StagingRing, default_threads, upload_file_range
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
@@ -146,7 +146,7 @@ class CudaRunner:
             raise RequestError(f"{n} tokens exceed the context of {self.max_context}")
         d, dev, s = self.model, self.dev, self.stream
         for k, arr in enumerate((tokens, pos, slot, seg_lo or ())):
-            ints[k * cap:k * cap + len(arr)] = _int_array(arr)
+            ints[k * cap:k * cap + len(arr)] = int_array(arr)
         scalars = 4 * cap  # n_kv, step
         ints[scalars] = n_kv or max(slot) + 1
         ints[scalars + 1] = 0
@@ -163,7 +163,7 @@ class CudaRunner:
             sp.seed = (sampling.seed or 0) & 0xFFFFFFFFFFFFFFFF
             dev.htod(d.p("sampling"), self._in_ptr + 4 * (scalars + 4), ctypes.sizeof(RxSampling), s)
         if seq_start is not None:
-            ints[self._seq_at:self._seq_at + len(seq_start)] = _int_array(seq_start)
+            ints[self._seq_at:self._seq_at + len(seq_start)] = int_array(seq_start)
             dev.htod(d.p("seq_start"), self._in_ptr + 4 * self._seq_at, 4 * len(seq_start), s)
 
     def _forward_chunks(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1,
@@ -242,12 +242,14 @@ class CudaRunner:
         return PickHooks(self.launch, self.dev, self.stream, tokens_ptr or self.model.p("tokens"),
                          self.config.vocab_size, self._constrain_bufs, pick)
 
-    def step_graph(self, greedy: bool, pdl: bool | None = None):
+    def step_graph(self, greedy: bool, pdl: bool | None = None, rows: bool = False):
         """A decode step (forward + the plain pick, fused into the LM head for greedy decoding
         where the head can) as one CUDA graph, captured on first use. Its kernels are chained as
         programmatic dependent launches where the GPU has them (sm_90+): each one's launch then
-        overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares)."""
-        return self._graph("greedy" if greedy else "sample", lambda: self._step(greedy), pdl)
+        overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares). rows: the
+        token is a batched sequence's one decode row, its keys from its seg_lo (gpu/batch.py)."""
+        kind = ("row1-" if rows else "") + ("greedy" if greedy else "sample")
+        return self._graph(kind, lambda: self._step(greedy, rows), pdl)
 
     def read_back(self, i: int) -> None:
         """Queue the copy of the current token (the i-th picked) to the host, behind the work
@@ -326,14 +328,6 @@ class CudaRunner:
         m = getattr(self.tl, "meter", None)
         return m.counter_mj if m is not None and m.method == "total_energy_counter" else None
 
-    # the batcher's handles on the runner's graphs, picks and decode state
-    @property
-    def state(self) -> RxState:
-        return self._state
-
-    def pick_one(self, greedy: bool, row: int) -> None:
-        self._pick(greedy, row)
-
     def graph(self, kind: str, body):
         """A decode graph captured once per kind from body() (PDL where the GPU has it)."""
         return self._graph(kind, body, None)
@@ -376,10 +370,10 @@ class CudaRunner:
         """Drop the captured decode graphs (after changing which kernels the launcher picks)."""
         self._graphs.clear()
 
-    def _step(self, greedy: bool) -> None:
+    def _step(self, greedy: bool, rows: bool = False) -> None:
         """One decode step: the forward pass of tokens[0], then the pick (fused into the LM head
         for greedy decoding where the head can)."""
-        if not self.model.forward(1, first=0, pick=(self._state, 0) if greedy else None):
+        if not self.model.forward(1, first=0, pick=(self._state, 0) if greedy else None, rows=rows):
             self._pick(greedy, 0)
 
     def pdl_available(self) -> bool:
@@ -490,8 +484,8 @@ class CudaRunner:
             raise RequestError(f"{m} candidate tokens exceed {MAX_SCORED}", field="candidates")
         ints = self._in_view.cast("i")
         base = 4 * self._cap + 16
-        ints[base:base + m] = _int_array(rows)
-        ints[base + m:base + 2 * m] = _int_array(toks)
+        ints[base:base + m] = int_array(rows)
+        ints[base + m:base + 2 * m] = int_array(toks)
         tmp = self._scratch(3 * m)
         dev.htod(tmp, self._in_ptr + 4 * base, 8 * m, s)
         logprob_rows(self.launch, logits, self.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
@@ -595,8 +589,3 @@ class CudaRunner:
         check(cu.cuMemcpyDtoH(host.ctypes.data, dptr, 4 * count), "cuMemcpyDtoH")
         return host
 
-
-def _int_array(values):
-    import array
-
-    return array.array("i", values)

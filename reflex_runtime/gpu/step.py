@@ -65,3 +65,10 @@ class Step:
             at += s.n
             rows.append(at - 1)
         return rows
+
+
+def int_array(values):
+    """A step's per-token ints as the host buffer they are copied to the device from (int32)."""
+    import array
+
+    return array.array("i", values)
