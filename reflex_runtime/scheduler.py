@@ -21,7 +21,10 @@ import time
 from .errors import Busy, ReflexError, RequestTimeout
 from .sampling import Sampled
 
-ENERGY_PERIOD_S = 0.02  # the energy counter is read at most this often (NVML's ticks are ~20-100 ms)
+ENERGY_PERIOD_S = 0.02  # the energy counter is read this often while steps run (NVML's ticks are ~20-100 ms)
+IDLE_READ_S = 1.0  # and this often when no step ran for a second
+RATE_WINDOW_S = 0.25  # past the newest reading: the power over this many seconds of readings before it
+STEP_GAP_S = 0.005  # a step starting within this of the last one's end continues its energy
 STEP_LOG = 1024  # steps kept in Scheduler.step_log
 
 
@@ -133,26 +136,75 @@ class _Call:
 
 
 class EnergyShare:
-    """Shares a total-energy counter's increments (millijoules) among the tickets that ran in each
-    interval, equally per token processed (prompt and decode tokens alike)."""
+    """Shares a total-energy counter (millijoules) among the tickets of each step, equally per
+    token processed (prompt and decode tokens alike).
 
-    def __init__(self, read):
-        self.read = read
-        self.t, self.mj = time.perf_counter(), read()
-        self.tokens: dict = {}
+    A thread of its own reads the counter every ENERGY_PERIOD_S while steps run (an NVML read
+    can take milliseconds: on the scheduler thread it stalled decode and held each answer's end
+    until the next reading). A step's energy is the counter's rise over the step: the readings
+    interpolated, past the newest one extrapolated at the power of the last RATE_WINDOW_S; steps
+    back to back continue from the value the previous one reached, so the shares add up to the
+    counter's rise over a busy spell (a late reading's jump goes to the step that sees it)."""
 
-    def add(self, ticket: Ticket, n: int) -> None:
-        self.tokens[ticket] = self.tokens.get(ticket, 0) + n
-
-    def wait_s(self) -> float:
-        return max(0.0, ENERGY_PERIOD_S - (time.perf_counter() - self.t))
+    def __init__(self, read, clock=time.perf_counter, thread: bool = True):
+        self.read, self.clock = read, clock
+        self._lock = threading.Lock()
+        self._readings: collections.deque = collections.deque(maxlen=256)  # (t, mJ), oldest first
+        self._prev = (-math.inf, 0.0)  # (end, counter value) of the last step shared
+        self._busy_until = -math.inf  # readings run often until then
+        self._stopped = False
+        self._kick = threading.Event()
+        self.sample()
+        if thread:
+            threading.Thread(target=self._run, name="reflex-energy", daemon=True).start()
 
     def sample(self) -> None:
-        mj = self.read()
-        total = sum(self.tokens.values())
-        for ticket, n in self.tokens.items():
-            ticket.mj += (mj - self.mj) * n / total
-        self.t, self.mj, self.tokens = time.perf_counter(), mj, {}
+        v = self.read()
+        if v is not None:
+            with self._lock:
+                self._readings.append((self.clock(), float(v)))
+
+    def _run(self) -> None:
+        while not self._stopped:
+            if self.clock() > self._busy_until:  # idle: wait for a step (a slow reading keeps the baseline fresh)
+                self._kick.wait(IDLE_READ_S)
+                self._kick.clear()
+            else:
+                time.sleep(ENERGY_PERIOD_S)
+            self.sample()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._kick.set()
+
+    def at(self, t: float) -> float:
+        """The counter's value at time t, estimated from the readings."""
+        with self._lock:
+            r = list(self._readings)
+        if t <= r[0][0]:
+            return r[0][1]
+        if t >= r[-1][0]:
+            t_last, v_last = r[-1]
+            t_old, v_old = next(x for x in r if x[0] >= t_last - RATE_WINDOW_S)
+            rate = (v_last - v_old) / (t_last - t_old) if t_last > t_old else 0.0
+            return v_last + rate * (t - t_last)
+        i = next(i for i, x in enumerate(r) if x[0] > t)
+        (ta, va), (tb, vb) = r[i - 1], r[i]
+        return va + (vb - va) * (t - ta) / (tb - ta)
+
+    def share(self, t0: float, t1: float, parts: list) -> None:
+        """The energy of a step from t0 to t1 to its (ticket, tokens) parts."""
+        if self._busy_until < t0:
+            self._kick.set()
+        self._busy_until = t1 + 1.0
+        end, reached = self._prev
+        v0 = reached if t0 - end < STEP_GAP_S else self.at(t0)  # back to back: continue the chain
+        v1 = max(v0, self.at(t1))
+        self._prev = (t1, v1)
+        total = sum(n for _, n in parts)
+        for ticket, n in parts:
+            if total:
+                ticket.mj += (v1 - v0) * n / total
 
 
 class Scheduler:
@@ -166,7 +218,6 @@ class Scheduler:
         self._cv = threading.Condition()
         self._waiting: collections.deque = collections.deque()  # Tickets and _Calls, in arrival order
         self._running: list[Ticket] = []
-        self._unsettled: list[Ticket] = []  # retired, ended once the next energy sample shared its interval
         self._mean_s = 1.0  # recent request duration, for Busy's retry_after_s
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -217,12 +268,10 @@ class Scheduler:
             bind()
         while True:
             with self._cv:
-                while not (self._waiting or self._running or self._unsettled or self._stopped):
+                while not (self._waiting or self._running or self._stopped):
                     self._cv.wait()
                 if self._stopped:
                     break
-                if not (self._waiting or self._running):  # only energy to settle
-                    self._cv.wait(self.energy.wait_s())
                 job = self._next_job()
             try:
                 if isinstance(job, _Call):
@@ -231,10 +280,11 @@ class Scheduler:
                     self._run_alone(job)
                 elif self._running:
                     self._step()
-                self._settle()
             except Exception as e:  # noqa: BLE001 - a bug or a device fault: no consumer may hang on it
                 self._fail_running(e)
-        for t in self._running + self._unsettled + [j for j in self._waiting if isinstance(j, Ticket)]:
+        if self.energy is not None:
+            self.energy.stop()
+        for t in self._running + [j for j in self._waiting if isinstance(j, Ticket)]:
             t.end(ReflexError("the engine is shutting down"))
         for c in self._waiting:
             if isinstance(c, _Call):
@@ -242,14 +292,11 @@ class Scheduler:
                 c.done.set()
 
     def _fail_running(self, e: Exception) -> None:
-        """Every running and unsettled request ends with `e`; waiting ones stay (each meets the
-        fault itself, or is served if it was one request's)."""
+        """Every running request ends with `e`; waiting ones stay (each meets the fault itself, or
+        is served if it was one request's)."""
         for t in list(self._running):
             self._retire(t, ended=True, quiet=True)
             t.end(e)
-        for t in self._unsettled:
-            t.end(e)
-        self._unsettled.clear()
 
     def _next_job(self):
         """(under the lock) A call to run now, a ticket to run alone (no batch API), or None after
@@ -298,6 +345,7 @@ class Scheduler:
         if not prefill and not decode:
             return
         self.step_log.append((tuple((t.sid, n) for t, n in prefill), tuple(t.sid for t in decode)))
+        t0 = time.perf_counter()
         try:
             out = self.runner.batch_step([(t.sid, n) for t, n in prefill], [t.sid for t in decode])
         except Exception as e:  # noqa: BLE001 - every sequence of the step shares the failure
@@ -308,18 +356,18 @@ class Scheduler:
         size = len(prefill) + len(decode)
         for t, n in prefill:
             t.fed += n
-            self._count(t, n, size)
-        for t in decode:
-            self._count(t, len(out.get(t.sid, ())), size)
+        self._count(t0, prefill + [(t, len(out.get(t.sid, ()))) for t in decode], size)
         for t in [t for t, _ in prefill] + decode:
             toks = out.get(t.sid)
             if toks and t.deliver(toks):
                 self._retire(t)
 
-    def _count(self, t: Ticket, n: int, size: int) -> None:
-        t.took_part(size)
+    def _count(self, t0: float, parts: list, size: int) -> None:
+        """A step that began at t0 is done: each (ticket, tokens) part took part in a batch of size."""
+        for t, _ in parts:
+            t.took_part(size)
         if self.energy is not None:
-            self.energy.add(t, n)
+            self.energy.share(t0, time.perf_counter(), parts)
 
     def _retire(self, t: Ticket, ended: bool = False, quiet: bool = False) -> None:
         """Free its sequence; `ended`: its consumer needs no end (cancelled, or told otherwise);
@@ -332,19 +380,8 @@ class Scheduler:
                 if not quiet:
                     raise
         self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t.t_submit)
-        if ended:
-            return
-        if self.energy is None:
+        if not ended:
             t.end()
-        else:
-            self._unsettled.append(t)
-
-    def _settle(self) -> None:
-        if self.energy is not None and self.energy.wait_s() == 0:
-            self.energy.sample()
-            for t in self._unsettled:
-                t.end()
-            self._unsettled.clear()
 
     def _run_alone(self, t: Ticket) -> None:
         """A runner without the batch API: its generate_ids, one request at a time, on this thread."""
@@ -358,13 +395,12 @@ class Scheduler:
         gen = self.runner.generate_ids(t.prompt, p.params, t.max_new, t.stop_ids, **extra)
         self._running.append(t)  # holds the one slot (submit counts it)
         try:
-            first = True
+            first, t0 = True, time.perf_counter()
             for tok in gen:
-                self._count(t, len(t.prompt) + 1 if first else 1, 1)
-                first = False
+                self._count(t0, [(t, len(t.prompt) + 1 if first else 1)], 1)
+                first, t0 = False, time.perf_counter()
                 if t.cancelled or t.deliver([tok]):
                     break
-                self._settle()
         except Exception as e:  # noqa: BLE001 - the request's own error (RequestTimeout, a device fault)
             t.end(e)
             return

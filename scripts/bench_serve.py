@@ -93,7 +93,7 @@ def reflex_target(args, port: int) -> Target:
            "--backend", args.backend]
     help_text = subprocess.run(cmd[:4] + ["--help"], capture_output=True, text=True, env=_env()).stdout
     if "--parallel" in help_text:  # a server that batches concurrent requests: as many as the most clients
-        cmd += ["--parallel", str(max(args.clients))]
+        cmd += ["--parallel", str(args.parallel or max(args.clients))]
     # include_usage: the last chunk says how many tokens were generated (text chunks may merge tokens)
     return Target("reflex", cmd, "/healthz", port, {"stream_options": {"include_usage": True}}, _env(),
                   args.log_dir / "reflex-serve.log")
@@ -322,10 +322,10 @@ def compare_rows(res: dict, file: str) -> list[dict]:
     return rows
 
 
-def write_compare(path: Path, rows: list[dict], gpu: str | None) -> None:
+def write_compare(path: Path, rows: list[dict], gpu: str | None, commit: str | None = None) -> None:
     """Merge into path: a row of the same file and metric is replaced, the others are kept."""
     old = json.loads(path.read_text()) if path.exists() else {}
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     keep = [r for r in old.get("rows", []) if (r["file"], r["metric"]) not in {(n["file"], n["metric"]) for n in rows}]
     out = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "commit": commit or None, "peer": "llama.cpp (shared/peers)",
            **{k: v for k, v in old.items() if k != "rows"}, "rows": keep + rows}
@@ -349,13 +349,14 @@ def table(res: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="the GGUF file both servers load")
+    ap.add_argument("--model", help="the GGUF file both servers load")
     ap.add_argument("--clients", default="1,4,16,64", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--answer-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=1, help="runs of each level; the figures are their medians")
     ap.add_argument("--targets", default="reflex,llama")
+    ap.add_argument("--parallel", type=int, help="reflex serve's --parallel (default: the most clients)")
     ap.add_argument("--backend", default="auto", choices=("auto", "cuda", "cpu"), help="reflex serve's backend")
     ap.add_argument("--llama-server", default="/tmp/peers/llama.cpp/llama-server")
     ap.add_argument("--gpu", type=int, default=0, help="NVML device index of the energy reading")
@@ -363,9 +364,20 @@ def main(argv=None) -> int:
     ap.add_argument("--load-timeout", type=float, default=300, help="seconds at most for a server to become ready")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     ap.add_argument("--compare-out", type=Path, help="write or extend this compare.json (RESULTS.md's format)")
+    ap.add_argument("--rows-from", type=Path, metavar="SERVE_JSON",
+                    help="run nothing: add the compare rows of this saved --out result to --compare-out")
+    ap.add_argument("--file-name", help="with --rows-from: the rows' file name (RESULTS.md's, e.g. qwen3moe-30b-a3b-48l-q8_0)")
+    ap.add_argument("--commit", help="with --rows-from: the tree that ran (default: this checkout's HEAD)")
     ap.add_argument("--log-dir", type=Path, help="the servers' logs (default: beside --out, else /tmp)")
     args = ap.parse_args(argv)
+    if not (args.model or args.rows_from) or (args.rows_from and not args.compare_out):
+        ap.error("--model is required (or --rows-from with --compare-out)")
     args.log_dir = args.log_dir or (args.out.parent if args.out else Path("/tmp"))
+    if args.rows_from:  # no run: compare rows from a saved result (a run on the GPU machine)
+        res = json.loads(args.rows_from.read_text())
+        name = args.file_name or res["model_file"].removesuffix(".gguf")
+        write_compare(args.compare_out, compare_rows(res, name), res.get("gpu"), args.commit)
+        return 0
     # `timeout` and kill send SIGTERM: exit through the finally blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

@@ -10,6 +10,8 @@
 #   check      reflex check on the Qwen3-0.6B-shaped Q8_0 and Q4_K_M files (made here)
 #   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved
 #   coldstart_ab  spawn -> first token of this tree and of .gpu/old, interleaved (bench_coldstart.py --tree)
+#   serve_ab   one client against reflex serve: this tree (--parallel 64) and .gpu/old, interleaved, 3 x 3 runs
+#   handler_cold  handlers/app.py's cold start (spawn -> one-token answer) with REFLEX_PARALLEL 1, 16, 64, RUNS each
 #   bench      reflex bench on the 0.6B files and the Gemma-shaped file (BENCH_FILES= to choose)
 #   peers      llama-bench on the same files (needs gpu_bundle.sh --peers)
 #   coldstart  scripts/bench_coldstart.py: the 0.6B Q8_0 file and the Gemma-shaped file as the
@@ -21,7 +23,8 @@
 #   structured decode tok/s plain, with logprobs, with a JSON schema, both (scripts/bench_structured.py, 0.6B Q8_0)
 #   serve      scripts/bench_serve.py: SERVE_CLIENTS (default 1,4,16,64) concurrent streaming clients against reflex
 #              serve and llama-server (when gpu_bundle.sh --peers carried it), SERVE_RUNS runs per level (default 3),
-#              on the 0.6B Q8_0 file and the files in SERVE_FILES (e.g. a MoE file made by $MAKE_MORE);
+#              on the 0.6B Q8_0 file and the files in SERVE_FILES (e.g. a MoE file made by $MAKE_MORE), or only
+#              the files in SERVE_ONLY;
 #              serve-FILE.json and .log, the servers' logs, and compare.json rows under $W
 #   soak       scripts/soak_serve.py against reflex serve on the GPU (0.6B Q8_0, --parallel 64): SOAK_S seconds
 #              (default 300), 50 clients, mixed requests; lost / mixed replies, latency, RSS (JSON under $W)
@@ -29,7 +32,8 @@
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
 # from a carried skeleton the Gemma 3 270M Q4_K_M shape (gguf_skeleton.py fill), and whatever
-# $MAKE_MORE makes (e.g. "python3 scripts/make_deepseek_bench.py --out /tmp/real/ds-q8_0.gguf").
+# $MAKE_MORE makes (e.g. "python3 scripts/make_deepseek_bench.py --out /tmp/real/ds-q8_0.gguf"; name files as
+# ../shared/RESULTS.md names them: their name is the compare.json rows' file).
 set -uo pipefail
 STEPS=${1:-smoke,tests,check}
 OUT=${OUT:-logs}
@@ -155,6 +159,30 @@ if has coldstart_ab && [ -d .gpu/old ]; then  # cold start of this tree and .gpu
     --tree new=$PWD --tree old=$PWD/.gpu/old:$PWD/.gpu/old/_kernels --out "$W/coldstart-ab" 2>&1 \
     | tee "$W/coldstart-ab.log" | grep -v "^  run \|^    child\|^  untimed" | tee -a "$W/steps.txt"
 fi
+if has serve_ab && [ -d .gpu/old ]; then  # one client against reflex serve, this tree (--parallel 64) vs .gpu/old, interleaved
+  step "serve_ab (old = $(cat .gpu/old/REV))"
+  mkdir -p .gpu/old/scripts && cp scripts/bench_serve.py scripts/serve_client.py .gpu/old/scripts/ && AW=$(cd "$W" && pwd)
+  for r in 1 2 3; do
+    timeout 120 python3 scripts/bench_serve.py --model $Q8 --clients 1 --parallel 64 --runs 3 --targets reflex \
+      --log-dir "$W/serve-ab-new-$r" --out "$W/serve-ab-new-$r.json" >> "$W/serve-ab.log" 2>&1
+    # from inside the old tree: `python -m` puts the working directory first on the server's path
+    (cd .gpu/old && REFLEX_KERNELS_DIR=$PWD/_kernels timeout 120 python3 scripts/bench_serve.py --model $Q8 --clients 1 \
+      --runs 3 --targets reflex --log-dir "$AW/serve-ab-old-$r" --out "$AW/serve-ab-old-$r.json" >> "$AW/serve-ab.log" 2>&1)
+  done
+  python3 - "$W" <<'PY' | tee -a "$W/steps.txt"
+import glob, json, statistics as st, sys
+def figs(tree):
+    rows = [json.load(open(f))["targets"]["reflex"]["levels"][0] for f in sorted(glob.glob(f"{sys.argv[1]}/serve-ab-{tree}-*.json"))]
+    return {k: st.median(r[k] for r in rows) for k in ("tok_s", "ttft_p50_s", "itl_p50_s")}
+n, o = figs("new"), figs("old")
+print("serve_ab 1 client:", {k: (round(n[k], 4), round(o[k], 4), round(n[k] / o[k], 4)) for k in n}, "(new, old, new/old)")
+PY
+fi
+if has handler_cold; then  # the handler's cold start by REFLEX_PARALLEL (the cache pool it sizes at load)
+  step handler_cold
+  timeout 300 python3 scripts/bench_handler_cold.py --model $Q8 --parallel 1,16,64 --runs ${RUNS:-10} --out "$W/handler-cold" \
+    2>&1 | tee -a "$W/steps.txt"
+fi
 BENCH_FILES=${BENCH_FILES:-"$R/qwen3-0.6b-q8_0.gguf $R/qwen3-0.6b-q4_k_m.gguf $(ls $R/*-shaped.gguf 2>/dev/null)"}
 if has bench; then
   for f in $BENCH_FILES; do
@@ -216,7 +244,7 @@ if has structured; then step structured
   timeout 300 python3 scripts/bench_structured.py --model "$Q8" --out "$W/structured.json" 2>&1 | tee "$W/structured.log" | tail -8
 fi
 if has serve; then
-  for f in $Q8 ${SERVE_FILES:-}; do
+  for f in ${SERVE_ONLY:-$Q8 ${SERVE_FILES:-}}; do
     n=$(basename $f .gguf); step "serve $n"
     targets=reflex; [ -x "${PEER:-/nonexistent}/llama-server" ] && targets=reflex,llama
     timeout ${SERVE_TIMEOUT:-540} python3 scripts/bench_serve.py --model $f --clients ${SERVE_CLIENTS:-1,4,16,64} \
@@ -227,11 +255,15 @@ if has serve; then
 fi
 if has soak; then
   step "soak $(basename $Q8)"
+  # the GPU's memory in use every 10 s beside the server's RSS: flat means no device leak either
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -l 10 > "$W/soak-gpu-mem.csv" 2>&1 & SMI=$!
   timeout $(( ${SOAK_S:-300} + 240 )) python3 scripts/soak_serve.py --model $Q8 --backend cuda --parallel 64 \
     --duration ${SOAK_S:-300} --clients 50 --out "$W/soak-serve.json" --log "$W/soak-serve-server.log" > "$W/soak.log" 2>&1
   echo "soak: exit $?" | tee -a "$W/steps.txt"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('requests_total','lost_replies','mixed_replies','rss_mb')})" \
     "$W/soak-serve.json" 2>&1 | tee -a "$W/steps.txt"
+  kill $SMI 2>/dev/null
+  echo "GPU memory used (MiB): first $(head -3 "$W/soak-gpu-mem.csv" | tail -1 | cut -d, -f2), last of the run $(tail -2 "$W/soak-gpu-mem.csv" | head -1 | cut -d, -f2)" | tee -a "$W/steps.txt"
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
 cp "$W"/coldstart/waterfall.png "$OUT"/ 2>/dev/null

@@ -130,31 +130,75 @@ class Sink:
     mj = 0.0  # what a Ticket gets attributed
 
 
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
 def test_energy_is_shared_per_token():
-    reads = iter([1000.0, 1040.0])
-    share = EnergyShare(lambda: next(reads))
+    clock, reads = Clock(), iter([1000.0, 1040.0])
+    share = EnergyShare(lambda: next(reads), clock=clock, thread=False)  # reads 1000 mJ at t = 0
+    clock.t = 0.1
+    share.sample()  # 1040 mJ at t = 0.1
     a, b = Sink(), Sink()
-    share.add(a, 3)  # e.g. a 2-token prompt chunk and a decode
-    share.add(b, 1)
-    share.sample()  # 40 mJ over 4 tokens
-    assert (a.mj, b.mj) == (30.0, 10.0)
+    share.share(0.0, 0.1, [(a, 3), (b, 1)])  # e.g. a 2-token prompt chunk and a decode: 40 mJ over 4 tokens
+    assert (a.mj, b.mj) == pytest.approx((30.0, 10.0))
+
+
+def test_energy_past_the_last_reading_is_extrapolated_and_steps_chain():
+    """Steps back to back share the counter's whole rise: past the newest reading at the recent
+    power, and a later reading's jump goes to the step that sees it (never counted twice)."""
+    clock, reads = Clock(), iter([0.0, 100.0, 400.0])
+    share = EnergyShare(lambda: next(reads), clock=clock, thread=False)
+    clock.t = 0.1
+    share.sample()  # 1 W so far
+    a = Sink()
+    share.share(0.1, 0.2, [(a, 1)])  # no reading yet: 100 mJ at 1 W
+    assert a.mj == pytest.approx(100.0)
+    clock.t = 0.3
+    share.sample()  # 400 mJ at t = 0.3: 300 mJ since the last reading, 100 of them already given
+    share.share(0.2, 0.3, [(a, 1)])
+    assert a.mj == pytest.approx(300.0)  # the counter's whole rise from t = 0.1 (100 -> 400 mJ)
+    b = Sink()
+    share.share(0.9, 1.0, [(b, 2)])  # after an idle gap: only its own interval (1.5 W: the readings of the last 0.25 s)
+    assert b.mj == pytest.approx(150.0)
 
 
 def test_records_attribute_energy_from_a_counter():
     eng = make_engine(delay=0.002)
-    mj = [0.0]
-
-    def counter():
-        mj[0] += 50.0
-        return mj[0]
-
-    eng.start_scheduler(energy=counter)
+    t_start = time.perf_counter()
+    eng.start_scheduler(energy=lambda: 1000.0 * time.perf_counter())  # 1 W
     try:
         recs = [f.record for f in _concurrently(eng, [_req("hi", 20), _req("yo", 30)])]
     finally:
         eng.stop_scheduler()
+    busy = time.perf_counter() - t_start
     assert all(r["joules_attributed"] > 0 for r in recs)
-    assert sum(r["joules_attributed"] for r in recs) <= mj[0] / 1000
+    assert sum(r["joules_attributed"] for r in recs) <= busy * 1.05
+
+
+def test_a_slow_energy_counter_never_holds_a_step_or_an_answer():
+    """The counter is read on a thread of its own: with every read after the first blocked, a
+    request still runs to its end (NVML reads take milliseconds on a GPU)."""
+    gate, calls = threading.Event(), []
+
+    def counter():
+        calls.append(1)
+        if len(calls) > 1:
+            gate.wait(30)
+        return 1000.0 * time.perf_counter()
+
+    eng = make_engine(delay=0.001)
+    eng.start_scheduler(energy=counter)
+    try:
+        done = _concurrently(eng, [_req("hi", 10), _req("yo", 12)])
+        assert [f.record["generated_tokens"] for f in done] == [10, 12]
+        assert not gate.is_set()  # both answered while a read was blocked
+    finally:
+        gate.set()
+        eng.stop_scheduler()
 
 
 def test_the_legacy_path_runs_one_at_a_time_on_the_scheduler_thread():
