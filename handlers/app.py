@@ -75,6 +75,7 @@ def _load() -> ModelState:
         max_queue = _number_env("REFLEX_MAX_QUEUE", int, *QUEUE_RANGE, None)
         engine = load_engine(os.environ.get("REFLEX_MODEL") or None, os.environ.get("REFLEX_BACKEND", "auto"),
                              _TIMELINE, max_context=ctx, limits=serving_limits(timeout), max_seqs=parallel or DEFAULT_PARALLEL,
+                             fit_seqs=parallel is None,
                              log=lambda msg: logger.warning(msg, extra={"event": "backend_notice"}))
         # Every invocation goes through the scheduler: concurrent invocations of one container
         # (a runtime that allows them) are batched, and a full queue answers 429.

@@ -82,7 +82,8 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     from .engine import PARALLEL_RANGE, QUEUE_RANGE
 
     p.add_argument("--parallel", type=_int_in(*PARALLEL_RANGE), default=None, metavar="N",
-                   help="requests generated at once, batched into each step (default: 8 on cpu; the GPU runner's own)")
+                   help="requests generated at once, batched into each step (default 16, fewer on a GPU whose free "
+                        "memory cannot hold that many caches of --ctx tokens; a value given here must fit)")
     p.add_argument("--max-queue", type=_int_in(*QUEUE_RANGE), default=None, metavar="N",
                    help="requests that may wait for a free slot; more are answered 429 'busy' (default 256)")
 

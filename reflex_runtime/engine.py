@@ -26,7 +26,7 @@ CONTEXT_RANGE = (16, 1 << 20)
 PARALLEL_RANGE = (1, 512)  # a decode step's rows are one forward pass (the CUDA runner's MAX_BATCH tokens)
 # What serve, uds and the handler hold at once when not told: the CUDA runner reserves a cache
 # range of the context per sequence at load (with the runner's own: 17 x 4,096 tokens, 8.0 GB of
-# cache for Qwen3-0.6B).
+# cache for Qwen3-0.6B); fewer where the GPU's free memory cannot hold them (gpu/runner.py _fit).
 DEFAULT_PARALLEL = 16
 QUEUE_RANGE = (0, 1 << 20)
 # What serve, stdio/uds and the handler set Limits.request_timeout_s to unless told otherwise.

@@ -47,6 +47,13 @@ class DeviceError(ReflexError):
     kind = "device_error"
 
 
+class DoesNotFit(DeviceError):
+    """The model with its caches needs more GPU memory than is free (the message gives the sizes
+    and what to lower). Not a reason to fall back to the CPU: the settings are."""
+
+    code = "gpu_memory"
+
+
 class RequestError(ReflexError):
     """The request is malformed or exceeds a limit. `field` names the culprit when known."""
 

@@ -11,7 +11,7 @@ import os
 import sys
 
 from .measure.coldstart import Timeline
-from .errors import DeviceError, ReflexError
+from .errors import DeviceError, DoesNotFit, ReflexError
 
 BACKENDS = ("auto", "cuda", "cpu")
 
@@ -64,14 +64,17 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
-                max_context: int | None = None, log=None, device=None, limits=None, max_seqs: int | None = None):
+                max_context: int | None = None, log=None, device=None, limits=None, max_seqs: int | None = None,
+                fit_seqs: bool = False):
     """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
     `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`.
     `limits`: the engine.Limits requests are held to (default: Limits()).
     `max_seqs`: sequences the runner holds at once for the scheduler (`--parallel`; serving front
     ends pass engine.DEFAULT_PARALLEL when it is not given): the CUDA runner then carves its cache
     into that many ranges of max_context tokens (default 1: one-shot generation), the CPU runner
-    keeps that many caches (default 8).
+    keeps that many caches (default 8). `fit_seqs`: max_seqs is a default, not the user's: the CUDA
+    runner takes fewer when their caches do not fit in the free GPU memory (and logs it).
+    A model that does not fit at all raises DoesNotFit (no fallback to the CPU).
     On failure the timeline's `failed_stage` names the stage that raised: resolve_model,
     open_model, load_weights, tokenizer or engine."""
     if backend not in BACKENDS:
@@ -89,7 +92,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     gc.disable()
     tl = timeline or Timeline()
     try:
-        return _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs)
+        return _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, fit_seqs)
     except BaseException:
         tl.fail()
         raise
@@ -100,7 +103,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs):
+def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, fit_seqs):
     tl.begin("resolve_model")
     if backend in ("auto", "cuda"):
         if device is None:  # first: cuInit is the cold path's longest stage
@@ -140,7 +143,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs):
 
             # Starts the weight upload; it waits for the device thread and runs beside us.
             runner = CudaRunner.start(device, gguf, config, tl, gpu_model_class(config), max_context=max_context,
-                                      max_seqs=max_seqs or 1)
+                                      max_seqs=max_seqs or 1, fit_seqs=fit_seqs)
         else:
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
@@ -158,9 +161,11 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs):
         try:
             runner.wait_ready()
         except DeviceError as e:
-            if backend == "cuda":
+            if backend == "cuda" or isinstance(e, DoesNotFit):
                 raise
             fallback_reason, runner = str(e), None
+        if runner is not None and runner.fit_note:
+            log(runner.fit_note)
     elif device is not None and fallback_reason is None:
         fallback_reason = device.error
     if runner is None:

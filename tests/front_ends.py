@@ -137,7 +137,8 @@ class HandlerFront:
 
         self.engine = engine or make_engine()
 
-        def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None, max_seqs=None):
+        def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None,
+                      max_seqs=None, fit_seqs=False):
             if load_error is not None:
                 timeline.begin("open_model")
                 timeline.fail()

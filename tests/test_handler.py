@@ -39,7 +39,8 @@ def event(name: str, **body_changes) -> dict:
     return ev
 
 
-def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None, max_seqs=None):
+def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None,
+              max_seqs=None, fit_seqs=False):
     engine = make_engine()
     engine.timeline = timeline
     for stage in ("model_resolved", "gguf_open", "tokenizer", "weights_loaded"):
@@ -144,7 +145,8 @@ def test_first_log_line_carries_the_energy_record(load_app, capsys, monkeypatch)
     born = time.monotonic()
     monkeypatch.setattr("reflex_runtime.measure.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
 
-    def metered_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None, max_seqs=None):
+    def metered_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None,
+                     max_seqs=None, fit_seqs=False):
         engine = make_engine()
         engine.timeline = timeline
         timeline.start_energy()  # where the CUDA runner starts it: beside the device's bring-up

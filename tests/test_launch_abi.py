@@ -586,6 +586,57 @@ def _fake_runner(ptx_params, max_context=128, max_seqs=1):
     return runner, dev
 
 
+def test_serving_default_takes_the_sequences_that_fit_in_free_memory(ptx_params):
+    """The pool is sized at load: when the default number of sequences (their cache ranges) does
+    not fit in the GPU's free memory, the runner takes as many as fit and says so; a number the
+    user chose, or a model that fits with none, is a DoesNotFit naming the sizes, raised by the
+    loader even on `auto` (the CPU is no answer to a setting), before anything is allocated."""
+    from reflex_runtime.errors import DoesNotFit
+    from reflex_runtime.families import gpu_model_class, read_config
+    from reflex_runtime.gpu.runner import FIT_HEADROOM, CudaRunner
+    from reflex_runtime.loader import load_engine
+    from reflex_runtime.measure.coldstart import Timeline
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
+
+    path = _fixture_file("qwen3")
+    g = GGUFFile(path)
+    cfg = read_config(g)
+    plan = CudaRunner(None, g, cfg, Timeline(), gpu_model_class(cfg), max_context=128)._plan
+    arena = {n: plan(n).arena_bytes for n in (1, 4, 5, 16)}
+    assert arena[1] < arena[4] < arena[5] < arena[16]
+    total = 8 << 30
+    free = arena[4] + FIT_HEADROOM + total // 100 + (arena[5] - arena[4]) // 2  # 4 fit, 5 do not
+
+    def start(seqs, fit, free=free):
+        dev = FakeDevice(ptx_params)
+        dev.mem_info = lambda: (free, total)
+        r = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=128,
+                             max_seqs=seqs, fit_seqs=fit)
+        return r, dev
+
+    runner, dev = start(16, True)
+    runner.wait_ready()
+    assert runner.max_seqs == 4 and runner.model.arena_bytes == arena[4]
+    assert dev._ranges[0][1] - dev._ranges[0][0] == arena[4]  # the one arena allocation, fitted
+    assert runner.fit_note.startswith("4 sequence(s) at once instead of 16")
+    runner, dev = start(4, True)  # fits as asked: untouched
+    runner.wait_ready()
+    assert runner.max_seqs == 4 and runner.fit_note is None
+
+    runner, dev = start(16, False, free=arena[16] - 4096)  # --parallel 16 given: not lowered (no headroom asked)
+    with pytest.raises(DoesNotFit, match=r"16 sequence\(s\) of 128 tokens.*lower --parallel"):
+        runner.wait_ready()
+    assert not dev._ranges
+    runner, dev = start(16, True, free=arena[1] // 2)  # not even one sequence
+    with pytest.raises(DoesNotFit, match="GPU memory"):
+        runner.wait_ready()
+
+    small = FakeDevice(ptx_params)
+    small.mem_info = lambda: (arena[1] // 2, total)
+    with pytest.raises(DoesNotFit):
+        load_engine(str(path), "auto", device=_FakeBoot(small), max_seqs=16, fit_seqs=True)
+
+
 def test_batch_api_on_the_fake_device(ptx_params):
     """gpu/batch.py's host side on the fake device (read-backs bring token 0, graph replays do
     nothing): prompts in chunks beside running decodes, a sequence joining and a hooked one

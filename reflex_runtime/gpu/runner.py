@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Iterator
 
-from ..errors import DeviceError, RequestError, RequestTimeout
+from ..errors import DeviceError, DoesNotFit, RequestError, RequestTimeout
 from ..sampling import Sampled, SamplingParams
 from ..tree import tree_layout
 from .launch import Launcher
@@ -33,27 +33,28 @@ MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
 READBACK_SLOTS = 8
 AHEAD = 2  # decode steps queued on the GPU beyond the token being read
 MAX_SCORED = 8192  # candidate tokens per system1 call (the engine's limits are lower)
+FIT_HEADROOM = 256 << 20  # + 1% of the GPU: device memory kept free beside the arena (graphs, scoring logits)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
 
 
 class CudaRunner:
     name = "cuda"
     checks_deadline = True  # generate_ids takes `deadline` (engine.Runner): checked between prefill chunks
 
-    def __init__(self, boot, gguf, config, timeline, model_cls, max_context: int | None = None, max_seqs: int = 1):
+    def __init__(self, boot, gguf, config, timeline, model_cls, max_context: int | None = None, max_seqs: int = 1,
+                 fit_seqs: bool = False):
         self.boot = boot
         self.gguf = gguf
         self.config = config
         self.tl = timeline
-        n_ctx = max_context or min(config.context_length, 4096)
-        self.max_context = n_ctx  # per sequence
-        # max_seqs > 1 (serving): one cache range of n_ctx slots per sequence, and range 0 for
-        # the runner's own passes (system1) between steps (gpu/batch.py)
-        max_seqs = min(max_seqs, MAX_BATCH)  # a decode step's rows must fit the activation buffers
-        ranges = max_seqs + 1 if max_seqs > 1 else 1
-        self.model = model_cls(config, gguf, MAX_BATCH, n_ctx * ranges, max_new=n_ctx * ranges,
-                               max_seqs=max_seqs)  # a family's gpu.model.GpuModel
-        if max_seqs > 1 and not self.model.batchable:  # (plans only: nothing is on the device yet)
-            self.model = model_cls(config, gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
+        self.max_context = max_context or min(config.context_length, 4096)  # per sequence
+        self._model_cls = model_cls
+        self.model = self._plan(min(max_seqs, MAX_BATCH))  # a decode step's rows must fit the activation buffers
+        self.fit_seqs = fit_seqs  # max_seqs is a ceiling: fewer when their caches do not fit (_fit)
+        self.fit_note: str | None = None  # what _fit changed, for the loader's log
         self._batch = None  # gpu/batch.py Batcher, on the first batch_open
         self.error: str | None = None
         self.dev = None
@@ -64,10 +65,54 @@ class CudaRunner:
         self.forward_passes = 0
         self.pdl: bool | None = None  # None: chain the decode graph's kernels (PDL) where the GPU can
 
+    def _plan(self, max_seqs: int):
+        """The family's gpu.model.GpuModel for max_seqs sequences (plans only: nothing is on the
+        device yet). max_seqs > 1 (serving): one cache range of max_context slots per sequence,
+        and range 0 for the runner's own passes (system1) between steps (gpu/batch.py)."""
+        n_ctx = self.max_context
+        ranges = max_seqs + 1 if max_seqs > 1 else 1
+        m = self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx * ranges, max_new=n_ctx * ranges,
+                            max_seqs=max_seqs)
+        if max_seqs > 1 and not m.batchable:
+            m = self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
+        return m
+
+    def _fit(self, dev) -> None:
+        """Before the one device allocation: with fit_seqs, as many sequences as fit in the free
+        memory (less FIT_HEADROOM for graphs and buffers made later); a plan that cannot fit
+        at all is a DoesNotFit naming the sizes (not a bare out-of-memory from the driver)."""
+        free, total = dev.mem_info()
+        need, seqs = self.model.arena_bytes, self.model.max_seqs
+        budget = free - FIT_HEADROOM - total // 100
+        lower = self.fit_seqs and seqs > 1
+        if need <= budget or (need <= free and not lower):
+            return
+        if lower:
+            lo, hi, best = 1, seqs - 1, None  # the arena grows with the sequences: the most that fit
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                plan = self._plan(mid)
+                if plan.arena_bytes <= budget:
+                    best, lo = plan, mid + 1
+                else:
+                    hi = mid - 1
+            if best is None and (one := self._plan(1)).arena_bytes <= free:
+                best = one  # one sequence fits, if not with the headroom
+            if best is not None:
+                self.fit_note = (f"{best.max_seqs} sequence(s) at once instead of {seqs}: the caches of {seqs} "
+                                 f"sequences of {self.max_context} tokens need {_gb(need)} with the weights, and "
+                                 f"{_gb(free)} of GPU memory is free (lower --ctx / REFLEX_CTX for more)")
+                self.model = best
+                return
+        w = self.model.weights_bytes
+        raise DoesNotFit(f"the model needs {_gb(need)} of GPU memory ({_gb(w)} of weights, {_gb(need - w)} of "
+                         f"caches and buffers for {seqs} sequence(s) of {self.max_context} tokens); {_gb(free)} "
+                         f"of {_gb(total)} is free: lower --parallel / REFLEX_PARALLEL or --ctx / REFLEX_CTX")
+
     @classmethod
     def start(cls, boot, gguf, config, timeline, model_cls, max_context: int | None = None,
-              max_seqs: int = 1) -> "CudaRunner":
-        r = cls(boot, gguf, config, timeline, model_cls, max_context, max_seqs)
+              max_seqs: int = 1, fit_seqs: bool = False) -> "CudaRunner":
+        r = cls(boot, gguf, config, timeline, model_cls, max_context, max_seqs, fit_seqs)
         r._thread = threading.Thread(target=r._load, name="reflex-upload", daemon=True)
         r._thread.start()
         return r
@@ -82,6 +127,7 @@ class CudaRunner:
                 return
             tl = self.tl
             t = tl.elapsed()
+            self._fit(dev)
             base = dev.alloc(self.model.arena_bytes)
             ring = StagingRing(dev, default_threads())
             tl.span("device_alloc", t, tl.elapsed())
@@ -106,6 +152,8 @@ class CudaRunner:
             d = self.model
             self._state = RxState(d.p("tokens"), d.p("pos"), d.p("slot"), d.p("n_kv"), d.p("step"), d.p("out_tokens"))
             self.dev = dev
+        except DoesNotFit as e:  # raised as is: the loader does not fall back to the CPU for it
+            self.error, self._does_not_fit = str(e), e
         except DeviceError as e:
             self.error = str(e)
         except Exception as e:  # surfaced to the main thread as one line
@@ -114,7 +162,7 @@ class CudaRunner:
     def wait_ready(self) -> None:
         self._thread.join()
         if self.error:
-            raise DeviceError(self.error)
+            raise getattr(self, "_does_not_fit", None) or DeviceError(self.error)
         self.dev.make_current()
         self.tl.mark("weights_uploaded")
 
