@@ -27,7 +27,8 @@
 //
 // State per layer and sequence slot (slot s at state + s * stride floats): conv (K-1, C), delta
 // rule (nv, dk, dv). A batch holds n_seq independent sequences, [seq_start[s], seq_start[s+1])
-// (seq_start NULL: one sequence of all n_tok tokens) and sequence s uses slot s. A sequence whose
+// (seq_start NULL: one sequence of all n_tok tokens) and sequence s uses slot slots[s] (slots NULL:
+// slot s; continuous batching gives each running sequence its own slot). A sequence whose
 // first token is at position 0 starts from zero state (a new request): nothing resets the arena.
 // Value head h reads key head h % nk (the converter's tiled order).
 // Limits (checked on the host): dk, dv <= 128; K <= DN_MAX_K.
@@ -59,8 +60,8 @@ __device__ __forceinline__ int dn_seq_of(const int* seq_start, int n_seq, int t)
 }
 
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_conv(
-    const float* x, const float* w, float* state, long state_stride, const int* seq_start, int n_seq, const int* pos,
-    float* out, int n_tok, int K, int nk, int nv, int dk, int dv, float q_scale, float eps, int roll) {
+    const float* x, const float* w, float* state, long state_stride, const int* slots, const int* seq_start, int n_seq,
+    const int* pos, float* out, int n_tok, int K, int nk, int nv, int dk, int dv, float q_scale, float eps, int roll) {
     rx_pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int t = blockIdx.y * 8 + warp;
@@ -73,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_conv(
     int s = dn_seq_of(seq_start, n_seq, t);
     int lo = seq_start ? seq_start[s] : 0;
     bool fresh = pos[lo] == 0;
-    float* st = state + (long)s * state_stride;  // (K-1, C)
+    float* st = state + (long)(slots ? slots[s] : s) * state_stride;  // (K-1, C)
     int r = t - lo;  // the token's index in its sequence
     float v[DN_MAX_HD / 32];
     float ss = 0.f;
@@ -113,15 +114,15 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_conv(
 }
 
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_conv_state(const float* x, float* state, long state_stride,
-                                                                        const int* seq_start, int n_seq, const int* pos,
-                                                                        int n_tok, int C, int K) {
+                                                                        const int* slots, const int* seq_start, int n_seq,
+                                                                        const int* pos, int n_tok, int C, int K) {
     rx_pdl_begin();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, s = blockIdx.y;
     if (ch >= C || K < 2) return;
     int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
     int n = hi - lo;
     bool fresh = pos[lo] == 0;
-    float* st = state + (long)s * state_stride;
+    float* st = state + (long)(slots ? slots[s] : s) * state_stride;
     float old[DN_MAX_K];
     for (int i = 0; i < K - 1; i++) old[i] = fresh ? 0.f : st[(long)i * C + ch];
     // new row i = input n + i of [old state; the sequence's inputs]
@@ -136,8 +137,8 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_conv_state(const flo
 
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_recurrent(
     const float* qkv, const float* alpha, const float* beta, const float* z, const float* ssm_a, const float* dt_bias,
-    const float* norm_w, float* state, long state_stride, const int* seq_start, int n_seq, const int* pos, float* out,
-    int n_tok, int nk, int nv, int dk, int dv, float eps) {
+    const float* norm_w, float* state, long state_stride, const int* slots, const int* seq_start, int n_seq,
+    const int* pos, float* out, int n_tok, int nk, int nv, int dk, int dv, float eps) {
     rx_pdl_begin();
     __shared__ float qs[DN_MAX_HD], ks[DN_MAX_HD];
     __shared__ float red[8][DN_MAX_HD], red2[8][DN_MAX_HD];
@@ -146,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_recurrent(
     int kh = h % nk, C = 2 * nk * dk + nv * dv;
     int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
     bool fresh = pos[lo] == 0;
-    float* S = state + (long)s * state_stride + (long)h * dk * dv;
+    float* S = state + (long)(slots ? slots[s] : s) * state_stride + (long)h * dk * dv;
     // Thread (warp, lane) holds S[i][j] for rows i = warp + 8 r and columns j = lane + 32 c.
     float st[DN_COLS][DN_ROWS];
 #pragma unroll
@@ -242,8 +243,8 @@ __device__ __forceinline__ float dn_dot_rows(const float (&a)[DN_MAX_HD / 32], c
 
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
     const float* qkv, const float* alpha, const float* beta, const float* ssm_a, const float* dt_bias, float* state,
-    long state_stride, const int* seq_start, int n_seq, const int* pos, float* out, int n_tok, int nk, int nv, int dk,
-    int dv) {
+    long state_stride, const int* slots, const int* seq_start, int n_seq, const int* pos, float* out, int n_tok, int nk,
+    int nv, int dk, int dv) {
     rx_pdl_begin();
     __shared__ float Ks[DN_CHUNK][DN_MAX_HD + 1];  // the chunk's keys (padded: column reads hit distinct banks)
     __shared__ float Ss[DN_MAX_HD][DN_CV];         // this block's 32 columns of the state
@@ -258,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
     int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
     bool fresh = pos[lo] == 0;
     bool col_ok = j0 + lane < dv;
-    float* Sg = state + (long)s * state_stride + (long)h * dk * dv;
+    float* Sg = state + (long)(slots ? slots[s] : s) * state_stride + (long)h * dk * dv;
     for (int idx = threadIdx.x; idx < DN_MAX_HD * DN_CV; idx += blockDim.x) {
         int i = idx / DN_CV, c = idx % DN_CV;
         Ss[i][c] = (!fresh && i < dk && j0 + c < dv) ? Sg[(long)i * dv + j0 + c] : 0.f;

@@ -27,7 +27,9 @@
 //                            heads. Decode splits the keys over n_split blocks and the last block
 //                            of a head group merges the partials (attention.cu's attn_merge).
 //                            Visible slots as in attention.cu (system1's tree): j <= slot[t] and
-//                            (j < prefix_len or j >= seg_lo[t]). r <= 512, d <= 640, d % 8 == 0.
+//                            (j < prefix_len or j >= seg_lo[t]); without a prefix the keys start
+//                            at seg_lo[t] (a decode row of continuous batching: its own range).
+//                            r <= 512, d <= 640, d % 8 == 0.
 // Bound by reading the latent cache once per 8 heads (decode: n_kv * d * 2 bytes per head group)
 // and by the per-head weight bytes of W_k and W_v.
 #include "attention.cuh"  // attn_merge
@@ -186,8 +188,9 @@ __device__ void mla_mv_t_body(const uint8_t* W, long row_bytes, long head_bytes,
 RX_FOR_EACH_TYPE(RX_MLA)
 
 // q: (n_tok, n_head, d) absorbed queries; cache: (n_ctx, d) halves; out: (n_tok, n_head, r).
-// n_split > 1 (decode): part_o (n_head, n_split, r), part_ml (n_head, n_split, 2) and one zeroed
-// counter per (token, head group), left zeroed for the next replay.
+// n_split > 1 (decode, one token or a row per sequence): part_o (n_tok, n_head, n_split, r),
+// part_ml (n_tok, n_head, n_split, 2) and one zeroed counter per (token, head group), left zeroed
+// for the next replay.
 extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
     const float* q, const half* cache, const int* q_slot, const int* seg_lo, int prefix_len, const int* n_kv_ptr,
     float* out, float* part_o, float* part_ml, int* counters, int n_head, int r, int d, float scale, int n_split) {
@@ -203,12 +206,17 @@ extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
     int my_slot = q_slot[t];
     int lo = seg_lo ? seg_lo[t] : 0;
     int n_vis = min(*n_kv_ptr, my_slot + 1);
+    // Without a shared prefix no key below lo is visible: a decode row of continuous batching
+    // reads its own range [lo, slot] only.
+    int start = prefix_len > 0 ? 0 : min(lo, n_vis);
     // At least one tile of keys per slice; every block of the group computes the same count
-    // from the same n_kv, and surplus blocks leave before any barrier.
-    n_split = min(n_split, max(1, (n_vis + MLA_KT - 1) / MLA_KT));
+    // from the same n_kv, and surplus blocks leave before any barrier. Partials sit `stride`
+    // (the launch's slices) apart per row, whatever slices each row takes.
+    int stride = n_split;
+    n_split = min(n_split, max(1, (n_vis - start + MLA_KT - 1) / MLA_KT));
     if (split >= n_split) return;
-    int chunk = (n_vis + n_split - 1) / n_split;
-    int j0 = split * chunk, j1 = min(n_vis, j0 + chunk);
+    int chunk = (n_vis - start + n_split - 1) / n_split;
+    int j0 = start + split * chunk, j1 = min(n_vis, j0 + chunk);
 
     for (int i = tid; i < MLA_HEADS * d; i += blockDim.x) {
         int hh = i / d, c = i - hh * d;
@@ -302,11 +310,11 @@ extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
 #pragma unroll
         for (int hh = 0; hh < MLA_HEADS; hh++)
             if (hh < nh)
-                *reinterpret_cast<float2*>(part_o + ((row0 + hh) * n_split + split) * r + c0) =
+                *reinterpret_cast<float2*>(part_o + ((row0 + hh) * stride + split) * r + c0) =
                     make_float2(acc[hh][0], acc[hh][1]);
     if (tid < nh) {
-        part_ml[((row0 + tid) * n_split + split) * 2] = m_s[tid];
-        part_ml[((row0 + tid) * n_split + split) * 2 + 1] = l_s[tid];
+        part_ml[((row0 + tid) * stride + split) * 2] = m_s[tid];
+        part_ml[((row0 + tid) * stride + split) * 2 + 1] = l_s[tid];
     }
     __threadfence();  // our partials are visible before we count ourselves done
     __syncthreads();
@@ -316,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
     if (!is_last) return;
     __threadfence();
     for (int hh = 0; hh < nh; hh++) {
-        attn_merge(part_o, part_ml, out, row0 + hh, r, n_split, n_split);
+        attn_merge(part_o, part_ml, out, row0 + hh, r, n_split, stride);
         __syncthreads();  // attn_merge's shared weights are rewritten by the next head
     }
     if (tid == 0) *counter = 0;  // ready for the next replay

@@ -150,7 +150,7 @@ class EnergyShare:
         self.read, self.clock = read, clock
         self._lock = threading.Lock()
         self._readings: collections.deque = collections.deque(maxlen=256)  # (t, mJ), oldest first
-        self._prev = (-math.inf, 0.0)  # (end, counter value) of the last step shared
+        self._prev = (-math.inf, -math.inf)  # (end, counter value) of the last step shared
         self._busy_until = -math.inf  # readings run often until then
         self._stopped = False
         self._kick = threading.Event()
@@ -159,10 +159,11 @@ class EnergyShare:
             threading.Thread(target=self._run, name="reflex-energy", daemon=True).start()
 
     def sample(self) -> None:
+        t0 = self.clock()
         v = self.read()
-        if v is not None:
+        if v is not None:  # stamped mid-read: a read takes milliseconds
             with self._lock:
-                self._readings.append((self.clock(), float(v)))
+                self._readings.append(((t0 + self.clock()) / 2, float(v)))
 
     def _run(self) -> None:
         while not self._stopped:
@@ -171,21 +172,27 @@ class EnergyShare:
                 self._kick.clear()
             else:
                 time.sleep(ENERGY_PERIOD_S)
-            self.sample()
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a failed read is a missing reading, not the end of the readings
+                pass
 
     def stop(self) -> None:
         self._stopped = True
         self._kick.set()
 
-    def at(self, t: float) -> float:
-        """The counter's value at time t, estimated from the readings."""
+    def at(self, t: float) -> float | None:
+        """The counter's value at time t, estimated from the readings (None before the first)."""
         with self._lock:
             r = list(self._readings)
+        if not r:
+            return None
         if t <= r[0][0]:
             return r[0][1]
         if t >= r[-1][0]:
             t_last, v_last = r[-1]
-            t_old, v_old = next(x for x in r if x[0] >= t_last - RATE_WINDOW_S)
+            i = next(i for i, x in enumerate(r) if x[0] >= t_last - RATE_WINDOW_S)
+            t_old, v_old = r[min(i, len(r) - 2)] if len(r) > 1 else r[-1]  # one reading in the window: the one before
             rate = (v_last - v_old) / (t_last - t_old) if t_last > t_old else 0.0
             return v_last + rate * (t - t_last)
         i = next(i for i, x in enumerate(r) if x[0] > t)
@@ -198,13 +205,17 @@ class EnergyShare:
             self._kick.set()
         self._busy_until = t1 + 1.0
         end, reached = self._prev
-        v0 = reached if t0 - end < STEP_GAP_S else self.at(t0)  # back to back: continue the chain
-        v1 = max(v0, self.at(t1))
-        self._prev = (t1, v1)
         total = sum(n for _, n in parts)
+        a, b = self.at(t0), self.at(t1)
+        if not total or a is None:  # no tokens, or no reading yet: the energy goes to the next step
+            return
+        # back to back: continue the chain; after a gap from where the counter was then (never
+        # below what the last step reached: no energy is shared twice)
+        v0 = reached if t0 - end < STEP_GAP_S else max(reached, a)
+        v1 = max(v0, b)
+        self._prev = (t1, v1)
         for ticket, n in parts:
-            if total:
-                ticket.mj += (v1 - v0) * n / total
+            ticket.mj += (v1 - v0) * n / total
 
 
 class Scheduler:

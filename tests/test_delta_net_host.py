@@ -25,20 +25,22 @@ BATCHES = [([1, 1, 1], [0, 9, 3]), ([33, 1, 40], [12, 0, 4])]
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
-def test_conv(host, shape, lengths, first_pos):
-    G.test_conv_silu_l2norm_and_state(host, shape, lengths, first_pos, 4)
+@pytest.mark.parametrize("slotted", [False, True], ids=["", "slots"])
+def test_conv(host, shape, lengths, first_pos, slotted):
+    G.test_conv_silu_l2norm_and_state(host, shape, lengths, first_pos, 4, slotted)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
-def test_recurrent(host, shape, lengths, first_pos):
-    G.test_delta_rule_recurrent_with_gated_norm(host, shape, lengths, first_pos)
+@pytest.mark.parametrize("slotted", [False, True], ids=["", "slots"])
+def test_recurrent(host, shape, lengths, first_pos, slotted):
+    G.test_delta_rule_recurrent_with_gated_norm(host, shape, lengths, first_pos, slotted)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
 def test_chunked(host, shape, lengths, first_pos):
-    G.test_delta_rule_chunked_matches_both_reference_forms(host, shape, lengths, first_pos)
+    G.test_delta_rule_chunked_matches_both_reference_forms(host, shape, lengths, first_pos, slotted=len(lengths) > 1)
 
 
 def test_two_passes_then_decode(host):

@@ -144,13 +144,23 @@ PROMPTS = ["The capital of France is the city of", "Once upon a time", "1 2 3 4 
 NEW = 24
 
 
-def _engine(arch, outtype, parallel=4):
+PREVIEW = ("qwen35", "qwen35moe", "deepseek_v2lite", "deepseek_v3")  # batched with REFLEX_BATCH_PREVIEW=1
+
+
+def _engine(arch, outtype, parallel=4, monkeypatch=None):
     from fixtures import make_fixture
 
     from reflex_runtime.families import load_reference
     from reflex_runtime.loader import load_engine
 
-    eng = load_engine(str(make_fixture(arch, outtype).gguf), "cuda", max_seqs=parallel)
+    if arch in PREVIEW:
+        monkeypatch.setenv("REFLEX_BATCH_PREVIEW", "1")
+    overrides = {}
+    if arch.startswith("deepseek_"):  # the GPU tests' DeepSeek configurations
+        from fixtures.deepseek import GPU_CONFIGS
+
+        arch, overrides = GPU_CONFIGS[arch.removeprefix("deepseek_")]
+    eng = load_engine(str(make_fixture(arch, outtype, **overrides).gguf), "cuda", max_seqs=parallel)
     return eng, load_reference(eng.gguf, eng.config)
 
 
@@ -192,15 +202,17 @@ def _run(runner, prompts, params, join_after=None, chunk=5, between=None):
 
 
 @pytest.mark.parametrize("arch,outtype", [("qwen3", "q8_0"), ("qwen3", "q4_k_m"), ("gemma3", "q4_k_m"),
-                                          ("llama", "f32"), ("qwen3moe", "q8_0")])
-def test_sequences_together_match_each_alone(arch, outtype):
+                                          ("llama", "f32"), ("qwen3moe", "q8_0"), ("qwen35", "q8_0"),
+                                          ("qwen35moe", "q8_0"), ("deepseek_v2lite", "q8_0"),
+                                          ("deepseek_v3", "q8_0")])
+def test_sequences_together_match_each_alone(arch, outtype, monkeypatch):
     """Greedy: the tokens of every sequence are the same whether it decoded alone (the batch path
     with one row: the single-sequence graph) or beside others (N-row graphs, a sequence joining
     mid-way, prompts in chunks), and alone they equal generate_ids (the CLI path); the reference,
     teacher-forced, agrees with every pick but near-ties."""
     from reflex_runtime.sampling import SamplingParams
 
-    eng, ref = _engine(arch, outtype)
+    eng, ref = _engine(arch, outtype, monkeypatch=monkeypatch)
     runner = eng.runner
     assert runner.max_seqs == 4
     prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS]
@@ -258,13 +270,14 @@ def test_hooked_sequence_beside_plain_ones():
         assert abs(a.logprob - b.logprob) < 1e-4 and a.top_ids == b.top_ids
 
 
-def test_system1_between_steps_leaves_the_batch_alone():
-    """system1 runs on the scheduler thread between steps, in the runner's own cache range: the
-    decoding sequences' tokens are those of a batch without it, and its scores those of an idle
-    runner."""
+@pytest.mark.parametrize("arch", ["qwen3", "qwen35", "deepseek_v2lite"])
+def test_system1_between_steps_leaves_the_batch_alone(arch, monkeypatch):
+    """system1 runs on the scheduler thread between steps, in the runner's own cache range (and
+    Qwen3.5's own state slot, forked): the decoding sequences' tokens are those of a batch
+    without it, and its scores those of an idle runner."""
     from reflex_runtime.sampling import SamplingParams
 
-    eng, _ = _engine("qwen3", "q8_0")
+    eng, _ = _engine(arch, "q8_0", monkeypatch=monkeypatch)
     r = eng.runner
     prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS[:3]]
     greedy = [SamplingParams()] * len(prompts)

@@ -121,6 +121,29 @@ def poisoned_states(rng, shape, first_pos):
     return st
 
 
+def slotted_states(states, slotted):
+    """The states as the kernels see them: with `slotted`, sequence s's state sits in slot slots[s]
+    of a buffer of two more slots than sequences (in reverse order, as continuous batching gives
+    each running sequence its own slot); the spare slots 0 and 1 hold a sentinel no kernel may
+    touch. (buffer, slots or None)."""
+    if not slotted:
+        return states, None
+    n = states.shape[0]
+    slots = np.arange(n + 1, 1, -1).astype(np.int32)
+    buf = np.full((n + 2,) + states.shape[1:], 7.0, np.float32)
+    buf[slots] = states
+    return buf, slots
+
+
+def check_slots(got, slots, want, **tol):
+    """got: the state buffer after the kernels; want: each sequence's expected state."""
+    if slots is None:
+        np.testing.assert_allclose(got, want, **tol)
+        return
+    np.testing.assert_allclose(got[slots], want, **tol)
+    assert (got[:2] == 7.0).all(), "a kernel wrote a slot no sequence owns"
+
+
 def seq_args(gpu, lengths, first_pos):
     """(seq_start device pointer or 0 for one sequence, n_seq, positions pointer)."""
     seq = gpu.put(starts_of(lengths)) if len(lengths) > 1 else 0
@@ -138,7 +161,8 @@ BATCHES = [  # sequence lengths and the position of each one's first token
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
 @pytest.mark.parametrize("k_taps", [4, 2])
-def test_conv_silu_l2norm_and_state(gpu, shape, lengths, first_pos, k_taps):
+@pytest.mark.parametrize("slotted", [False, True], ids=["", "slots"])
+def test_conv_silu_l2norm_and_state(gpu, shape, lengths, first_pos, k_taps, slotted):
     nk, nv, dk, dv = shape
     n = sum(lengths)
     rng = np.random.default_rng([n, nk, nv, dk, dv, k_taps, len(lengths)])
@@ -146,20 +170,22 @@ def test_conv_silu_l2norm_and_state(gpu, shape, lengths, first_pos, k_taps):
     states = poisoned_states(rng, (len(lengths), k_taps - 1, layer.C), first_pos)
     want, want_states = conv_reference(layer, lengths, first_pos, np.nan_to_num(states))
     seq, n_seq, pos = seq_args(gpu, lengths, first_pos)
-    st, out = gpu.put(states), gpu.poisoned((n, layer.C))
+    buf, slots = slotted_states(states, slotted)
+    st, out, sl = gpu.put(buf), gpu.poisoned((n, layer.C)), gpu.put(slots) if slotted else 0
     roll = n == n_seq  # decode-like: the conv kernel rolls the state itself
     L = gpu.launch
-    dn_ops.conv(L, gpu.put(layer.x), gpu.put(layer.w), st, (k_taps - 1) * layer.C, seq, n_seq, pos, out, n, k_taps,
-                nk, nv, dk, dv, 1 / np.sqrt(dk), EPS, roll)
+    dn_ops.conv(L, gpu.put(layer.x), gpu.put(layer.w), st, (k_taps - 1) * layer.C, sl, seq, n_seq, pos, out, n,
+                k_taps, nk, nv, dk, dv, 1 / np.sqrt(dk), EPS, roll)
     if not roll:
-        dn_ops.conv_state(L, gpu.put(layer.x), st, (k_taps - 1) * layer.C, seq, n_seq, pos, n, layer.C, k_taps)
+        dn_ops.conv_state(L, gpu.put(layer.x), st, (k_taps - 1) * layer.C, sl, seq, n_seq, pos, n, layer.C, k_taps)
     np.testing.assert_allclose(gpu.get(out, (n, layer.C)), want, rtol=2e-5, atol=2e-6)
-    np.testing.assert_array_equal(gpu.get(st, states.shape), want_states)
+    check_slots(gpu.get(st, buf.shape), slots, want_states, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
-def test_delta_rule_recurrent_with_gated_norm(gpu, shape, lengths, first_pos):
+@pytest.mark.parametrize("slotted", [False, True], ids=["", "slots"])
+def test_delta_rule_recurrent_with_gated_norm(gpu, shape, lengths, first_pos, slotted):
     nk, nv, dk, dv = shape
     n = sum(lengths)
     rng = np.random.default_rng([n, nk, nv, dk, dv, 1])
@@ -169,17 +195,19 @@ def test_delta_rule_recurrent_with_gated_norm(gpu, shape, lengths, first_pos):
     o, finals = rule_reference(layer, qkv, lengths, first_pos, np.nan_to_num(states), delta_net.delta_rule_recurrent)
     want = gated_norm(o, layer.z.reshape(n, nv, dv), layer.norm_w)
     seq, n_seq, pos = seq_args(gpu, lengths, first_pos)
-    st, out = gpu.put(states), gpu.poisoned((n, nv, dv))
+    buf, slots = slotted_states(states, slotted)
+    st, out, sl = gpu.put(buf), gpu.poisoned((n, nv, dv)), gpu.put(slots) if slotted else 0
     dn_ops.recurrent(gpu.launch, gpu.put(qkv), gpu.put(layer.alpha), gpu.put(layer.beta), gpu.put(layer.z),
-                     gpu.put(layer.a), gpu.put(layer.dt_bias), gpu.put(layer.norm_w), st, nv * dk * dv, seq, n_seq,
+                     gpu.put(layer.a), gpu.put(layer.dt_bias), gpu.put(layer.norm_w), st, nv * dk * dv, sl, seq, n_seq,
                      pos, out, n, nk, nv, dk, dv, EPS)
     np.testing.assert_allclose(gpu.get(out, (n, nv, dv)), want, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(gpu.get(st, states.shape), finals, rtol=1e-4, atol=1e-5)
+    check_slots(gpu.get(st, buf.shape), slots, finals, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
-def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, first_pos):
+@pytest.mark.parametrize("slotted", [False, True], ids=["", "slots"])
+def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, first_pos, slotted):
     """Chunks of 32 tokens on the GPU (64 in the reference): across every chunk boundary the
     output and final state equal the reference's chunked form and its token-by-token form."""
     nk, nv, dk, dv = shape
@@ -192,13 +220,14 @@ def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, fi
     o_chunk, s_chunk = rule_reference(layer, qkv, lengths, first_pos, clean, delta_net.delta_rule_chunked)
     o_rec, s_rec = rule_reference(layer, qkv, lengths, first_pos, clean, delta_net.delta_rule_recurrent)
     seq, n_seq, pos = seq_args(gpu, lengths, first_pos)
-    st, out = gpu.put(states), gpu.poisoned((n, nv, dv))
+    buf, slots = slotted_states(states, slotted)
+    st, out, sl = gpu.put(buf), gpu.poisoned((n, nv, dv)), gpu.put(slots) if slotted else 0
     dn_ops.chunked(gpu.launch, gpu.put(qkv), gpu.put(layer.alpha), gpu.put(layer.beta), gpu.put(layer.a),
-                   gpu.put(layer.dt_bias), st, nv * dk * dv, seq, n_seq, pos, out, n, nk, nv, dk, dv)
-    got_o, got_s = gpu.get(out, (n, nv, dv)), gpu.get(st, states.shape)
+                   gpu.put(layer.dt_bias), st, nv * dk * dv, sl, seq, n_seq, pos, out, n, nk, nv, dk, dv)
+    got_o, got_s = gpu.get(out, (n, nv, dv)), gpu.get(st, buf.shape)
     for o_ref, s_ref in ((o_chunk, s_chunk), (o_rec, s_rec)):
         np.testing.assert_allclose(got_o, o_ref, rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(got_s, s_ref, rtol=1e-4, atol=1e-4)
+        check_slots(got_s, slots, s_ref, rtol=1e-4, atol=1e-4)
     # the gated norm that follows the chunked form, in place
     z, w = gpu.put(layer.z), gpu.put(layer.norm_w)
     dn_ops.gated_norm(gpu.launch, out, z, w, out, n * nv, dv, EPS)
@@ -225,13 +254,13 @@ def test_prompt_in_two_passes_equals_one_and_decode_continues_it(gpu, split, nk=
     d_a, d_dt, d_pos = gpu.put(layer.a), gpu.put(layer.dt_bias), gpu.put(np.arange(n + n_dec, dtype=np.int32))
     d_z, d_w = gpu.put(layer.z), gpu.put(layer.norm_w)
     for lo, hi in ((0, split), (split, n)):
-        dn_ops.chunked(L, d_qkv + 4 * lo * layer.C, d_al + 4 * lo * nv, d_be + 4 * lo * nv, d_a, d_dt, st, size, 0,
+        dn_ops.chunked(L, d_qkv + 4 * lo * layer.C, d_al + 4 * lo * nv, d_be + 4 * lo * nv, d_a, d_dt, st, size, 0, 0,
                        1, d_pos + 4 * lo, out + 4 * lo * nv * dv, hi - lo, nk, nv, dk, dv)
     np.testing.assert_allclose(gpu.get(out, (n, nv, dv)), want_o[:n], rtol=1e-4, atol=1e-4)
     for t in range(n, n + n_dec):
         dn_ops.recurrent(L, d_qkv + 4 * t * layer.C, d_al + 4 * t * nv, d_be + 4 * t * nv, d_z + 4 * t * nv * dv,
-                         d_a, d_dt, d_w, st, size, 0, 1, d_pos + 4 * t, out + 4 * t * nv * dv, 1, nk, nv, dk, dv,
-                         EPS)
+                         d_a, d_dt, d_w, st, size, 0, 0, 1, d_pos + 4 * t, out + 4 * t * nv * dv, 1, nk, nv, dk,
+                         dv, EPS)
     want_dec = gated_norm(want_o[n:], layer.z[n:].reshape(n_dec, nv, dv), layer.norm_w)
     np.testing.assert_allclose(gpu.get(out, (n + n_dec, nv, dv))[n:], want_dec, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gpu.get(st, (nv, dk, dv)), want_s, rtol=1e-4, atol=1e-4)

@@ -571,13 +571,13 @@ class _AllowAll:
         self.accepted.append(tok)
 
 
-def _fake_runner(ptx_params, max_context=128, max_seqs=1):
+def _fake_runner(ptx_params, max_context=128, max_seqs=1, arch="qwen3"):
     from reflex_runtime.measure.coldstart import Timeline
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.modelfile.gguf_file import GGUFFile
     from reflex_runtime.gpu.runner import CudaRunner
 
-    g = GGUFFile(_fixture_file("qwen3"))
+    g = GGUFFile(_fixture_file(arch))
     cfg = read_config(g)
     dev = FakeDevice(ptx_params)
     runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=max_context,
@@ -605,7 +605,11 @@ def test_serving_default_takes_the_sequences_that_fit_in_free_memory(ptx_params)
     arena = {n: plan(n).arena_bytes for n in (1, 4, 5, 16)}
     assert arena[1] < arena[4] < arena[5] < arena[16]
     total = 8 << 30
-    free = arena[4] + FIT_HEADROOM + total // 100 + (arena[5] - arena[4]) // 2  # 4 fit, 5 do not
+    from reflex_runtime.engine import Limits
+
+    lim = Limits()  # room kept for a system1 call's logits at the default limits
+    system1 = 4 * lim.max_candidates * lim.max_candidate_tokens * cfg.vocab_size
+    free = arena[4] + FIT_HEADROOM + total // 100 + system1 + (arena[5] - arena[4]) // 2  # 4 fit, 5 do not
 
     def start(seqs, fit, free=free):
         dev = FakeDevice(ptx_params)
@@ -627,8 +631,8 @@ def test_serving_default_takes_the_sequences_that_fit_in_free_memory(ptx_params)
     with pytest.raises(DoesNotFit, match=r"16 sequence\(s\) of 128 tokens.*lower --parallel"):
         runner.wait_ready()
     assert not dev._ranges
-    runner, dev = start(16, True, free=arena[1] // 2)  # not even one sequence
-    with pytest.raises(DoesNotFit, match="GPU memory"):
+    runner, dev = start(16, True, free=arena[1] // 2)  # not even one sequence: what one needs, and --ctx
+    with pytest.raises(DoesNotFit, match=r"for 1 sequence\(s\) of 128 tokens.*lower --ctx / REFLEX_CTX$"):
         runner.wait_ready()
 
     small = FakeDevice(ptx_params)
@@ -637,17 +641,24 @@ def test_serving_default_takes_the_sequences_that_fit_in_free_memory(ptx_params)
         load_engine(str(path), "auto", device=_FakeBoot(small), max_seqs=16, fit_seqs=True)
 
 
-def test_batch_api_on_the_fake_device(ptx_params):
+@pytest.mark.parametrize("arch", ["qwen3", "qwen35", "qwen35moe", "deepseek_v2lite", "deepseek_v3"])
+def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     """gpu/batch.py's host side on the fake device (read-backs bring token 0, graph replays do
     nothing): prompts in chunks beside running decodes, a sequence joining and a hooked one
     decoding alone, each getting exactly max_new tokens; a stop id ends one at once and a closed
     sequence's range is reused; every pack matches the PTX, the decode attention runs one grid
-    z per row and each row count gets its own graph."""
+    z per row and each row count gets its own graph. The preview families (REFLEX_BATCH_PREVIEW):
+    Qwen3.5 has a state slot per range and its decode rows' DeltaNet launches one sequence per
+    row; DeepSeek's latent attention one grid x per row."""
     from reflex_runtime.gpu.step import Pick
     from reflex_runtime.sampling import SamplingParams
 
-    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=4)
+    monkeypatch.setenv("REFLEX_BATCH_PREVIEW", "1")
+    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=4, arch=arch)
     assert runner.max_seqs == 4
+    if arch.startswith("qwen35"):
+        m = runner.model
+        assert m.arena.sizes["dn_state"] >= 5 * m.slot_bytes > 0  # slot 0: the runner's own
     with pytest.raises(RequestError, match="exceed the context of 64"):
         runner.batch_open(list(range(60)), Pick(), 5, frozenset())
     want, got = {}, {}
@@ -675,8 +686,10 @@ def test_batch_api_on_the_fake_device(ptx_params):
             break
         step([], live)
     assert {s: len(t) for s, t in got.items()} == want and all(t == 0 for ts in got.values() for t in ts)
-    rows = {g[2] for n, g, _ in dev.launches if n == "reflex_attn_decode"}
-    assert {1, 2} <= rows  # the single-row graph and the two-row one (a hooked row decodes alone)
+    name, axis = {"qwen3": ("reflex_attn_decode", 2), "deepseek_v2lite": ("reflex_mla_attn", 0),
+                  "deepseek_v3": ("reflex_mla_attn", 0)}.get(arch, ("reflex_dn_recurrent", 1))
+    # the single-row graph and the two-row one (a hooked row decodes alone)
+    assert {1, 2} <= {g[axis] for n, g, _ in dev.launches if n == name}, name
     assert "reflex_pick_rows" in {n for n, _, _ in dev.launches}
     for s in (a, b, c):
         runner.batch_close(s)

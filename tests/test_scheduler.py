@@ -166,6 +166,22 @@ def test_energy_past_the_last_reading_is_extrapolated_and_steps_chain():
     assert b.mj == pytest.approx(150.0)
 
 
+def test_energy_without_a_reading_yet_shares_nothing_and_fails_nothing():
+    """A counter whose reads fail (NVML answers None) until later: steps before the first reading
+    share nothing, and nothing raises into the step."""
+    clock, reads = Clock(), iter([None, 500.0, 600.0])
+    share = EnergyShare(lambda: next(reads), clock=clock, thread=False)
+    a = Sink()
+    share.share(0.0, 0.1, [(a, 1)])
+    assert a.mj == 0.0
+    clock.t = 0.2
+    share.sample()
+    clock.t = 0.3
+    share.sample()
+    share.share(0.2, 0.3, [(a, 1)])
+    assert a.mj == pytest.approx(100.0)
+
+
 def test_records_attribute_energy_from_a_counter():
     eng = make_engine(delay=0.002)
     t_start = time.perf_counter()

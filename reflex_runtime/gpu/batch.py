@@ -69,7 +69,7 @@ class Batcher:
         self.dirty = False  # the device rows no longer match self.rows
         self.n_launched = 0
         dev = runner.dev
-        n_int = 5 * self.S + 3 * m.max_batch + 8
+        n_int = 6 * self.S + 3 * m.max_batch + 8
         self._in_bytes = 4 * n_int + SP * (self.S + 1)
         self._in = [dev.alloc_pinned(self._in_bytes) for _ in range(PINNED)]
         self._in_ev = [None] * PINNED
@@ -79,6 +79,10 @@ class Batcher:
         self._rb_ev = [dev.event() for _ in range(n_rb)]
         p = m.p
         self._rows_state = RxRows(p("tokens"), p("pos"), p("slot"), p("steps"))
+        ptr, view = self._input()  # recurrent layers see the rows as one-token sequences 0, 1, ..
+        view.cast("i")[:self.S + 1] = int_array(range(self.S + 1))
+        dev.htod(p("row_start"), ptr, 4 * (self.S + 1), runner.stream)
+        self._sent()
 
     # -- the API ----------------------------------------------------------------------------
 
@@ -142,7 +146,8 @@ class Batcher:
         seqs = [self.seqs[s] for s in self.rows]
         pos = [len(q.prompt) + q.out - 1 for q in seqs]  # the position of the latest token
         ints = {"tokens": [q.last for q in seqs], "pos": pos, "slot": [q.base + p for q, p in zip(seqs, pos)],
-                "seg_lo": [q.base for q in seqs], "steps": [q.out for q in seqs]}
+                "seg_lo": [q.base for q in seqs], "steps": [q.out for q in seqs],
+                "row_slot": [q.base // self.C for q in seqs]}  # its recurrent state's slot: its range's
         for q in seqs:
             q.queued = q.out
         r, m = self.r, self.r.model

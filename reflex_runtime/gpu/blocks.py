@@ -79,8 +79,9 @@ class Batch:
     # sliding window then bounds the slots decode attention reads
     slots_in_order: bool = True
     # continuous batching (gpu/batch.py): rows = every token is its own sequence's decode token,
-    # its keys from slot seg_lo[row] (the pointer `seg_lo` then means that); kv_base = the slots
-    # of this batch count from that cache slot (one sequence's prompt chunk in its range)
+    # its keys from slot seg_lo[row] (the pointer `seg_lo` then means that; recurrent layers see
+    # n one-token sequences, each in its own state slot); kv_base = the slots of this batch count
+    # from that cache slot (one sequence's prompt chunk in its range, and its state slot)
     rows: bool = False
     kv_base: int = 0
 

@@ -12,6 +12,8 @@ The runner (gpu/runner.py) sees only this base class.
 
 from __future__ import annotations
 
+import os
+
 from ..modelfile import tensor_names as T
 from .arena import Arena
 from .blocks import Attention, Batch, LmHead, Residual, TensorReader
@@ -58,7 +60,7 @@ class GpuModel:
         nt = max(t, n_ctx, max_seqs + t)  # per-token inputs cover a whole prompt, prefilled in chunks
         self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
                                 ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1),
-                                ("steps", max_seqs + 1)])
+                                ("steps", max_seqs + 1), ("row_start", max_seqs + 1), ("row_slot", max_seqs + 1)])
         self.arena.reserve("sampling", 64)
         self.arena.reserve("sampling_rows", 32 * (max_seqs + 1))
 
@@ -121,10 +123,20 @@ class GpuModel:
 
     # -- the forward pass ---------------------------------------------------------------------
 
+    # a family whose batching has not yet passed the GPU tests (tests/test_gpu_batch.py) sets this:
+    # it then batches only with REFLEX_BATCH_PREVIEW=1
+    batch_preview = False
+
     @property
     def batchable(self) -> bool:
-        """Whether sequences can decode together (gpu/batch.py): every layer's mixer is the shared
-        attention block (recurrent state and latent caches are not batched yet)."""
+        """Whether sequences can decode together (gpu/batch.py)."""
+        if self.batch_preview and os.environ.get("REFLEX_BATCH_PREVIEW") != "1":
+            return False
+        return self.mixers_batch()
+
+    def mixers_batch(self) -> bool:
+        """Every layer's mixer can run decode rows and prompt chunks in a cache range (a family
+        with other mixers says when its own can): here, the shared attention block."""
         return self.scoring == "tree" and all(type(ly.mixer) is Attention for ly in self.layers)
 
     def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
@@ -140,10 +152,13 @@ class GpuModel:
         seg_lo entry. kv_base: the batch's slots count from this cache slot (one sequence's prompt
         chunk in its own range)."""
         p, E = self.p, self.cfg.n_embd
+        if rows:  # to recurrent layers, n one-token sequences (row_start = 0, 1, .., written by the batcher)
+            seqs, seq_max = n, 1
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
                   p("seg_lo") + 4 * first if tree or rows else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
-                  seq_start=p("seq_start") if seqs else 0, seq_max=seq_max if seqs else n, forked=seqs > 0,
-                  slots_in_order=not tree, rows=rows, kv_base=kv_base)
+                  seq_start=(p("row_start") if rows else p("seq_start")) if seqs else 0,
+                  seq_max=seq_max if seqs else n, forked=seqs > 0 and not rows, slots_in_order=not tree, rows=rows,
+                  kv_base=kv_base)
         L = self.launch
         L.decode_rows = rows
         try:

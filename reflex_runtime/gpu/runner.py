@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Iterator
 
+from ..engine import Limits
 from ..errors import DeviceError, DoesNotFit, RequestError, RequestTimeout
 from ..sampling import Sampled, SamplingParams
 from ..tree import tree_layout
@@ -33,7 +34,7 @@ MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
 READBACK_SLOTS = 8
 AHEAD = 2  # decode steps queued on the GPU beyond the token being read
 MAX_SCORED = 8192  # candidate tokens per system1 call (the engine's limits are lower)
-FIT_HEADROOM = 256 << 20  # + 1% of the GPU: device memory kept free beside the arena (graphs, scoring logits)
+FIT_HEADROOM = 256 << 20  # + 1% of the GPU + system1's logits: device memory kept free beside the arena (graphs)
 
 
 def _gb(n: int) -> str:
@@ -83,7 +84,9 @@ class CudaRunner:
         at all is a DoesNotFit naming the sizes (not a bare out-of-memory from the driver)."""
         free, total = dev.mem_info()
         need, seqs = self.model.arena_bytes, self.model.max_seqs
-        budget = free - FIT_HEADROOM - total // 100
+        lim = Limits()  # a system1 call at the default limits allocates its logits rows later
+        budget = free - FIT_HEADROOM - total // 100 - 4 * lim.max_candidates * lim.max_candidate_tokens * \
+            self.config.vocab_size
         lower = self.fit_seqs and seqs > 1
         if need <= budget or (need <= free and not lower):
             return
@@ -96,7 +99,8 @@ class CudaRunner:
                     best, lo = plan, mid + 1
                 else:
                     hi = mid - 1
-            if best is None and (one := self._plan(1)).arena_bytes <= free:
+            one = self._plan(1)
+            if best is None and one.arena_bytes <= free:
                 best = one  # one sequence fits, if not with the headroom
             if best is not None:
                 self.fit_note = (f"{best.max_seqs} sequence(s) at once instead of {seqs}: the caches of {seqs} "
@@ -104,10 +108,12 @@ class CudaRunner:
                                  f"{_gb(free)} of GPU memory is free (lower --ctx / REFLEX_CTX for more)")
                 self.model = best
                 return
+            need, seqs = one.arena_bytes, 1  # not even one sequence: say what one needs
         w = self.model.weights_bytes
+        hint = "--parallel / REFLEX_PARALLEL or --ctx / REFLEX_CTX" if seqs > 1 else "--ctx / REFLEX_CTX"
         raise DoesNotFit(f"the model needs {_gb(need)} of GPU memory ({_gb(w)} of weights, {_gb(need - w)} of "
                          f"caches and buffers for {seqs} sequence(s) of {self.max_context} tokens); {_gb(free)} "
-                         f"of {_gb(total)} is free: lower --parallel / REFLEX_PARALLEL or --ctx / REFLEX_CTX")
+                         f"of {_gb(total)} is free: lower {hint}")
 
     @classmethod
     def start(cls, boot, gguf, config, timeline, model_cls, max_context: int | None = None,

@@ -9,20 +9,23 @@
 #define P(...) __VA_ARGS__
 
 EMU_ENTRY(dn_conv,
-          P(const float* x, const float* w, float* state, long stride, const int* seq, int n_seq, const int* pos,
-            float* out, int n_tok, int K, int nk, int nv, int dk, int dv, float q_scale, float eps, int roll),
-          P(x, w, state, stride, seq, n_seq, pos, out, n_tok, K, nk, nv, dk, dv, q_scale, eps, roll))
+          P(const float* x, const float* w, float* state, long stride, const int* slots, const int* seq, int n_seq,
+            const int* pos, float* out, int n_tok, int K, int nk, int nv, int dk, int dv, float q_scale, float eps,
+            int roll),
+          P(x, w, state, stride, slots, seq, n_seq, pos, out, n_tok, K, nk, nv, dk, dv, q_scale, eps, roll))
 EMU_ENTRY(dn_conv_state,
-          P(const float* x, float* state, long stride, const int* seq, int n_seq, const int* pos, int n_tok, int C, int K),
-          P(x, state, stride, seq, n_seq, pos, n_tok, C, K))
+          P(const float* x, float* state, long stride, const int* slots, const int* seq, int n_seq, const int* pos,
+            int n_tok, int C, int K),
+          P(x, state, stride, slots, seq, n_seq, pos, n_tok, C, K))
 EMU_ENTRY(dn_recurrent,
           P(const float* qkv, const float* alpha, const float* beta, const float* z, const float* a, const float* dt,
-            const float* norm_w, float* state, long stride, const int* seq, int n_seq, const int* pos, float* out,
-            int n_tok, int nk, int nv, int dk, int dv, float eps),
-          P(qkv, alpha, beta, z, a, dt, norm_w, state, stride, seq, n_seq, pos, out, n_tok, nk, nv, dk, dv, eps))
+            const float* norm_w, float* state, long stride, const int* slots, const int* seq, int n_seq,
+            const int* pos, float* out, int n_tok, int nk, int nv, int dk, int dv, float eps),
+          P(qkv, alpha, beta, z, a, dt, norm_w, state, stride, slots, seq, n_seq, pos, out, n_tok, nk, nv, dk, dv, eps))
 EMU_ENTRY(dn_chunked,
           P(const float* qkv, const float* alpha, const float* beta, const float* a, const float* dt, float* state,
-            long stride, const int* seq, int n_seq, const int* pos, float* out, int n_tok, int nk, int nv, int dk, int dv),
-          P(qkv, alpha, beta, a, dt, state, stride, seq, n_seq, pos, out, n_tok, nk, nv, dk, dv))
+            long stride, const int* slots, const int* seq, int n_seq, const int* pos, float* out, int n_tok, int nk,
+            int nv, int dk, int dv),
+          P(qkv, alpha, beta, a, dt, state, stride, slots, seq, n_seq, pos, out, n_tok, nk, nv, dk, dv))
 EMU_ENTRY(dn_gated_norm, P(const float* o, const float* z, const float* w, float* out, int rows, int dv, float eps),
           P(o, z, w, out, rows, dv, eps))

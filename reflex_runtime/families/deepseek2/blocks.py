@@ -95,7 +95,7 @@ class LatentAttention:
         self.scale, self.attn_factor, self.eps = e["kq_scale"], e["rope_attn_factor"], c.rms_eps
         self.tab = MlaRope.of(rope_freqs)
         model.arena.reserve(f"mla{il}", model.n_ctx * self.d * 2)
-        model.need(self.buffers(c, model.max_batch))
+        model.need(self.buffers(c, model.max_batch, model.max_seqs))
         self.w: MlaWeights | None = None
 
     @staticmethod
@@ -111,15 +111,23 @@ class LatentAttention:
         return None
 
     @staticmethod
-    def buffers(c, t: int) -> list[tuple[str, int]]:
+    def buffers(c, t: int, rows: int = 1) -> list[tuple[str, int]]:
+        """rows: decode tokens of that many sequences in one pass; each splits its keys into
+        splits(rows) slices, rows x splits(rows) <= max(SPLITS_DECODE, rows) partials per head."""
         e, H = c.extra, c.n_head
         r, rope, nope, v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
         groups = -(-H // mla.HEADS)
+        parts = max(mla.SPLITS_DECODE, rows)
         return [("q", t * H * (nope + rope)), ("mla_qa", t * max(e["q_lora_rank"], 1)), ("mla_kv", t * (r + rope)),
                 ("mla_q", t * H * (r + rope)), ("mla_att", t * H * r), ("mla_o", t * H * v),
-                ("mla_part_o", H * mla.SPLITS_DECODE * r), ("mla_part_ml", H * mla.SPLITS_DECODE * 2),
+                ("mla_part_o", parts * H * r), ("mla_part_ml", parts * H * 2),
                 # named like Attention's so GpuModel.bind zeroes them (n_head ints >= the head groups)
-                ("attn_counters", max(H, groups))]
+                ("attn_counters", rows * max(H, groups))]
+
+    @staticmethod
+    def splits(rows: int) -> int:
+        """Key slices per decode token when `rows` sequences decode in one pass."""
+        return max(1, mla.SPLITS_DECODE // rows)
 
     def bind(self, model, il: int) -> None:
         c = model.cfg
@@ -131,8 +139,9 @@ class LatentAttention:
         H, r, d, n = c.n_head, self.r, self.d, b.n
         q, kv, qm, att, o = p("q"), p("mla_kv"), p("mla_q"), p("mla_att"), p("mla_o")
         self._project(b, inp, q, kv)
+        cache = self.cache + 2 * d * b.kv_base  # a prompt chunk of one sequence: its slots count from kv_base
         with L.role("mla rope + latent cache store"):
-            mla.rope_store(L, q, qm, kv, w.kv_a_norm, b.pos, b.slot, self.cache, self.tab, self.attn_factor, n, H,
+            mla.rope_store(L, q, qm, kv, w.kv_a_norm, b.pos, b.slot, cache, self.tab, self.attn_factor, n, H,
                            self.nope, self.rope, r, self.eps)
         qk = self.nope + self.rope
         with L.role("mla q absorb (W_k)", w.k_b.w.nbytes * H):
@@ -140,9 +149,9 @@ class LatentAttention:
                 mla.heads_t(L, w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H)
             else:
                 mla.heads(L, w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H, tensor_cores=not b.matvec)
-        n_split = mla.SPLITS_DECODE if n == 1 else 1
+        n_split = self.splits(n) if n == 1 or b.rows else 1  # decode rows: each its own range from seg_lo
         with L.role("mla attention"):
-            mla.attention(L, qm, self.cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
+            mla.attention(L, qm, cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
                           p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split)
         with L.role("mla v up (W_v)", w.v_b.w.nbytes * H):
             mla.heads(L, w.v_b.w, w.v_b.head_bytes, att, H * r, r, o, H * self.v, self.v, n, H,

@@ -22,6 +22,13 @@ from .config import kv_cache_bytes_per_token, rope_frequencies
 
 
 class DeepSeek2Gpu(GpuModel):
+    batch_preview = True  # REFLEX_BATCH_PREVIEW=1 until tests/test_gpu_batch.py has passed on it
+
+    def mixers_batch(self) -> bool:
+        """The latent attention runs decode rows (each from its range's first slot) and prompt
+        chunks in a range (the cache pointer offset by kv_base)."""
+        return all(isinstance(ly.mixer, LatentAttention) for ly in self.layers)
+
     def plan(self) -> None:
         self.rope_freqs = rope_frequencies(self.cfg.extra, self.cfg.rope_theta)
         super().plan()

@@ -110,22 +110,22 @@ class DeltaNet:
         nk, nv, dk, dv = self.nk, self.nv, self.dk, self.dv
         qkv, conv, z, alpha, beta, o = p("dn_qkv"), p("dn_conv"), p("dn_z"), p("dn_alpha"), p("dn_beta"), p("dn_o")
         self._project(b, inp, qkv, z, alpha, beta)
-        base, slot_bytes = self.state_of(b)
+        base, slot_bytes, slots = self.state_of(b)
         conv_state, ssm_state, stride = base + self.conv_off, base + self.ssm_off, slot_bytes // 4
         roll = b.n == b.n_seq  # every sequence is one token: the conv kernel rolls the state itself
         with L.role("linear-attn conv + l2norm"):
-            delta_net.conv(L, qkv, w.conv, conv_state, stride, b.seq_start, b.n_seq, b.pos, conv, b.n, self.k, nk, nv,
-                           dk, dv, 1.0 / math.sqrt(dk), self.eps, roll)
+            delta_net.conv(L, qkv, w.conv, conv_state, stride, slots, b.seq_start, b.n_seq, b.pos, conv, b.n, self.k,
+                           nk, nv, dk, dv, 1.0 / math.sqrt(dk), self.eps, roll)
             if not roll:
-                delta_net.conv_state(L, qkv, conv_state, stride, b.seq_start, b.n_seq, b.pos, b.n, self.channels,
-                                     self.k)
+                delta_net.conv_state(L, qkv, conv_state, stride, slots, b.seq_start, b.n_seq, b.pos, b.n,
+                                     self.channels, self.k)
         with L.role("delta rule"):
             if b.seq_max <= RECURRENT_MAX_TOKENS:
-                delta_net.recurrent(L, conv, alpha, beta, z, w.a, w.dt_bias, w.norm, ssm_state, stride, b.seq_start,
-                                    b.n_seq, b.pos, o, b.n, nk, nv, dk, dv, self.eps)
+                delta_net.recurrent(L, conv, alpha, beta, z, w.a, w.dt_bias, w.norm, ssm_state, stride, slots,
+                                    b.seq_start, b.n_seq, b.pos, o, b.n, nk, nv, dk, dv, self.eps)
             else:
-                delta_net.chunked(L, conv, alpha, beta, w.a, w.dt_bias, ssm_state, stride, b.seq_start, b.n_seq, b.pos,
-                                  o, b.n, nk, nv, dk, dv)
+                delta_net.chunked(L, conv, alpha, beta, w.a, w.dt_bias, ssm_state, stride, slots, b.seq_start, b.n_seq,
+                                  b.pos, o, b.n, nk, nv, dk, dv)
                 delta_net.gated_norm(L, o, z, w.norm, o, b.n * nv, dv, self.eps)
         with L.role("linear-attn output", w.out.nbytes):
             products.matmul(L, w.out, o, out, b.n, accumulate=accumulate)

@@ -29,7 +29,16 @@ class Qwen35Gpu(GpuModel):
         self.slot_bytes = 0  # the state slot: each recurrent layer's conv and delta-rule states in turn
         self._forks = (0, 0)  # (device pointer, slots) of the forked state copies
         super().plan()
-        self.arena.reserve("dn_state", self.slot_bytes)
+        # continuous batching (gpu/batch.py): slot 0 is the runner's own, sequence i's is slot i + 1,
+        # as its cache range is range i + 1
+        self.n_slots = self.max_seqs + 1 if self.max_seqs > 1 else 1
+        self.arena.reserve("dn_state", self.slot_bytes * self.n_slots)
+
+    batch_preview = True  # REFLEX_BATCH_PREVIEW=1 until tests/test_gpu_batch.py has passed on it
+
+    def mixers_batch(self) -> bool:
+        """Recurrent layers batch with a state slot per sequence (state_of)."""
+        return all(isinstance(ly.mixer, (DeltaNet, GatedAttention)) for ly in self.layers)
 
     def decoder_layer(self, il: int) -> DecoderLayer:
         c = self.cfg
@@ -44,11 +53,16 @@ class Qwen35Gpu(GpuModel):
 
     # -- recurrent state ------------------------------------------------------------------------
 
-    def state_of(self, b: Batch) -> tuple[int, int]:
-        """(slot 0's device pointer, bytes between slots) of the state this batch continues."""
+    def state_of(self, b: Batch) -> tuple[int, int, int]:
+        """(slot 0's device pointer, bytes between slots, device ints: each sequence's slot or 0
+        for slot s) of the state this batch continues: system1's forks, the decode rows of a
+        batch (row_slot, written by the batcher), one sequence's prompt chunk in its cache range
+        (kv_base) or the runner's own slot."""
         if b.forked:
-            return self._forks[0], self.slot_bytes
-        return self.p("dn_state"), 0
+            return self._forks[0], self.slot_bytes, 0
+        if b.rows:
+            return self.p("dn_state"), self.slot_bytes, self.p("row_slot")
+        return self.p("dn_state") + b.kv_base // (self.n_ctx // self.n_slots) * self.slot_bytes, 0, 0
 
     def fork(self, n_seq: int) -> None:
         dev, s = self.launch.dev, self.launch.stream

@@ -1,7 +1,8 @@
 """kernels/delta_net.cu: Qwen3.5's Gated DeltaNet: the causal conv (+ SiLU, q/k L2 norm) with its
 rolling state, the gated delta rule token by token (the gated output norm fused) or in chunks of
 32 tokens, and the gated norm after the chunked form. States sit in slots `state_stride` floats
-apart, one per sequence (seq_start: the batch's sequences; NULL: one)."""
+apart, one per sequence (seq_start: the batch's sequences; NULL: one); sequence s uses slot
+slots[s] (`slots`, device ints; 0: slot s)."""
 
 from __future__ import annotations
 
@@ -12,37 +13,38 @@ MAX_HEAD = 128  # DN_MAX_HD: linear-attention head sizes (register / shared tile
 MAX_CONV = 8  # DN_MAX_K: conv taps
 
 
-def conv(L, x, w, state, state_stride, seq_start, n_seq, pos, out, n_tok, k, nk, nv, dk, dv, q_scale, eps,
+def conv(L, x, w, state, state_stride, slots, seq_start, n_seq, pos, out, n_tok, k, nk, nv, dk, dv, q_scale, eps,
          roll) -> None:
     """Causal conv + SiLU + q/k L2 norm of n_tok tokens; roll: every sequence is one token and
     the kernel shifts the conv state itself (else conv_state must follow)."""
     L.go("reflex_dn_conv", (2 * nk + nv, (n_tok + 7) // 8, 1), 256,
-         [c_void_p(x), c_void_p(w), c_void_p(state), c_long(state_stride), c_void_p(seq_start or None),
-          c_int(n_seq), c_void_p(pos), c_void_p(out), c_int(n_tok), c_int(k), c_int(nk), c_int(nv), c_int(dk),
+         [c_void_p(x), c_void_p(w), c_void_p(state), c_long(state_stride), c_void_p(slots or None),
+          c_void_p(seq_start or None), c_int(n_seq), c_void_p(pos), c_void_p(out), c_int(n_tok), c_int(k), c_int(nk), c_int(nv), c_int(dk),
           c_int(dv), c_float(q_scale), c_float(eps), c_int(int(roll))])
 
 
-def conv_state(L, x, state, state_stride, seq_start, n_seq, pos, n_tok, channels, k) -> None:
+def conv_state(L, x, state, state_stride, slots, seq_start, n_seq, pos, n_tok, channels, k) -> None:
     L.go("reflex_dn_conv_state", ((channels + 255) // 256, n_seq, 1), 256,
-         [c_void_p(x), c_void_p(state), c_long(state_stride), c_void_p(seq_start or None), c_int(n_seq),
-          c_void_p(pos), c_int(n_tok), c_int(channels), c_int(k)])
+         [c_void_p(x), c_void_p(state), c_long(state_stride), c_void_p(slots or None), c_void_p(seq_start or None),
+          c_int(n_seq), c_void_p(pos), c_int(n_tok), c_int(channels), c_int(k)])
 
 
-def recurrent(L, qkv, alpha, beta, z, ssm_a, dt_bias, norm_w, state, state_stride, seq_start, n_seq, pos, out, n_tok, nk,
-              nv, dk, dv, eps) -> None:
+def recurrent(L, qkv, alpha, beta, z, ssm_a, dt_bias, norm_w, state, state_stride, slots, seq_start, n_seq, pos, out,
+              n_tok, nk, nv, dk, dv, eps) -> None:
     """The delta rule token by token with the gated output norm fused (one block per value head and sequence)."""
     L.go("reflex_dn_recurrent", (nv, n_seq, 1), 256,
          [c_void_p(qkv), c_void_p(alpha), c_void_p(beta), c_void_p(z), c_void_p(ssm_a), c_void_p(dt_bias),
-          c_void_p(norm_w), c_void_p(state), c_long(state_stride), c_void_p(seq_start or None), c_int(n_seq),
-          c_void_p(pos), c_void_p(out), c_int(n_tok), c_int(nk), c_int(nv), c_int(dk), c_int(dv), c_float(eps)])
+          c_void_p(norm_w), c_void_p(state), c_long(state_stride), c_void_p(slots or None),
+          c_void_p(seq_start or None), c_int(n_seq), c_void_p(pos), c_void_p(out), c_int(n_tok), c_int(nk), c_int(nv), c_int(dk), c_int(dv), c_float(eps)])
 
 
-def chunked(L, qkv, alpha, beta, ssm_a, dt_bias, state, state_stride, seq_start, n_seq, pos, out, n_tok, nk, nv, dk,
-            dv) -> None:
+def chunked(L, qkv, alpha, beta, ssm_a, dt_bias, state, state_stride, slots, seq_start, n_seq, pos, out, n_tok, nk,
+            nv, dk, dv) -> None:
     """The delta rule DN_CHUNK tokens at a time; `out` gets the unnormalized output (gated_norm next)."""
     L.go("reflex_dn_chunked", (nv, (dv + 31) // 32, n_seq), 256,
          [c_void_p(qkv), c_void_p(alpha), c_void_p(beta), c_void_p(ssm_a), c_void_p(dt_bias), c_void_p(state),
-          c_long(state_stride), c_void_p(seq_start or None), c_int(n_seq), c_void_p(pos), c_void_p(out),
+          c_long(state_stride), c_void_p(slots or None), c_void_p(seq_start or None), c_int(n_seq), c_void_p(pos),
+          c_void_p(out),
           c_int(n_tok), c_int(nk), c_int(nv), c_int(dk), c_int(dv)])
 
 
