@@ -374,7 +374,10 @@ def main(argv=None) -> int:
         ap.error("--model is required (or --rows-from with --compare-out)")
     args.log_dir = args.log_dir or (args.out.parent if args.out else Path("/tmp"))
     if args.rows_from:  # no run: compare rows from a saved result (a run on the GPU machine)
-        res = json.loads(args.rows_from.read_text())
+        try:
+            res = json.loads(args.rows_from.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"bench_serve: --rows-from {args.rows_from}: {e}")
         name = args.file_name or res["model_file"].removesuffix(".gguf")
         write_compare(args.compare_out, compare_rows(res, name), res.get("gpu"), args.commit)
         return 0

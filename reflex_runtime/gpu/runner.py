@@ -58,6 +58,7 @@ class CudaRunner:
         self.fit_note: str | None = None  # what _fit changed, for the loader's log
         self._batch = None  # gpu/batch.py Batcher, on the first batch_open
         self.error: str | None = None
+        self._failure: DeviceError | None = None  # the load's own error, when it raised one
         self.dev = None
         self._graphs: dict[tuple[str, bool], object] = {}  # ("greedy" | "sample" | "forward", pdl) -> decode graph
         self._constrain_bufs = None  # gpu/constrained.py StepBuffers, on the first logprobs or grammar request
@@ -99,8 +100,7 @@ class CudaRunner:
                     best, lo = plan, mid + 1
                 else:
                     hi = mid - 1
-            one = self._plan(1)
-            if best is None and one.arena_bytes <= free:
+            if best is None and (one := self._plan(1)).arena_bytes <= free:
                 best = one  # one sequence fits, if not with the headroom
             if best is not None:
                 self.fit_note = (f"{best.max_seqs} sequence(s) at once instead of {seqs}: the caches of {seqs} "
@@ -158,17 +158,15 @@ class CudaRunner:
             d = self.model
             self._state = RxState(d.p("tokens"), d.p("pos"), d.p("slot"), d.p("n_kv"), d.p("step"), d.p("out_tokens"))
             self.dev = dev
-        except DoesNotFit as e:  # raised as is: the loader does not fall back to the CPU for it
-            self.error, self._does_not_fit = str(e), e
-        except DeviceError as e:
-            self.error = str(e)
+        except DeviceError as e:  # raised as is (a DoesNotFit stays one: the loader keeps off the CPU for it)
+            self.error, self._failure = str(e), e
         except Exception as e:  # surfaced to the main thread as one line
             self.error = f"GPU load failed: {type(e).__name__}: {' '.join(str(e).split())}"
 
     def wait_ready(self) -> None:
         self._thread.join()
         if self.error:
-            raise getattr(self, "_does_not_fit", None) or DeviceError(self.error)
+            raise self._failure or DeviceError(self.error)
         self.dev.make_current()
         self.tl.mark("weights_uploaded")
 
