@@ -39,7 +39,7 @@ from reflex_runtime.api.http_routes import HttpFront  # noqa: E402
 from reflex_runtime.api.json_wire import MAX_BODY_BYTES, dumps  # noqa: E402
 from reflex_runtime.api.model_state import ModelState  # noqa: E402
 from reflex_runtime.api.responses import Response, error_response, sse_lines  # noqa: E402
-from reflex_runtime.engine import CONTEXT_RANGE, DEFAULT_PARALLEL, PARALLEL_RANGE, QUEUE_RANGE, serving_limits  # noqa: E402
+from reflex_runtime.engine import CONTEXT_RANGE, DEFAULT_PARALLEL, KV_TOKENS_RANGE, PARALLEL_RANGE, QUEUE_RANGE, serving_limits  # noqa: E402
 from reflex_runtime.errors import ReflexError, RequestError  # noqa: E402
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "reflex")
@@ -72,10 +72,11 @@ def _load() -> ModelState:
         ctx = _number_env("REFLEX_CTX", int, *CONTEXT_RANGE, None)
         timeout = _number_env("REFLEX_REQUEST_TIMEOUT", float, 0.0, 86400.0, None)
         parallel = _number_env("REFLEX_PARALLEL", int, *PARALLEL_RANGE, None)
+        kv_tokens = _number_env("REFLEX_KV_TOKENS", int, *KV_TOKENS_RANGE, None)
         max_queue = _number_env("REFLEX_MAX_QUEUE", int, *QUEUE_RANGE, None)
         engine = load_engine(os.environ.get("REFLEX_MODEL") or None, os.environ.get("REFLEX_BACKEND", "auto"),
                              _TIMELINE, max_context=ctx, limits=serving_limits(timeout), max_seqs=parallel or DEFAULT_PARALLEL,
-                             fit_seqs=parallel is None,
+                             kv_tokens=kv_tokens,
                              log=lambda msg: logger.warning(msg, extra={"event": "backend_notice"}))
         # Every invocation goes through the scheduler: concurrent invocations of one container
         # (a runtime that allows them) are batched, and a full queue answers 429.

@@ -24,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     const float* q, const half* k_cache, const half* v_cache, const int* kv_pos, const int* q_pos, const int* q_slot,
     const int* seg_lo, int prefix_len, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters,
     int n_head,
-    int n_head_kv, int hd, int hd_v, int n_ctx, int window, float scale, float softcap, int n_split) {
+    int n_head_kv, int hd, int hd_v, int n_rows, int window, float scale, float softcap, int n_split, const int* kv_blocks) {
     rx_pdl_begin();
     __shared__ float qs[256];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
@@ -54,8 +54,8 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d] * scale;
     __syncthreads();
 
-    const half* kbase = k_cache + (long)kvh * n_ctx * hd;
-    const half* vbase = v_cache + (long)kvh * n_ctx * hd_v;
+    const half* kbase = k_cache + (long)kvh * n_rows * hd;
+    const half* vbase = v_cache + (long)kvh * n_rows * hd_v;
     float m = -INFINITY, l = 0.f;
     float acc[ATT_MAXV];
 #pragma unroll
@@ -65,7 +65,8 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
     for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
         if (!(j < prefix_len || j >= lo)) continue;
         if (window > 0 && my_pos - kv_pos[j] >= window) continue;
-        const half* kj = kbase + (long)j * hd;
+        long row_j = rx_kv_row(kv_blocks, j);
+        const half* kj = kbase + row_j * hd;
         float s = 0.f;
         for (int d = lane; d < hd; d += 32) s += qs[d] * __half2float(kj[d]);
         s = warp_sum(s);
@@ -73,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_attn(
         float m_new = fmaxf(m, s);
         float corr = __expf(m - m_new), p = __expf(s - m_new);
         l = l * corr + p;
-        const half* vj = vbase + (long)j * hd_v;
+        const half* vj = vbase + row_j * hd_v;
 #pragma unroll
         for (int i = 0; i < ATT_MAXV; i++)
             if (i < nv) acc[i] = acc[i] * corr + p * __half2float(vj[lane + 32 * i]);

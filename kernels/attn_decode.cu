@@ -15,6 +15,8 @@
 // before rx_pdl_begin(): they were written by earlier graph launches, and n_kv / slot by the
 // previous step's pick (an earlier launch too); only the newest key, which the predecessor
 // (rope + cache store) writes, is copied after the wait.
+// Cache rows go through kv_blocks (the paged cache's table, common.cuh), which only the host
+// writes, between launches: it may be read before the wait too.
 // With rope.k set (AtdRope), the kernel also does what reflex_qk_rope_store (rope.cu) does for one
 // token, so the decode step needs no launch for it: every block normalizes (per-head RMSNorm,
 // optional) and rotates its G query heads from the raw projections; the block of the last slice
@@ -43,16 +45,16 @@
 // bytes in shared memory: a quarter warp then reads 4 chunks of each of 2 keys from 8 different
 // groups of banks.
 __device__ __forceinline__ void atd_stage(uint8_t* kt, uint8_t* vt, const half* kbase, const half* vbase, int ja,
-                                          int jb, int t0, int hd, int hd_v) {
+                                          int jb, int t0, int hd, int hd_v, const int* blocks) {
     int kc = hd / 8, vc = hd_v / 8, n = jb - ja;
     int ks = 2 * hd + ATD_PAD, vs = 2 * hd_v + ATD_PAD;
     for (int i = threadIdx.x; i < n * kc; i += ATD_THREADS) {
         int j = ja + i / kc, c = i % kc;
-        rx_cp16(kt + (j - t0) * ks + 16 * c, kbase + (long)j * hd + 8 * c);
+        rx_cp16(kt + (j - t0) * ks + 16 * c, kbase + rx_kv_row(blocks, j) * hd + 8 * c);
     }
     for (int i = threadIdx.x; i < n * vc; i += ATD_THREADS) {
         int j = ja + i / vc, c = i % vc;
-        rx_cp16(vt + (j - t0) * vs + 16 * c, vbase + (long)j * hd_v + 8 * c);
+        rx_cp16(vt + (j - t0) * vs + 16 * c, vbase + rx_kv_row(blocks, j) * hd_v + 8 * c);
     }
 }
 
@@ -111,8 +113,8 @@ __device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
 extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
     const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
-    int hd_v, int n_ctx, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
-    AtdRope rope) {
+    int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
+    AtdRope rope, const int* kv_blocks) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
     __shared__ float mw[ATD_MAXG * ATD_MAXSPLIT];
@@ -138,8 +140,8 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     float* S = qs + G * hd;                             // G x 32 scores, then probabilities
     uint8_t* kt0 = reinterpret_cast<uint8_t*>(S + G * ATD_TILE);  // 2 K tiles, then 2 V tiles
     uint8_t* vt0 = kt0 + 2 * ATD_TILE * ks;
-    half* kbase = k_cache + (long)kvh * n_ctx * hd;
-    half* vbase = v_cache + (long)kvh * n_ctx * hd_v;
+    half* kbase = k_cache + (long)kvh * n_rows * hd;
+    half* vbase = v_cache + (long)kvh * n_rows * hd_v;
     bool fused = rope.k != nullptr;
 
     int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
@@ -159,8 +161,8 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
         if (split >= n_split) return;
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
-        atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v);
-        if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v);
+        atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v, kv_blocks);
+        if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v, kv_blocks);
     }
     rx_pdl_begin();
     if (!prefetch) {
@@ -169,13 +171,13 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
         if (fused) {  // every key of the tile but the one this kernel makes
-            atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v);
-            if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v);
+            atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v, kv_blocks);
+            if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v, kv_blocks);
         } else {
-            atd_stage(kt0, vt0, kbase, vbase, j0, t_end, j0, hd, hd_v);
+            atd_stage(kt0, vt0, kbase, vbase, j0, t_end, j0, hd, hd_v, kv_blocks);
         }
     } else if (!fused && jn >= j0 && jn < min(j1, j0 + ATD_TILE)) {
-        atd_stage(kt0, vt0, kbase, vbase, jn, jn + 1, j0, hd, hd_v);  // the newest key
+        atd_stage(kt0, vt0, kbase, vbase, jn, jn + 1, j0, hd, hd_v, kv_blocks);  // the newest key
     }
     rx_cp_commit();
 
@@ -198,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
         __syncthreads();
         for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] *= scale;
         if (mine) {
-            long at = (long)jn;
+            long at = rx_kv_row(kv_blocks, jn);
             for (int d = tid; d < hd; d += ATD_THREADS) {
                 half h = __float2half(knew[d]);
                 kv16[d] = h;
@@ -240,10 +242,10 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
             uint8_t* kn = kt0 + (buf ^ 1) * ATD_TILE * ks;
             uint8_t* vn = vt0 + (buf ^ 1) * ATD_TILE * vs;
             if (fused && jn >= u0 && jn < u1) {  // all but the new key: it is not in the cache yet
-                atd_stage(kn, vn, kbase, vbase, u0, jn, u0, hd, hd_v);
-                atd_stage(kn, vn, kbase, vbase, jn + 1, u1, u0, hd, hd_v);
+                atd_stage(kn, vn, kbase, vbase, u0, jn, u0, hd, hd_v, kv_blocks);
+                atd_stage(kn, vn, kbase, vbase, jn + 1, u1, u0, hd, hd_v, kv_blocks);
             } else {
-                atd_stage(kn, vn, kbase, vbase, u0, u1, u0, hd, hd_v);
+                atd_stage(kn, vn, kbase, vbase, u0, u1, u0, hd, hd_v, kv_blocks);
             }
             rx_cp_commit();
         }

@@ -29,6 +29,15 @@ __device__ __forceinline__ void rx_pdl_begin() {
 // why the writer finished two or more launches earlier (see reflex_attn_decode, moe_decode.cu).
 __device__ __forceinline__ void rx_pdl_weights_first() {}
 
+// The paged KV cache of serving (gpu/batch.py): a sequence's logical cache slot j lives in
+// physical row blocks[j / RX_KV_BLOCK] * RX_KV_BLOCK + j % RX_KV_BLOCK of the pool; blocks NULL
+// (one sequence: generate, check) is row j. Every kernel that reads or writes the caches maps
+// slots through this, and nothing else: visibility, windows and kv_pos stay in logical slots.
+#define RX_KV_BLOCK 16
+__device__ __forceinline__ long rx_kv_row(const int* blocks, int j) {
+    return blocks ? (long)blocks[j / RX_KV_BLOCK] * RX_KV_BLOCK + j % RX_KV_BLOCK : (long)j;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -1,5 +1,5 @@
 // flash_attn.cu: softmax(q k^T * scale) v for a batch of query tokens on tensor cores (sm_80+),
-// over the f16 KV cache ([n_head_kv][n_ctx][head_dim]); prompts and system1 trees. Decode (one
+// over the f16 KV cache ([n_head_kv][n_rows][head_dim], rows through kv_blocks); prompts and system1 trees. Decode (one
 // token) stays on attention.cu's reflex_attn.
 //
 // Visibility is attention.cu's rule: a query at slot s sees cache slot j when j <= s, j < n_kv,
@@ -33,7 +33,8 @@ template <int HD>
 __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, const half* v_cache, const int* kv_pos,
                                            const int* q_pos, const int* q_slot, const int* seg_lo, int prefix_len,
                                            const int* n_kv_ptr, float* out, int n_tok, int n_head, int n_head_kv,
-                                           int n_ctx, int window, float scale, float softcap) {
+                                           int n_rows, int window, float scale, float softcap,
+                                           const int* kv_blocks) {
 #if RX_SM80
     using C = FaCfg<HD>;
     constexpr int BKV = C::BKV, LD = C::LD, NB = BKV / 8, KD = HD / 16, ND = HD / 8;
@@ -97,7 +98,7 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
         for (int c = tid; c < BKV * (HD / 8); c += blockDim.x) {
             int r = c / (HD / 8), d = (c % (HD / 8)) * 8, j = j0 + r;
             bool ok = j < j_hi;
-            rx_cp16(dst + r * LD + d, cache + ((long)kvh * n_ctx + (ok ? j : 0)) * HD + d, ok ? 16 : 0);
+            rx_cp16(dst + r * LD + d, cache + ((long)kvh * n_rows + rx_kv_row(kv_blocks, ok ? j : 0)) * HD + d, ok ? 16 : 0);
         }
     };
 
@@ -214,10 +215,10 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
     extern "C" __global__ void __launch_bounds__(128) reflex_flash_attn_##HD(                                        \
         const float* q, const half* k_cache, const half* v_cache, const int* kv_pos, const int* q_pos,               \
         const int* q_slot, const int* seg_lo, int prefix_len, const int* n_kv, float* out, int n_tok, int n_head,    \
-        int n_head_kv, int n_ctx, int window, float scale, float softcap) {                                          \
+        int n_head_kv, int n_rows, int window, float scale, float softcap, const int* kv_blocks) {                   \
         rx_pdl_begin();                                                                                               \
         flash_attn<HD>(q, k_cache, v_cache, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, out, n_tok, n_head,      \
-                       n_head_kv, n_ctx, window, scale, softcap);                                                     \
+                       n_head_kv, n_rows, window, scale, softcap, kv_blocks);                                         \
     }
 
 RX_FLASH(64)

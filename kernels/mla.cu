@@ -1,7 +1,8 @@
 // mla.cu: multi-head latent attention (DeepSeek-V2/V3 MLA) over the latent KV cache.
 //
 // The cache keeps one row per token, [c (r = kv_lora_rank) | k_pe (rope)] in f16, d = r + rope
-// halves, shared by every query head (one "KV head"). Attention runs in the absorbed form:
+// halves, shared by every query head (one "KV head"); slot j is row rx_kv_row(kv_blocks, j)
+// (common.cuh: the paged cache of serving). Attention runs in the absorbed form:
 //   qm[t, h] = [W_k[h]^T q_nope[t, h] | rope(q_pe[t, h])]            (d floats per head)
 //   att[t, h] = softmax_j(qm[t, h] . row_j * scale) . c_j               (r floats per head)
 //   o[t, h]   = W_v[h] att[t, h]                                         (v_head floats per head)
@@ -65,7 +66,8 @@ __device__ __forceinline__ void mla_rotate(const float* src, float* dst, half* d
 // rope part is written here; kv: (n_tok, r + rope) = [c | k_pe] before norm and rotation.
 extern "C" __global__ void __launch_bounds__(128) reflex_mla_rope_store(
     const float* q, float* qm, const float* kv, const float* kv_norm, const int* pos, const int* slot, half* cache,
-    const __grid_constant__ MlaRope tab, float attn_factor, int n_head, int nope, int rope, int r, float eps) {
+    const __grid_constant__ MlaRope tab, float attn_factor, int n_head, int nope, int rope, int r, float eps,
+    const int* kv_blocks) {
     rx_pdl_begin();
     __shared__ float scratch[32];
     int t = blockIdx.x, h = blockIdx.y, d = r + rope;
@@ -76,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_mla_rope_store(
         return;
     }
     const float* src = kv + (long)t * d;
-    half* dst = cache + (long)slot[t] * d;
+    half* dst = cache + rx_kv_row(kv_blocks, slot[t]) * d;
     float ss = 0.f;
     for (int i = threadIdx.x; i < r; i += blockDim.x) ss += src[i] * src[i];
     float inv = rsqrtf(block_sum(ss, scratch) / r + eps);
@@ -193,7 +195,8 @@ RX_FOR_EACH_TYPE(RX_MLA)
 // for the next replay.
 extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
     const float* q, const half* cache, const int* q_slot, const int* seg_lo, int prefix_len, const int* n_kv_ptr,
-    float* out, float* part_o, float* part_ml, int* counters, int n_head, int r, int d, float scale, int n_split) {
+    float* out, float* part_o, float* part_ml, int* counters, int n_head, int r, int d, float scale, int n_split,
+    const int* kv_blocks) {
     rx_pdl_begin();
     __shared__ __align__(16) float qs[MLA_HEADS][MLA_MAXD];
     __shared__ __align__(16) half ks[MLA_KT][MLA_MAXD];
@@ -235,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
         int nk = min(MLA_KT, j1 - jt);
         for (int i = tid; i < nk * d8; i += blockDim.x) {
             int kk = i / d8, c = (i - kk * d8) * 8;
-            *reinterpret_cast<uint4*>(&ks[kk][c]) = *reinterpret_cast<const uint4*>(cache + (long)(jt + kk) * d + c);
+            *reinterpret_cast<uint4*>(&ks[kk][c]) = *reinterpret_cast<const uint4*>(cache + rx_kv_row(kv_blocks, jt + kk) * d + c);
         }
         __syncthreads();
         // Scores: warp w scores keys 2w and 2w + 1 against the 8 heads; lanes split d. Rows kk >= nk

@@ -3,7 +3,8 @@
 //
 // Grid (n_tok, n_head + n_head_kv); block 128 threads. Blocks with y < n_head rotate query head
 // y in place; the others rotate key head y - n_head and write it, with the matching value head,
-// to cache slot slot[t]. Cache layout per layer: [n_head_kv][n_ctx][head_dim] halves.
+// to cache slot slot[t] (its row through kv_blocks, common.cuh). Cache layout per layer:
+// [n_head_kv][n_rows][head_dim] halves.
 // Rotation pair i < rope_dim/2 turns by pos * freq_scale * base^(-2i/rope_dim) / factor_i:
 //   NeoX (pairwise = 0): the pair (i, i + rope_dim/2) (Qwen3, Gemma 3);
 //   normal (pairwise = 1): adjacent dims (2i, 2i + 1) (llama.cpp's "normal" rope, used by Llama,
@@ -16,7 +17,7 @@
 extern "C" __global__ void __launch_bounds__(128) reflex_qk_rope_store(
     float* q, const float* k, const float* v, const float* q_norm, const float* k_norm, const int* pos,
     const int* slot, int* kv_pos, half* k_cache, half* v_cache, int n_head, int n_head_kv, int hd, int hd_v, int rope_dim,
-    float base, float freq_scale, const float* freq_factors, int pairwise, float eps, int n_ctx) {
+    float base, float freq_scale, const float* freq_factors, int pairwise, float eps, int n_rows, const int* kv_blocks) {
     rx_pdl_begin();
     __shared__ float head[256];
     __shared__ float scratch[32];
@@ -55,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_qk_rope_store(
         return;
     }
     if (kvh == 0 && threadIdx.x == 0 && kv_pos) kv_pos[slot[t]] = pos[t];  // for sliding windows
-    long s_off = (long)kvh * n_ctx + slot[t];
+    long s_off = (long)kvh * n_rows + rx_kv_row(kv_blocks, slot[t]);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) k_cache[s_off * hd + d] = __float2half(head[d]);
     const float* vsrc = v + ((long)t * n_head_kv + kvh) * hd_v;
     for (int d = threadIdx.x; d < hd_v; d += blockDim.x) v_cache[s_off * hd_v + d] = __float2half(vsrc[d]);

@@ -24,10 +24,12 @@ from .sampling import MAX_TOP_LOGPROBS, Pick, Sampled, SamplingParams  # noqa: F
 CONTEXT_RANGE = (16, 1 << 20)
 # `--parallel` / REFLEX_PARALLEL (sequences decoded together) and `--max-queue` / REFLEX_MAX_QUEUE.
 PARALLEL_RANGE = (1, 512)  # a decode step's rows are one forward pass (the CUDA runner's MAX_BATCH tokens)
-# What serve, uds and the handler hold at once when not told: the CUDA runner reserves a cache
-# range of the context per sequence at load (with the runner's own: 17 x 4,096 tokens, 8.0 GB of
-# cache for Qwen3-0.6B); fewer where the GPU's free memory cannot hold them (gpu/runner.py _fit).
+# What serve, uds and the handler hold at once when not told. Their KV cache is one pool of
+# blocks they share (kvpool.py), by default room for all of them at the full context (16 x 4,096
+# tokens, 7.5 GB for Qwen3-0.6B), less where the GPU's free memory cannot hold it (gpu/runner.py
+# _fit); `--kv-tokens` / REFLEX_KV_TOKENS sizes it.
 DEFAULT_PARALLEL = 16
+KV_TOKENS_RANGE = (16, 1 << 30)
 QUEUE_RANGE = (0, 1 << 20)
 # What serve, stdio/uds and the handler set Limits.request_timeout_s to unless told otherwise.
 DEFAULT_REQUEST_TIMEOUT_S = 60.0

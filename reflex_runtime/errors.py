@@ -72,6 +72,14 @@ class RequestError(ReflexError):
         self.headers = headers or {}
 
 
+class NoRoom(ReflexError):
+    """The KV cache's block pool cannot hold a request's tokens now (kvpool.py): the scheduler
+    keeps it waiting until running sequences give their blocks back. Never reaches a client."""
+
+    http_status = 503
+    kind = "no_room"
+
+
 class RequestTimeout(ReflexError):
     """A request ran past its time limit before it produced anything (the prompt was still being
     processed): 504, as a gateway reports a deadline it could not meet."""

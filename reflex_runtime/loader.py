@@ -65,15 +65,15 @@ def _prefetch(path: str, tl: Timeline) -> None:
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
                 max_context: int | None = None, log=None, device=None, limits=None, max_seqs: int | None = None,
-                fit_seqs: bool = False):
+                kv_tokens: int | None = None):
     """Build an Engine. `log(msg)` receives one-line notices (e.g. the CPU fallback and why).
     `device`: a gpu.bootstrap.DeviceBootstrap the caller already started on `timeline`.
     `limits`: the engine.Limits requests are held to (default: Limits()).
     `max_seqs`: sequences the runner holds at once for the scheduler (`--parallel`; serving front
-    ends pass engine.DEFAULT_PARALLEL when it is not given): the CUDA runner then carves its cache
-    into that many ranges of max_context tokens (default 1: one-shot generation), the CPU runner
-    keeps that many caches (default 8). `fit_seqs`: max_seqs is a default, not the user's: the CUDA
-    runner takes fewer when their caches do not fit in the free GPU memory (and logs it).
+    ends pass engine.DEFAULT_PARALLEL when it is not given; default 1: one-shot generation, 8 on
+    the CPU). `kv_tokens`: the paged KV cache's pool they share (kvpool.py; `--kv-tokens`); not
+    given, the CUDA runner sizes it for max_seqs sequences of max_context tokens, or what fits in
+    the free GPU memory (and logs it), and the CPU runner holds max_seqs * max_context.
     A model that does not fit at all raises DoesNotFit (no fallback to the CPU).
     On failure the timeline's `failed_stage` names the stage that raised: resolve_model,
     open_model, load_weights, tokenizer or engine."""
@@ -92,7 +92,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
     gc.disable()
     tl = timeline or Timeline()
     try:
-        return _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, fit_seqs)
+        return _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, kv_tokens)
     except BaseException:
         tl.fail()
         raise
@@ -103,7 +103,7 @@ def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: T
             gc.enable()
 
 
-def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, fit_seqs):
+def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, kv_tokens):
     tl.begin("resolve_model")
     if backend in ("auto", "cuda"):
         if device is None:  # first: cuInit is the cold path's longest stage
@@ -143,7 +143,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, fi
 
             # Starts the weight upload; it waits for the device thread and runs beside us.
             runner = CudaRunner.start(device, gguf, config, tl, gpu_model_class(config), max_context=max_context,
-                                      max_seqs=max_seqs or 1, fit_seqs=fit_seqs)
+                                      max_seqs=max_seqs or 1, kv_tokens=kv_tokens)
         else:
             fallback_reason = why_not  # the device threads finish on their own; nothing waits
 
@@ -176,7 +176,8 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, fi
         from .families import load_reference
         from .reference.runner import ReferenceRunner
 
-        runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context, max_seqs=max_seqs or 8)
+        runner = ReferenceRunner(load_reference(gguf, config), max_context=max_context, max_seqs=max_seqs or 8,
+                                 kv_tokens=kv_tokens)
         tl.mark("weights_loaded")
         if device is None or not getattr(device, "energy_started", False):
             if tl.meter is None:

@@ -3,11 +3,13 @@
 ONE thread owns the runner. Requests are submitted from any thread: a generate request becomes a
 `Ticket` (an iterator over its tokens, consumed on the caller's thread); a system1 request a call
 run on the scheduler thread between steps. Each loop iteration admits waiting tickets into free
-sequence slots (FIFO), runs one `runner.batch_step` (prompt chunks, at most `prefill_chunk` tokens
-in all, beside one decode token for every running sequence), hands each ticket its tokens and
-retires the finished and the cancelled (a consumer that closes its ticket frees the slot at the
-next step). A runner without the batch API (`max_seqs` < 2) runs one request at a time through
-its `generate_ids` on the same thread. docs/INTERNALS.md "Scheduler" has the runner contract.
+sequence slots (FIFO; one whose prompt + max_tokens the runner's KV cache cannot hold yet, NoRoom,
+waits first in line for running ones to end), runs one `runner.batch_step` (prompt chunks, at
+most `prefill_chunk` tokens in all, beside one decode token for every running sequence), hands
+each ticket its tokens and retires the finished and the cancelled (a consumer that closes its
+ticket frees the slot at the next step). A runner without the batch API (`max_seqs` < 2) runs one
+request at a time through its `generate_ids` on the same thread. docs/INTERNALS.md "Scheduler"
+has the runner contract.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import queue
 import threading
 import time
 
-from .errors import Busy, ReflexError, RequestTimeout
+from .errors import Busy, NoRoom, ReflexError, RequestTimeout
 from .sampling import Sampled
 
 ENERGY_PERIOD_S = 0.02  # the energy counter is read this often while steps run (NVML's ticks are ~20-100 ms)
@@ -327,6 +329,13 @@ class Scheduler:
                 return t
             try:
                 t.sid = self.runner.batch_open(t.prompt, t.pick, t.max_new, t.stop_ids)
+            except NoRoom as e:  # the KV cache is full: it waits, first in line, for running ones to end
+                if not self._running:  # nothing will give blocks back (the runner admits one of any size)
+                    t.end(e)
+                    continue
+                t.t_admit = None
+                self._waiting.appendleft(t)
+                break
             except Exception as e:  # noqa: BLE001 - the request's error (RequestError: over the context)
                 t.end(e)
                 continue

@@ -138,7 +138,7 @@ class HandlerFront:
         self.engine = engine or make_engine()
 
         def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None,
-                      max_seqs=None, fit_seqs=False):
+                      max_seqs=None, kv_tokens=None):
             if load_error is not None:
                 timeline.begin("open_model")
                 timeline.fail()

@@ -144,23 +144,19 @@ PROMPTS = ["The capital of France is the city of", "Once upon a time", "1 2 3 4 
 NEW = 24
 
 
-PREVIEW = ("qwen35", "qwen35moe", "deepseek_v2lite", "deepseek_v3")  # batched with REFLEX_BATCH_PREVIEW=1
-
-
-def _engine(arch, outtype, parallel=4, monkeypatch=None):
+def _engine(arch, outtype, parallel=4, kv_tokens=None, max_context=None):
     from fixtures import make_fixture
 
     from reflex_runtime.families import load_reference
     from reflex_runtime.loader import load_engine
 
-    if arch in PREVIEW:
-        monkeypatch.setenv("REFLEX_BATCH_PREVIEW", "1")
     overrides = {}
     if arch.startswith("deepseek_"):  # the GPU tests' DeepSeek configurations
         from fixtures.deepseek import GPU_CONFIGS
 
         arch, overrides = GPU_CONFIGS[arch.removeprefix("deepseek_")]
-    eng = load_engine(str(make_fixture(arch, outtype, **overrides).gguf), "cuda", max_seqs=parallel)
+    eng = load_engine(str(make_fixture(arch, outtype, **overrides).gguf), "cuda", max_seqs=parallel,
+                      kv_tokens=kv_tokens, max_context=max_context)
     return eng, load_reference(eng.gguf, eng.config)
 
 
@@ -205,14 +201,17 @@ def _run(runner, prompts, params, join_after=None, chunk=5, between=None):
                                           ("llama", "f32"), ("qwen3moe", "q8_0"), ("qwen35", "q8_0"),
                                           ("qwen35moe", "q8_0"), ("deepseek_v2lite", "q8_0"),
                                           ("deepseek_v3", "q8_0")])
-def test_sequences_together_match_each_alone(arch, outtype, monkeypatch):
+def test_sequences_together_match_each_alone(arch, outtype):
     """Greedy: the tokens of every sequence are the same whether it decoded alone (the batch path
     with one row: the single-sequence graph) or beside others (N-row graphs, a sequence joining
     mid-way, prompts in chunks), and alone they equal generate_ids (the CLI path); the reference,
-    teacher-forced, agrees with every pick but near-ties."""
+    teacher-forced, agrees with every pick of both but near-ties. From 4 rows the matrix products
+    run on tensor cores, whose sums round differently from the one-row kernels': where the
+    reference's two best tokens are a near-tie (the random-weight fixtures have some, real models
+    rarely), the two runs may part there, and only there."""
     from reflex_runtime.sampling import SamplingParams
 
-    eng, ref = _engine(arch, outtype, monkeypatch=monkeypatch)
+    eng, ref = _engine(arch, outtype)
     runner = eng.runner
     assert runner.max_seqs == 4
     prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS]
@@ -223,9 +222,44 @@ def test_sequences_together_match_each_alone(arch, outtype, monkeypatch):
     together, sizes = _run(runner, prompts, greedy, join_after=2)
     assert max(sizes) == 4 and 3 in sizes
     for i in alone:
-        assert together[i] == alone[i], (i, together[i], alone[i])
-        v = compare(ref, prompts[i], alone[i], SamplingParams())
-        assert v.excused <= 1, (i, v)
+        _same_but_near_ties(ref, prompts[i], together[i], alone[i])
+
+
+def _same_but_near_ties(ref, prompt, got, want):
+    """got == want, or they part at a step where the reference calls one of them a near-tie;
+    both agree with the reference, teacher-forced, but at near-ties."""
+    from reflex_runtime.sampling import SamplingParams
+
+    vs = [compare(ref, prompt, x, SamplingParams()) for x in (want, got)]
+    assert all(v.excused <= 1 for v in vs), vs
+    if got != want:
+        j = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
+        assert any(j in v.pick_ties for v in vs), (j, got, want)
+
+
+def test_a_full_kv_pool_makes_sequences_wait_their_turn():
+    """A pool (--kv-tokens) that holds two of these requests at once: the scheduler runs two, the
+    others wait for their blocks, and each gets its tokens alone (the block table maps every
+    range to blocks others used before)."""
+    from reflex_runtime.gpu.step import Pick
+    from reflex_runtime.sampling import SamplingParams
+
+    eng, ref = _engine("qwen3", "q8_0", kv_tokens=80, max_context=64)
+    r = eng.runner
+    assert r.model.pool_blocks[1] == 5
+    prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS]
+    alone = [list(r.generate_ids(p, SamplingParams(), NEW, frozenset())) for p in prompts]
+    sched = eng.start_scheduler(4)
+    try:
+        tickets = [sched.submit(p, Pick(SamplingParams()), NEW, frozenset()) for p in prompts]
+        got = [list(t) for t in tickets]
+    finally:
+        eng.stop_scheduler()
+    for p, g, a in zip(prompts, got, alone):
+        _same_but_near_ties(ref, p, g, a)
+    blocks = [-(-(len(p) + NEW) // 16) for p in prompts]
+    assert max(len(p) + len(d) for p, d in sched.step_log) < 4 and sum(blocks) > 5
+    assert r._batch.pool.free_tokens == r._batch.pool.tokens
 
 
 def test_seeded_sampling_in_a_batch_is_reproducible():
@@ -271,13 +305,13 @@ def test_hooked_sequence_beside_plain_ones():
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen35", "deepseek_v2lite"])
-def test_system1_between_steps_leaves_the_batch_alone(arch, monkeypatch):
+def test_system1_between_steps_leaves_the_batch_alone(arch):
     """system1 runs on the scheduler thread between steps, in the runner's own cache range (and
     Qwen3.5's own state slot, forked): the decoding sequences' tokens are those of a batch
     without it, and its scores those of an idle runner."""
     from reflex_runtime.sampling import SamplingParams
 
-    eng, _ = _engine(arch, "q8_0", monkeypatch=monkeypatch)
+    eng, _ = _engine(arch, "q8_0")
     r = eng.runner
     prompts = [eng.tokenizer.encode(p, add_special=True) for p in PROMPTS[:3]]
     greedy = [SamplingParams()] * len(prompts)

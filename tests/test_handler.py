@@ -40,7 +40,7 @@ def event(name: str, **body_changes) -> dict:
 
 
 def fake_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None,
-              max_seqs=None, fit_seqs=False):
+              max_seqs=None, kv_tokens=None):
     engine = make_engine()
     engine.timeline = timeline
     for stage in ("model_resolved", "gguf_open", "tokenizer", "weights_loaded"):
@@ -146,7 +146,7 @@ def test_first_log_line_carries_the_energy_record(load_app, capsys, monkeypatch)
     monkeypatch.setattr("reflex_runtime.measure.coldstart.EnergyMeter", lambda index=0: FakeMeter(born))
 
     def metered_load(model_ref=None, backend="auto", timeline=None, max_context=None, log=None, limits=None,
-                     max_seqs=None, fit_seqs=False):
+                     max_seqs=None, kv_tokens=None):
         engine = make_engine()
         engine.timeline = timeline
         timeline.start_energy()  # where the CUDA runner starts it: beside the device's bring-up

@@ -105,6 +105,7 @@ class FakeKernel:
                 assert self.dev.owns(a.value), f"{self.name}: pointer {a.value:#x} is outside every allocation"
         self.dev.launches.append((self.name, g, block))
         self.dev.shmem.append(shmem)
+        self.dev.last_args.append(args[-1])
 
 
 class FakeDevice:
@@ -118,6 +119,7 @@ class FakeDevice:
         self.params = params
         self.launches = []
         self.shmem = []
+        self.last_args = []  # each launch's last argument
         self.copies = []
         self._next = 1 << 32
         self._ranges = []
@@ -571,7 +573,7 @@ class _AllowAll:
         self.accepted.append(tok)
 
 
-def _fake_runner(ptx_params, max_context=128, max_seqs=1, arch="qwen3"):
+def _fake_runner(ptx_params, max_context=128, max_seqs=1, arch="qwen3", kv_tokens=None):
     from reflex_runtime.measure.coldstart import Timeline
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.modelfile.gguf_file import GGUFFile
@@ -581,19 +583,21 @@ def _fake_runner(ptx_params, max_context=128, max_seqs=1, arch="qwen3"):
     cfg = read_config(g)
     dev = FakeDevice(ptx_params)
     runner = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=max_context,
-                              max_seqs=max_seqs)
+                              max_seqs=max_seqs, kv_tokens=kv_tokens)
     runner.wait_ready()
     return runner, dev
 
 
-def test_serving_default_takes_the_sequences_that_fit_in_free_memory(ptx_params):
-    """The pool is sized at load: when the default number of sequences (their cache ranges) does
-    not fit in the GPU's free memory, the runner takes as many as fit and says so; a number the
-    user chose, or a model that fits with none, is a DoesNotFit naming the sizes, raised by the
-    loader even on `auto` (the CPU is no answer to a setting), before anything is allocated."""
+def test_the_kv_pool_takes_what_fits_in_free_memory(ptx_params):
+    """The paged KV cache's pool is sized at load: room for every sequence at the full context
+    when that fits in the GPU's free memory; less, with a notice, when it does not (the sequences
+    stay: a request waits for room), never less than one sequence; a pool the user sized
+    (--kv-tokens), or a model that fits with none, is a DoesNotFit naming the sizes, raised by
+    the loader even on `auto` (the CPU is no answer to a setting), before anything is allocated."""
     from reflex_runtime.errors import DoesNotFit
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.gpu.runner import FIT_HEADROOM, CudaRunner
+    from reflex_runtime.kvpool import KV_BLOCK
     from reflex_runtime.loader import load_engine
     from reflex_runtime.measure.coldstart import Timeline
     from reflex_runtime.modelfile.gguf_file import GGUFFile
@@ -601,44 +605,48 @@ def test_serving_default_takes_the_sequences_that_fit_in_free_memory(ptx_params)
     path = _fixture_file("qwen3")
     g = GGUFFile(path)
     cfg = read_config(g)
-    plan = CudaRunner(None, g, cfg, Timeline(), gpu_model_class(cfg), max_context=128)._plan
-    arena = {n: plan(n).arena_bytes for n in (1, 4, 5, 16)}
-    assert arena[1] < arena[4] < arena[5] < arena[16]
+    plan = CudaRunner(None, g, cfg, Timeline(), gpu_model_class(cfg), max_context=120)._plan
+    full = plan(16)
+    assert full.range_slots == 128 and full.pool_blocks == (9, 16 * 8)  # 120 slots -> 8 blocks; range 0, a spare
+    arena = {n: plan(16, n * 128).arena_bytes for n in (1, 4, 5)}
+    assert arena[1] < arena[4] < arena[5] < full.arena_bytes
+    assert plan(16, 1).pool_blocks[1] == 8  # never less than one sequence's context
     total = 8 << 30
     from reflex_runtime.engine import Limits
 
     lim = Limits()  # room kept for a system1 call's logits at the default limits
     system1 = 4 * lim.max_candidates * lim.max_candidate_tokens * cfg.vocab_size
-    free = arena[4] + FIT_HEADROOM + total // 100 + system1 + (arena[5] - arena[4]) // 2  # 4 fit, 5 do not
+    free = arena[4] + FIT_HEADROOM + total // 100 + system1 + (arena[5] - arena[4]) // 2  # 4 x 128 fit, 5 not
 
-    def start(seqs, fit, free=free):
+    def start(kv_tokens=None, free=free):
         dev = FakeDevice(ptx_params)
         dev.mem_info = lambda: (free, total)
-        r = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=128,
-                             max_seqs=seqs, fit_seqs=fit)
+        r = CudaRunner.start(_FakeBoot(dev), g, cfg, Timeline(), gpu_model_class(cfg), max_context=120,
+                             max_seqs=16, kv_tokens=kv_tokens)
         return r, dev
 
-    runner, dev = start(16, True)
+    runner, dev = start()
     runner.wait_ready()
-    assert runner.max_seqs == 4 and runner.model.arena_bytes == arena[4]
-    assert dev._ranges[0][1] - dev._ranges[0][0] == arena[4]  # the one arena allocation, fitted
-    assert runner.fit_note.startswith("4 sequence(s) at once instead of 16")
-    runner, dev = start(4, True)  # fits as asked: untouched
+    tokens = runner.model.pool_blocks[1] * KV_BLOCK
+    assert runner.max_seqs == 16 and 4 * 128 <= tokens < 5 * 128 and runner.model.arena_bytes <= arena[5]
+    assert dev._ranges[0][1] - dev._ranges[0][0] == runner.model.arena_bytes  # the one arena allocation, fitted
+    assert runner.fit_note.startswith(f"the KV cache holds {tokens} tokens for up to 16 sequences of up to 120")
+    runner, dev = start(kv_tokens=200)  # a pool asked for that fits: as asked, in whole blocks
     runner.wait_ready()
-    assert runner.max_seqs == 4 and runner.fit_note is None
+    assert runner.model.pool_blocks[1] == 13 and runner.fit_note is None
 
-    runner, dev = start(16, False, free=arena[16] - 4096)  # --parallel 16 given: not lowered (no headroom asked)
-    with pytest.raises(DoesNotFit, match=r"16 sequence\(s\) of 128 tokens.*lower --parallel"):
+    runner, dev = start(kv_tokens=16 * 128, free=full.arena_bytes - 4096)  # --kv-tokens given: not lowered
+    with pytest.raises(DoesNotFit, match=r"a KV cache of 2048 tokens.*lower --kv-tokens"):
         runner.wait_ready()
     assert not dev._ranges
-    runner, dev = start(16, True, free=arena[1] // 2)  # not even one sequence: what one needs, and --ctx
-    with pytest.raises(DoesNotFit, match=r"for 1 sequence\(s\) of 128 tokens.*lower --ctx / REFLEX_CTX$"):
+    runner, dev = start(free=arena[1] // 2)  # not even one sequence: what one needs, and --ctx
+    with pytest.raises(DoesNotFit, match=r"caches for one sequence of 120 tokens.*lower --ctx / REFLEX_CTX$"):
         runner.wait_ready()
 
     small = FakeDevice(ptx_params)
     small.mem_info = lambda: (arena[1] // 2, total)
     with pytest.raises(DoesNotFit):
-        load_engine(str(path), "auto", device=_FakeBoot(small), max_seqs=16, fit_seqs=True)
+        load_engine(str(path), "auto", device=_FakeBoot(small), max_seqs=16)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen35", "qwen35moe", "deepseek_v2lite", "deepseek_v3"])
@@ -647,14 +655,17 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     nothing): prompts in chunks beside running decodes, a sequence joining and a hooked one
     decoding alone, each getting exactly max_new tokens; a stop id ends one at once and a closed
     sequence's range is reused; every pack matches the PTX, the decode attention runs one grid
-    z per row and each row count gets its own graph. The preview families (REFLEX_BATCH_PREVIEW):
-    Qwen3.5 has a state slot per range and its decode rows' DeltaNet launches one sequence per
-    row; DeepSeek's latent attention one grid x per row."""
+    z per row and each row count gets its own graph. Qwen3.5 has a state slot per range and its
+    decode rows' DeltaNet launches one sequence per row; DeepSeek's latent attention one grid x
+    per row. The paged cache: every cache kernel gets the block table (offset to a prompt
+    chunk's range), an open maps its range's first blocks to blocks of its own, a close points
+    them at the spare block and gives them back, and a full pool is NoRoom."""
+    from reflex_runtime.errors import NoRoom
     from reflex_runtime.gpu.step import Pick
+    from reflex_runtime.kvpool import KV_BLOCK
     from reflex_runtime.sampling import SamplingParams
 
-    monkeypatch.setenv("REFLEX_BATCH_PREVIEW", "1")
-    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=4, arch=arch)
+    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=4, arch=arch, kv_tokens=200)
     assert runner.max_seqs == 4
     if arch.startswith("qwen35"):
         m = runner.model
@@ -686,6 +697,20 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
             break
         step([], live)
     assert {s: len(t) for s, t in got.items()} == want and all(t == 0 for ts in got.values() for t in ts)
+    m, bt = runner.model, runner._batch
+    table = m.p("kv_blocks")
+    assert m.paged and m.range_slots == 64 and bt.pool.n == 13  # 200 tokens in blocks of 16
+    cache_kernels = {"reflex_qk_rope_store", "reflex_attn_decode", "reflex_flash_attn_128", "reflex_attn",
+                     "reflex_mla_rope_store", "reflex_mla_attn"}
+    for (n, _, _), last in zip(dev.launches, dev.last_args):  # the table (from a prompt chunk's range's entries)
+        if n in cache_kernels:
+            assert table <= last.value < table + 4 * 5 * 4 and (last.value - table) % 16 == 0, n
+    held = [bt.seqs[s].blocks for s in (a, b, c)]  # prompt + max_tokens each: 12, 8, 5 slots -> one block
+    assert [len(x) for x in held] == [1, 1, 1] and len({x[0] for x in held}) == 3
+    assert all(runner.model.pool_blocks[0] <= x[0] for x in held)
+    maps = [cp for cp in dev.copies if cp[0] == "htod" and table <= cp[1] < table + 4 * 20]
+    assert [cp[1:] for cp in maps[-3:]] == [(table + 4 * (s + 1) * 4, 4) for s in (a, b, c)]
+    free_before = bt.pool.free_tokens
     name, axis = {"qwen3": ("reflex_attn_decode", 2), "deepseek_v2lite": ("reflex_mla_attn", 0),
                   "deepseek_v3": ("reflex_mla_attn", 0)}.get(arch, ("reflex_dn_recurrent", 1))
     # the single-row graph and the two-row one (a hooked row decodes alone)
@@ -693,6 +718,14 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     assert "reflex_pick_rows" in {n for n, _, _ in dev.launches}
     for s in (a, b, c):
         runner.batch_close(s)
+    assert bt.pool.free_tokens == free_before + 3 * KV_BLOCK == bt.pool.tokens
+    with pytest.raises(NoRoom):  # 13 blocks: 3 sequences of 60 tokens (4 blocks each), not 4
+        for _ in range(4):
+            got[runner.batch_open([1] * 10, Pick(), 50, frozenset())] = []
+    for s in [s for s in bt.seqs]:
+        runner.batch_close(s)
+        got.pop(s)
+    assert bt.pool.free_tokens == bt.pool.tokens
     # system1 between steps runs in the runner's own range and state rows: the decode rows of an
     # unchanged batch are written again before its next step
     e, f = open_([3, 4], Pick(), 20), open_([5], Pick(), 20)

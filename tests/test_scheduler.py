@@ -108,6 +108,27 @@ def test_a_request_joins_mid_decode_and_a_long_prompt_goes_in_chunks(cpu_engine)
     assert got_b["f"].record["batch_sizes"]["max"] == 2
 
 
+def test_a_full_kv_cache_makes_requests_wait_their_turn(fixture_paths):
+    """The paged cache's pool (kvpool.py; --kv-tokens) holds two of these requests' prompt +
+    max_tokens at once: the other two wait in the queue (never refused, never cut short) and run
+    as blocks come back; everyone gets what they get alone. The numpy runner keeps the CUDA
+    runner's accounting, so this is the GPU's waiting too (tests/test_gpu_batch.py runs it there)."""
+    from reflex_runtime.loader import load_engine
+
+    eng = load_engine(str(fixture_paths("gemma3", "f32").gguf), "cpu", max_context=64, max_seqs=4, kv_tokens=64)
+    assert eng.runner.pool.tokens == 64
+    reqs = [_req(p, 20) for p in PROMPTS]  # each: <= 12 prompt tokens + 20 -> 2 blocks of 16
+    alone = [_run(eng, r).text for r in reqs]
+    sched = eng.start_scheduler(max_seqs=4)
+    try:
+        batched = _concurrently(eng, reqs)
+    finally:
+        eng.stop_scheduler()
+    assert [f.text for f in batched] == alone
+    assert max(len(p) + len(d) for p, d in sched.step_log) == 2  # never more than the pool holds
+    assert eng.runner.pool.free_tokens == 64  # every block came back
+
+
 def test_a_closed_request_frees_its_slot(cpu_engine):
     eng = cpu_engine("gemma3")
     sched = eng.start_scheduler(max_seqs=2, max_queue=0)

@@ -132,7 +132,7 @@ def _load(args, timeline, write):
                              limits=serving_limits(getattr(args, "request_timeout", None)),
                              # stdio answers one request at a time: one sequence's cache
                              max_seqs=(args.parallel or DEFAULT_PARALLEL) if args.command == "uds" else 1,
-                             fit_seqs=args.command == "uds" and getattr(args, "parallel", None) is None)
+                             kv_tokens=getattr(args, "kv_tokens", None))
         if args.command == "uds":
             engine.start_scheduler(args.parallel, args.max_queue)
         return engine

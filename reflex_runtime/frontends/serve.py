@@ -100,7 +100,7 @@ def _load(args, timeline):
     return load_engine(args.model, args.backend, timeline, max_context=args.ctx, log=_log,
                        limits=serving_limits(getattr(args, "request_timeout", None)),
                        max_seqs=getattr(args, "parallel", None) or DEFAULT_PARALLEL,
-                       fit_seqs=getattr(args, "parallel", None) is None)
+                       kv_tokens=getattr(args, "kv_tokens", None))
 
 
 def _worker(args, timeline, state: State, load, server) -> None:

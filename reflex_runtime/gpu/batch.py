@@ -1,10 +1,13 @@
 """Continuous batching on the CUDA runner: the runner's batch API (batch_open, batch_step,
 batch_close; the engine's scheduler drives it, reflex_runtime/scheduler.py).
 
-Each sequence owns a range of `max_context` cache slots (sequence i: slots (i+1)*C .. (i+1)*C +
-C - 1), carved at load from one pool of max_seqs + 1 ranges; range 0 stays the runner's own, for
-system1 scoring between steps (pause() first lands the queued steps and marks the decode rows
-for rewriting, which scoring overwrites). A step:
+Each sequence sees a range of R >= `max_context` logical cache slots (sequence i: slots (i+1)*R ..
+(i+1)*R + R - 1; range 0 stays the runner's own, for system1 scoring between steps: pause() first
+lands the queued steps and marks the decode rows for rewriting, which scoring overwrites). The
+memory behind a range is paged (kvpool.py): open() takes blocks for the prompt + max_tokens from
+the pool sized at load and maps the range's first slots to them in the block table the attention
+kernels read (GpuModel.kv_table; unmapped slots point at a spare block), close() gives them back;
+a pool too full for a request is NoRoom, and the scheduler keeps it waiting. A step:
 - prompt chunks, one sequence at a time, at state index max_seqs.. with slots relative to the
   sequence's range (Batch.kv_base): flash attention then reads that range only; the chunk that
   ends a prompt picks the first token (read back at once: it is the first token);
@@ -27,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..errors import RequestError
+from ..kvpool import KV_BLOCK, BlockPool
 from ..sampling import Sampled
 from .step import Pick, int_array
 from .ops import sample
@@ -40,6 +44,7 @@ SP = ctypes.sizeof(RxSampling)  # bytes per row of sampling_rows (the kernel's s
 @dataclass
 class _Seq:
     base: int  # its range's first cache slot
+    blocks: list  # the pool's blocks behind its first slots
     prompt: list[int]
     pick: Pick
     max_new: int
@@ -60,7 +65,10 @@ class Batcher:
         self.r = runner
         m = runner.model
         self.S, self.C, self.vocab = m.max_seqs, runner.max_context, runner.config.vocab_size
+        self.R = m.range_slots  # C rounded up to whole blocks
         self.X = self.S  # state index of a prompt chunk's first token (after the decode rows)
+        self.pool = BlockPool(*m.pool_blocks)
+        self.spare = self.R // KV_BLOCK  # the block unmapped slots point at (GpuModel.bind)
         self.free = list(range(self.S - 1, -1, -1))
         self.seqs: dict[int, _Seq] = {}
         self.rows: list[int] = []  # sequences in decode-row order
@@ -69,7 +77,7 @@ class Batcher:
         self.dirty = False  # the device rows no longer match self.rows
         self.n_launched = 0
         dev = runner.dev
-        n_int = 6 * self.S + 3 * m.max_batch + 8
+        n_int = 6 * self.S + 3 * m.max_batch + 8 + self.R // KV_BLOCK  # (the last: a range's table entries)
         self._in_bytes = 4 * n_int + SP * (self.S + 1)
         self._in = [dev.alloc_pinned(self._in_bytes) for _ in range(PINNED)]
         self._in_ev = [None] * PINNED
@@ -91,14 +99,21 @@ class Batcher:
             raise RequestError(f"prompt ({len(prompt_ids)}) + max_tokens ({max_new}) exceed the context of {self.C}")
         if not self.free:
             raise RequestError(f"all {self.S} sequences are in use")
-        hooks = self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X)  # may allocate: before the slot
+        blocks = self.pool.take(len(prompt_ids) + max_new)  # NoRoom: the scheduler keeps the request waiting
+        try:
+            hooks = self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X)  # may allocate: before the slot
+        except BaseException:
+            self.pool.give(blocks)
+            raise
         sid = self.free.pop()
         sp = RxSampling()
         ps = pick.params
         sp.temperature, sp.top_k, sp.top_p, sp.min_p = ps.temperature, ps.top_k, ps.top_p, ps.min_p
         sp.seed = (ps.seed or 0) & 0xFFFFFFFFFFFFFFFF
-        self.seqs[sid] = _Seq((sid + 1) * self.C, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
-                              hooks=hooks)
+        seq = _Seq((sid + 1) * self.R, blocks, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
+                   hooks=hooks)
+        self.seqs[sid] = seq
+        self._map(seq.base, blocks)
         return sid
 
     def close(self, sid: int) -> None:
@@ -107,7 +122,10 @@ class Batcher:
             self.rows = [s for s in self.rows if s != sid]
             self.dirty = True
         self.pending.pop(sid, None)
-        if self.seqs.pop(sid, None) is not None:
+        seq = self.seqs.pop(sid, None)
+        if seq is not None:
+            self._map(seq.base, [self.spare] * len(seq.blocks))  # a stale range never reaches a reused block
+            self.pool.give(seq.blocks)
             self.free.append(sid)
 
     def pause(self) -> None:
@@ -147,7 +165,7 @@ class Batcher:
         pos = [len(q.prompt) + q.out - 1 for q in seqs]  # the position of the latest token
         ints = {"tokens": [q.last for q in seqs], "pos": pos, "slot": [q.base + p for q, p in zip(seqs, pos)],
                 "seg_lo": [q.base for q in seqs], "steps": [q.out for q in seqs],
-                "row_slot": [q.base // self.C for q in seqs]}  # its recurrent state's slot: its range's
+                "row_slot": [q.base // self.R for q in seqs]}  # its recurrent state's slot: its range's
         for q in seqs:
             q.queued = q.out
         r, m = self.r, self.r.model
@@ -284,6 +302,16 @@ class Batcher:
         seq.last = tok.token_id if isinstance(tok, Sampled) else tok
         if seq.last in seq.stop_ids or seq.out >= seq.max_new:
             seq.ended = True
+
+    # -- the block table --------------------------------------------------------------------------
+
+    def _map(self, base: int, blocks: list[int]) -> None:
+        """Point the range's first len(blocks) table entries (from slot `base`) at `blocks`."""
+        m = self.r.model
+        ptr, view = self._input()
+        view.cast("i")[:len(blocks)] = int_array(blocks)
+        self.r.dev.htod(m.kv_table(base), ptr, 4 * len(blocks), self.r.stream)
+        self._sent()
 
     # -- pinned inputs ----------------------------------------------------------------------------
 

@@ -160,14 +160,14 @@ class Attention:
     def __init__(self, model, il: int, rope_base: float, window: int = 0, scale: float | None = None,
                  rope_pairs: bool = False, rope_freq_scale: float = 1.0, rope_factors: str | None = None):
         c = model.cfg
-        self.cfg, self.il, self.n_ctx = c, il, model.n_ctx
+        self.cfg, self.il, self.n_rows = c, il, model.kv_rows  # cache rows per KV head (GpuModel.paged)
         self.rope_base, self.window = rope_base, window
         self.rope_pairs, self.rope_freq_scale, self._rope_factors_name = rope_pairs, rope_freq_scale, rope_factors
         self.rope_factors = 0
         self.scale = 1.0 / math.sqrt(c.head_dim) if scale is None else scale
         self.eps = c.rms_eps
-        k_bytes = c.n_head_kv * model.n_ctx * c.head_dim * 2
-        v_bytes = c.n_head_kv * model.n_ctx * c.head_dim_v * 2
+        k_bytes = c.n_head_kv * model.kv_rows * c.head_dim * 2
+        v_bytes = c.n_head_kv * model.kv_rows * c.head_dim_v * 2
         model.arena.reserve(f"kv{il}", k_bytes + v_bytes)
         model.need(self.buffers(c, model.max_batch, model.max_seqs))
         self._k_bytes = k_bytes
@@ -202,6 +202,7 @@ class Attention:
             self.rope_factors = model.tensors.vector(self._rope_factors_name)
         self.k_cache = model.p(f"kv{self.il}")
         self.v_cache = self.k_cache + self._k_bytes
+        self.kv_table = model.kv_table
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         """out (+)= Wo attention(q, k, v of the input)."""
@@ -222,9 +223,9 @@ class Attention:
         fits = attn_decode.fits(L, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         decode = (b.rows or (b.n == 1 and not b.seg_lo)) and fits
         rows = b.n if b.rows else 1
-        # a prompt chunk of one sequence in its own range: its slots count from kv_base
-        k_cache = self.k_cache + 2 * b.kv_base * c.head_dim
-        v_cache = self.v_cache + 2 * b.kv_base * c.head_dim_v
+        # a prompt chunk of one sequence in its own range: its slots count from kv_base (the block
+        # table's entries from that range's on; kv_pos is per logical slot)
+        k_cache, v_cache, blocks = self.k_cache, self.v_cache, self.kv_table(b.kv_base)
         kv_pos = p("kv_pos") + 4 * b.kv_base
         fused = None
         if decode and L.fuse_rope:
@@ -234,26 +235,26 @@ class Attention:
             with L.role("qk-norm + rope + cache store"):
                 rope.qk_rope_store(L, q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, kv_pos, k_cache,
                                    v_cache, b.n, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.rope_dim,
-                                   self.rope_base, self.rope_freq_scale, self.eps, self.n_ctx,
-                                   freq_factors=self.rope_factors, pairwise=self.rope_pairs)
+                                   self.rope_base, self.rope_freq_scale, self.eps, self.n_rows,
+                                   freq_factors=self.rope_factors, pairwise=self.rope_pairs, blocks=blocks)
         with L.role("attention + qk-norm + rope + cache store" if fused is not None else "attention"):
             if decode and attn_decode.attention(
                     L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.n_kv, att, p("part_o"),
-                    p("part_ml"), p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx,
+                    p("part_ml"), p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_rows,
                     self.window, self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=fused,
-                    rows=rows, seq_lo=b.seg_lo if b.rows else 0):
+                    rows=rows, seq_lo=b.seg_lo if b.rows else 0, blocks=blocks):
                 return
             assert fused is None, "the rope was left to the decode attention"
             if not b.rows and flash_attn.ok(L, b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
                 flash_attn.attention(L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.seg_lo,
-                                     b.prefix_len, b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx,
-                                     self.window, self.scale, 0.0)
+                                     b.prefix_len, b.n_kv, att, b.n, c.n_head, c.n_head_kv, c.head_dim, self.n_rows,
+                                     self.window, self.scale, 0.0, blocks=blocks)
             else:  # rows: seg_lo with no prefix is each row's own range (reflex_attn starts there)
                 n_split = attention.SPLITS_DECODE if b.n == 1 or b.rows else 1
                 attention.attention(L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.seg_lo,
                                     b.prefix_len, b.n_kv, att, p("part_o"), p("part_ml"), p("attn_counters"), b.n,
-                                    c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_ctx, self.window,
-                                    self.scale, 0.0, n_split)
+                                    c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_rows, self.window,
+                                    self.scale, 0.0, n_split, blocks=blocks)
 
     def project_qkv(self, b: Batch, inp: Input, q: int, k: int, v: int) -> None:
         """q, k, v projections: one launch when the three share a type (most files), else three."""

@@ -12,8 +12,9 @@ The runner (gpu/runner.py) sees only this base class.
 
 from __future__ import annotations
 
-import os
+import numpy as np
 
+from ..kvpool import KV_BLOCK
 from ..modelfile import tensor_names as T
 from .arena import Arena
 from .blocks import Attention, Batch, LmHead, Residual, TensorReader
@@ -38,12 +39,19 @@ class GpuModel:
     # sequences (forward(seqs=...)), their attention layers still under the tree mask.
     scoring = "tree"
 
-    def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int, max_seqs: int = 1):
+    def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int, max_seqs: int = 1,
+                 kv_rows: int | None = None):
         self.cfg, self.gguf = config, gguf
         self.max_batch, self.n_ctx, self.max_new = max_batch, n_ctx, max_new
         # sequences decoded together (gpu/batch.py): their decode rows sit at state index 0..max_seqs-1,
         # a prompt chunk's tokens after them; each sequence's cache is its own range of n_ctx slots
         self.max_seqs = max_seqs
+        # The caches' rows: one per slot, or with kv_rows a paged pool (kvpool.py) that the block
+        # table kv_blocks maps the n_ctx logical slots into: range 0 (the runner's own) on rows
+        # 0 .. n_ctx / ranges - 1 as they are, then one block that unmapped slots point at, then
+        # the blocks the batcher hands out.
+        self.paged = kv_rows is not None
+        self.kv_rows = kv_rows or n_ctx
         self.weights_bytes = gguf.size - gguf.data_offset
         self.arena = Arena()
         self.arena.reserve("weights", self.weights_bytes)
@@ -63,6 +71,28 @@ class GpuModel:
                                 ("steps", max_seqs + 1), ("row_start", max_seqs + 1), ("row_slot", max_seqs + 1)])
         self.arena.reserve("sampling", 64)
         self.arena.reserve("sampling_rows", 32 * (max_seqs + 1))
+        if self.paged:
+            assert n_ctx % KV_BLOCK == 0 and self.kv_rows % KV_BLOCK == 0
+            self.arena.reserve_f32([("kv_blocks", n_ctx // KV_BLOCK)])
+
+    @property
+    def range_slots(self) -> int:
+        """Cache slots per sequence range (gpu/batch.py)."""
+        return self.n_ctx // (self.max_seqs + 1) if self.max_seqs > 1 else self.n_ctx
+
+    @property
+    def pool_blocks(self) -> tuple[int, int]:
+        """(first block id, count) of the blocks the batcher hands out (paged only)."""
+        first = self.range_slots // KV_BLOCK + 1  # after range 0's and the unmapped slots' block
+        return first, self.kv_rows // KV_BLOCK - first
+
+    def kv_table(self, kv_base: int = 0) -> int:
+        """The block table as a kernel reads it for a batch whose slots count from kv_base (0:
+        not paged, slot = row)."""
+        if not self.paged:
+            assert kv_base == 0, "only the paged cache has ranges"
+            return 0
+        return self.p("kv_blocks") + 4 * (kv_base // KV_BLOCK)
 
     # -- for families ---------------------------------------------------------------------
 
@@ -106,6 +136,11 @@ class GpuModel:
         for name in self.arena.offsets:  # completion counters (split attention, grouped experts) start and stay at 0
             if name.endswith("counters"):
                 launch.dev.memset32(self.p(name), 0, self.arena.sizes[name] // 4, launch.stream)
+        if self.paged:  # range 0 on its own rows, every other slot on the unmapped block (gpu/batch.py maps them)
+            n0, table = self.range_slots // KV_BLOCK, self.p("kv_blocks")
+            launch.dev.memset32(table, n0, self.n_ctx // KV_BLOCK, launch.stream)
+            self._ident = np.arange(n0, dtype=np.int32)  # kept: the copy is asynchronous
+            launch.dev.htod(table, self._ident.ctypes.data, self._ident.nbytes, launch.stream)
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
         self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)
@@ -123,15 +158,9 @@ class GpuModel:
 
     # -- the forward pass ---------------------------------------------------------------------
 
-    # a family whose batching has not yet passed the GPU tests (tests/test_gpu_batch.py) sets this:
-    # it then batches only with REFLEX_BATCH_PREVIEW=1
-    batch_preview = False
-
     @property
     def batchable(self) -> bool:
         """Whether sequences can decode together (gpu/batch.py)."""
-        if self.batch_preview and os.environ.get("REFLEX_BATCH_PREVIEW") != "1":
-            return False
         return self.mixers_batch()
 
     def mixers_batch(self) -> bool:

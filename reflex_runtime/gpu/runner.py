@@ -21,6 +21,7 @@ from typing import Iterator
 from ..engine import Limits
 from ..errors import DeviceError, DoesNotFit, RequestError, RequestTimeout
 from ..sampling import Sampled, SamplingParams
+from ..kvpool import KV_BLOCK, blocks_for
 from ..tree import tree_layout
 from .launch import Launcher
 from .model import MAX_SEQS
@@ -46,15 +47,15 @@ class CudaRunner:
     checks_deadline = True  # generate_ids takes `deadline` (engine.Runner): checked between prefill chunks
 
     def __init__(self, boot, gguf, config, timeline, model_cls, max_context: int | None = None, max_seqs: int = 1,
-                 fit_seqs: bool = False):
+                 kv_tokens: int | None = None):
         self.boot = boot
         self.gguf = gguf
         self.config = config
         self.tl = timeline
         self.max_context = max_context or min(config.context_length, 4096)  # per sequence
         self._model_cls = model_cls
-        self.model = self._plan(min(max_seqs, MAX_BATCH))  # a decode step's rows must fit the activation buffers
-        self.fit_seqs = fit_seqs  # max_seqs is a ceiling: fewer when their caches do not fit (_fit)
+        self.kv_tokens = kv_tokens  # the paged cache's pool (None: every sequence at max_context, or what fits)
+        self.model = self._plan(min(max_seqs, MAX_BATCH), kv_tokens)  # a decode step's rows must fit the activation buffers
         self.fit_note: str | None = None  # what _fit changed, for the loader's log
         self._batch = None  # gpu/batch.py Batcher, on the first batch_open
         self.error: str | None = None
@@ -67,58 +68,69 @@ class CudaRunner:
         self.forward_passes = 0
         self.pdl: bool | None = None  # None: chain the decode graph's kernels (PDL) where the GPU can
 
-    def _plan(self, max_seqs: int):
+    def _plan(self, max_seqs: int, pool_tokens: int | None = None):
         """The family's gpu.model.GpuModel for max_seqs sequences (plans only: nothing is on the
-        device yet). max_seqs > 1 (serving): one cache range of max_context slots per sequence,
-        and range 0 for the runner's own passes (system1) between steps (gpu/batch.py)."""
+        device yet). max_seqs > 1 (serving, a family that batches): a range of max_context logical
+        slots (whole blocks) per sequence and range 0 for the runner's own passes (system1)
+        between steps (gpu/batch.py), backed by a paged pool of pool_tokens (None: max_seqs full
+        ranges; never less than one), kvpool.py."""
+        if max_seqs > 1:
+            rng = blocks_for(self.max_context) * KV_BLOCK
+            pool = max(blocks_for(pool_tokens) if pool_tokens else max_seqs * rng // KV_BLOCK, rng // KV_BLOCK)
+            n_ctx = rng * (max_seqs + 1)
+            m = self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx, max_new=n_ctx, max_seqs=max_seqs,
+                                kv_rows=rng + KV_BLOCK + pool * KV_BLOCK)
+            if m.batchable:
+                return m
         n_ctx = self.max_context
-        ranges = max_seqs + 1 if max_seqs > 1 else 1
-        m = self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx * ranges, max_new=n_ctx * ranges,
-                            max_seqs=max_seqs)
-        if max_seqs > 1 and not m.batchable:
-            m = self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
-        return m
+        return self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx, max_new=n_ctx)
 
     def _fit(self, dev) -> None:
-        """Before the one device allocation: with fit_seqs, as many sequences as fit in the free
-        memory (less FIT_HEADROOM for graphs and buffers made later); a plan that cannot fit
-        at all is a DoesNotFit naming the sizes (not a bare out-of-memory from the driver)."""
+        """Before the one device allocation: a paged cache whose pool was not given shrinks to
+        what fits in the free memory (less FIT_HEADROOM for graphs and buffers made later), never
+        below one sequence of max_context; a plan that cannot fit at all is a DoesNotFit naming
+        the sizes (not a bare out-of-memory from the driver)."""
         free, total = dev.mem_info()
-        need, seqs = self.model.arena_bytes, self.model.max_seqs
+        m = self.model
+        need, seqs = m.arena_bytes, m.max_seqs
         lim = Limits()  # a system1 call at the default limits allocates its logits rows later
         budget = free - FIT_HEADROOM - total // 100 - 4 * lim.max_candidates * lim.max_candidate_tokens * \
             self.config.vocab_size
-        lower = self.fit_seqs and seqs > 1
-        if need <= budget or (need <= free and not lower):
+        shrink = m.paged and self.kv_tokens is None
+        if need <= budget or (need <= free and not shrink):
             return
-        if lower:
-            lo, hi, best = 1, seqs - 1, None  # the arena grows with the sequences: the most that fit
+        if shrink:
+            rng = m.range_slots
+            lo, hi, best = rng // KV_BLOCK, m.pool_blocks[1] - 1, None  # the arena grows with the pool: the most that fit
             while lo <= hi:
                 mid = (lo + hi) // 2
-                plan = self._plan(mid)
+                plan = self._plan(seqs, mid * KV_BLOCK)
                 if plan.arena_bytes <= budget:
                     best, lo = plan, mid + 1
                 else:
                     hi = mid - 1
-            if best is None and (one := self._plan(1)).arena_bytes <= free:
-                best = one  # one sequence fits, if not with the headroom
+            if best is None and (one := self._plan(seqs, rng)).arena_bytes <= free:
+                best = one  # one sequence's worth fits, if not with the headroom
             if best is not None:
-                self.fit_note = (f"{best.max_seqs} sequence(s) at once instead of {seqs}: the caches of {seqs} "
-                                 f"sequences of {self.max_context} tokens need {_gb(need)} with the weights, and "
-                                 f"{_gb(free)} of GPU memory is free (lower --ctx / REFLEX_CTX for more)")
+                tokens = best.pool_blocks[1] * KV_BLOCK
+                self.fit_note = (f"the KV cache holds {tokens} tokens for up to {seqs} sequences of up to "
+                                 f"{self.max_context} (all {seqs} at full length need {_gb(need)} with the weights, "
+                                 f"and {_gb(free)} of GPU memory is free): requests wait for room when it is full")
                 self.model = best
                 return
-            need, seqs = one.arena_bytes, 1  # not even one sequence: say what one needs
+            need = one.arena_bytes  # not even one sequence: say what one needs
         w = self.model.weights_bytes
-        hint = "--parallel / REFLEX_PARALLEL or --ctx / REFLEX_CTX" if seqs > 1 else "--ctx / REFLEX_CTX"
+        what = f"a KV cache of {self.kv_tokens} tokens" if self.kv_tokens and m.paged else \
+            f"caches for {'one sequence' if m.paged else f'{seqs} sequence(s)'} of {self.max_context} tokens"
+        hint = "--kv-tokens / REFLEX_KV_TOKENS or --ctx / REFLEX_CTX" if self.kv_tokens and m.paged else \
+            "--ctx / REFLEX_CTX"
         raise DoesNotFit(f"the model needs {_gb(need)} of GPU memory ({_gb(w)} of weights, {_gb(need - w)} of "
-                         f"caches and buffers for {seqs} sequence(s) of {self.max_context} tokens); {_gb(free)} "
-                         f"of {_gb(total)} is free: lower {hint}")
+                         f"{what} and buffers); {_gb(free)} of {_gb(total)} is free: lower {hint}")
 
     @classmethod
     def start(cls, boot, gguf, config, timeline, model_cls, max_context: int | None = None,
-              max_seqs: int = 1, fit_seqs: bool = False) -> "CudaRunner":
-        r = cls(boot, gguf, config, timeline, model_cls, max_context, max_seqs, fit_seqs)
+              max_seqs: int = 1, kv_tokens: int | None = None) -> "CudaRunner":
+        r = cls(boot, gguf, config, timeline, model_cls, max_context, max_seqs, kv_tokens)
         r._thread = threading.Thread(target=r._load, name="reflex-upload", daemon=True)
         r._thread.start()
         return r

@@ -10,6 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import RequestError, RequestTimeout
+from ..kvpool import BlockPool, blocks_for
 from ..sampling import Pick, Sampled, SamplingParams
 from ..tree import tree_layout
 from .sampling import allowed_bits, sample, token_logprobs
@@ -71,10 +72,14 @@ class ReferenceRunner:
     name = "cpu"
     checks_deadline = True  # generate_ids takes `deadline` (engine.Runner)
 
-    def __init__(self, model, max_context: int | None = None, max_seqs: int = 8):
+    def __init__(self, model, max_context: int | None = None, max_seqs: int = 8, kv_tokens: int | None = None):
         self.model = model
         self.max_context = max_context or min(model.config.context_length, 8192)
         self.max_seqs = max_seqs  # the batch API (scheduler.py): sequences held at once
+        # the CUDA runner's paged-cache accounting (kvpool.py), so that waiting for room is the same here
+        ctx_blocks = blocks_for(self.max_context)
+        self.pool = BlockPool(0, max(blocks_for(kv_tokens) if kv_tokens else max_seqs * ctx_blocks, ctx_blocks))
+        self._blocks: dict[int, list[int]] = {}
         self._seqs: dict[int, _Seq] = {}
         self._sids = itertools.count()
 
@@ -106,7 +111,9 @@ class ReferenceRunner:
         if len(prompt_ids) + max_new > self.max_context:
             raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_new}) exceeds the context of "
                                f"{self.max_context}", field="max_tokens")
+        blocks = self.pool.take(len(prompt_ids) + max_new)  # NoRoom: the scheduler keeps it waiting
         sid = next(self._sids)
+        self._blocks[sid] = blocks
         self._seqs[sid] = _Seq(list(prompt_ids), pick, self.model.new_cache(len(prompt_ids) + max_new))
         return sid
 
@@ -125,6 +132,7 @@ class ReferenceRunner:
 
     def batch_close(self, sid: int) -> None:
         self._seqs.pop(sid, None)
+        self.pool.give(self._blocks.pop(sid, []))
 
     def _pick(self, s: _Seq, logits):
         if s.words is None:

@@ -83,18 +83,18 @@ class MlaWeights:
 
 
 class LatentAttention:
-    """out (+)= Wo MLA(input) for one layer; its latent cache (n_ctx rows of kv_lora_rank + qk_rope
-    halves) is a piece of the arena."""
+    """out (+)= Wo MLA(input) for one layer; its latent cache (kv_rows rows of kv_lora_rank + qk_rope
+    halves, GpuModel.paged) is a piece of the arena."""
 
     def __init__(self, model, il: int, rope_freqs: list[float]):
         c, e = model.cfg, model.cfg.extra
-        self.cfg, self.il, self.n_ctx = c, il, model.n_ctx
+        self.cfg, self.il = c, il
         self.r, self.rope, self.nope, self.v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
         self.d = self.r + self.rope
         self.q_lora = e["q_lora_rank"]
         self.scale, self.attn_factor, self.eps = e["kq_scale"], e["rope_attn_factor"], c.rms_eps
         self.tab = MlaRope.of(rope_freqs)
-        model.arena.reserve(f"mla{il}", model.n_ctx * self.d * 2)
+        model.arena.reserve(f"mla{il}", model.kv_rows * self.d * 2)
         model.need(self.buffers(c, model.max_batch, model.max_seqs))
         self.w: MlaWeights | None = None
 
@@ -133,16 +133,18 @@ class LatentAttention:
         c = model.cfg
         self.w, self.p, self.launch = MlaWeights.read(model.tensors, il, c.n_head, c.extra), model.p, model.launch
         self.cache = model.p(f"mla{self.il}")
+        self.kv_table = model.kv_table
 
     def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool) -> None:
         c, L, p, w = self.cfg, self.launch, self.p, self.w
         H, r, d, n = c.n_head, self.r, self.d, b.n
         q, kv, qm, att, o = p("q"), p("mla_kv"), p("mla_q"), p("mla_att"), p("mla_o")
         self._project(b, inp, q, kv)
-        cache = self.cache + 2 * d * b.kv_base  # a prompt chunk of one sequence: its slots count from kv_base
+        cache = self.cache
+        blocks = self.kv_table(b.kv_base)  # a prompt chunk of one sequence: its slots count from kv_base
         with L.role("mla rope + latent cache store"):
             mla.rope_store(L, q, qm, kv, w.kv_a_norm, b.pos, b.slot, cache, self.tab, self.attn_factor, n, H,
-                           self.nope, self.rope, r, self.eps)
+                           self.nope, self.rope, r, self.eps, blocks=blocks)
         qk = self.nope + self.rope
         with L.role("mla q absorb (W_k)", w.k_b.w.nbytes * H):
             if w.k_b_transposed:
@@ -152,7 +154,7 @@ class LatentAttention:
         n_split = self.splits(n) if n == 1 or b.rows else 1  # decode rows: each its own range from seg_lo
         with L.role("mla attention"):
             mla.attention(L, qm, cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
-                          p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split)
+                          p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split, blocks=blocks)
         with L.role("mla v up (W_v)", w.v_b.w.nbytes * H):
             mla.heads(L, w.v_b.w, w.v_b.head_bytes, att, H * r, r, o, H * self.v, self.v, n, H,
                       tensor_cores=not b.matvec)

@@ -22,11 +22,9 @@ from .config import kv_cache_bytes_per_token, rope_frequencies
 
 
 class DeepSeek2Gpu(GpuModel):
-    batch_preview = True  # REFLEX_BATCH_PREVIEW=1 until tests/test_gpu_batch.py has passed on it
-
     def mixers_batch(self) -> bool:
         """The latent attention runs decode rows (each from its range's first slot) and prompt
-        chunks in a range (the cache pointer offset by kv_base)."""
+        chunks in a range (the block table's entries from kv_base's on)."""
         return all(isinstance(ly.mixer, LatentAttention) for ly in self.layers)
 
     def plan(self) -> None:

@@ -34,8 +34,6 @@ class Qwen35Gpu(GpuModel):
         self.n_slots = self.max_seqs + 1 if self.max_seqs > 1 else 1
         self.arena.reserve("dn_state", self.slot_bytes * self.n_slots)
 
-    batch_preview = True  # REFLEX_BATCH_PREVIEW=1 until tests/test_gpu_batch.py has passed on it
-
     def mixers_batch(self) -> bool:
         """Recurrent layers batch with a state slot per sequence (state_of)."""
         return all(isinstance(ly.mixer, (DeltaNet, GatedAttention)) for ly in self.layers)
@@ -62,7 +60,7 @@ class Qwen35Gpu(GpuModel):
             return self._forks[0], self.slot_bytes, 0
         if b.rows:
             return self.p("dn_state"), self.slot_bytes, self.p("row_slot")
-        return self.p("dn_state") + b.kv_base // (self.n_ctx // self.n_slots) * self.slot_bytes, 0, 0
+        return self.p("dn_state") + b.kv_base // self.range_slots * self.slot_bytes, 0, 0
 
     def fork(self, n_seq: int) -> None:
         dev, s = self.launch.dev, self.launch.stream

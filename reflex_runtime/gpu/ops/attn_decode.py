@@ -36,14 +36,15 @@ def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
 
 
 def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters, n_head, n_head_kv,
-              hd, hd_v, n_ctx, window, scale, softcap, prefetch: bool, window_slots: bool = False,
-              rope: AtdRope | None = None, rows: int = 1, seq_lo: int = 0) -> bool:
+              hd, hd_v, n_rows, window, scale, softcap, prefetch: bool, window_slots: bool = False,
+              rope: AtdRope | None = None, rows: int = 1, seq_lo: int = 0, blocks: int = 0) -> bool:
     """One query token per row (see the module doc): rows > 1 is a batch of sequences, row r's
     keys from slot seq_lo[r] (device ints; 0: every row from slot 0). part_o / part_ml hold
     rows * n_head * SPLITS_MAX slices; counters rows * n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two
     or more launches back (the decode graph). window_slots: slot j holds position j + c, so a
     sliding window bounds the slots read. rope: q is raw and the new key / value are rope.k /
-    rope.v: the kernel normalizes, rotates and stores them. False: not applicable, nothing launched."""
+    rope.v: the kernel normalizes, rotates and stores them. n_rows: cache rows per KV head; blocks:
+    the paged cache's block table (0: slot = row). False: not applicable, nothing launched."""
     if not fits(L, n_head, n_head_kv, hd, hd_v):
         return False
     if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
@@ -54,7 +55,7 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
     L.go("reflex_attn_decode", (n_head_kv, splits(L, n_head_kv * rows), rows), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
-          c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_ctx), c_int(window), c_float(scale),
+          c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
           c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
-          rope if rope is not None else AtdRope()], smem)
+          rope if rope is not None else AtdRope(), c_void_p(blocks or None)], smem)
     return True

@@ -24,11 +24,11 @@ def ok(L, n_tok: int, hd: int, hd_v: int, n_head: int, n_head_kv: int) -> bool:
 
 
 def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seg_lo, prefix_len, n_kv, out, n_tok, n_head, n_head_kv,
-              hd, n_ctx, window, scale, softcap) -> None:
+              hd, n_rows, window, scale, softcap, blocks: int = 0) -> None:
     """attention.cu's result for n_tok query tokens on tensor cores (see ok)."""
     bt = ROWS // (n_head // n_head_kv)  # tokens per block
     L.go(f"reflex_flash_attn_{hd}", (-(-n_tok // bt), n_head_kv, 1), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seg_lo or None), c_int(prefix_len), c_void_p(n_kv), c_void_p(out), c_int(n_tok), c_int(n_head),
-          c_int(n_head_kv), c_int(n_ctx), c_int(window), c_float(scale), c_float(softcap)],
+          c_int(n_head_kv), c_int(n_rows), c_int(window), c_float(scale), c_float(softcap), c_void_p(blocks or None)],
          shared_bytes(hd))

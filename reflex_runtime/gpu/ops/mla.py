@@ -31,11 +31,12 @@ class MlaRope(Structure):
 
 
 def rope_store(L, q, qm, kv, kv_norm, pos, slot, cache, tab: MlaRope, attn_factor, n_tok, n_head, nope, rope, r,
-               eps) -> None:
+               eps, blocks: int = 0) -> None:
+    """blocks: the paged cache's block table (0: slot = row)."""
     L.go("reflex_mla_rope_store", (n_tok, n_head + 1, 1), 128,
          [c_void_p(q), c_void_p(qm), c_void_p(kv), c_void_p(kv_norm), c_void_p(pos), c_void_p(slot),
           c_void_p(cache), tab, c_float(attn_factor), c_int(n_head), c_int(nope), c_int(rope), c_int(r),
-          c_float(eps)])
+          c_float(eps), c_void_p(blocks or None)])
 
 
 def heads(L, w: Weight, head_bytes: int, x: int, x_tok: int, x_head: int, y: int, y_tok: int, y_head: int, n_tok: int,
@@ -63,10 +64,12 @@ def heads_t(L, w: Weight, head_bytes: int, x: int, x_tok: int, x_head: int, y: i
 
 
 def attention(L, q, cache, q_slot, seg_lo, prefix_len, n_kv, out, part_o, part_ml, counters, n_tok, n_head, r, d, scale,
-              n_split) -> None:
-    """counters: n_tok * ceil(n_head / HEADS) zeroed ints (n_split > 1 only); left zeroed."""
+              n_split, blocks: int = 0) -> None:
+    """counters: n_tok * ceil(n_head / HEADS) zeroed ints (n_split > 1 only); left zeroed.
+    blocks: the paged cache's block table (0: slot = row)."""
     groups = (n_head + HEADS - 1) // HEADS
     L.go("reflex_mla_attn", (n_tok, n_split, groups), 256,
          [c_void_p(q), c_void_p(cache), c_void_p(q_slot), c_void_p(seg_lo or None), c_int(prefix_len),
           c_void_p(n_kv), c_void_p(out), c_void_p(part_o or None), c_void_p(part_ml or None),
-          c_void_p(counters or None), c_int(n_head), c_int(r), c_int(d), c_float(scale), c_int(n_split)])
+          c_void_p(counters or None), c_int(n_head), c_int(r), c_int(d), c_float(scale), c_int(n_split),
+          c_void_p(blocks or None)])

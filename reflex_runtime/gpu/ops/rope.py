@@ -8,12 +8,14 @@ KERNELS = ("reflex_qk_rope_store",)
 
 
 def qk_rope_store(L, q, k, v, q_norm, k_norm, pos, slot, kv_pos, k_cache, v_cache, n_tok, n_head, n_head_kv, hd, hd_v,
-                  rope_dim, base, freq_scale, eps, n_ctx, freq_factors: int = 0, pairwise: bool = False) -> None:
+                  rope_dim, base, freq_scale, eps, n_rows, freq_factors: int = 0, pairwise: bool = False,
+                  blocks: int = 0) -> None:
     """Per-head q/k norms (when given), RoPE and the k/v cache store. pairwise: rotate adjacent
     dims (2i, 2i+1) (llama.cpp's normal rope) instead of NeoX halves (i, i + rope_dim/2);
-    freq_factors: device pointer to rope_dim/2 floats dividing each pair's frequency (0: none)."""
+    freq_factors: device pointer to rope_dim/2 floats dividing each pair's frequency (0: none).
+    n_rows: cache rows per KV head; blocks: the paged cache's block table (0: slot = row)."""
     L.go("reflex_qk_rope_store", (n_tok, n_head + n_head_kv, 1), 128,
          [c_void_p(q), c_void_p(k), c_void_p(v), c_void_p(q_norm or None), c_void_p(k_norm or None), c_void_p(pos),
           c_void_p(slot), c_void_p(kv_pos), c_void_p(k_cache), c_void_p(v_cache), c_int(n_head), c_int(n_head_kv),
           c_int(hd), c_int(hd_v), c_int(rope_dim), c_float(base), c_float(freq_scale),
-          c_void_p(freq_factors or None), c_int(int(pairwise)), c_float(eps), c_int(n_ctx)])
+          c_void_p(freq_factors or None), c_int(int(pairwise)), c_float(eps), c_int(n_rows), c_void_p(blocks or None)])
