@@ -26,8 +26,9 @@ CONTEXT_RANGE = (16, 1 << 20)
 PARALLEL_RANGE = (1, 512)  # a decode step's rows are one forward pass (the CUDA runner's MAX_BATCH tokens)
 # What serve, uds and the handler hold at once when not told. Their KV cache is one pool of
 # blocks they share (kvpool.py), by default room for all of them at the full context (16 x 4,096
-# tokens, 7.5 GB for Qwen3-0.6B), less where the GPU's free memory cannot hold it (gpu/runner.py
-# _fit); `--kv-tokens` / REFLEX_KV_TOKENS sizes it.
+# tokens; with the runner's own range for system1, 8.0 GB for Qwen3-0.6B), less where the GPU's
+# free memory cannot hold it (gpu/runner.py _fit); `--kv-tokens` / REFLEX_KV_TOKENS sizes it,
+# from one context's worth to all of them.
 DEFAULT_PARALLEL = 16
 KV_TOKENS_RANGE = (16, 1 << 30)
 QUEUE_RANGE = (0, 1 << 20)

@@ -232,6 +232,7 @@ class Scheduler:
         self._waiting: collections.deque = collections.deque()  # Tickets and _Calls, in arrival order
         self._running: list[Ticket] = []
         self._mean_s = 1.0  # recent request duration, for Busy's retry_after_s
+        self._no_room = False  # the KV cache held back the first in line: free sequences are no room
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -265,7 +266,8 @@ class Scheduler:
             if self._stopped:
                 raise ReflexError("the engine is shutting down")
             n = len(self._waiting)
-            if n >= self.max_queue + max(0, self.max_seqs - len(self._running)):  # free slots take it at once
+            free = 0 if self._no_room else max(0, self.max_seqs - len(self._running))  # they take it at once
+            if n >= self.max_queue + free:
                 wait = min(60.0, max(1.0, self._mean_s * math.ceil(n / self.max_seqs)))
                 raise Busy(f"the server is busy: {n} requests wait for {self.max_seqs} running ones "
                            f"(the queue holds {self.max_queue}); retry in {wait:.0f} s", round(wait, 1))
@@ -329,12 +331,14 @@ class Scheduler:
                 return t
             try:
                 t.sid = self.runner.batch_open(t.prompt, t.pick, t.max_new, t.stop_ids)
+                self._no_room = False
             except NoRoom as e:  # the KV cache is full: it waits, first in line, for running ones to end
                 if not self._running:  # nothing will give blocks back (the runner admits one of any size)
                     t.end(e)
                     continue
                 t.t_admit = None
                 self._waiting.appendleft(t)
+                self._no_room = True
                 break
             except Exception as e:  # noqa: BLE001 - the request's error (RequestError: over the context)
                 t.end(e)

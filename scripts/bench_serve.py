@@ -323,9 +323,11 @@ def compare_rows(res: dict, file: str) -> list[dict]:
 
 
 def write_compare(path: Path, rows: list[dict], gpu: str | None, commit: str | None = None) -> None:
-    """Merge into path: a row of the same file and metric is replaced, the others are kept."""
+    """Merge into path: a row of the same file and metric is replaced, the others are kept. Each
+    row says the tree that ran it (rows of one file may come from a later tree than the others)."""
     old = json.loads(path.read_text()) if path.exists() else {}
     commit = commit or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rows = [{**r, "commit": commit or None} for r in rows]
     keep = [r for r in old.get("rows", []) if (r["file"], r["metric"]) not in {(n["file"], n["metric"]) for n in rows}]
     out = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "commit": commit or None, "peer": "llama.cpp (shared/peers)",
            **{k: v for k, v in old.items() if k != "rows"}, "rows": keep + rows}

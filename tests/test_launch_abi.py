@@ -634,6 +634,10 @@ def test_the_kv_pool_takes_what_fits_in_free_memory(ptx_params):
     runner, dev = start(kv_tokens=200)  # a pool asked for that fits: as asked, in whole blocks
     runner.wait_ready()
     assert runner.model.pool_blocks[1] == 13 and runner.fit_note is None
+    runner, dev = start(kv_tokens=10**6, free=total)  # more than 16 sequences could use: what they can
+    runner.wait_ready()
+    assert runner.model.pool_blocks[1] == 16 * 8
+    assert runner.fit_note.startswith("the KV cache holds 2048 tokens, not --kv-tokens 1000000")
 
     runner, dev = start(kv_tokens=16 * 128, free=full.arena_bytes - 4096)  # --kv-tokens given: not lowered
     with pytest.raises(DoesNotFit, match=r"a KV cache of 2048 tokens.*lower --kv-tokens"):

@@ -129,6 +129,31 @@ def test_a_full_kv_cache_makes_requests_wait_their_turn(fixture_paths):
     assert eng.runner.pool.free_tokens == 64  # every block came back
 
 
+def test_a_queue_held_back_by_the_kv_cache_is_full_at_max_queue(fixture_paths):
+    """Free sequences are no room while the KV cache keeps the first in line waiting: with no
+    queue, the request behind it is 429, not a second one waiting."""
+    from reflex_runtime.loader import load_engine
+
+    eng = load_engine(str(fixture_paths("gemma3", "f32").gguf), "cpu", max_context=64, max_seqs=4, kv_tokens=64)
+    sched = eng.start_scheduler(max_seqs=4, max_queue=0)
+    try:
+        first = eng.generate(_req(PROMPTS[0], 50))
+        next(first)  # running: it holds the whole pool
+        waiting = threading.Thread(target=lambda: _run(eng, _req(PROMPTS[1], 40)))
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while not sched._no_room and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sched._no_room  # the second could not be admitted
+        with pytest.raises(Busy):
+            next(eng.generate(_req(PROMPTS[2], 2)))
+        first.close()
+        waiting.join(120)
+        assert not waiting.is_alive()
+    finally:
+        eng.stop_scheduler()
+
+
 def test_a_closed_request_frees_its_slot(cpu_engine):
     eng = cpu_engine("gemma3")
     sched = eng.start_scheduler(max_seqs=2, max_queue=0)

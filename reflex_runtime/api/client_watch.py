@@ -78,7 +78,9 @@ def small_send_buffer(sock) -> None:
 
 class StallBudget:
     """`write(send, data)` calls send(data) with the socket's timeout set to what is left of
-    `seconds`; the time each write took is spent. ClientLeft once it is used up."""
+    `seconds`; `send(data)` writes to a socket the caller made non-blocking, waiting only when
+    the kernel's buffer is full (a stream's tokens: one syscall each). The time each write
+    waited is spent; ClientLeft once it is used up."""
 
     def __init__(self, sock, seconds: float):
         self.sock, self.seconds, self.left = sock, seconds, seconds
@@ -94,3 +96,28 @@ class StallBudget:
             raise ClientLeft(f"the client read too little for {self.seconds:g} s") from None
         finally:
             self.left -= time.monotonic() - t0
+
+    def send(self, data: bytes) -> None:
+        """All of `data` on a non-blocking socket: one send() when the kernel takes it, a poll for
+        room only when it does not (a socket with a timeout polls before every send, and each
+        syscall hands the GIL to another of the 64 streams' threads)."""
+        import select
+
+        view = memoryview(data)
+        while True:
+            try:
+                n = self.sock.send(view)
+            except BlockingIOError:
+                n = 0
+            if n == len(view):
+                return
+            view = view[n:]
+            if self.left <= 0:
+                raise ClientLeft(f"the client read too little for {self.seconds:g} s")
+            t0 = time.monotonic()
+            p = select.poll()
+            p.register(self.sock, select.POLLOUT)
+            got = p.poll(self.left * 1000)
+            self.left -= time.monotonic() - t0
+            if not got:
+                raise ClientLeft(f"the client read too little for {self.seconds:g} s")

@@ -154,10 +154,13 @@ def _scrub(obj):
     return obj
 
 
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps builds one per call
+
+
 def dumps(obj) -> bytes:
     """Compact UTF-8 JSON that always encodes (see the module docstring)."""
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    text = _COMPACT.encode(obj)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:  # rare: scrub once, only then
-        return json.dumps(_scrub(obj), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return _COMPACT.encode(_scrub(obj)).encode("utf-8")

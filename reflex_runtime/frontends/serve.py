@@ -45,6 +45,7 @@ from ..errors import ReflexError, RequestError, printable
 MAX_BODY = MAX_BODY_BYTES
 BODY_TIMEOUT = 30.0  # seconds for a declared body to arrive
 WRITE_TIMEOUT = 10.0  # seconds the writes of one answer may block, in total
+GONE_CHECK_S = 0.05  # a stream looks for a client that left at most this often
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")  # ASCII digits only: "²".isdigit() is True
 
 
@@ -237,9 +238,9 @@ class Handler(BaseHTTPRequestHandler):
         _answer(call, engine, self)
 
     def write_stream(self, stream, budget: StallBudget) -> None:
-        """Chunked SSE, one HTTP chunk per event, written as tokens come. A client
-        that left is noticed before the next chunk, one that stops reading once `budget` is
-        spent; closing the lines closes the generation."""
+        """Chunked SSE, one HTTP chunk per event, written as tokens come. A client that left is
+        noticed within GONE_CHECK_S (or by the first write that fails), one that stops reading
+        once `budget` is spent; closing the lines closes the generation."""
         lines = sse_lines(stream)
         chunked = self.request_version != "HTTP/1.0"  # 1.0 clients get a body that ends at close
         write = self.wfile.write
@@ -249,12 +250,17 @@ class Handler(BaseHTTPRequestHandler):
             budget.write(write, b"HTTP/1.1 200 OK\r\nServer: reflex\r\nContent-Type: text/event-stream\r\n"
                          b"Cache-Control: no-cache\r\n"
                          + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked else b"Connection: close\r\n\r\n"))
+            self.connection.setblocking(False)  # budget.send: one syscall per event (_answer restores the timeout)
+            checked = 0.0
             for line in lines:  # each step computes the next token
-                if socket_gone(self.connection):
-                    raise ClientLeft("client closed the stream")
-                budget.write(write, b"%x\r\n%s\r\n" % (len(line), line) if chunked else line)
+                now = time.monotonic()
+                if now - checked >= GONE_CHECK_S:  # a poll per event was a syscall (and a GIL hand-off) per token
+                    checked = now
+                    if socket_gone(self.connection):
+                        raise ClientLeft("client closed the stream")
+                budget.send(b"%x\r\n%s\r\n" % (len(line), line) if chunked else line)
             if chunked:
-                budget.write(write, b"0\r\n\r\n")
+                budget.send(b"0\r\n\r\n")
             else:
                 self.close_connection = True
         finally:

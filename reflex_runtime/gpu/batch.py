@@ -112,21 +112,29 @@ class Batcher:
         sp.seed = (ps.seed or 0) & 0xFFFFFFFFFFFFFFFF
         seq = _Seq((sid + 1) * self.R, blocks, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
                    hooks=hooks)
+        try:
+            self._map(seq.base, blocks)
+        except BaseException:
+            self.free.append(sid)
+            self.pool.give(blocks)
+            raise
         self.seqs[sid] = seq
-        self._map(seq.base, blocks)
         return sid
 
     def close(self, sid: int) -> None:
-        if sid in self.rows:  # queued steps still write its range: finish them first
-            self._drain(self.pending)
-            self.rows = [s for s in self.rows if s != sid]
-            self.dirty = True
-        self.pending.pop(sid, None)
-        seq = self.seqs.pop(sid, None)
+        try:
+            if sid in self.rows:  # queued steps still write its range: finish them first
+                self._drain(self.pending)
+                self.rows = [s for s in self.rows if s != sid]
+                self.dirty = True
+        finally:  # a failed drain (the device's fault) still frees the sequence
+            self.pending.pop(sid, None)
+            seq = self.seqs.pop(sid, None)
+            if seq is not None:
+                self.pool.give(seq.blocks)
+                self.free.append(sid)
         if seq is not None:
             self._map(seq.base, [self.spare] * len(seq.blocks))  # a stale range never reaches a reused block
-            self.pool.give(seq.blocks)
-            self.free.append(sid)
 
     def pause(self) -> None:
         """Before the runner uses the device state and cache range 0 itself (system1): the queued

@@ -65,7 +65,7 @@ class GpuModel:
         self.plan()
         self.head = LmHead(self, self.softcap)
         self.arena.reserve_f32(self._needs.items())
-        nt = max(t, n_ctx, max_seqs + t)  # per-token inputs cover a whole prompt, prefilled in chunks
+        nt = max(t, self.range_slots, max_seqs + t)  # per-token inputs cover a whole prompt of one range
         self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
                                 ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1),
                                 ("steps", max_seqs + 1), ("row_start", max_seqs + 1), ("row_slot", max_seqs + 1)])

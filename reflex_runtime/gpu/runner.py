@@ -56,7 +56,10 @@ class CudaRunner:
         self._model_cls = model_cls
         self.kv_tokens = kv_tokens  # the paged cache's pool (None: every sequence at max_context, or what fits)
         self.model = self._plan(min(max_seqs, MAX_BATCH), kv_tokens)  # a decode step's rows must fit the activation buffers
-        self.fit_note: str | None = None  # what _fit changed, for the loader's log
+        self.fit_note: str | None = None  # what the plan or _fit changed, for the loader's log
+        if kv_tokens and self.model.paged and (held := self.model.pool_blocks[1] * KV_BLOCK) != blocks_for(kv_tokens) * KV_BLOCK:
+            self.fit_note = (f"the KV cache holds {held} tokens, not --kv-tokens {kv_tokens}: from one sequence of "
+                             f"--ctx to --parallel of them")
         self._batch = None  # gpu/batch.py Batcher, on the first batch_open
         self.error: str | None = None
         self._failure: DeviceError | None = None  # the load's own error, when it raised one
@@ -72,13 +75,14 @@ class CudaRunner:
         """The family's gpu.model.GpuModel for max_seqs sequences (plans only: nothing is on the
         device yet). max_seqs > 1 (serving, a family that batches): a range of max_context logical
         slots (whole blocks) per sequence and range 0 for the runner's own passes (system1)
-        between steps (gpu/batch.py), backed by a paged pool of pool_tokens (None: max_seqs full
-        ranges; never less than one), kvpool.py."""
+        between steps (gpu/batch.py), backed by a paged pool of pool_tokens (None or more: max_seqs
+        full ranges, all that could be in use; never less than one), kvpool.py."""
         if max_seqs > 1:
             rng = blocks_for(self.max_context) * KV_BLOCK
-            pool = max(blocks_for(pool_tokens) if pool_tokens else max_seqs * rng // KV_BLOCK, rng // KV_BLOCK)
+            full = max_seqs * rng // KV_BLOCK  # more could never be in use
+            pool = max(min(blocks_for(pool_tokens) if pool_tokens else full, full), rng // KV_BLOCK)
             n_ctx = rng * (max_seqs + 1)
-            m = self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx, max_new=n_ctx, max_seqs=max_seqs,
+            m = self._model_cls(self.config, self.gguf, MAX_BATCH, n_ctx, max_new=rng, max_seqs=max_seqs,
                                 kv_rows=rng + KV_BLOCK + pool * KV_BLOCK)
             if m.batchable:
                 return m
@@ -120,7 +124,7 @@ class CudaRunner:
                 return
             need = one.arena_bytes  # not even one sequence: say what one needs
         w = self.model.weights_bytes
-        what = f"a KV cache of {self.kv_tokens} tokens" if self.kv_tokens and m.paged else \
+        what = f"a KV cache of {m.pool_blocks[1] * KV_BLOCK} tokens" if self.kv_tokens and m.paged else \
             f"caches for {'one sequence' if m.paged else f'{seqs} sequence(s)'} of {self.max_context} tokens"
         hint = "--kv-tokens / REFLEX_KV_TOKENS or --ctx / REFLEX_CTX" if self.kv_tokens and m.paged else \
             "--ctx / REFLEX_CTX"

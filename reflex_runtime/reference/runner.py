@@ -78,7 +78,8 @@ class ReferenceRunner:
         self.max_seqs = max_seqs  # the batch API (scheduler.py): sequences held at once
         # the CUDA runner's paged-cache accounting (kvpool.py), so that waiting for room is the same here
         ctx_blocks = blocks_for(self.max_context)
-        self.pool = BlockPool(0, max(blocks_for(kv_tokens) if kv_tokens else max_seqs * ctx_blocks, ctx_blocks))
+        full = max_seqs * ctx_blocks
+        self.pool = BlockPool(0, max(min(blocks_for(kv_tokens) if kv_tokens else full, full), ctx_blocks))
         self._blocks: dict[int, list[int]] = {}
         self._seqs: dict[int, _Seq] = {}
         self._sids = itertools.count()
