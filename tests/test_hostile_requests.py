@@ -348,7 +348,8 @@ def test_base64_bodies_still_work(make_fronts):
 
 
 @pytest.mark.parametrize("env", [{"REFLEX_CTX": "0"}, {"REFLEX_CTX": "-1"}, {"REFLEX_CTX": "1000000000"},
-                                 {"REFLEX_CTX": "lots"}, {"REFLEX_REQUEST_TIMEOUT": "nan"}])
+                                 {"REFLEX_CTX": "lots"}, {"REFLEX_REQUEST_TIMEOUT": "nan"},
+                                 {"REFLEX_KV_TOKENS": "0"}, {"REFLEX_KV_TOKENS": "many"}, {"REFLEX_PARALLEL": "0"}])
 def test_bad_handler_settings_are_a_503_naming_them(monkeypatch, env):
     h = HandlerFront(monkeypatch, **env)
     try:
