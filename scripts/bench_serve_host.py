@@ -74,26 +74,15 @@ def qwen3_tokenizer(folder: str):
     """reflex's own Tokenizer built from a Hugging Face tokenizer.json (the metadata a GGUF holds)."""
     from array import array
 
+    from hf_vocab import read_hf_vocab
     from reflex_runtime.text.tokenizer import Tokenizer
 
-    spec = json.loads((Path(folder) / "tokenizer.json").read_text(encoding="utf-8"))
-    config = json.loads((Path(folder) / "tokenizer_config.json").read_text(encoding="utf-8"))
-    added = {t["id"]: t for t in spec["added_tokens"]}
-    vocab = spec["model"]["vocab"]
-    n = max(max(vocab.values()), max(added)) + 1
-    tokens, types = [""] * n, [1] * n
-    for text, i in vocab.items():
-        tokens[i] = text
-    for i, e in added.items():
-        text = tokens[i] = e["content"]
-        types[i] = 3 if e["special"] or (text.startswith("<|") and text.endswith("|>")) else 4
-    merges = [" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]]
-    ids = {t: i for i, t in enumerate(tokens)}
+    v = read_hf_vocab(folder)
     return Tokenizer.from_metadata({
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": array("i", types), "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": ids["<|endoftext|>"], "tokenizer.ggml.eos_token_id": ids[config["eos_token"]],
-        "tokenizer.ggml.add_bos_token": False, "tokenizer.chat_template": config.get("chat_template")})
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": v.tokens,
+        "tokenizer.ggml.token_type": array("i", v.types), "tokenizer.ggml.merges": v.merges,
+        "tokenizer.ggml.bos_token_id": v.ids["<|endoftext|>"], "tokenizer.ggml.eos_token_id": v.ids[v.config["eos_token"]],
+        "tokenizer.ggml.add_bos_token": False, "tokenizer.chat_template": v.config.get("chat_template")})
 
 
 class ByteTokenizer:

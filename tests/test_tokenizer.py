@@ -57,21 +57,10 @@ def _write_qwen3_gguf(path: Path) -> None:
     """tokenizer.json -> GGUF vocab, with convert_hf_to_gguf.py's rules: added tokens that are
     special or look like <|...|> are CONTROL, other added tokens USER_DEFINED."""
     import gguf
+    from hf_vocab import read_hf_vocab
 
-    spec = json.loads((QWEN3_DIR / "tokenizer.json").read_text(encoding="utf-8"))
-    config = json.loads((QWEN3_DIR / "tokenizer_config.json").read_text(encoding="utf-8"))
-    added = {t["id"]: t for t in spec["added_tokens"]}
-    vocab = spec["model"]["vocab"]
-    n = max(max(vocab.values()), max(added)) + 1
-    tokens, types = [""] * n, [1] * n
-    for text, token_id in vocab.items():
-        tokens[token_id] = text
-    for token_id, entry in added.items():
-        text = tokens[token_id] = entry["content"]
-        looks_special = text.startswith("<|") and text.endswith("|>")
-        types[token_id] = 3 if entry["special"] or looks_special else 4
-    merges = [" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]]
-    ids = {t: i for i, t in enumerate(tokens)}
+    v = read_hf_vocab(QWEN3_DIR)
+    tokens, types, merges, ids, config = v.tokens, v.types, v.merges, v.ids, v.config
     writer = gguf.GGUFWriter(str(path), arch="qwen3")
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
