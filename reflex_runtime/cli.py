@@ -86,7 +86,8 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tokens", type=_int_in(*KV_TOKENS_RANGE), default=None, metavar="N",
                    help="tokens the KV cache holds for all of them together, in blocks of 16, from --ctx to "
                         "--parallel x --ctx (default: the most, or what fits in the GPU's free memory); a request "
-                        "waits until its prompt + max_tokens fit (the GPU keeps one more --ctx for system1)")
+                        "waits until its prompt + max_tokens fit (a system1 request: its prompt + candidates; the GPU keeps "
+                        "one more --ctx beside them)")
     p.add_argument("--max-queue", type=_int_in(*QUEUE_RANGE), default=None, metavar="N",
                    help="requests that may wait for a free slot; more are answered 429 'busy' (default 256)")
 

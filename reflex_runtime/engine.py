@@ -508,8 +508,9 @@ class Engine:
         for c in cand_ids:
             unique.setdefault(tuple(c), len(unique))
         batch = [list(u) for u in unique]
+        stats = None
         if self.scheduler is not None:
-            scored = self.scheduler.call(lambda: self.runner.score(ids, batch))
+            scored, stats = self.scheduler.score(ids, batch)
         else:
             scored = self.runner.score(ids, batch)
         logprobs = [scored[unique[tuple(c)]] for c in cand_ids]
@@ -540,6 +541,8 @@ class Engine:
         if emit is not None:
             emit(result)
         result["record"] = self._record("system1", ids, 0, t_req, t_end, t_end, SamplingParams(), "scored", tl)
+        if stats:
+            result["record"].update(stats)
         if messages is not None or chat:
             self._chat_fields(result["record"])
         return result

@@ -1,15 +1,15 @@
 """One scheduler per engine: continuous batching's host side, shared by every serving front end.
 
 ONE thread owns the runner. Requests are submitted from any thread: a generate request becomes a
-`Ticket` (an iterator over its tokens, consumed on the caller's thread); a system1 request a call
-run on the scheduler thread between steps. Each loop iteration admits waiting tickets into free
-sequence slots (FIFO; one whose prompt + max_tokens the runner's KV cache cannot hold yet, NoRoom,
-waits first in line for running ones to end), runs one `runner.batch_step` (prompt chunks, at
-most `prefill_chunk` tokens in all, beside one decode token for every running sequence), hands
-each ticket its tokens and retires the finished and the cancelled (a consumer that closes its
-ticket frees the slot at the next step). A runner without the batch API (`max_seqs` < 2) runs one
-request at a time through its `generate_ids` on the same thread. docs/INTERNALS.md "Scheduler"
-has the runner contract.
+`Ticket` (an iterator over its tokens, consumed on the caller's thread), a system1 request a
+`Scoring` (the caller waits for its scores). Each loop iteration admits waiting requests into free
+sequence slots (FIFO; one whose cache the runner's KV pool cannot hold yet, NoRoom, waits first
+in line for running ones to end), runs one `runner.batch_step` (prompt chunks and system1 trees,
+at most `prefill_chunk` tokens in all, beside one decode token for every running sequence), hands
+each request its tokens or scores and retires the finished and the cancelled (a consumer that
+closes its ticket frees the slot at the next step). A runner without the batch API (`max_seqs` <
+2) runs one request at a time through its `generate_ids` and `score` on the same thread.
+docs/INTERNALS.md "Scheduler" has the runner contract.
 """
 
 from __future__ import annotations
@@ -30,20 +30,47 @@ STEP_GAP_S = 0.005  # a step starting within this of the last one's end continue
 STEP_LOG = 1024  # steps kept in Scheduler.step_log
 
 
-class Ticket:
-    """One generate request. The scheduler thread writes its progress and stats; the consumer
-    iterates its tokens (int, or Sampled with logprobs) and may close() it at any time."""
+class _Request:
+    """What the scheduler keeps of every request it admits: its sequence, times, the batch sizes
+    of its steps and the energy attributed to it."""
 
-    def __init__(self, prompt, pick, max_new, stop_ids, deadline, wake, gone=None):
-        self.prompt, self.pick, self.max_new, self.stop_ids, self.deadline = prompt, pick, max_new, stop_ids, deadline
+    def __init__(self, deadline=None):
+        self.deadline = deadline
         self.cancelled = False
-        self.gone = gone  # the front end's "client left" check, asked until the first token
         self.sid = None
-        self.fed = self.n_out = 0  # prompt tokens forwarded, tokens picked
         self.t_submit = time.perf_counter()
         self.t_admit = self.t_first = None
         self.sizes = [0, 0, 0, 0]  # batch sizes of its steps: count, min, max, sum
         self.mj = 0.0  # attributed energy, millijoules
+
+    def abandoned(self) -> bool:
+        return self.cancelled
+
+    def took_part(self, size: int) -> None:
+        s = self.sizes
+        s[1] = size if s[0] == 0 else min(s[1], size)
+        s[2] = max(s[2], size)
+        s[0] += 1
+        s[3] += size
+
+    def stats(self, energy: bool) -> dict:
+        """The record fields the scheduler adds (docs/INTERNALS.md, "The request record")."""
+        n, lo, hi, total = self.sizes
+        ms = lambda a, b: round((b - a) * 1000, 3) if a is not None and b is not None else None  # noqa: E731
+        return {"queue_wait_ms": ms(self.t_submit, self.t_admit), "prefill_ms": ms(self.t_admit, self.t_first),
+                "batch_sizes": {"min": lo, "max": hi, "mean": round(total / n, 3)} if n else None,
+                "joules_attributed": round(self.mj / 1000, 6) if energy else None}
+
+
+class Ticket(_Request):
+    """One generate request. The scheduler thread writes its progress and stats; the consumer
+    iterates its tokens (int, or Sampled with logprobs) and may close() it at any time."""
+
+    def __init__(self, prompt, pick, max_new, stop_ids, deadline, wake, gone=None):
+        super().__init__(deadline)
+        self.prompt, self.pick, self.max_new, self.stop_ids = prompt, pick, max_new, stop_ids
+        self.gone = gone  # the front end's "client left" check, asked until the first token
+        self.fed = self.n_out = 0  # prompt tokens forwarded, tokens picked
         self._box: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: collections.deque = collections.deque()
         self._ended = False
@@ -79,23 +106,6 @@ class Ticket:
             self.cancelled = True
             self._wake()
 
-    def stats(self, energy: bool) -> dict:
-        """The record fields the scheduler adds (docs/INTERNALS.md, "The request record")."""
-        n, lo, hi, total = self.sizes
-        ms = lambda a, b: round((b - a) * 1000, 3) if a is not None and b is not None else None  # noqa: E731
-        return {"queue_wait_ms": ms(self.t_submit, self.t_admit), "prefill_ms": ms(self.t_admit, self.t_first),
-                "batch_sizes": {"min": lo, "max": hi, "mean": round(total / n, 3)} if n else None,
-                "joules_attributed": round(self.mj / 1000, 6) if energy else None}
-
-    # -- the scheduler's side --------------------------------------------------------------------
-
-    def took_part(self, size: int) -> None:
-        s = self.sizes
-        s[1] = size if s[0] == 0 else min(s[1], size)
-        s[2] = max(s[2], size)
-        s[0] += 1
-        s[3] += size
-
     def deliver(self, toks: list) -> bool:
         """Pass on the tokens up to the first that ends the sequence; True when it ended."""
         if self.t_first is None:
@@ -118,6 +128,28 @@ class Ticket:
 
     def end(self, error: BaseException | None = None) -> None:
         self._box.put(("error", error) if error is not None else ("end", None))
+
+
+class Scoring(_Request):
+    """One system1 request on a batching runner: a sequence for one step, whose forward scores
+    the candidates (runner.batch_open_score); the caller waits for the result."""
+
+    def __init__(self, prompt, candidates):
+        super().__init__()
+        self.prompt, self.candidates = prompt, candidates
+        self.n_tokens = len(prompt) + sum(len(c) for c in candidates)
+        self.result = self.error = None
+        self.done = threading.Event()
+
+    def deliver(self, result) -> bool:
+        self.t_first = time.perf_counter()
+        self.result = result
+        return True
+
+    def end(self, error: BaseException | None = None) -> None:
+        if error is not None and self.result is None:
+            self.error = error
+        self.done.set()
 
 
 class _Call:
@@ -229,7 +261,7 @@ class Scheduler:
         self.energy = EnergyShare(energy) if energy is not None else None
         self.step_log: collections.deque = collections.deque(maxlen=STEP_LOG)  # (prefill, decode) per step
         self._cv = threading.Condition()
-        self._waiting: collections.deque = collections.deque()  # Tickets and _Calls, in arrival order
+        self._waiting: collections.deque = collections.deque()  # Tickets, Scorings and _Calls, in arrival order
         self._running: list[Ticket] = []
         self._mean_s = 1.0  # recent request duration, for Busy's retry_after_s
         self._no_room = False  # the KV cache held back the first in line: free sequences are no room
@@ -243,6 +275,19 @@ class Scheduler:
         """A ticket for one generation (engine.Runner.generate_ids's rules); Busy when the queue is
         full. `gone()`: whether its client left, asked while it waits and during its prompt."""
         return self._enqueue(Ticket(list(prompt_ids), pick, max_new, stop_ids, deadline, self._wake, gone))
+
+    def score(self, prompt_ids, candidates) -> tuple[list, dict]:
+        """system1's log-probabilities (runner.score's) and the record fields the scheduler adds:
+        on a batching runner a Scoring, admitted in turn like a generate request (its cache from
+        the same pool) and run beside the others' prompt chunks in one step; else a call between
+        requests. Busy when the queue is full."""
+        if not self.batched:
+            return self.call(lambda: self.runner.score(prompt_ids, candidates)), {}
+        job = self._enqueue(Scoring(list(prompt_ids), candidates))
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result, job.stats(self.energy is not None)
 
     def call(self, fn):
         """fn() on the scheduler thread, between steps; its result (or its exception) here."""
@@ -299,7 +344,7 @@ class Scheduler:
                 self._fail_running(e)
         if self.energy is not None:
             self.energy.stop()
-        for t in self._running + [j for j in self._waiting if isinstance(j, Ticket)]:
+        for t in self._running + [j for j in self._waiting if isinstance(j, _Request)]:
             t.end(ReflexError("the engine is shutting down"))
         for c in self._waiting:
             if isinstance(c, _Call):
@@ -330,7 +375,10 @@ class Scheduler:
             if not self.batched:
                 return t
             try:
-                t.sid = self.runner.batch_open(t.prompt, t.pick, t.max_new, t.stop_ids)
+                if isinstance(t, Scoring):
+                    t.sid = self.runner.batch_open_score(t.prompt, t.candidates)
+                else:
+                    t.sid = self.runner.batch_open(t.prompt, t.pick, t.max_new, t.stop_ids)
                 self._no_room = False
             except NoRoom as e:  # the KV cache is full: it waits, first in line, for running ones to end
                 if not self._running:  # nothing will give blocks back (the runner admits one of any size)
@@ -352,36 +400,43 @@ class Scheduler:
     def _step(self) -> None:
         now = time.perf_counter()
         for t in list(self._running):  # cancelled, or past the deadline still in the prompt
-            if t.abandoned() or (t.fed < len(t.prompt) and t.deadline is not None and now > t.deadline):
+            if t.abandoned() or (t.deadline is not None and now > t.deadline and t.fed < len(t.prompt)):
                 # its consumer may still wait (a client that left before its first token): end it
                 # after freeing the sequence, with the timeout when that is why
                 self._retire(t, ended=True)
                 self._timed_out(t) if not t.cancelled else t.end()
-        budget, prefill, decode = self.chunk, [], []
+        budget, prefill, decode, score = self.chunk, [], [], []
         for t in self._running:
-            if t.fed < len(t.prompt):
+            if isinstance(t, Scoring):  # its whole tree in one step, from the prompt budget
+                if budget > 0:
+                    score.append(t)
+                    budget -= t.n_tokens
+            elif t.fed < len(t.prompt):
                 if budget > 0:
                     n = min(budget, len(t.prompt) - t.fed)
                     prefill.append((t, n))
                     budget -= n
             else:
                 decode.append(t)
-        if not prefill and not decode:
+        if not prefill and not decode and not score:
             return
-        self.step_log.append((tuple((t.sid, n) for t, n in prefill), tuple(t.sid for t in decode)))
+        self.step_log.append((tuple((t.sid, n) for t, n in prefill) + tuple((t.sid, t.n_tokens) for t in score),
+                              tuple(t.sid for t in decode)))
         t0 = time.perf_counter()
         try:
-            out = self.runner.batch_step([(t.sid, n) for t, n in prefill], [t.sid for t in decode])
+            out = self.runner.batch_step([(t.sid, n) for t, n in prefill], [t.sid for t in decode],
+                                         **({"score": [t.sid for t in score]} if score else {}))
         except Exception as e:  # noqa: BLE001 - every sequence of the step shares the failure
-            for t in [t for t, _ in prefill] + decode:
+            for t in [t for t, _ in prefill] + decode + score:
                 self._retire(t, ended=True, quiet=True)
                 t.end(e)
             return
-        size = len(prefill) + len(decode)
+        size = len(prefill) + len(decode) + len(score)
         for t, n in prefill:
             t.fed += n
-        self._count(t0, prefill + [(t, len(out.get(t.sid, ()))) for t in decode], size)
-        for t in [t for t, _ in prefill] + decode:
+        self._count(t0, prefill + [(t, len(out.get(t.sid, ()))) for t in decode] + [(t, t.n_tokens) for t in score],
+                    size)
+        for t in [t for t, _ in prefill] + decode + score:
             toks = out.get(t.sid)
             if toks and t.deliver(toks):
                 self._retire(t)

@@ -4,8 +4,9 @@ clients, disconnects and oversized or hostile requests mixed in. It reports:
 
 - lost replies (a request that should have been answered was not: reset, timeout, cut short) and
   mixed replies (an answer that is not the answer to that request: wrong status, a token count
-  that does not match the prompt sent, candidates that are not the ones sent, two response ids in
-  one stream, a reused id). Both must be 0.
+  that does not match the prompt sent, candidates that are not the ones sent or scores that are
+  not the first answer's to the same system1 request, two response ids in one stream, a reused
+  id). Both must be 0.
 - latency of a small request (one generated token) sent by a probe client PROBE_EVERY seconds
   after its previous answer, split by which hostile requests (oversized, slow sender, slow reader,
   long generation) were in flight when it was sent: p50 / p99 / max. Every request reaches the one engine
@@ -49,6 +50,8 @@ CLIENT_TIMEOUT = 180.0
 MIX = {"small": 35, "system1": 15, "stream": 10, "slow_sender": 5, "slow_reader": 5, "disconnect": 10,
        "oversized": 12, "long": 2, "no_key": 3}
 HOSTILE = {"slow_sender", "slow_reader", "oversized", "long"}
+SYSTEM1_SET = 12  # distinct system1 requests, each asked many times
+SYSTEM1_TOL = 1e-4  # token log-probabilities of the same request (answers round them to 1e-6)
 
 
 class Tally:
@@ -63,6 +66,7 @@ class Tally:
         self.hostile_in_flight = 0
         self.in_flight = Counter()  # hostile kind -> requests of it in flight
         self.ids: set[str] = set()
+        self.system1: dict[int, list[float]] = {}  # request -> its first answer's token log-probabilities
 
     def add_latency(self, kind: str, s: float) -> None:
         with self.lock:
@@ -141,14 +145,24 @@ class Soak:
         self.check_completion(kind, status, data, n, max_tokens)
 
     def system1(self) -> None:
-        cands = [" " + self.rng.choice(WORDS) + str(self.rng.randint(0, 9999)) for _ in range(self.rng.randint(1, 4))]
-        body = json.dumps({"prompt": self.prompt()[0], "candidates": cands}).encode()
+        """One of SYSTEM1_SET fixed requests: its candidates, and its scores the same as the first
+        answer to it (whatever else shared its steps: a tree is its own forward pass)."""
+        key = self.rng.randrange(SYSTEM1_SET)
+        r = random.Random(key)
+        cands = [" " + r.choice(WORDS) + str(r.randint(0, 9999)) for _ in range(r.randint(1, 4))]
+        prompt = " ".join(r.choice(WORDS) + str(r.randint(0, 99)) for _ in range(r.randint(1, 40)))
+        body = json.dumps({"prompt": prompt, "candidates": cands}).encode()
         status, _, data = self.request("POST", "/v1/system1", body)
         if status != 200:
             return self.t.mix("system1", f"status {status}")
-        got = [c["text"] for c in json.loads(data)["candidates"]]
-        if got != cands:
-            self.t.mix("system1", f"candidates {got} for {cands}")
+        got = json.loads(data)["candidates"]
+        if [c["text"] for c in got] != cands:
+            return self.t.mix("system1", f"candidates {[c['text'] for c in got]} for {cands}")
+        lps = [lp for c in got for lp in c["token_logprobs"]]
+        with self.t.lock:
+            first = self.t.system1.setdefault(key, lps)
+        if len(first) != len(lps) or max(abs(a - b) for a, b in zip(first, lps)) > SYSTEM1_TOL:
+            self.t.mix("system1", f"request {key}: scores {lps} after {first}")
 
     def stream(self) -> None:
         text, n = self.prompt()

@@ -160,9 +160,11 @@ def _engine(arch, outtype, parallel=4, kv_tokens=None, max_context=None):
     return eng, load_reference(eng.gguf, eng.config)
 
 
-def _run(runner, prompts, params, join_after=None, chunk=5, between=None):
+def _run(runner, prompts, params, join_after=None, chunk=5, between=None, scoring=None):
     """Drive the batch API as the scheduler does: prompts in chunks of `chunk` tokens beside the
-    running decodes; with join_after, the last prompt joins once the others have that many tokens."""
+    running decodes; with join_after, the last prompt joins once the others have that many tokens;
+    with scoring = (prompt, candidates, results), a system1 request in every step, scores appended
+    to results."""
     from reflex_runtime.gpu.step import Pick
 
     out = {}
@@ -186,7 +188,13 @@ def _run(runner, prompts, params, join_after=None, chunk=5, between=None):
             fed[next(i for i in sids if sids[i] == sid)] += n
         decode = [sids[i] for i in out if fed[i] >= len(prompts[i]) and out[i] and len(out[i]) < NEW]
         sizes.append(len(decode))
-        got = runner.batch_step(prefill, decode)
+        if scoring is not None:
+            s1 = runner.batch_open_score(scoring[0], scoring[1])
+            got = runner.batch_step(prefill, decode, score=[s1])
+            scoring[2].append(got.pop(s1))
+            runner.batch_close(s1)
+        else:
+            got = runner.batch_step(prefill, decode)
         if between is not None:
             between()
         for i, sid in sids.items():
@@ -304,11 +312,12 @@ def test_hooked_sequence_beside_plain_ones():
         assert abs(a.logprob - b.logprob) < 1e-4 and a.top_ids == b.top_ids
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen35", "deepseek_v2lite"])
-def test_system1_between_steps_leaves_the_batch_alone(arch):
-    """system1 runs on the scheduler thread between steps, in the runner's own cache range (and
-    Qwen3.5's own state slot, forked): the decoding sequences' tokens are those of a batch
-    without it, and its scores those of an idle runner."""
+@pytest.mark.parametrize("arch", ["qwen3", "qwen35", "deepseek_v2lite", "gemma3"])
+def test_system1_in_a_step_and_between_steps_leaves_the_batch_alone(arch):
+    """A system1 request in every step (the scheduler's way: a sequence of one step in its own
+    paged range, its tree after the decode rows; Qwen3.5 forks its range's state) and one
+    between steps (runner.score, the runner's own range): the decoding sequences' tokens are those
+    of a batch without them, and the scores those of an idle runner."""
     from reflex_runtime.sampling import SamplingParams
 
     eng, _ = _engine(arch, "q8_0")
@@ -318,10 +327,37 @@ def test_system1_between_steps_leaves_the_batch_alone(arch):
     cands = [[5, 6], [7], [8, 9, 10]]
     expect = r.score(prompts[1], cands)
     plain, _ = _run(r, prompts, greedy)
-    scores = []
-    mixed, _ = _run(r, prompts, greedy, between=lambda: scores.append(r.score(prompts[1], cands)))
+    in_steps, between = [], []
+    mixed, _ = _run(r, prompts, greedy, scoring=(prompts[1], cands, in_steps))
     assert mixed == plain
-    assert len(scores) > 10
-    for got in scores:
+    mixed, _ = _run(r, prompts, greedy, between=lambda: between.append(r.score(prompts[1], cands)))
+    assert mixed == plain
+    assert len(in_steps) > 10 and len(between) > 10
+    for got in in_steps + between:
         for g, e in zip(got, expect):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    assert r._batch.pool.free_tokens == r._batch.pool.tokens  # every scoring's blocks came back
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen35"])
+def test_system1_beyond_one_pass_matches_the_reference(arch):
+    """Prompt + candidates over one forward pass (512 tokens): the tree runs the prompt with each
+    candidate in turn in chunks (fork: the prompt in chunks), and the rows that score a candidate
+    may straddle two chunks (a prompt of 509 tokens); in the runner's own range and in a batch's."""
+    from reflex_runtime.reference.runner import ReferenceRunner
+
+    eng, ref_model = _engine(arch, "q8_0", max_context=1024)
+    r, ref = eng.runner, ReferenceRunner(ref_model, max_context=1024)
+    rng = np.random.default_rng(5)
+    for n_p in (509, 600):
+        prompt = [int(t) for t in rng.integers(3, 200, n_p)]
+        cands = [[int(t) for t in rng.integers(3, 200, k)] for k in (6, 1, 3)]
+        expect = ref.score(prompt, cands)
+        s1 = r.batch_open_score(prompt, cands)
+        in_batch = r.batch_step([], [], score=[s1])[s1]
+        r.batch_close(s1)
+        for got in (r.score(prompt, cands), in_batch):
+            for g, e in zip(got, expect):
+                np.testing.assert_allclose(g, e, rtol=2e-3, atol=2e-3)
+
+

@@ -741,6 +741,22 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     assert len(runner.score([1, 2, 3], [[4], [5, 6]])) == 2
     step([], [e, f])
     assert ("htod", seg_lo, 8) in dev.copies[n_copies:]
+    # system1 in a step (the scheduler's way): a sequence of its own range and blocks, its tree
+    # after the decode rows; the rows are not written again and the draw counter is left alone
+    step([], [e, f])
+    free_before, n_copies = bt.pool.free_tokens, len(dev.copies)
+    s1 = runner.batch_open_score([1, 2, 3], [[4], [5, 6]])
+    assert bt.pool.free_tokens == free_before - KV_BLOCK and s1 not in (e, f)
+    out = runner.batch_step([], [e, f], score=[s1])
+    assert len(out[s1]) == 2 and [len(x) for x in out[s1]] == [1, 2] and len(out[e]) >= 1
+    new = dev.copies[n_copies:]
+    assert not any(c[1] in (seg_lo, m.p("step")) for c in new if c[0] == "htod")
+    n_first = 6 if m.scoring == "tree" else 3  # the tree after the rows; forked: the prompt first
+    assert ("htod", m.p("tokens") + 4 * bt.X, 4 * n_first) in new
+    runner.batch_close(s1)
+    assert bt.pool.free_tokens == free_before
+    with pytest.raises(RequestError, match="exceed the context of 64"):
+        runner.batch_open_score(list(range(60)), [[1, 2, 3, 4, 5]])
     for s in (e, f):
         runner.batch_close(s)
     d = runner.batch_open([1], Pick(), 5, frozenset({0}))

@@ -108,6 +108,59 @@ def test_a_request_joins_mid_decode_and_a_long_prompt_goes_in_chunks(cpu_engine)
     assert got_b["f"].record["batch_sizes"]["max"] == 2
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "qwen35"])
+def test_system1_joins_a_running_batch_and_scores_as_alone(cpu_engine, arch):
+    """A system1 request on a batching runner is a sequence of one step (scheduler.Scoring): it
+    runs beside the decodes (one step holds both), takes its cache from the pool and gives it
+    back, and scores what it scores alone; its record has the scheduler's fields."""
+    eng = cpu_engine(arch)
+    cands = ["Paris", " Paris", "London is big"]
+    alone = eng.system1(prompt=PROMPTS[0], candidates=cands)
+    want_gen = _run(eng, _req(PROMPTS[1], 30)).text
+    sched = eng.start_scheduler(max_seqs=4)
+    try:
+        gen = eng.generate(_req(PROMPTS[1], 30))
+        next(gen), next(gen)  # decoding
+        got = eng.system1(prompt=PROMPTS[0], candidates=cands)
+        rest = [ev for ev in gen]
+    finally:
+        eng.stop_scheduler()
+    assert [c["token_logprobs"] for c in got["candidates"]] == [c["token_logprobs"] for c in alone["candidates"]]
+    assert rest[-1].text == want_gen
+    n_tree = got["record"]["prompt_tokens"] + sum(len(c["token_ids"]) for c in got["candidates"])
+    scored = [(p, d) for p, d in sched.step_log if any(n == n_tree for _, n in p)]
+    assert len(scored) == 1 and scored[0][1], "one step scored it, beside the running decode"
+    rec = got["record"]
+    assert rec["queue_wait_ms"] >= 0 and rec["batch_sizes"]["max"] == 2 and rec["joules_attributed"] is None
+    assert eng.runner.pool.free_tokens == eng.runner.pool.tokens  # every block came back
+
+
+def test_system1_waits_for_room_in_the_kv_cache(fixture_paths):
+    """A tree the pool cannot hold yet waits first in line (as a generate request does) and runs
+    once the running request gives its blocks back; one larger than the context is a 4xx error."""
+    from reflex_runtime.errors import RequestError
+    from reflex_runtime.loader import load_engine
+
+    eng = load_engine(str(fixture_paths("gemma3", "f32").gguf), "cpu", max_context=64, max_seqs=4, kv_tokens=64)
+    cands = ["a b c d e f g h i j k l m n o p q r s t u v w x y z", "no"]
+    alone = eng.system1(prompt=PROMPTS[0], candidates=cands)
+    sched = eng.start_scheduler(max_seqs=4)
+    try:
+        gen = eng.generate(_req(PROMPTS[1], 50))  # <= 60 tokens: 4 blocks, the whole pool
+        next(gen)
+        got = eng.system1(prompt=PROMPTS[0], candidates=cands)
+        rest = [ev for ev in gen]
+        with pytest.raises(RequestError, match="exceed the context of 64"):
+            eng.system1(prompt=" ".join(["word"] * 70), candidates=["x"])
+    finally:
+        eng.stop_scheduler()
+    assert isinstance(rest[-1], Finished) and rest[-1].record["generated_tokens"] == 50
+    assert got["best_index"] == alone["best_index"] and got["record"]["queue_wait_ms"] > 0
+    scored = next(i for i, (p, _) in enumerate(sched.step_log) if len(p) == 1 and p[0][1] > 30)
+    assert not any(sched.step_log[i][1] for i in range(scored, len(sched.step_log)))  # after the generate ended
+    assert eng.runner.pool.free_tokens == 64
+
+
 def test_a_full_kv_cache_makes_requests_wait_their_turn(fixture_paths):
     """The paged cache's pool (kvpool.py; --kv-tokens) holds two of these requests' prompt +
     max_tokens at once: the other two wait in the queue (never refused, never cut short) and run

@@ -2,15 +2,18 @@
 batch_close; the engine's scheduler drives it, reflex_runtime/scheduler.py).
 
 Each sequence sees a range of R >= `max_context` logical cache slots (sequence i: slots (i+1)*R ..
-(i+1)*R + R - 1; range 0 stays the runner's own, for system1 scoring between steps: pause() first
-lands the queued steps and marks the decode rows for rewriting, which scoring overwrites). The
-memory behind a range is paged (kvpool.py): open() takes blocks for the prompt + max_tokens from
-the pool sized at load and maps the range's first slots to them in the block table the attention
-kernels read (GpuModel.kv_table; unmapped slots point at a spare block), close() gives them back;
-a pool too full for a request is NoRoom, and the scheduler keeps it waiting. A step:
+(i+1)*R + R - 1; range 0 stays the runner's own, for its generate_ids and a score() called on the
+runner between steps: pause() first lands the queued steps and marks the decode rows for
+rewriting, which scoring overwrites). The memory behind a range is paged (kvpool.py): open()
+takes blocks for the prompt + max_tokens from the pool sized at load and maps the range's first
+slots to them in the block table the attention kernels read (GpuModel.kv_table; unmapped slots
+point at a spare block), close() gives them back; a pool too full for a request is NoRoom, and the
+scheduler keeps it waiting. A system1 request is a sequence too (open_score: blocks for its tree),
+scored within one step (gpu/score.py at state index max_seqs in its range) and closed. A step:
 - prompt chunks, one sequence at a time, at state index max_seqs.. with slots relative to the
   sequence's range (Batch.kv_base): flash attention then reads that range only; the chunk that
-  ends a prompt picks the first token (read back at once: it is the first token);
+  ends a prompt picks the first token (read back at once: it is the first token); then system1
+  trees the same way, their scores read back;
 - one forward over the decode token of every running sequence (rows 0..N-1 of the state
   arrays, Batch.rows: the matrix products see N rows, the decode attention one row per
   sequence from its range's first slot), then reflex_pick_rows picks and advances every row.
@@ -32,6 +35,8 @@ from dataclasses import dataclass, field
 from ..errors import RequestError
 from ..kvpool import KV_BLOCK, BlockPool
 from ..sampling import Sampled
+from . import score as scoring
+from .score import Place, tree_slots
 from .step import Pick, int_array
 from .ops import sample
 from .ops.sample import RxRows, RxSampling
@@ -56,6 +61,16 @@ class _Seq:
     ended: bool = False  # a stop id or max_new reached: later tokens are dropped
     hooks: object = None
     sampling: RxSampling = field(default_factory=RxSampling)
+
+
+@dataclass
+class _Scoring:
+    """A system1 request for one step (open_score)."""
+
+    base: int
+    blocks: list
+    prompt: list[int]
+    candidates: list[list[int]]
 
 
 class Batcher:
@@ -97,27 +112,40 @@ class Batcher:
     def open(self, prompt_ids, pick: Pick, max_new: int, stop_ids) -> int:
         if len(prompt_ids) + max_new > self.C:
             raise RequestError(f"prompt ({len(prompt_ids)}) + max_tokens ({max_new}) exceed the context of {self.C}")
-        if not self.free:
-            raise RequestError(f"all {self.S} sequences are in use")
-        blocks = self.pool.take(len(prompt_ids) + max_new)  # NoRoom: the scheduler keeps the request waiting
-        try:
-            hooks = self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X)  # may allocate: before the slot
-        except BaseException:
-            self.pool.give(blocks)
-            raise
-        sid = self.free.pop()
         sp = RxSampling()
         ps = pick.params
         sp.temperature, sp.top_k, sp.top_p, sp.min_p = ps.temperature, ps.top_k, ps.top_p, ps.min_p
         sp.seed = (ps.seed or 0) & 0xFFFFFFFFFFFFFFFF
-        seq = _Seq((sid + 1) * self.R, blocks, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp,
-                   hooks=hooks)
+
+        def make(base, blocks):
+            # the hooks may allocate: before the slot is taken (a failure gives the blocks back)
+            hooks = self.r.pick_hooks(pick, self.r.model.p("tokens") + 4 * self.X)
+            return _Seq(base, blocks, list(prompt_ids), pick, max_new, frozenset(stop_ids), sampling=sp, hooks=hooks)
+
+        return self._take(len(prompt_ids) + max_new, make)
+
+    def open_score(self, prompt_ids, candidates) -> int:
+        """A system1 request as a sequence whose range holds its tree (gpu/score.py); step()'s
+        `score` runs it in one step, then the scheduler closes it."""
+        n = tree_slots(prompt_ids, candidates)
+        if n > self.C:
+            raise RequestError(f"prompt + candidates ({n} tokens) exceed the context of {self.C}", field="candidates")
+        return self._take(n, lambda base, blocks: _Scoring(base, blocks, list(prompt_ids), [list(c) for c in candidates]))
+
+    def _take(self, n_slots: int, make) -> int:
+        """A free sequence, blocks for n_slots from the pool (NoRoom: the scheduler keeps the
+        request waiting) mapped into its range, and make(base, blocks) as its entry."""
+        if not self.free:
+            raise RequestError(f"all {self.S} sequences are in use")
+        blocks = self.pool.take(n_slots)
         try:
+            sid = self.free[-1]
+            seq = make((sid + 1) * self.R, blocks)
             self._map(seq.base, blocks)
         except BaseException:
-            self.free.append(sid)
             self.pool.give(blocks)
             raise
+        self.free.pop()
         self.seqs[sid] = seq
         return sid
 
@@ -142,9 +170,10 @@ class Batcher:
         self._drain(self.pending)
         self.dirty = bool(self.rows)
 
-    def step(self, prefill, decode) -> dict[int, list]:
+    def step(self, prefill, decode, score=()) -> dict[int, list]:
         out, self.pending = self.pending, {}
-        plain = [s for s in decode if s in self.seqs and self.seqs[s].hooks is None and not self.seqs[s].ended]
+        plain = [s for s in decode if isinstance(self.seqs.get(s), _Seq) and self.seqs[s].hooks is None
+                 and not self.seqs[s].ended]
         if set(plain) != set(self.rows) or self.dirty:
             self._drain(out)
             self.dirty = False
@@ -152,9 +181,12 @@ class Batcher:
             self._write_rows()
         for sid, n in prefill:
             self._prefill(sid, n, out)
+        for sid in score:  # like a prompt: after the decode rows, in its own range
+            q = self.seqs[sid]
+            out[sid] = scoring.score(self.r, q.prompt, q.candidates, Place(self.X, q.base))
         for sid in decode:
             seq = self.seqs.get(sid)
-            if seq is not None and seq.hooks is not None and not seq.ended and seq.out:
+            if isinstance(seq, _Seq) and seq.hooks is not None and not seq.ended and seq.out:
                 self._hooked_step(sid, seq, out)
         if self.rows:
             self._launch_ahead()

@@ -107,9 +107,9 @@ class GpuModel:
     def decoder_layer(self, il: int) -> DecoderLayer:
         raise NotImplementedError
 
-    def fork(self, n_seq: int) -> None:
-        """(scoring = "fork") Copy the recurrent state after the prompt into sequence slots
-        0..n_seq-1 for a forward(seqs=n_seq) pass."""
+    def fork(self, n_seq: int, kv_base: int = 0) -> None:
+        """(scoring = "fork") Copy the recurrent state after the prompt (the state slot of the
+        range from kv_base) into sequence slots 0..n_seq-1 for a forward(seqs=n_seq) pass."""
         raise NotImplementedError(f"{type(self).__name__} scores by tree mask; it has no state to fork")
 
     def max_forks(self) -> int:

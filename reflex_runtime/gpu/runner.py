@@ -22,19 +22,18 @@ from ..engine import Limits
 from ..errors import DeviceError, DoesNotFit, RequestError, RequestTimeout
 from ..sampling import Sampled, SamplingParams
 from ..kvpool import KV_BLOCK, blocks_for
-from ..tree import tree_layout
 from .launch import Launcher
 from .model import MAX_SEQS
+from . import score as scoring
 from .ops import sample
-from .ops.logits import logprob_rows
 from .ops.sample import ARGMAX_PARTS, RxSampling, RxState
+from .score import MAX_SCORED
 from .step import Pick, Seq, Step, int_array
 from .upload import StagingRing, default_threads, upload_file_range
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
 READBACK_SLOTS = 8
 AHEAD = 2  # decode steps queued on the GPU beyond the token being read
-MAX_SCORED = 8192  # candidate tokens per system1 call (the engine's limits are lower)
 FIT_HEADROOM = 256 << 20  # + 1% of the GPU + system1's logits: device memory kept free beside the arena (graphs)
 
 
@@ -74,8 +73,8 @@ class CudaRunner:
     def _plan(self, max_seqs: int, pool_tokens: int | None = None):
         """The family's gpu.model.GpuModel for max_seqs sequences (plans only: nothing is on the
         device yet). max_seqs > 1 (serving, a family that batches): a range of max_context logical
-        slots (whole blocks) per sequence and range 0 for the runner's own passes (system1)
-        between steps (gpu/batch.py), backed by a paged pool of pool_tokens (None or more: max_seqs
+        slots (whole blocks) per sequence and range 0 for the runner's own passes (its
+        generate_ids and score() between steps; serving scores in a sequence's range, gpu/batch.py), backed by a paged pool of pool_tokens (None or more: max_seqs
         full ranges, all that could be in use; never less than one), kvpool.py."""
         if max_seqs > 1:
             rng = blocks_for(self.max_context) * KV_BLOCK
@@ -169,6 +168,8 @@ class CudaRunner:
             self._cap = max(self.max_context, MAX_BATCH)
             self._seq_at = 4 * self._cap + 16 + 3 * MAX_SCORED
             self._in_ptr, self._in_view = dev.alloc_pinned(4 * (self._seq_at + MAX_SEQS + 1))
+            self._in_ev = dev.event()
+            dev.record(self._in_ev, self.stream)
             self._rb_ptr, self._rb_view = dev.alloc_pinned(4 * READBACK_SLOTS)
             self._rb_events = [dev.event() for _ in range(READBACK_SLOTS)]
             d = self.model
@@ -204,26 +205,27 @@ class CudaRunner:
     # -- inputs ------------------------------------------------------------------------------
 
     def _write_inputs(self, tokens, pos, slot, seg_lo=None, n_kv: int = 0, sampling: SamplingParams | None = None,
-                      seq_start=None) -> None:
-        """Copy per-token inputs (and the step counter, n_kv, sampling settings, the starts of a
-        forked batch's sequences) to the device."""
+                      seq_start=None, first: int = 0, step: int | None = 0) -> None:
+        """Copy per-token inputs to the device state from index `first` (and n_kv, the step
+        counter unless `step` is None, sampling settings, the starts of a forked batch's sequences)."""
         n = len(tokens)
-        ints = self._in_view.cast("i")
         cap = self._cap
         if n > cap:
             raise RequestError(f"{n} tokens exceed the context of {self.max_context}")
+        ints = self._pinned().cast("i")
         d, dev, s = self.model, self.dev, self.stream
         for k, arr in enumerate((tokens, pos, slot, seg_lo or ())):
             ints[k * cap:k * cap + len(arr)] = int_array(arr)
         scalars = 4 * cap  # n_kv, step
         ints[scalars] = n_kv or max(slot) + 1
-        ints[scalars + 1] = 0
+        ints[scalars + 1] = step or 0
         for k, name in enumerate(("tokens", "pos", "slot", "seg_lo")):
             if k == 3 and not seg_lo:
                 continue
-            dev.htod(d.p(name), self._in_ptr + 4 * k * cap, 4 * n, s)
+            dev.htod(d.p(name) + 4 * first, self._in_ptr + 4 * k * cap, 4 * n, s)
         dev.htod(d.p("n_kv"), self._in_ptr + 4 * scalars, 4, s)
-        dev.htod(d.p("step"), self._in_ptr + 4 * (scalars + 1), 4, s)
+        if step is not None:
+            dev.htod(d.p("step"), self._in_ptr + 4 * (scalars + 1), 4, s)
         if sampling is not None:
             sp = RxSampling.from_address(self._in_ptr + 4 * (scalars + 4))
             sp.temperature, sp.top_k, sp.top_p = sampling.temperature, sampling.top_k, sampling.top_p
@@ -233,6 +235,18 @@ class CudaRunner:
         if seq_start is not None:
             ints[self._seq_at:self._seq_at + len(seq_start)] = int_array(seq_start)
             dev.htod(d.p("seq_start"), self._in_ptr + 4 * self._seq_at, 4 * len(seq_start), s)
+        dev.record(self._in_ev, s)
+
+    def _pinned(self):
+        """The pinned input buffer, once the copies queued from it have run (work queued ahead,
+        such as a batch's decode steps, may hold them back)."""
+        self.dev.wait_event(self._in_ev)
+        return self._in_view
+
+    def _pinned_scoring(self):
+        """(address, view) of the pinned buffer's part for system1's rows and tokens (gpu/score.py)."""
+        at = 4 * (4 * self._cap + 16)
+        return self._in_ptr + at, self._pinned()[at:at + 12 * MAX_SCORED]
 
     def _forward_chunks(self, n: int, logit_rows: int = 1, logits: int = 0, logit_row: int = -1,
                         deadline: float | None = None) -> None:
@@ -377,14 +391,20 @@ class CudaRunner:
         return self.model.max_seqs if self.model.batchable else 1
 
     def batch_open(self, prompt_ids, pick: Pick, max_new: int, stop_ids) -> int:
+        return self._batcher().open(prompt_ids, pick, max_new, stop_ids)
+
+    def batch_open_score(self, prompt_ids, candidates) -> int:
+        return self._batcher().open_score(prompt_ids, candidates)
+
+    def _batcher(self):
         if self._batch is None:
             from .batch import Batcher
 
             self._batch = Batcher(self)
-        return self._batch.open(prompt_ids, pick, max_new, stop_ids)
+        return self._batch
 
-    def batch_step(self, prefill, decode) -> dict:
-        return self._batch.step(prefill, decode)
+    def batch_step(self, prefill, decode, score=()) -> dict:
+        return self._batch.step(prefill, decode, score)
 
     def batch_close(self, sid: int) -> None:
         self._batch.close(sid)
@@ -461,110 +481,10 @@ class CudaRunner:
                                stop_ids, deadline)
 
     def score(self, prompt_ids, candidates) -> list[list[float]]:
+        """system1 in the runner's own place (gpu/score.py); a batch's sequences keep theirs."""
         if self._batch is not None:  # sequences may be decoding: their state and ranges stay theirs
             self._batch.pause()
-        if self.model.scoring == "fork":
-            return self._score_forked(prompt_ids, candidates)
-        ids, positions, seg_lo, predictors = tree_layout(prompt_ids, candidates)
-        n_p, n = len(prompt_ids), len(ids)
-        if n > MAX_BATCH:
-            return self._score_long(prompt_ids, candidates)
-        slots = list(range(n))
-        self._write_inputs(ids, positions, slots, seg_lo=seg_lo, n_kv=n)
-        rows = n - n_p + 1  # logits for the last prompt row and every candidate row
-        logits = self._logits_buffer(rows)
-        self.model.forward(n, tree=True, prefix_len=n_p, logit_row=n_p - 1, logit_rows=rows, logits=logits)
-        self.forward_passes += 1
-        flat_rows = [r - (n_p - 1) for rs in predictors for r in rs]
-        flat_toks = [t for c in candidates for t in c]
-        return self._gather_logprobs(logits, flat_rows, flat_toks, [len(c) for c in candidates])
-
-    def _score_long(self, prompt_ids, candidates) -> list[list[float]]:
-        """Prompt + candidates larger than one batch: prompt once, then each candidate in turn
-        (its tokens go in the cache slots after the prompt, overwriting the previous candidate)."""
-        n_p = len(prompt_ids)
-        out = []
-        for cand in candidates:
-            ids = list(prompt_ids) + list(cand)
-            pos = list(range(len(ids)))
-            self._write_inputs(ids, pos, pos, n_kv=len(ids))
-            logits = self._logits_buffer(len(cand))
-            self._forward_chunks(len(ids), logit_rows=len(cand), logits=logits, logit_row=n_p - 1)
-            out += self._gather_logprobs(logits, list(range(len(cand))), list(cand), [len(cand)])
-        return out
-
-    def _score_forked(self, prompt_ids, candidates) -> list[list[float]]:
-        """Recurrent models (GpuModel.scoring == "fork"): the prompt once (logits of its last row
-        score every candidate's first token), then the state after it copied once per candidate
-        and all candidates' tokens but their last in one pass of independent sequences (tree
-        mask for attention: each sees the prompt and itself). More than one pass only when the
-        candidates exceed a batch (MAX_BATCH tokens, model.max_forks() sequences)."""
-        n_p, d = len(prompt_ids), self.model
-        tails = [list(c[:-1]) for c in candidates]  # the tokens whose logits score the next one
-        logits = self._logits_buffer(1 + sum(len(t) for t in tails))
-        pos = list(range(n_p))
-        self._write_inputs(prompt_ids, pos, pos, n_kv=n_p)
-        self._forward_chunks(n_p, logits=logits)
-        groups: list[list[int]] = [[]]  # candidates per pass: normally all of them in one
-        size, limit = 0, d.max_forks()
-        for ci in (i for i, t in enumerate(tails) if t):
-            if groups[-1] and (size + len(tails[ci]) > MAX_BATCH or len(groups[-1]) >= limit):
-                groups.append([])
-                size = 0
-            groups[-1].append(ci)
-            size += len(tails[ci])
-        row, first_row = 1, {}  # logits row of each candidate's first tail token
-        for group in filter(None, groups):
-            start = row
-            for ci in group:
-                first_row[ci] = row
-                row += len(tails[ci])
-            self._forked_pass(n_p, [tails[ci] for ci in group], logits + 4 * start * self.config.vocab_size)
-        flat_rows, flat_toks = [], []
-        for ci, cand in enumerate(candidates):
-            flat_rows += [0] + [first_row[ci] + j for j in range(len(cand) - 1)]
-            flat_toks += list(cand)
-        return self._gather_logprobs(logits, flat_rows, flat_toks, [len(c) for c in candidates])
-
-    def _forked_pass(self, n_p: int, seqs: list[list[int]], logits: int) -> None:
-        """One forward pass over `seqs`, each continuing its own copy of the prompt's state, in the
-        cache slots after the prompt; every row's logits into `logits`."""
-        toks, pos, slots, seg_lo, starts = [], [], [], [], [0]
-        for seq in seqs:
-            start = n_p + len(toks)
-            for j, tok in enumerate(seq):
-                slots.append(n_p + len(toks))
-                toks.append(tok)
-                pos.append(n_p + j)
-                seg_lo.append(start)
-            starts.append(len(toks))
-        n = len(toks)
-        self._write_inputs(toks, pos, slots, seg_lo=seg_lo, n_kv=n_p + n, seq_start=starts)
-        self.model.fork(len(seqs))
-        self.model.forward(n, tree=True, prefix_len=n_p, logit_row=0, logit_rows=n, logits=logits, seqs=len(seqs),
-                           seq_max=max(len(x) for x in seqs))
-        self.forward_passes += 1
-
-    def _gather_logprobs(self, logits, rows, toks, lengths) -> list[list[float]]:
-        dev, s = self.dev, self.stream
-        m = len(rows)
-        if m > MAX_SCORED:
-            raise RequestError(f"{m} candidate tokens exceed {MAX_SCORED}", field="candidates")
-        ints = self._in_view.cast("i")
-        base = 4 * self._cap + 16
-        ints[base:base + m] = int_array(rows)
-        ints[base + m:base + 2 * m] = int_array(toks)
-        tmp = self._scratch(3 * m)
-        dev.htod(tmp, self._in_ptr + 4 * base, 8 * m, s)
-        logprob_rows(self.launch, logits, self.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
-        dev.dtoh(self._in_ptr + 4 * base, tmp + 8 * m, 4 * m, s)
-        dev.sync(s)
-        vals = list(self._in_view.cast("f")[base:base + m])
-        out, k = [], 0
-        for ln in lengths:
-            out.append(vals[k:k + ln])
-            k += ln
-        return out
+        return scoring.score(self, prompt_ids, candidates)
 
     def _scratch(self, n_ints: int) -> int:
         ptr, cap = getattr(self, "_scratch_buf", (0, 0))

@@ -82,6 +82,7 @@ class ReferenceRunner:
         self.pool = BlockPool(0, max(min(blocks_for(kv_tokens) if kv_tokens else full, full), ctx_blocks))
         self._blocks: dict[int, list[int]] = {}
         self._seqs: dict[int, _Seq] = {}
+        self._scoring: dict[int, tuple] = {}  # system1 requests' (prompt, candidates)
         self._sids = itertools.count()
 
     def info(self) -> dict:
@@ -118,8 +119,20 @@ class ReferenceRunner:
         self._seqs[sid] = _Seq(list(prompt_ids), pick, self.model.new_cache(len(prompt_ids) + max_new))
         return sid
 
-    def batch_step(self, prefill, decode) -> dict[int, list]:
-        out = {}
+    def batch_open_score(self, prompt_ids, candidates) -> int:
+        """A system1 request as a sequence of one step: blocks for its tree, as on the GPU."""
+        n = len(prompt_ids) + sum(len(c) for c in candidates)
+        if n > self.max_context:
+            raise RequestError(f"prompt + candidates ({n} tokens) exceed the context of {self.max_context}",
+                               field="candidates")
+        blocks = self.pool.take(n)
+        sid = next(self._sids)
+        self._blocks[sid] = blocks
+        self._scoring[sid] = (list(prompt_ids), [list(c) for c in candidates])
+        return sid
+
+    def batch_step(self, prefill, decode, score=()) -> dict[int, list]:
+        out = {sid: self.score(*self._scoring[sid]) for sid in score}
         for sid, n in prefill:
             s = self._seqs[sid]
             logits = self.model.forward(s.prompt[s.fed:s.fed + n], s.cache)[-1]
@@ -133,6 +146,7 @@ class ReferenceRunner:
 
     def batch_close(self, sid: int) -> None:
         self._seqs.pop(sid, None)
+        self._scoring.pop(sid, None)
         self.pool.give(self._blocks.pop(sid, []))
 
     def _pick(self, s: _Seq, logits):

@@ -62,8 +62,9 @@ class Qwen35Gpu(GpuModel):
             return self.p("dn_state"), self.slot_bytes, self.p("row_slot")
         return self.p("dn_state") + b.kv_base // self.range_slots * self.slot_bytes, 0, 0
 
-    def fork(self, n_seq: int) -> None:
+    def fork(self, n_seq: int, kv_base: int = 0) -> None:
         dev, s = self.launch.dev, self.launch.stream
+        src = self.p("dn_state") + kv_base // self.range_slots * self.slot_bytes  # as state_of's prompt chunk
         ptr, have = self._forks
         if have < n_seq:
             if ptr:
@@ -72,7 +73,7 @@ class Qwen35Gpu(GpuModel):
             ptr = dev.alloc(max(n_seq * self.slot_bytes, 4))
             self._forks = (ptr, n_seq)
         for k in range(n_seq if self.slot_bytes else 0):
-            dev.dtod(ptr + k * self.slot_bytes, self.p("dn_state"), self.slot_bytes, s)
+            dev.dtod(ptr + k * self.slot_bytes, src, self.slot_bytes, s)
 
     def max_forks(self) -> int:
         """Sequences per forked pass: up to half the free device memory for their state copies."""
