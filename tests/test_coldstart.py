@@ -200,3 +200,24 @@ def test_cli_summary_line_and_json_record_from_a_real_process(tmp_path):
     names = [s["stage"] for s in cs["stages"]]
     assert names.index("gguf_open") < names.index("tokenizer") < names.index("first_token")
     assert cs["energy_error"]  # the reason energy is null (CPU backend)
+
+
+def test_the_gpu_cold_path_never_imports_numpy():
+    """numpy's import (~60-300 ms, longer beside the threads cuInit and NVML keep busy) is not on
+    the way to the first token: every module the CUDA load and a generate import goes without it
+    (a module that needs it for the CPU backend, checks or benchmarks imports it in a function).
+    The paged cache's table once imported it in gpu/model.py: spawn -> first token +350 ms."""
+    import subprocess
+    import sys
+
+    mods = ["reflex_runtime.cli", "reflex_runtime.loader", "reflex_runtime.engine", "reflex_runtime.gpu.bootstrap",
+            "reflex_runtime.gpu.runner", "reflex_runtime.gpu.upload", "reflex_runtime.gpu.score",
+            "reflex_runtime.text.tokenizer", "reflex_runtime.text.chat", "reflex_runtime.modelfile.gguf_file",
+            "reflex_runtime.modelfile.modelcache", "reflex_runtime.measure.coldstart", "reflex_runtime.measure.energy",
+            "reflex_runtime.families"]
+    mods += [f"reflex_runtime.families.{f}.gpu" for f in ("qwen3", "qwen3moe", "qwen35", "deepseek2", "gemma3", "llama")]
+    code = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in mods) + \
+        "print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

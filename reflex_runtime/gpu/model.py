@@ -12,8 +12,6 @@ The runner (gpu/runner.py) sees only this base class.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..kvpool import KV_BLOCK
 from ..modelfile import tensor_names as T
 from .arena import Arena
@@ -22,6 +20,7 @@ from .launch import Launcher
 from .layer import DecoderLayer
 from .ops import embed
 from .ops.sample import ARGMAX_PARTS
+from .step import int_array
 
 MAX_SEQS = 256  # independent sequences in one forward pass (system1 candidates on recurrent models)
 
@@ -139,8 +138,9 @@ class GpuModel:
         if self.paged:  # range 0 on its own rows, every other slot on the unmapped block (gpu/batch.py maps them)
             n0, table = self.range_slots // KV_BLOCK, self.p("kv_blocks")
             launch.dev.memset32(table, n0, self.n_ctx // KV_BLOCK, launch.stream)
-            self._ident = np.arange(n0, dtype=np.int32)  # kept: the copy is asynchronous
-            launch.dev.htod(table, self._ident.ctypes.data, self._ident.nbytes, launch.stream)
+            self._ident = int_array(range(n0))  # kept: the copy is asynchronous (no numpy on the cold path)
+            addr, _ = self._ident.buffer_info()
+            launch.dev.htod(table, addr, 4 * n0, launch.stream)
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
         self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)

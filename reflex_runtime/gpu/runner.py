@@ -204,7 +204,7 @@ class CudaRunner:
 
     # -- inputs ------------------------------------------------------------------------------
 
-    def _write_inputs(self, tokens, pos, slot, seg_lo=None, n_kv: int = 0, sampling: SamplingParams | None = None,
+    def write_inputs(self, tokens, pos, slot, seg_lo=None, n_kv: int = 0, sampling: SamplingParams | None = None,
                       seq_start=None, first: int = 0, step: int | None = 0) -> None:
         """Copy per-token inputs to the device state from index `first` (and n_kv, the step
         counter unless `step` is None, sampling settings, the starts of a forked batch's sequences)."""
@@ -243,7 +243,7 @@ class CudaRunner:
         self.dev.wait_event(self._in_ev)
         return self._in_view
 
-    def _pinned_scoring(self):
+    def pinned_scoring(self):
         """(address, view) of the pinned buffer's part for system1's rows and tokens (gpu/score.py)."""
         at = 4 * (4 * self._cap + 16)
         return self._in_ptr + at, self._pinned()[at:at + 12 * MAX_SCORED]
@@ -279,7 +279,7 @@ class CudaRunner:
         pos = list(range(seq.start, seq.start + seq.n))
         slots = list(range(seq.first_slot, seq.first_slot + seq.n))
         sampled = seq.pick is not None and not seq.pick.greedy
-        self._write_inputs(seq.tokens, pos, slots, n_kv=slots[-1] + 1, sampling=seq.pick.params if sampled else None)
+        self.write_inputs(seq.tokens, pos, slots, n_kv=slots[-1] + 1, sampling=seq.pick.params if sampled else None)
 
     def prefill(self, step: Step, deadline: float | None = None) -> None:
         """write(step), then forward its tokens in chunks of MAX_BATCH; each sequence's last row
@@ -486,14 +486,21 @@ class CudaRunner:
             self._batch.pause()
         return scoring.score(self, prompt_ids, candidates)
 
-    def _scratch(self, n_ints: int) -> int:
+    # -- device buffers system1 scoring grows on demand (gpu/score.py) ---------------------------
+
+    def scratch(self, n_ints: int) -> int:
+        """At least n_ints device ints (the rows, tokens and results of a log-probability gather)."""
         ptr, cap = getattr(self, "_scratch_buf", (0, 0))
         if cap < n_ints:
+            if ptr:
+                self.dev.sync(self.stream)  # no kernel queued earlier may still read the old buffer
+                self.dev.free(ptr)
             ptr = self.dev.alloc(4 * n_ints)
             self._scratch_buf = (ptr, n_ints)
         return ptr
 
-    def _logits_buffer(self, rows: int) -> int:
+    def logits_buffer(self, rows: int) -> int:
+        """At least `rows` rows of logits (system1's: more than the decode rows' buffer holds)."""
         ptr, have = self._big_logits
         if have < rows:
             if ptr:
@@ -543,8 +550,8 @@ class CudaRunner:
 
         n = len(ids)
         pos = list(range(n))
-        self._write_inputs(ids, pos, pos, n_kv=n)
-        logits = self._logits_buffer(n)
+        self.write_inputs(ids, pos, pos, n_kv=n)
+        logits = self.logits_buffer(n)
         for c0 in range(0, n, MAX_BATCH):
             m = min(MAX_BATCH, n - c0)
             self.model.forward(m, first=c0, logit_row=0, logit_rows=m, logits=logits + 4 * c0 * self.config.vocab_size)

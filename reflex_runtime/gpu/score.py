@@ -50,7 +50,7 @@ def score(r, prompt_ids, candidates, place: Place = Place()) -> list[list[float]
         return _long(r, prompt_ids, candidates, place)
     _write(r, place, ids, positions, list(range(n)), seg_lo=seg_lo)
     rows = n - n_p + 1  # logits for the last prompt row and every candidate row
-    logits = r._logits_buffer(rows)
+    logits = r.logits_buffer(rows)
     _forward(r, place, n, tree=True, prefix_len=n_p, logit_row=n_p - 1, logit_rows=rows, logits=logits)
     flat_rows = [row - (n_p - 1) for rs in predictors for row in rs]
     flat_toks = [t for c in candidates for t in c]
@@ -62,7 +62,7 @@ def _long(r, prompt_ids, candidates, place: Place) -> list[list[float]]:
     tokens in the cache slots after the prompt, overwriting the previous candidate's)."""
     n_p, out = len(prompt_ids), []
     for cand in candidates:
-        logits = r._logits_buffer(len(cand))
+        logits = r.logits_buffer(len(cand))
         # rows n_p - 1 .. n_p + len(cand) - 2 predict the candidate's tokens: they may span chunks
         _chunks(r, place, list(prompt_ids) + list(cand), logits, n_p - 1, len(cand))
         out += gather(r, logits, list(range(len(cand))), list(cand), [len(cand)])
@@ -91,7 +91,7 @@ def _forked(r, prompt_ids, candidates, place: Place) -> list[list[float]]:
     one pass only when the candidates exceed a pass (max_batch tokens, model.max_forks() copies)."""
     n_p, d = len(prompt_ids), r.model
     tails = [list(c[:-1]) for c in candidates]  # the tokens whose logits score the next one
-    logits = r._logits_buffer(1 + sum(len(t) for t in tails))
+    logits = r.logits_buffer(1 + sum(len(t) for t in tails))
     _chunks(r, place, list(prompt_ids), logits, n_p - 1, 1)
     groups: list[list[int]] = [[]]  # candidates per pass: normally all of them in one
     size, limit = 0, d.max_forks()
@@ -138,7 +138,7 @@ def _write(r, place: Place, tokens, pos, slots, seg_lo=None, seq_start=None) -> 
     # in a batch, n_kv = the whole context (the decode rows read min(n_kv, own slot + 1); a
     # range's keys are bounded by each query's slot anyway) and the rows' draw counter is kept
     n_kv = r.model.n_ctx if place.in_batch else max(slots) + 1
-    r._write_inputs(tokens, pos, slots, seg_lo=seg_lo, n_kv=n_kv, seq_start=seq_start, first=place.at,
+    r.write_inputs(tokens, pos, slots, seg_lo=seg_lo, n_kv=n_kv, seq_start=seq_start, first=place.at,
                     step=None if place.in_batch else 0)
 
 
@@ -153,11 +153,11 @@ def gather(r, logits, rows, toks, lengths) -> list[list[float]]:
     m = len(rows)
     if m > MAX_SCORED:
         raise RequestError(f"{m} candidate tokens exceed {MAX_SCORED}", field="candidates")
-    ptr, view = r._pinned_scoring()
+    ptr, view = r.pinned_scoring()
     ints = view.cast("i")
     ints[:m] = int_array(rows)
     ints[m:2 * m] = int_array(toks)
-    tmp = r._scratch(3 * m)
+    tmp = r.scratch(3 * m)
     dev.htod(tmp, ptr, 8 * m, s)
     logprob_rows(r.launch, logits, r.config.vocab_size, tmp, tmp + 4 * m, tmp + 8 * m, m)
     dev.dtoh(ptr, tmp + 8 * m, 4 * m, s)
