@@ -22,6 +22,7 @@ import time
 
 from .errors import Busy, NoRoom, ReflexError, RequestTimeout
 from .sampling import Sampled
+from .tree import tree_tokens
 
 ENERGY_PERIOD_S = 0.02  # the energy counter is read this often while steps run (NVML's ticks are ~20-100 ms)
 IDLE_READ_S = 1.0  # and this often when no step ran for a second
@@ -137,7 +138,7 @@ class Scoring(_Request):
     def __init__(self, prompt, candidates):
         super().__init__()
         self.prompt, self.candidates = prompt, candidates
-        self.n_tokens = len(prompt) + sum(len(c) for c in candidates)
+        self.n_tokens = tree_tokens(prompt, candidates)
         self.result = self.error = None
         self.done = threading.Event()
 
@@ -425,7 +426,7 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             out = self.runner.batch_step([(t.sid, n) for t, n in prefill], [t.sid for t in decode],
-                                         **({"score": [t.sid for t in score]} if score else {}))
+                                         [t.sid for t in score])
         except Exception as e:  # noqa: BLE001 - every sequence of the step shares the failure
             for t in [t for t, _ in prefill] + decode + score:
                 self._retire(t, ended=True, quiet=True)

@@ -31,6 +31,11 @@ def tree_layout(prompt_ids: list[int], candidates: list[list[int]]):
     return ids, positions, seg_lo, predictors
 
 
+def tree_tokens(prompt_ids, candidates) -> int:
+    """Tokens (and cache slots) a system1 request takes: the prompt and every candidate."""
+    return len(prompt_ids) + sum(len(c) for c in candidates)
+
+
 def tree_allows(slot_q: int, slot_k: int, seg_lo_q: int, prefix_len: int) -> bool:
     """The attention rule the kernels apply: may the token in slot_q see the key in slot_k?"""
     return slot_k <= slot_q and (slot_k < prefix_len or slot_k >= seg_lo_q)

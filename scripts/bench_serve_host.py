@@ -138,7 +138,7 @@ class FastBatchRunner:
         self._seqs[self._next] = [len(prompt_ids), 0]  # prompt length, positions done
         return self._next
 
-    def batch_step(self, prefill, decode):
+    def batch_step(self, prefill, decode, score=()):
         t0 = time.perf_counter()
         self.starts.append(t0)
         out = {}

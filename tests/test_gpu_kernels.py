@@ -386,17 +386,22 @@ ATTN_CASES = {
 }
 
 
+def _prompt_problem(rng, n_head, n_kvh, hd, n_tok, first, n_ctx):
+    """Random f16 caches of n_ctx slots (position = slot) and the f32 queries of n_tok tokens at
+    slots first..: (kc, vc, q, q_slot, kv_pos)."""
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    return kc, vc, q, np.arange(first, first + n_tok, dtype=np.int32), np.arange(n_ctx, dtype=np.int32)
+
+
 @pytest.mark.parametrize("case", list(ATTN_CASES))
 def test_attention(gpu, case):
 
     n_head, n_kvh, hd, n_tok, first, tree, window, softcap = ATTN_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = max(200, first + n_tok + 1)
-    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
-    q_slot = np.arange(first, first + n_tok, dtype=np.int32)
-    kv_pos = np.arange(n_ctx, dtype=np.int32)
+    kc, vc, q, q_slot, kv_pos = _prompt_problem(rng, n_head, n_kvh, hd, n_tok, first, n_ctx)
     seg_lo, prefix_len = None, 0
     q_pos = q_slot.copy()
     if tree:  # a prompt of 4 tokens at slots first.., then candidates of 3, 1, 4 tokens
@@ -480,13 +485,9 @@ def test_flash_attention(gpu, case):
     n_head, n_kvh, hd, n_tok, first, tree, window, softcap = FLASH_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = first + n_tok + 37
-    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    kc, vc, q, q_slot, kv_pos = _prompt_problem(rng, n_head, n_kvh, hd, n_tok, first, n_ctx)
     kc[:, first + n_tok:] = np.nan  # slots past n_kv hold garbage the kernel must never use
     vc[:, first + n_tok:] = np.inf
-    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
-    q_slot = np.arange(first, first + n_tok, dtype=np.int32)
-    kv_pos = np.arange(n_ctx, dtype=np.int32)
     seg_lo, prefix_len, q_pos = None, 0, q_slot.copy()
     if tree:  # a prompt of 4 tokens at slots first.., then candidates of 3, 1, 4 tokens
         prefix_len = first + 4

@@ -14,7 +14,7 @@ import pytest
 
 from test_gpu_batch import ROW_CASES, _rows_problem
 from test_gpu_deepseek2 import MLA_CASES
-from test_gpu_kernels import FLASH_CASES, _sm80
+from test_gpu_kernels import FLASH_CASES, _prompt_problem, _sm80
 from test_gpu_kernels import knobs  # noqa: F401 (the fixture)
 
 from reflex_runtime.gpu.ops import attention, attn_decode, flash_attn, mla, rope
@@ -71,11 +71,7 @@ def test_flash_attention_paged(gpu, case):
     n_head, n_kvh, hd, n_tok, first, tree, window, softcap = FLASH_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = _up(first + n_tok + 37)
-    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
-    q_slot = np.arange(first, first + n_tok, dtype=np.int32)
-    kv_pos = np.arange(n_ctx, dtype=np.int32)
+    kc, vc, q, q_slot, kv_pos = _prompt_problem(rng, n_head, n_kvh, hd, n_tok, first, n_ctx)
     seg_lo, prefix_len = None, 0
     if tree:  # a prompt of 4 tokens, then candidates of 3, 1, 4 tokens (as test_flash_attention)
         prefix_len = first + 4

@@ -431,7 +431,7 @@ class _StubRunner:
         self.n += 1
         return self.n
 
-    def batch_step(self, prefill, decode):
+    def batch_step(self, prefill, decode, score=()):
         if self.fail:
             raise RuntimeError(self.fail)
         time.sleep(0.01)

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from ..errors import RequestError
 from ..kvpool import KV_BLOCK, BlockPool
 from ..sampling import Sampled
+from ..tree import tree_tokens
 from . import score as scoring
-from .score import Place, tree_slots
+from .score import Place
 from .step import Pick, int_array
 from .ops import sample
 from .ops.sample import RxRows, RxSampling
@@ -127,7 +128,7 @@ class Batcher:
     def open_score(self, prompt_ids, candidates) -> int:
         """A system1 request as a sequence whose range holds its tree (gpu/score.py); step()'s
         `score` runs it in one step, then the scheduler closes it."""
-        n = tree_slots(prompt_ids, candidates)
+        n = tree_tokens(prompt_ids, candidates)  # the most slots any scoring way takes
         if n > self.C:
             raise RequestError(f"prompt + candidates ({n} tokens) exceed the context of {self.C}", field="candidates")
         return self._take(n, lambda base, blocks: _Scoring(base, blocks, list(prompt_ids), [list(c) for c in candidates]))

@@ -35,11 +35,6 @@ class Place:
         return self.at > 0
 
 
-def tree_slots(prompt_ids, candidates) -> int:
-    """Cache slots a scoring takes in its range, whichever way runs it (the tree's are the most)."""
-    return len(prompt_ids) + sum(len(c) for c in candidates)
-
-
 def score(r, prompt_ids, candidates, place: Place = Place()) -> list[list[float]]:
     """Per candidate, its tokens' log-probabilities after the prompt (r: the CudaRunner)."""
     if r.model.scoring == "fork":

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import RequestError, RequestTimeout
 from ..kvpool import BlockPool, blocks_for
 from ..sampling import Pick, Sampled, SamplingParams
-from ..tree import tree_layout
+from ..tree import tree_layout, tree_tokens
 from .sampling import allowed_bits, sample, token_logprobs
 
 
@@ -121,7 +121,7 @@ class ReferenceRunner:
 
     def batch_open_score(self, prompt_ids, candidates) -> int:
         """A system1 request as a sequence of one step: blocks for its tree, as on the GPU."""
-        n = len(prompt_ids) + sum(len(c) for c in candidates)
+        n = tree_tokens(prompt_ids, candidates)
         if n > self.max_context:
             raise RequestError(f"prompt + candidates ({n} tokens) exceed the context of {self.max_context}",
                                field="candidates")
