@@ -59,14 +59,14 @@ def _model_ref(value: str) -> str:
     return value
 
 
-def _context(value: str) -> int:
-    from .engine import CONTEXT_RANGE
+def _int_in(range_name: str):
+    """An argparse type: an integer within engine.<range_name>, looked up when a value is parsed
+    (engine.py stays off the import path of commands that do not use it: the cold start)."""
 
-    return _int_in(*CONTEXT_RANGE)(value)
-
-
-def _int_in(lo: int, hi: int):
     def parse(value: str) -> int:
+        from . import engine
+
+        lo, hi = getattr(engine, range_name)
         try:
             n = int(value)
         except ValueError:
@@ -78,17 +78,18 @@ def _int_in(lo: int, hi: int):
     return parse
 
 
-def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
-    from .engine import KV_TOKENS_RANGE, PARALLEL_RANGE, QUEUE_RANGE
+_context = _int_in("CONTEXT_RANGE")
 
-    p.add_argument("--parallel", type=_int_in(*PARALLEL_RANGE), default=None, metavar="N",
+
+def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parallel", type=_int_in("PARALLEL_RANGE"), default=None, metavar="N",
                    help="requests generated at once, batched into each step (default 16)")
-    p.add_argument("--kv-tokens", type=_int_in(*KV_TOKENS_RANGE), default=None, metavar="N",
+    p.add_argument("--kv-tokens", type=_int_in("KV_TOKENS_RANGE"), default=None, metavar="N",
                    help="tokens the KV cache holds for all of them together, in blocks of 16, from --ctx to "
                         "--parallel x --ctx (default: the most, or what fits in the GPU's free memory); a request "
                         "waits until its prompt + max_tokens fit (a system1 request: its prompt + candidates; the GPU keeps "
                         "one more --ctx beside them)")
-    p.add_argument("--max-queue", type=_int_in(*QUEUE_RANGE), default=None, metavar="N",
+    p.add_argument("--max-queue", type=_int_in("QUEUE_RANGE"), default=None, metavar="N",
                    help="requests that may wait for a free slot; more are answered 429 'busy' (default 256)")
 
 

@@ -221,3 +221,20 @@ def test_the_gpu_cold_path_never_imports_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_parsing_the_command_line_imports_no_engine():
+    """Every command builds the whole parser before its work starts; the serving options' ranges
+    once imported engine.py there (and with it dataclasses and inspect: ~20 ms) ahead of the
+    model file's open on every cold start. The ranges are looked up when a value is parsed."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom reflex_runtime import cli\n"
+            "a = cli.build_parser().parse_args(['generate', 'hi', '--model', 'm.gguf'])\n"
+            "print('reflex_runtime.engine' in sys.modules)\n"
+            "cli.build_parser().parse_args(['serve', '--model', 'm.gguf', '--parallel', '8', '--ctx', '64'])\n"
+            "print('reflex_runtime.engine' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]  # looked up once a value is parsed
