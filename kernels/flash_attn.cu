@@ -4,6 +4,10 @@
 //
 // Visibility is attention.cu's rule: a query at slot s sees cache slot j when j <= s, j < n_kv,
 // (j < prefix_len or j >= seg_lo[t]), and (window <= 0 or pos[t] - kv_pos[j] < window).
+// seg_lo without a prefix is a batch of several sequences' prompt chunks (gpu/batch.py packs them),
+// each token's keys in its own range from seg_lo[t]: a block starts at its tokens' lowest seg_lo, and
+// only the slots some token of the block sees are loaded (the others, a gap between two sequences'
+// ranges, may hold anything, NaN included, and are zero-filled like the keys past the last visible).
 //
 // Grid (ceil(n_tok / BT), n_head_kv); 128 threads = 4 warps. A block takes the 64 query rows
 // (token, head) of BT = 64 / G consecutive tokens and the G = n_head / n_head_kv query heads of
@@ -43,7 +47,8 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
     half* Qs = reinterpret_cast<half*>(rx_smem);
     half* Ks = Qs + FA_ROWS * LD;
     half* Vs = Ks + BKV * LD;
-    __shared__ int s_hi, s_minpos, s_lo;
+    __shared__ int s_hi, s_minpos, s_lo, s_nseg;
+    __shared__ int s_seg_lo[FA_ROWS], s_seg_hi[FA_ROWS];  // (segments) the slot intervals the block's tokens see
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int G = n_head / n_head_kv, BT = FA_ROWS / G, kvh = blockIdx.y, tok0 = blockIdx.x * BT;
     const int n_kv = *n_kv_ptr;
@@ -60,11 +65,21 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
         r_lo[h] = ok && seg_lo ? seg_lo[tk] : 0;
         r_pos[h] = ok ? q_pos[tk] : 0;
     }
+    const bool segments = seg_lo != nullptr && prefix_len == 0;
     if (tid == 0) s_hi = 0, s_minpos = 0x7fffffff;
     __syncthreads();
     if (tid < BT && tok0 + tid < n_tok) {
         atomicMax(&s_hi, min(n_kv, q_slot[tok0 + tid] + 1));
         atomicMin(&s_minpos, q_pos[tok0 + tid]);
+    }
+    if (segments && tid == 0) {  // a sequence's tokens are consecutive: one interval per run of equal seg_lo
+        int n = 0;
+        for (int i = 0; i < BT && tok0 + i < n_tok; i++) {
+            int lo = seg_lo[tok0 + i], hi = min(n_kv, q_slot[tok0 + i] + 1);
+            if (n > 0 && s_seg_lo[n - 1] == lo) s_seg_hi[n - 1] = max(s_seg_hi[n - 1], hi);
+            else s_seg_lo[n] = lo, s_seg_hi[n] = hi, n++;
+        }
+        s_nseg = n;
     }
     // Q rows, scaled and rounded to f16 (rows past the batch are zeros)
     for (int c = tid; c < FA_ROWS * (HD / 4); c += blockDim.x) {
@@ -76,12 +91,14 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
             make_uint2(rx_pack_h2(v.x * scale, v.y * scale), rx_pack_h2(v.z * scale, v.w * scale));
     }
     __syncthreads();
-    const int j_hi = s_hi;
-    int j_lo = 0;
+    const int j_hi = s_hi, n_seg = segments ? s_nseg : 0;
+    int j_lo = j_hi;
+    for (int i = 0; i < n_seg; i++) j_lo = min(j_lo, s_seg_lo[i]);
+    if (!segments) j_lo = 0;
     if (window > 0) {  // every slot before the first with kv_pos > min(pos) - window is outside every row's window
         if (tid == 0) s_lo = j_hi;
         __syncthreads();
-        for (int base = 0; base < j_hi; base += blockDim.x) {
+        for (int base = j_lo; base < j_hi; base += blockDim.x) {
             int j = base + tid;
             bool found = j < j_hi && kv_pos[j] > s_minpos - window;
             if (found) atomicMin(&s_lo, j);
@@ -91,13 +108,22 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
         j_lo = s_lo;
     }
     int w_hi = max(r_nvis[0], r_nvis[1]);  // the warp's last visible slot + 1
+    // and its first (segments: its rows' lowest seg_lo; rows past the batch see nothing)
+    int w_lo = segments ? min(r_nvis[0] > 0 ? r_lo[0] : 0x7fffffff, r_nvis[1] > 0 ? r_lo[1] : 0x7fffffff) : 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) w_hi = max(w_hi, __shfl_xor_sync(0xffffffffu, w_hi, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        w_hi = max(w_hi, __shfl_xor_sync(0xffffffffu, w_hi, o));
+        w_lo = min(w_lo, __shfl_xor_sync(0xffffffffu, w_lo, o));
+    }
 
     auto load_tile = [&](half* dst, const half* cache, int j0) {
         for (int c = tid; c < BKV * (HD / 8); c += blockDim.x) {
             int r = c / (HD / 8), d = (c % (HD / 8)) * 8, j = j0 + r;
             bool ok = j < j_hi;
+            if (segments && ok) {
+                ok = false;
+                for (int i = 0; i < n_seg; i++) ok |= j >= s_seg_lo[i] && j < s_seg_hi[i];
+            }
             rx_cp16(dst + r * LD + d, cache + ((long)kvh * n_rows + rx_kv_row(kv_blocks, ok ? j : 0)) * HD + d, ok ? 16 : 0);
         }
     };
@@ -116,7 +142,7 @@ __device__ __forceinline__ void flash_attn(const float* q, const half* k_cache, 
         rx_cp_commit();
         rx_cp_wait<1>();  // K(j0) landed (V(j0) may still be in flight)
         __syncthreads();
-        const bool active = j0 < w_hi;  // warp-uniform
+        const bool active = j0 < w_hi && j0 + BKV > w_lo;  // warp-uniform
         float s[NB][4];
         if (active) {
 #pragma unroll

@@ -73,10 +73,11 @@ class Limits:
     max_ref_chain: int = 64
     # The scheduler (scheduler.py, serving front ends only): sequences decoded together, requests
     # waiting beyond them before `submit` answers Busy (429), and prompt tokens per step over all
-    # prefilling sequences (a long prompt then delays the running decodes by one chunk at most).
+    # prefilling sequences (a long prompt then delays the running decodes by one chunk at most;
+    # 512: one forward of the CUDA runner, which packs the chunks of several prompts into it).
     max_seqs: int = 8
     max_queue: int = 256
-    prefill_chunk: int = 256
+    prefill_chunk: int = 512
 
     @property
     def max_prompt_chars(self) -> int:

@@ -233,6 +233,38 @@ def test_sequences_together_match_each_alone(arch, outtype):
         _same_but_near_ties(ref, prompts[i], together[i], alone[i])
 
 
+@pytest.mark.parametrize("arch,outtype", [("qwen3", "q8_0"), ("gemma3", "q4_k_m"), ("qwen3moe", "q8_0"),
+                                          ("llama", "f32")])
+def test_prompts_of_one_step_share_forwards(arch, outtype):
+    """Attention-only families run the prompt chunks of a step together (gpu/batch.py): 4 prompts
+    of 300, 1, 250 and 77 tokens admitted in one step take two forwards of the 512 tokens one
+    holds (the 250-token one split across them), each get their first token in that step, and
+    then decode the tokens each gets alone (but near-ties; Gemma's sliding window of 8 crosses
+    every chunk)."""
+    from reflex_runtime.gpu.step import Pick
+    from reflex_runtime.sampling import SamplingParams
+
+    eng, ref = _engine(arch, outtype)
+    r = eng.runner
+    assert r.model.packs_prompts and r.model.max_batch == 512
+    rng = np.random.default_rng(5)
+    hi = min(eng.config.vocab_size, 500)
+    prompts = [[int(t) for t in rng.integers(10, hi, n)] for n in (300, 1, 250, 77)]
+    alone = [_run(r, [p], [SamplingParams()])[0][0] for p in prompts]
+    sids = [r.batch_open(p, Pick(SamplingParams()), NEW, frozenset()) for p in prompts]
+    n_fwd = r.forward_passes
+    first = r.batch_step([(s, len(p)) for s, p in zip(sids, prompts)], [])
+    assert r.forward_passes - n_fwd == 2 and all(len(first.get(s, ())) == 1 for s in sids), first
+    got = {s: list(first[s]) for s in sids}
+    while any(len(v) < NEW for v in got.values()):
+        for s, toks in r.batch_step([], [s for s in sids if len(got[s]) < NEW]).items():
+            got[s] += toks
+    for s in sids:
+        r.batch_close(s)
+    for p, s, a in zip(prompts, sids, alone):
+        _same_but_near_ties(ref, p, got[s], a)
+
+
 def _same_but_near_ties(ref, prompt, got, want):
     """got == want, or they part at a step where the reference calls one of them a near-tie;
     both agree with the reference, teacher-forced, but at near-ties."""

@@ -513,6 +513,70 @@ def test_flash_attention(gpu, case):
     np.testing.assert_allclose(got, expect, rtol=3e-3, atol=3e-3)
 
 
+SEGMENT_CASES = {
+    # name: (n_head, n_kv_heads, hd, range slots R, [(range, first pos, tokens)] in batch order, window)
+    "qwen3_four": (16, 8, 128, 320, [(2, 0, 37), (0, 5, 1), (3, 0, 64), (1, 200, 90)], 0),
+    "moe_gqa8_short": (32, 4, 128, 64, [(1, 3, 3), (4, 0, 1), (2, 10, 2), (3, 0, 7), (5, 60, 1), (0, 0, 9)], 0),
+    "gemma_hd256_window": (4, 1, 256, 800, [(1, 600, 45), (0, 0, 130)], 512),
+    "hd64_mha_window_8": (6, 6, 64, 96, [(2, 20, 33), (1, 0, 17), (3, 50, 40)], 8),
+}
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_flash_attention_over_several_sequences(gpu, case, paged):
+    """Prompt chunks of several sequences in one launch (gpu/batch.py packs them): each token at
+    an absolute slot of its sequence's range, seeing that range from seg_lo (no shared prefix).
+    Chunks continue earlier tokens of their sequence (already in the cache), 1-token chunks and
+    blocks of 64 / G tokens straddle sequences, ranges come in any order. Every slot no token may
+    see (the gaps between ranges, a range past its last token) holds NaN: the kernel must neither
+    read it into a product nor let 0 * NaN through; numpy gets them as zeros. Paged: the same
+    through a block table, the blocks scattered over a pool twice as large (NaN elsewhere)."""
+    _sm80(gpu)
+    from reflex_runtime.kvpool import KV_BLOCK
+
+    n_head, n_kvh, hd, R, segs, window = SEGMENT_CASES[case]
+    rng = np.random.default_rng(list(case.encode()))
+    n_ctx = R * (1 + max(r for r, _, _ in segs))
+    kc, vc, _, _, _ = _prompt_problem(rng, n_head, n_kvh, hd, 0, 0, n_ctx)
+    kv_pos = np.full(n_ctx, 10**6, np.int32)  # unwritten slots: positions no window reaches
+    seen = np.zeros(n_ctx, bool)
+    q_pos, q_slot, seg_lo = [], [], []
+    for rg, p0, n in segs:
+        base = rg * R
+        q_pos += range(p0, p0 + n)
+        q_slot += range(base + p0, base + p0 + n)
+        seg_lo += [base] * n
+        seen[base:base + p0 + n] = True
+        kv_pos[base:base + p0 + n] = np.arange(p0 + n)
+    q_pos, q_slot, seg_lo = (np.array(a, np.int32) for a in (q_pos, q_slot, seg_lo))
+    n_tok = len(q_pos)
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    kc[:, ~seen], vc[:, ~seen] = np.nan, np.nan
+    scale = 1.0 / np.sqrt(hd)
+    expect = _attention_ref_fast(q, np.nan_to_num(kc), np.nan_to_num(vc), kv_pos, q_pos, q_slot, seg_lo, 0, n_ctx,
+                                 window, scale, 0.0)
+    k_dev, v_dev, rows, blocks = kc, vc, n_ctx, 0
+    if paged:
+        nb = n_ctx // KV_BLOCK
+        assert n_ctx % KV_BLOCK == 0
+        perm = rng.permutation(2 * nb)[:nb]
+        k_dev = np.full((n_kvh, 2 * nb * KV_BLOCK, hd), np.nan, np.float16)
+        v_dev = k_dev.copy()
+        for i, b in enumerate(perm):
+            k_dev[:, b * KV_BLOCK:(b + 1) * KV_BLOCK] = kc[:, i * KV_BLOCK:(i + 1) * KV_BLOCK]
+            v_dev[:, b * KV_BLOCK:(b + 1) * KV_BLOCK] = vc[:, i * KV_BLOCK:(i + 1) * KV_BLOCK]
+        rows, blocks = 2 * nb * KV_BLOCK, gpu.put(perm.astype(np.int32))
+    out = gpu.poisoned((n_tok, n_head, hd))
+    assert flash_attn.ok(gpu.launch, n_tok, hd, hd, n_head, n_kvh)
+    flash_attn.attention(gpu.launch, gpu.put(q), gpu.put(k_dev), gpu.put(v_dev), gpu.put(kv_pos), gpu.put(q_pos),
+                         gpu.put(q_slot), gpu.put(seg_lo), 0, gpu.put(np.array([n_ctx], np.int32)), out, n_tok,
+                         n_head, n_kvh, hd, rows, window, scale, 0.0, blocks=blocks)
+    got = gpu.get(out, (n_tok, n_head, hd))
+    assert not np.isnan(got).any(), "a NaN slot reached the output (or the output was left poisoned)"
+    np.testing.assert_allclose(got, expect, rtol=3e-3, atol=3e-3)
+
+
 def test_prompt_attention_path_choice(gpu):
     """Blocks ask flash_ok: prompts of the head sizes flash_attn.cu has go to it on sm_80+; a
     single decode token, other head sizes, and older GPUs keep reflex_attn."""

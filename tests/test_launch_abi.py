@@ -689,8 +689,12 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
 
     a = open_([1, 2, 3, 4, 5, 6, 7], Pick(), 5)
     b = open_([1, 2], Pick(SamplingParams(0.7, seed=3)), 6)
+    n_fwd = runner.forward_passes
     step([(a, 4), (b, 2)], [])
     assert got == {a: [], b: [0]}  # a's prompt is half done; b's first token came with its prompt
+    # attention-only families run both chunks as one forward, each token's keys from its range
+    packed = ("htod", runner.model.p("seg_lo") + 4 * runner._batch.X, 4 * 6) in dev.copies
+    assert packed == (arch == "qwen3") and runner.forward_passes - n_fwd == (1 if packed else 2)
     step([(a, 3)], [b])
     assert len(got[a]) == 1 and len(got[b]) >= 2
     c = open_([9, 9], Pick(SamplingParams(), constraint=_AllowAll()), 3)  # hooked: one token a step

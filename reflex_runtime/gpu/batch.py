@@ -10,10 +10,14 @@ slots to them in the block table the attention kernels read (GpuModel.kv_table; 
 point at a spare block), close() gives them back; a pool too full for a request is NoRoom, and the
 scheduler keeps it waiting. A system1 request is a sequence too (open_score: blocks for its tree),
 scored within one step (gpu/score.py at state index max_seqs in its range) and closed. A step:
-- prompt chunks, one sequence at a time, at state index max_seqs.. with slots relative to the
-  sequence's range (Batch.kv_base): flash attention then reads that range only; the chunk that
-  ends a prompt picks the first token (read back at once: it is the first token); then system1
-  trees the same way, their scores read back;
+- prompt chunks at state index max_seqs..: where the model packs prompts (attention-only
+  families, GpuModel.packs_prompts) the step's chunks of every sequence share forwards of up to
+  max_batch tokens, at absolute slots, each token's attention kept to its range from its seg_lo
+  entry (the matrix products then see one large batch, not a few small ones: 4 prompts of 128
+  tokens run at pp512's rate, not pp128's); else one sequence at a time, with slots relative to its
+  range (Batch.kv_base). The prompts a forward ends pick their first tokens together (the LM head
+  over their last rows, reflex_pick_rows), read back at once; a sequence whose pick has hooks
+  runs its prompt alone. Then system1 trees the same way, their scores read back;
 - one forward over the decode token of every running sequence (rows 0..N-1 of the state
   arrays, Batch.rows: the matrix products see N rows, the decode attention one row per
   sequence from its range's first slot), then reflex_pick_rows picks and advances every row.
@@ -93,11 +97,13 @@ class Batcher:
         self.dirty = False  # the device rows no longer match self.rows
         self.n_launched = 0
         dev = runner.dev
-        n_int = 6 * self.S + 3 * m.max_batch + 8 + self.R // KV_BLOCK  # (the last: a range's table entries)
+        n_int = 6 * self.S + 4 * m.max_batch + 8 + self.R // KV_BLOCK  # (the last: a range's table entries)
         self._in_bytes = 4 * n_int + SP * (self.S + 1)
         self._in = [dev.alloc_pinned(self._in_bytes) for _ in range(PINNED)]
         self._in_ev = [None] * PINNED
         self._in_at = 0
+        self.packs = m.packs_prompts
+        self._firsts = dev.alloc_pinned(4 * self.S)  # first tokens, read back in the step
         n_rb = AHEAD + 2
         self._rb = [dev.alloc_pinned(4 * self.S) for _ in range(n_rb)]
         self._rb_ev = [dev.event() for _ in range(n_rb)]
@@ -180,8 +186,14 @@ class Batcher:
             self.dirty = False
             self.rows = [s for s in self.rows if s in plain] + [s for s in plain if s not in self.rows]
             self._write_rows()
+        packed = []
         for sid, n in prefill:
-            self._prefill(sid, n, out)
+            if self.packs and self.seqs[sid].hooks is None:
+                packed.append((sid, n))
+            else:
+                self._prefill(sid, n, out)
+        if packed:
+            self._prefill_packed(packed, out)
         for sid in score:  # like a prompt: after the decode rows, in its own range
             q = self.seqs[sid]
             out[sid] = scoring.score(self.r, q.prompt, q.candidates, Place(self.X, q.base))
@@ -284,6 +296,73 @@ class Batcher:
             if last:
                 self._pick_first(sid, seq, out)
                 return
+
+    def _prefill_packed(self, chunks, out) -> None:
+        """(sid, n) chunks, several sequences to a forward of up to max_batch tokens (a chunk split
+        where a forward fills)."""
+        room, batch = self.r.model.max_batch, []
+        for sid, n in chunks:
+            seq = self.seqs[sid]
+            while n > 0:
+                c = min(n, room)
+                batch.append((sid, seq, c))
+                n -= c
+                room -= c
+                if room == 0:
+                    self._forward_packed(batch, out)
+                    room, batch = self.r.model.max_batch, []
+        if batch:
+            self._forward_packed(batch, out)
+
+    def _forward_packed(self, batch, out) -> None:
+        r, m = self.r, self.r.model
+        ids, pos, slot, lo, ends = [], [], [], [], []
+        for sid, seq, c in batch:
+            p = range(seq.fed, seq.fed + c)
+            ids += seq.prompt[seq.fed:seq.fed + c]
+            pos += p
+            slot += [seq.base + i for i in p]
+            lo += [seq.base] * c
+            seq.fed += c
+            if seq.fed >= len(seq.prompt):
+                ends.append((len(ids) - 1, sid, seq))
+        n = len(ids)
+        ptr, view = self._input()
+        w = view.cast("i")
+        for k, (name, vals) in enumerate((("tokens", ids), ("pos", pos), ("slot", slot), ("seg_lo", lo))):
+            w[k * n:(k + 1) * n] = int_array(vals)
+            r.dev.htod(m.p(name) + 4 * self.X, ptr + 4 * k * n, 4 * n, r.stream)
+        w[4 * n] = m.n_ctx  # n_kv: every range (each token sees its own through seg_lo)
+        r.dev.htod(m.p("n_kv"), ptr + 16 * n, 4, r.stream)
+        self._sent()
+        m.forward(n, first=self.X, segments=True, logit_rows=0)
+        r.forward_passes += 1
+        if ends:
+            m.logits_of_rows([row for row, _, _ in ends])
+            self._pick_firsts([(sid, seq) for _, sid, seq in ends], out)
+
+    def _pick_firsts(self, seqs, out) -> None:
+        """The first tokens of these sequences (no hooks), from logits rows 0..k-1: one pick_rows
+        over k rows at state index X, draw index 0, each with its own sampling; read back at once."""
+        r, m, k = self.r, self.r.model, len(seqs)
+        ptr, view = self._input()
+        view.cast("i")[:k] = int_array([0] * k)
+        r.dev.htod(m.p("steps") + 4 * self.S, ptr, 4 * k, r.stream)
+        sb = ptr + 4 * k
+        for i, (_, seq) in enumerate(seqs):
+            ctypes.memmove(sb + SP * i, ctypes.addressof(seq.sampling), SP)
+        r.dev.htod(m.p("sampling_rows") + SP * self.S, sb, SP * k, r.stream)
+        self._sent()
+        x = 4 * self.X
+        rows = RxRows(m.p("tokens") + x, m.p("pos") + x, m.p("slot") + x, m.p("steps") + 4 * self.S)
+        sample.pick_rows(r.launch, m.p("logits"), self.vocab, m.p("sampling_rows") + SP * self.S, rows, k)
+        fptr, fview = self._firsts
+        r.dev.dtoh(fptr, m.p("tokens") + x, 4 * k, r.stream)
+        r.dev.sync(r.stream)
+        toks = fview.cast("i")
+        for i, (sid, seq) in enumerate(seqs):
+            seq.queued = 1
+            self._emit(sid, seq, toks[i], out)
 
     def _write_chunk(self, ids, start: int, steps: int = 0) -> None:
         """A chunk's tokens at state index X, positions (= slots in its range) from start; the pick

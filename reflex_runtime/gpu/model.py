@@ -67,9 +67,10 @@ class GpuModel:
         nt = max(t, self.range_slots, max_seqs + t)  # per-token inputs cover a whole prompt of one range
         self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
                                 ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1),
-                                ("steps", max_seqs + 1), ("row_start", max_seqs + 1), ("row_slot", max_seqs + 1)])
+                                ("steps", 2 * max_seqs + 1), ("row_start", max_seqs + 1), ("row_slot", max_seqs + 1)])
         self.arena.reserve("sampling", 64)
-        self.arena.reserve("sampling_rows", 32 * (max_seqs + 1))
+        # per decode row, then per first token of the prompts a step ends (gpu/batch.py)
+        self.arena.reserve("sampling_rows", 32 * (2 * max_seqs + 1))
         if self.paged:
             assert n_ctx % KV_BLOCK == 0 and self.kv_rows % KV_BLOCK == 0
             self.arena.reserve_f32([("kv_blocks", n_ctx // KV_BLOCK)])
@@ -168,9 +169,16 @@ class GpuModel:
         with other mixers says when its own can): here, the shared attention block."""
         return self.scoring == "tree" and all(type(ly.mixer) is Attention for ly in self.layers)
 
+    @property
+    def packs_prompts(self) -> bool:
+        """Whether one forward may hold several sequences' prompt chunks (forward(segments=True)):
+        every mixer is the shared attention block, whose kernels keep each token to its own range
+        (recurrent state and MLA's latent cache run one sequence's chunk at a time)."""
+        return GpuModel.mixers_batch(self)  # the base rule, not a family's own batching mixers
+
     def forward(self, n: int, first: int = 0, tree: bool = False, prefix_len: int = 0,
                 logit_row: int = -1, logit_rows: int = 1, logits: int = 0, seqs: int = 0, seq_max: int = 0,
-                pick=None, rows: bool = False, kv_base: int = 0) -> bool:
+                pick=None, rows: bool = False, kv_base: int = 0, segments: bool = False) -> bool:
         """Run n tokens (state arrays from index `first`) through every layer, then the LM head
         for rows [logit_row, logit_row + logit_rows) of this batch into `logits` (default: the
         one-row logits buffer). logit_rows = 0 skips the head. seqs > 0: the batch is that many
@@ -179,12 +187,14 @@ class GpuModel:
         the greedy choice itself; True when it did (the caller then launches no pick). rows: each
         of the n tokens is another sequence's decode token (gpu/batch.py), whose keys start at its
         seg_lo entry. kv_base: the batch's slots count from this cache slot (one sequence's prompt
-        chunk in its own range)."""
+        chunk in its own range). segments: the tokens are several sequences' prompt chunks (each
+        sequence's consecutive), at absolute slots, each seeing its own range from its seg_lo entry
+        (packs_prompts)."""
         p, E = self.p, self.cfg.n_embd
         if rows:  # to recurrent layers, n one-token sequences (row_start = 0, 1, .., written by the batcher)
             seqs, seq_max = n, 1
         b = Batch(n, p("tokens") + 4 * first, p("pos") + 4 * first, p("slot") + 4 * first,
-                  p("seg_lo") + 4 * first if tree or rows else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
+                  p("seg_lo") + 4 * first if tree or rows or segments else 0, prefix_len, p("n_kv"), n_seq=max(seqs, 1),
                   seq_start=(p("row_start") if rows else p("seq_start")) if seqs else 0,
                   seq_max=seq_max if seqs else n, forked=seqs > 0 and not rows, slots_in_order=not tree, rows=rows,
                   kv_base=kv_base)
@@ -202,3 +212,14 @@ class GpuModel:
             return self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"), pick=pick)
         finally:
             L.decode_rows = False
+
+    def logits_of_rows(self, rows: list[int]) -> None:
+        """The LM head, after a forward(logit_rows=0), for these rows of its batch (ascending) into
+        logits rows 0..len(rows)-1: the rows' final states are gathered to the front of x first
+        (row i from rows[i] >= i, in order: no copy overwrites a row still to be read)."""
+        E, x, L = self.cfg.n_embd, self.res.x, self.launch
+        for i, r in enumerate(rows):
+            assert r >= i
+            if r != i:
+                L.dev.dtod(x + 4 * E * i, x + 4 * E * r, 4 * E, L.stream)
+        self.head(x, len(rows), self.p("logits"))
