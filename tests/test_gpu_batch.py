@@ -239,18 +239,19 @@ def test_prompts_of_one_step_share_forwards(arch, outtype):
     """Attention-only families run the prompt chunks of a step together (gpu/batch.py): 4 prompts
     of 300, 1, 250 and 77 tokens admitted in one step take two forwards of the 512 tokens one
     holds (the 250-token one split across them), each get their first token in that step, and
-    then decode the tokens each gets alone (but near-ties; Gemma's sliding window of 8 crosses
-    every chunk)."""
+    then decode the tokens each gets alone, its prompt in one chunk (but near-ties: the products
+    and the attention's tiles round otherwise in a packed forward; Gemma's sliding window of 8
+    crosses every chunk)."""
     from reflex_runtime.gpu.step import Pick
     from reflex_runtime.sampling import SamplingParams
 
     eng, ref = _engine(arch, outtype)
     r = eng.runner
     assert r.model.packs_prompts and r.model.max_batch == 512
-    rng = np.random.default_rng(5)
-    hi = min(eng.config.vocab_size, 500)
-    prompts = [[int(t) for t in rng.integers(10, hi, n)] for n in (300, 1, 250, 77)]
-    alone = [_run(r, [p], [SamplingParams()])[0][0] for p in prompts]
+    text = eng.tokenizer.encode(" ".join(["Once upon a time there was a small village by the sea, and"] * 30))
+    prompts = [text[:300], text[7:8], text[20:270], text[100:177]]
+    assert [len(p) for p in prompts] == [300, 1, 250, 77]
+    alone = [_run(r, [p], [SamplingParams()], chunk=len(p))[0][0] for p in prompts]
     sids = [r.batch_open(p, Pick(SamplingParams()), NEW, frozenset()) for p in prompts]
     n_fwd = r.forward_passes
     first = r.batch_step([(s, len(p)) for s, p in zip(sids, prompts)], [])
@@ -262,7 +263,8 @@ def test_prompts_of_one_step_share_forwards(arch, outtype):
     for s in sids:
         r.batch_close(s)
     for p, s, a in zip(prompts, sids, alone):
-        _same_but_near_ties(ref, p, got[s], a)
+        if got[s] != a:
+            _same_but_near_ties(ref, p, got[s], a)
 
 
 def _same_but_near_ties(ref, prompt, got, want):
