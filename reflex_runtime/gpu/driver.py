@@ -156,6 +156,9 @@ class Device:
         view = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
         return ptr, view
 
+    def free_pinned(self, ptr: int) -> None:
+        check(cu.cuMemFreeHost(ptr), "cuMemFreeHost")
+
     def memset32(self, ptr: int, value: int, count: int, stream) -> None:
         check(cu.cuMemsetD32Async(ptr, value & 0xFFFFFFFF, count, stream), "cuMemsetD32Async")
 

@@ -20,21 +20,29 @@ BUFFERS_PER_THREAD = 2
 
 
 class StagingRing:
-    """Per-thread pinned double buffers, events and streams. Each worker allocates its own on
-    first use, so the pinning (~0.44 ms/MB) happens on all threads at once."""
+    """Per-thread pinned buffers (double by default), events and streams. Each worker allocates
+    its own on first use, so the pinning (~0.44 ms/MB) happens on all threads at once."""
 
-    def __init__(self, device, n_threads: int, chunk: int = CHUNK):
+    def __init__(self, device, n_threads: int, chunk: int = CHUNK, buffers: int = BUFFERS_PER_THREAD):
         self.chunk = chunk
         self.n_threads = n_threads
+        self.per_thread = buffers
         self.buffers: list = [None] * n_threads
         self.events: list = [None] * n_threads
         self.streams: list = [None] * n_threads
 
     def ensure(self, device, w: int) -> None:
         if self.buffers[w] is None:
-            self.buffers[w] = [device.alloc_pinned(self.chunk) for _ in range(BUFFERS_PER_THREAD)]
-            self.events[w] = [device.event() for _ in range(BUFFERS_PER_THREAD)]
+            self.buffers[w] = [device.alloc_pinned(self.chunk) for _ in range(self.per_thread)]
+            self.events[w] = [device.event() for _ in range(self.per_thread)]
             self.streams[w] = device.stream()
+
+    def free(self, device) -> None:
+        """Give the pinned buffers back (the runner keeps its ring; benchmarks try several)."""
+        for bufs in self.buffers:
+            for ptr, _ in bufs or ():
+                device.free_pinned(ptr)
+        self.buffers = [None] * self.n_threads
 
 
 def default_threads() -> int:
@@ -54,10 +62,10 @@ def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nb
             device.make_current()
             ring.ensure(device, w)
             stream = ring.streams[w]
-            used = [False] * BUFFERS_PER_THREAD
+            used = [False] * ring.per_thread
             k = 0
             for c in range(w, n_chunks, ring.n_threads):
-                b = k % BUFFERS_PER_THREAD
+                b = k % ring.per_thread
                 ptr, view = ring.buffers[w][b]
                 if used[b]:
                     device.wait_event(ring.events[w][b])  # the copy out of this buffer is done

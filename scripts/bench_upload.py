@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Where the cold path's weight upload spends its time (issue 28; a benchmark, not a test).
+
+For one GGUF file, page cache warm (the file is read once first):
+- upload: gpu/upload.py's upload_file_range, the cold path's own copy of the tensor data into a
+  device arena, for every --threads x --chunks-mb x --buffers combination; each twice with the same
+  staging ring: "first" pins its buffers inside the timed copy (as the runner's first upload does),
+  "again" reuses them (the copy alone);
+- read: the same threads preadv-ing the file into pinned buffers with no device copy (the page
+  cache's rate: memcpy from the kernel);
+- link: host-to-device copies from one pinned 256 MB buffer on 1 and 4 streams (the PCIe link's
+  rate, no file in the way).
+Prints a table and writes JSON (--out). Needs a GPU.
+
+    python scripts/bench_upload.py /tmp/real/qwen3moe-30b-a3b-48l-q8_0.gguf --threads 4,8,16 \\
+        --chunks-mb 2,8 --buffers 2,4 --out upload.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from reflex_runtime.gpu.driver import Device  # noqa: E402
+from reflex_runtime.gpu.upload import StagingRing, upload_file_range  # noqa: E402
+from reflex_runtime.modelfile.gguf_file import GGUFFile  # noqa: E402
+
+MB = 1 << 20
+
+
+def gb_s(nbytes: int, seconds: float) -> float:
+    return round(nbytes / max(seconds, 1e-9) / 1e9, 2)
+
+
+def warm_page_cache(path: str) -> float:
+    t = time.perf_counter()
+    with open(path, "rb") as f:
+        while f.read(64 * MB):
+            pass
+    return time.perf_counter() - t
+
+
+def read_rate(dev, path: str, offset: int, nbytes: int, threads: int, chunk: int) -> float:
+    """GB/s of preadv from the page cache into pinned buffers on `threads` threads (no copy)."""
+    bufs = [dev.alloc_pinned(chunk) for _ in range(threads)]
+    fd = os.open(path, os.O_RDONLY)
+    n_chunks = -(-nbytes // chunk)
+
+    def work(w: int) -> None:
+        view = bufs[w][1]
+        for c in range(w, n_chunks, threads):
+            size = min(chunk, nbytes - c * chunk)
+            done = 0
+            while done < size:
+                done += os.preadv(fd, [view[done:size]], offset + c * chunk + done)
+
+    try:
+        t = time.perf_counter()
+        ts = [threading.Thread(target=work, args=(w,)) for w in range(threads)]
+        for x in ts:
+            x.start()
+        for x in ts:
+            x.join()
+        return gb_s(nbytes, time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        for ptr, _ in bufs:
+            dev.free_pinned(ptr)
+
+
+def link_rate(dev, dst: int, streams: int, total: int = 8 << 30, size: int = 256 * MB) -> float:
+    """GB/s of host-to-device copies of one pinned buffer, spread over `streams` streams."""
+    ptr, _ = dev.alloc_pinned(size)
+    ss = [dev.stream() for _ in range(streams)]
+    try:
+        dev.htod(dst, ptr, size, ss[0])
+        dev.sync(ss[0])
+        t = time.perf_counter()
+        for i in range(total // size):
+            dev.htod(dst + (i % 8) * size, ptr, size, ss[i % streams])
+        for s in ss:
+            dev.sync(s)
+        return gb_s(total // size * size, time.perf_counter() - t)
+    finally:
+        dev.free_pinned(ptr)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--threads", default="4,8,16")
+    ap.add_argument("--chunks-mb", default="2,8")
+    ap.add_argument("--buffers", default="2,4")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    g = GGUFFile(a.model)
+    off, nbytes = g.data_offset, g.size - g.data_offset
+    dev = Device(0)
+    dst = dev.alloc(nbytes)
+    res = {"model": os.path.basename(a.model), "weights_bytes": nbytes, "cpus": os.cpu_count(),
+           "warm_read_s": round(warm_page_cache(a.model), 3), "link": {}, "read": [], "upload": []}
+    for s in (1, 4):
+        res["link"][f"{s}_streams_gb_s"] = link_rate(dev, dst, s)
+    for th in ints(a.threads):
+        for mb in ints(a.chunks_mb):
+            res["read"].append({"threads": th, "chunk_mb": mb, "gb_s": read_rate(dev, a.model, off, nbytes, th, mb * MB)})
+            for nb in ints(a.buffers):
+                ring = StagingRing(dev, th, mb * MB, nb)
+                row = {"threads": th, "chunk_mb": mb, "buffers": nb}
+                for k in ("first", "again"):
+                    t = time.perf_counter()
+                    upload_file_range(dev, ring, a.model, off, nbytes, dst)
+                    row[f"{k}_gb_s"] = gb_s(nbytes, time.perf_counter() - t)
+                ring.free(dev)
+                res["upload"].append(row)
+                print(f"bench_upload: {row}", file=sys.stderr)
+    print(f"{res['model']}: {nbytes / 1e9:.2f} GB of weights, {res['cpus']} CPUs; link "
+          f"{res['link']['1_streams_gb_s']} GB/s on 1 stream, {res['link']['4_streams_gb_s']} on 4")
+    print(f"{'threads':>8}{'chunk MB':>10}{'read GB/s':>11}{'buffers':>9}{'first GB/s':>12}{'again GB/s':>12}")
+    for r in res["upload"]:
+        rd = next(x["gb_s"] for x in res["read"] if (x["threads"], x["chunk_mb"]) == (r["threads"], r["chunk_mb"]))
+        print(f"{r['threads']:>8}{r['chunk_mb']:>10}{rd:>11}{r['buffers']:>9}{r['first_gb_s']:>12}{r['again_gb_s']:>12}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

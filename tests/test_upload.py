@@ -1,0 +1,73 @@
+"""gpu/upload.py on the CPU: the cold path's copy of a GGUF's tensor data to the device, through
+a fake device whose "device memory" is a host buffer and whose async copies run at once."""
+
+import ctypes
+import os
+
+import pytest
+
+from reflex_runtime.errors import ModelFileError
+from reflex_runtime.gpu.upload import StagingRing, upload_file_range
+
+
+class _Dev:
+    def __init__(self, size: int):
+        self.mem = (ctypes.c_char * size)()
+        self.base = ctypes.addressof(self.mem)
+        self.pinned: dict[int, object] = {}
+
+    def make_current(self):
+        pass
+
+    def alloc_pinned(self, n):
+        buf = (ctypes.c_char * n)()
+        ptr = ctypes.addressof(buf)
+        self.pinned[ptr] = buf
+        return ptr, memoryview(buf).cast("B")
+
+    def free_pinned(self, ptr):
+        del self.pinned[ptr]
+
+    def event(self):
+        return object()
+
+    def stream(self):
+        return object()
+
+    def record(self, ev, stream):
+        pass
+
+    def wait_event(self, ev):
+        pass
+
+    def sync(self, stream):
+        pass
+
+    def htod(self, dst, src, n, stream):
+        assert self.base <= dst and dst + n <= self.base + len(self.mem)
+        ctypes.memmove(dst, src, n)
+
+
+@pytest.mark.parametrize("threads,chunk,buffers", [(1, 4096, 2), (3, 1000, 2), (4, 4096, 3), (8, 65536, 4)])
+def test_every_byte_lands_where_the_file_has_it(tmp_path, threads, chunk, buffers):
+    data = os.urandom(300_001)
+    path = tmp_path / "w.bin"
+    path.write_bytes(data)
+    off, n = 777, len(data) - 777 - 5  # a range of the file: not whole chunks
+    dev = _Dev(n + 64)
+    ring = StagingRing(dev, threads, chunk, buffers)
+    upload_file_range(dev, ring, str(path), off, n, dev.base + 64)
+    assert bytes(dev.mem[64:64 + n]) == data[off:off + n]
+    used = [b for b in ring.buffers if b is not None]
+    assert used and all(len(b) == buffers for b in used)
+    assert len(dev.pinned) == len(used) * buffers
+    ring.free(dev)
+    assert not dev.pinned and ring.buffers == [None] * threads
+
+
+def test_a_file_shorter_than_its_directory_says_is_a_model_file_error(tmp_path):
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"x" * 5000)
+    dev = _Dev(10_000)
+    with pytest.raises(ModelFileError, match="shrank"):
+        upload_file_range(dev, StagingRing(dev, 2, 1024), str(path), 0, 8000, dev.base)
