@@ -148,6 +148,11 @@ class FakeDevice:
         self._pinned = getattr(self, "_pinned", []) + [buf]
         return ctypes.addressof(buf), memoryview(buf).cast("B")
 
+    def free_pinned(self, ptr):
+        held = getattr(self, "_pinned", [])
+        assert any(ctypes.addressof(b) == ptr for b in held), "freeing host memory this device did not pin"
+        self._pinned = [b for b in held if ctypes.addressof(b) != ptr]
+
     def owns(self, ptr, nbytes=1):
         return any(a <= ptr and ptr + nbytes <= b for a, b in self._ranges)
 
