@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from reflex_runtime.errors import ReflexError  # noqa: E402
 from reflex_runtime.gpu.driver import Device  # noqa: E402
 from reflex_runtime.gpu.upload import StagingRing, upload_file_range  # noqa: E402
 from reflex_runtime.modelfile.gguf_file import GGUFFile  # noqa: E402
@@ -100,7 +101,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-    g = GGUFFile(a.model)
+    try:
+        g = GGUFFile(a.model)
+    except ReflexError as e:  # a missing or malformed file: one line
+        print(f"bench_upload: {e}", file=sys.stderr)
+        return 2
     off, nbytes = g.data_offset, g.size - g.data_offset
     dev = Device(0)
     dst = dev.alloc(nbytes)

@@ -348,16 +348,10 @@ class Batcher:
         ptr, view = self._input()
         view.cast("i")[:k] = int_array([0] * k)
         r.dev.htod(m.p("steps") + 4 * self.S, ptr, 4 * k, r.stream)
-        sb = ptr + 4 * k
-        for i, (_, seq) in enumerate(seqs):
-            ctypes.memmove(sb + SP * i, ctypes.addressof(seq.sampling), SP)
-        r.dev.htod(m.p("sampling_rows") + SP * self.S, sb, SP * k, r.stream)
         self._sent()
-        x = 4 * self.X
-        rows = RxRows(m.p("tokens") + x, m.p("pos") + x, m.p("slot") + x, m.p("steps") + 4 * self.S)
-        sample.pick_rows(r.launch, m.p("logits"), self.vocab, m.p("sampling_rows") + SP * self.S, rows, k)
+        self._pick_rows_at_x([seq for _, seq in seqs])
         fptr, fview = self._firsts
-        r.dev.dtoh(fptr, m.p("tokens") + x, 4 * k, r.stream)
+        r.dev.dtoh(fptr, m.p("tokens") + 4 * self.X, 4 * k, r.stream)
         r.dev.sync(r.stream)
         toks = fview.cast("i")
         for i, (sid, seq) in enumerate(seqs):
@@ -385,17 +379,24 @@ class Batcher:
         h = seq.hooks
         if h is not None and not h.before(m.p("logits")):
             return None
+        self._pick_rows_at_x([seq])
+        if h is not None:
+            h.after(m.p("logits"))
+        tok = r.read_token(m.p("tokens") + 4 * self.X)
+        return h.result(tok) if h is not None else tok
+
+    def _pick_rows_at_x(self, seqs) -> None:
+        """reflex_pick_rows over logits rows 0..k-1 into state index X.., row i with seqs[i]'s
+        sampling (sampling_rows and steps from index S: the decode rows' stay untouched)."""
+        r, m = self.r, self.r.model
         ptr, _ = self._input()
-        ctypes.memmove(ptr, ctypes.addressof(seq.sampling), SP)
-        r.dev.htod(m.p("sampling_rows") + SP * self.S, ptr, SP, r.stream)
+        for i, seq in enumerate(seqs):
+            ctypes.memmove(ptr + SP * i, ctypes.addressof(seq.sampling), SP)
+        r.dev.htod(m.p("sampling_rows") + SP * self.S, ptr, SP * len(seqs), r.stream)
         self._sent()
         x = 4 * self.X
         rows = RxRows(m.p("tokens") + x, m.p("pos") + x, m.p("slot") + x, m.p("steps") + 4 * self.S)
-        sample.pick_rows(r.launch, m.p("logits"), self.vocab, m.p("sampling_rows") + SP * self.S, rows, 1)
-        if h is not None:
-            h.after(m.p("logits"))
-        tok = r.read_token(m.p("tokens") + x)
-        return h.result(tok) if h is not None else tok
+        sample.pick_rows(r.launch, m.p("logits"), self.vocab, m.p("sampling_rows") + SP * self.S, rows, len(seqs))
 
     def _pick_first(self, sid: int, seq: _Seq, out) -> None:
         tok = self._pick_at_x(seq)
