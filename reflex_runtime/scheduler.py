@@ -258,7 +258,10 @@ class Scheduler:
         self.runner = runner
         self.batched = getattr(runner, "max_seqs", 1) >= 2
         self.max_seqs = min(limits.max_seqs, runner.max_seqs) if self.batched else 1
-        self.max_queue, self.chunk = limits.max_queue, limits.prefill_chunk
+        # prompt tokens per step: the limit, or less where the runner's forward is smaller (the numpy
+        # runner's 256-token pass keeps the request timeout's overshoot to one short pass)
+        self.max_queue = limits.max_queue
+        self.chunk = min(limits.prefill_chunk, getattr(runner, "prefill_chunk", limits.prefill_chunk))
         self.energy = EnergyShare(energy) if energy is not None else None
         self.step_log: collections.deque = collections.deque(maxlen=STEP_LOG)  # (prefill, decode) per step
         self._cv = threading.Condition()

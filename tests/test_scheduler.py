@@ -108,6 +108,23 @@ def test_a_request_joins_mid_decode_and_a_long_prompt_goes_in_chunks(cpu_engine)
     assert got_b["f"].record["batch_sizes"]["max"] == 2
 
 
+def test_a_step_holds_no_more_prompt_than_the_runners_pass(cpu_engine):
+    """The limit's 512 prompt tokens a step are one CUDA forward; the numpy runner's pass is 256
+    (reference.runner.PREFILL_CHUNK), and a step of two passes would let the request timeout
+    overshoot by two. The smaller of the two is the step's budget."""
+    from reflex_runtime.reference.runner import PREFILL_CHUNK
+
+    eng = cpu_engine("gemma3")
+    assert eng.limits.prefill_chunk > PREFILL_CHUNK
+    sched = eng.start_scheduler(max_seqs=2)
+    try:
+        _run(eng, _req(" ".join(["word"] * 300), 2))
+    finally:
+        eng.stop_scheduler()
+    sizes = [n for p, _ in sched.step_log for _, n in p]
+    assert sum(sizes) > PREFILL_CHUNK and max(sizes) == PREFILL_CHUNK, sizes
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "qwen35"])
 def test_system1_joins_a_running_batch_and_scores_as_alone(cpu_engine, arch):
     """A system1 request on a batching runner is a sequence of one step (scheduler.Scoring): it

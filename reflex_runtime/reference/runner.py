@@ -71,6 +71,7 @@ class _Seq:
 class ReferenceRunner:
     name = "cpu"
     checks_deadline = True  # generate_ids takes `deadline` (engine.Runner)
+    prefill_chunk = PREFILL_CHUNK  # the scheduler's prompt tokens per step stay within one pass
 
     def __init__(self, model, max_context: int | None = None, max_seqs: int = 8, kv_tokens: int | None = None):
         self.model = model
