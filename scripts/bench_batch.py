@@ -103,6 +103,7 @@ def main() -> int:
     sizes = [int(x) for x in a.seqs.split(",")]
     eng = load_engine(a.model, "cuda", max_context=a.prompt + a.answer + 8, max_seqs=max(sizes))
     runner = eng.runner
+    runner.wait_weights()  # warm figures: every expert resident
     if runner.max_seqs < max(sizes):
         print(f"this model decodes at most {runner.max_seqs} sequences together", file=sys.stderr)
         return 2

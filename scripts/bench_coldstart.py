@@ -460,6 +460,10 @@ def main() -> int:
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--idle-s", type=float, default=2.0)
     ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--compare-out", default=None, metavar="JSON",
+                    help="write or extend this compare.json (../shared/RESULTS.md): cold_first_token_s[@dropped] and "
+                         "joules_to_first_token of `reflex generate` against llama-simple, per --model")
+    ap.add_argument("--commit", default=None, help="the tree that ran, for the compare rows (default: git HEAD)")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -523,10 +527,9 @@ def main() -> int:
                               f"mean {d['mean']:+.1f} ms (p05 {d['p05']:+.1f}, p95 {d['p95']:+.1f})", flush=True)
             elif cache == "cold" and model:
                 for c in cases:
-                    if c.name.startswith("reflex"):
-                        summary = run_case(c, args.runs, trace, model, "cold", args.idle_s)
-                        result["cases"].append(summary)
-                        _print_case(summary)
+                    summary = run_case(c, args.runs, trace, model, "cold", args.idle_s)
+                    result["cases"].append(summary)
+                    _print_case(summary)
     for peer in args.peer:
         name, _, cmd = peer.partition("=")
         c = run_case(Case(name, shlex.split(cmd)), args.peer_runs or args.runs, trace, None, "warm", args.idle_s)
@@ -535,7 +538,34 @@ def main() -> int:
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     waterfall(result["cases"], os.path.join(args.out, "waterfall.png"))
+    if args.compare_out:
+        from compare_json import write_compare
+
+        rows = [r for m in args.model for r in compare_rows(result, os.path.basename(m))]
+        write_compare(args.compare_out, rows, result["gpu"], args.commit)
+        print(f"{len(rows)} rows -> {args.compare_out}")
     return 0
+
+
+def compare_rows(result: dict, tag: str) -> list[dict]:
+    """RESULTS.md rows of one model file (tag: its basename): `reflex generate` against
+    llama-simple, p50 of each page-cache state."""
+    from compare_json import row
+
+    by = {(c["case"], c["page_cache"]): c for c in result["cases"]}
+    rows = []
+    for cache, suffix in (("warm", ""), ("cold", "@dropped")):
+        ours, peer = by.get((f"reflex generate {tag}", cache)), by.get((f"llama-simple {tag}", cache))
+        if not ours or not peer:
+            continue
+        file = tag.removesuffix(".gguf")
+        a, b = ours["spawn_to_first_output_s"]["p50"], peer["spawn_to_first_output_s"]["p50"]
+        if a and b:
+            rows.append(row(file, "cold_first_token_s" + suffix, round(a, 4), round(b, 4), rate=False))
+        a, b = (c.get("joules_to_first_output", {}).get("p50") for c in (ours, peer))
+        if a and b and cache == "warm":
+            rows.append(row(file, "joules_to_first_token", round(a, 2), round(b, 2), rate=False))
+    return rows
 
 
 def _print_case(c: dict) -> None:

@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from compare_json import row as compare_row, write_compare
 from serve_client import WORDS, free_port, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,21 +318,8 @@ def compare_rows(res: dict, file: str) -> list[dict]:
                                   ("joules_per_token_c{}", "joules_per_token", False)):
             a, b = lv.get(key), p and p.get(key)
             if a and b:
-                rows.append({"file": file, "metric": metric.format(lv["clients"]), "reflex": a, "llama_cpp": b,
-                             "ratio": round(a / b if rate else b / a, 3)})
+                rows.append(compare_row(file, metric.format(lv["clients"]), a, b, rate))
     return rows
-
-
-def write_compare(path: Path, rows: list[dict], gpu: str | None, commit: str | None = None) -> None:
-    """Merge into path: a row of the same file and metric is replaced, the others are kept. Each
-    row says the tree that ran it (rows of one file may come from a later tree than the others)."""
-    old = json.loads(path.read_text()) if path.exists() else {}
-    commit = commit or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    rows = [{**r, "commit": commit or None} for r in rows]
-    keep = [r for r in old.get("rows", []) if (r["file"], r["metric"]) not in {(n["file"], n["metric"]) for n in rows}]
-    out = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu, "commit": commit or None, "peer": "llama.cpp (shared/peers)",
-           **{k: v for k, v in old.items() if k != "rows"}, "rows": keep + rows}
-    path.write_text(json.dumps(out, indent=1) + "\n")
 
 
 COLUMNS = (("clients", "clients", "{}"), ("reqs", "requests", "{}"), ("tok/s", "tok_s", "{:.1f}"),

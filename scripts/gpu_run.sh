@@ -28,6 +28,11 @@
 #              serve-FILE.json and .log, the servers' logs, and compare.json rows under $W
 #   soak       scripts/soak_serve.py against reflex serve on the GPU (0.6B Q8_0, --parallel 64): SOAK_S seconds
 #              (default 300), 50 clients, mixed requests; lost / mixed replies, latency, RSS (JSON under $W)
+#   cold_moe   issue 28: the 30B-A3B, Qwen3.5-35B-A3B and DeepSeek-V2-Lite shapes (COLD_MOE= to choose; each made
+#              here, then deleted unless KEEP_FILES): spawn -> first token with experts on demand, with the whole file
+#              first (REFLEX_EXPERTS_ON_DEMAND=0) and llama-simple, COLD_RUNS interleaved (default 5), warm page
+#              cache, and dropped for COLD_DROPPED (default the 30B-A3B); cold_first_token_s rows in compare.json.
+#              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -264,6 +269,25 @@ if has soak; then
     "$W/soak-serve.json" 2>&1 | tee -a "$W/steps.txt"
   kill $SMI 2>/dev/null
   echo "GPU memory used (MiB): first $(head -3 "$W/soak-gpu-mem.csv" | tail -1 | cut -d, -f2), last of the run $(tail -2 "$W/soak-gpu-mem.csv" | head -1 | cut -d, -f2)" | tee -a "$W/steps.txt"
+fi
+if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on demand vs the whole file first vs llama-simple
+  for n in ${COLD_MOE:-qwen3moe-30b-a3b-48l-q8_0 qwen35moe-35b-a3b-q4_k_m deepseek2-v2lite-q8_0}; do
+    f=$R/$n.gguf; step "cold_moe $n"
+    case $n in
+      qwen3moe-30b-a3b-48l-q8_0) make="python3 scripts/make_moe_bench.py --layers 48 --out $f" ;;
+      qwen35moe-35b-a3b-q4_k_m) make="python3 scripts/make_qwen35_bench.py --model 35b-a3b --type q4_k_m --out $f" ;;
+      deepseek2-v2lite-q8_0) make="python3 scripts/make_deepseek_bench.py --type Q8_0 --out $f" ;;
+      *) echo "cold_moe: no maker for $n" | tee -a "$W/steps.txt"; continue ;;
+    esac
+    df -h $R | tail -1 >> "$W/steps.txt"
+    [ -f $f ] || { t0=$(date +%s); $make > "$W/make-$n.log" 2>&1; echo "made $n in $(( $(date +%s) - t0 )) s: $(ls -la $f)" | tee -a "$W/steps.txt"; }
+    # the page cache dropped too for the file named in COLD_DROPPED (default the 30B-A3B)
+    cache=warm; [ "$n" = "${COLD_DROPPED:-qwen3moe-30b-a3b-48l-q8_0}" ] && cache=warm,cold
+    timeout ${COLD_TIMEOUT:-420} python3 scripts/bench_coldstart.py --model $f --runs ${COLD_RUNS:-5} --cache $cache \
+      --variant "whole:REFLEX_EXPERTS_ON_DEMAND=0" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
+      --compare-out "$W/compare.json" 2>&1 | tee "$W/cold-$n.log" | grep -v "^  run \|^  untimed" | tee -a "$W/steps.txt"
+    [ -n "${KEEP_FILES:-}" ] || rm -f $f  # 64 GB of disk: one big file at a time
+  done
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
 cp "$W"/coldstart/waterfall.png "$OUT"/ 2>/dev/null

@@ -84,3 +84,34 @@ def test_a_tree_runs_its_own_package_before_the_working_directory(tmp_path):
         bc.parse_tree(f"old={tmp_path}/nothing")
     r = subprocess.run(bc.tree_cmd(str(tmp_path)) + ["generate", "hi"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == "other tree ['generate', 'hi']", r.stderr
+
+
+def test_compare_rows_put_reflex_against_llama_simple_per_page_cache_state(tmp_path):
+    """cold_first_token_s (warm page cache), @dropped (cold) and joules_to_first_token, as
+    ../shared/RESULTS.md has them: ratio = peer / reflex for times and joules; a variant's case
+    (reflex generate F [whole]) is not the reflex figure; rows merge into an existing compare.json."""
+    from compare_json import write_compare
+
+    def case(name, cache, s, j=None):
+        c = {"case": name, "page_cache": cache, "spawn_to_first_output_s": {"p50": s}}
+        if j is not None:
+            c["joules_to_first_output"] = {"p50": j}
+        return c
+
+    f = "m-30b-q8_0.gguf"
+    result = {"gpu": "G", "cases": [case(f"reflex generate {f}", "warm", 1.0, 150.0),
+                                    case(f"reflex generate {f} [whole]", "warm", 1.8, 260.0),
+                                    case(f"llama-simple {f}", "warm", 5.0, 800.0),
+                                    case(f"reflex generate {f}", "cold", 4.0), case(f"llama-simple {f}", "cold", 12.0)]}
+    rows = bc.compare_rows(result, f)
+    assert [(r["metric"], r["reflex"], r["llama_cpp"], r["ratio"]) for r in rows] == [
+        ("cold_first_token_s", 1.0, 5.0, 5.0), ("joules_to_first_token", 150.0, 800.0, 5.333),
+        ("cold_first_token_s@dropped", 4.0, 12.0, 3.0)]
+    assert {r["file"] for r in rows} == {"m-30b-q8_0"}
+    out = tmp_path / "compare.json"
+    write_compare(out, [{"file": "other", "metric": "tg128", "reflex": 2, "llama_cpp": 1, "ratio": 2}], "G", "aaa")
+    write_compare(out, rows, "G", "bbb")
+    import json
+
+    got = json.loads(out.read_text())
+    assert len(got["rows"]) == 4 and {r["commit"] for r in got["rows"]} == {"aaa", "bbb"}

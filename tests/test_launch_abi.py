@@ -860,3 +860,48 @@ def test_step_breakdown_times_every_role_on_the_fake_device(ptx_params):
     launches = runner.decode_step_launches(8)
     assert any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 100))
     assert not any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 1))
+
+
+@pytest.mark.parametrize("on_demand", ["1", "0"])
+def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch, on_demand):
+    """A MoE file's cold path on the fake device (gpu/residency.py): the first forward starts
+    with only the base uploaded; each MoE layer reads its routed ids back (here the fake's read-back
+    says experts 1 and 3) and waits for those; the rest goes up behind it, and the decode graph is
+    captured only once every expert is resident. REFLEX_EXPERTS_ON_DEMAND=0: the whole file first."""
+    from reflex_runtime.gpu import residency
+    from reflex_runtime.sampling import SamplingParams
+
+    monkeypatch.setattr(residency, "IDLE_RELEASE_S", 3600.0)
+    monkeypatch.setenv("REFLEX_EXPERTS_ON_DEMAND", on_demand)
+    runner, dev = _fake_runner(ptx_params, arch="qwen3moe")
+    ws, model = runner._weights, runner.model
+    if on_demand == "0":
+        assert ws is None and model.residency is None and runner.resident()
+        assert sum(n for what, _, n in dev.copies if what == "htod") >= model.weights_bytes
+        return
+    assert model.residency is ws and not ws.complete and not runner.resident()
+    ids_ptr, fake_dtoh, asked = model.p("moe_ids"), dev.dtoh, []
+
+    def dtoh(dst, src, n, stream):
+        fake_dtoh(dst, src, n, stream)
+        if src == ids_ptr:
+            ids = (ctypes.c_int * (n // 4)).from_address(dst)
+            for j in range(n // 4):
+                ids[j] = (1, 3)[j % 2]
+            asked.append(n // 4)
+
+    captures, begin = [], dev.begin_capture
+    monkeypatch.setattr(dev, "dtoh", dtoh)
+    monkeypatch.setattr(dev, "begin_capture", lambda s: (captures.append(ws.complete), begin(s)))
+    assert list(runner.generate_ids([1, 2, 3], SamplingParams(), 6, frozenset())) == [0] * 6
+    moe_layers = sorted(ws.plan.experts)
+    k = runner.config.extra["n_expert_used"]
+    assert asked[:len(moe_layers)] == [3 * k] * len(moe_layers)  # the prompt's 3 tokens, once per MoE layer
+    s = runner.info()
+    assert s["resident_bytes_at_release"] == s["base_bytes"] + sum(2 * ws.plan.expert_bytes(il) for il in moe_layers)
+    assert all(captures), "a decode graph captured before every expert was resident"
+    runner.wait_weights()
+    n_asked = len(asked)
+    assert list(runner.generate_ids([1, 2, 3], SamplingParams(), 6, frozenset())) == [0] * 6
+    assert captures and all(captures) and len(asked) == n_asked  # all resident: no read-backs, one graph
+    assert runner.resident() and s["experts_on_demand"] and "all_resident_ms" in runner.info()

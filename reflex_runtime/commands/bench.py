@@ -144,6 +144,7 @@ def main(args) -> int:
     ctx = max(depths) + args.decode_tokens + 16 if depths else None
     engine = load_engine(args.model, "cuda", max_context=max(ctx, 4096) if ctx else None)
     runner = engine.runner
+    runner.wait_weights()  # warm figures: every expert resident (gpu/residency.py)
     dev = runner.dev
     t0 = time.perf_counter()
     res = {

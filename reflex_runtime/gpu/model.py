@@ -37,6 +37,8 @@ class GpuModel:
     # copied once per candidate (fork) and the candidates run as one batch of independent
     # sequences (forward(seqs=...)), their attention layers still under the tree mask.
     scoring = "tree"
+    # gpu/residency.py's WeightStream while routed experts are still uploading (MoE files), else None
+    residency = None
 
     def __init__(self, config, gguf, max_batch: int, n_ctx: int, max_new: int, max_seqs: int = 1,
                  kv_rows: int | None = None):
@@ -206,6 +208,8 @@ class GpuModel:
             self.res.added()
             for il, ly in enumerate(self.layers):
                 ly(self.res, b, self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else 0)
+            if self.residency is not None:
+                self.residency.forward_done()
             if logit_rows <= 0:
                 return False
             row = (n - 1) if logit_row < 0 else logit_row

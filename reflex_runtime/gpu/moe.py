@@ -111,6 +111,7 @@ class MoeFFN:
     def bind(self, model, il: int, weights: MoeWeights | None = None) -> None:
         """Layer il's experts (weights: read another way, e.g. views of a fused tensor)."""
         self.w, self.p, self.launch = weights or MoeWeights.read(model.tensors, il), model.p, model.launch
+        self.il, self.owner = il, model  # owner.residency: experts on demand (gpu/residency.py)
 
     def grouped(self) -> str | None:
         """Which tensor-core expert path the weights allow: "gemm" (sm_80+, gemm.cu), "wmma"
@@ -155,6 +156,9 @@ class MoeFFN:
         ids, wts = p("moe_ids"), p("moe_w")
         with L.role("moe router + top-k", m.router.nbytes):
             self.route(b, inp, ids, wts, also)
+        stream = self.owner.residency
+        if stream is not None and not stream.complete:  # wait for the routed experts (never in a graph)
+            stream.ensure_routed(L, self.il, ids, n * k)
         if n == 1:  # the routed rows staged in shared memory; down may stage its rows before it waits,
             # since a gate/up launch always sits between it and the top-k that wrote the ids
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):

@@ -29,6 +29,7 @@ from .ops import sample
 from .ops.sample import ARGMAX_PARTS, RxSampling, RxState
 from .score import MAX_SCORED
 from .step import Pick, Seq, Step, int_array
+from .residency import WeightStream, on_demand_enabled, plan_upload
 from .upload import StagingRing, default_threads, upload_file_range
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
@@ -66,7 +67,8 @@ class CudaRunner:
         self._graphs: dict[tuple[str, bool], object] = {}  # ("greedy" | "sample" | "forward", pdl) -> decode graph
         self._constrain_bufs = None  # gpu/constrained.py StepBuffers, on the first logprobs or grammar request
         self._big_logits = (0, 0)  # (ptr, rows)
-        self.upload_stats: dict = {}
+        self.upload_stats: dict = {}  # before the first request: upload_ms covers what it waited for
+        self._weights = None  # gpu/residency.py WeightStream (MoE files: experts on demand)
         self.forward_passes = 0
         self.pdl: bool | None = None  # None: chain the decode graph's kernels (PDL) where the GPU can
 
@@ -154,15 +156,22 @@ class CudaRunner:
             tl.span("device_alloc", t, tl.elapsed())
             t = tl.elapsed()
             dst = base + self.model.arena.offsets["weights"]
-            upload_file_range(dev, ring, self.gguf.path, self.gguf.data_offset, self.model.weights_bytes, dst)
+            plan = plan_upload(self.gguf) if on_demand_enabled() else None
+            if plan is None:  # dense: the whole region in file order
+                upload_file_range(dev, ring, self.gguf.path, self.gguf.data_offset, self.model.weights_bytes, dst)
+            else:  # the routed experts on demand, then behind the first forward (gpu/residency.py)
+                self._weights = WeightStream(dev, ring, self.gguf.path, self.gguf.data_offset, dst, plan, tl)
+                self._weights.load_base()
             t_end = tl.elapsed()
             tl.span("weights_upload", t, t_end)
+            up = self.model.weights_bytes if plan is None else self._weights.stats["base_bytes"]
             self.upload_stats = {"weights_bytes": self.model.weights_bytes, "upload_ms": round((t_end - t) * 1000, 3),
-                                 "upload_gb_s": round(self.model.weights_bytes / max(t_end - t, 1e-9) / 1e9, 2),
+                                 "upload_gb_s": round(up / max(t_end - t, 1e-9) / 1e9, 2),
                                  "upload_threads": ring.n_threads}
             self.stream = self.boot.stream
             self.launch = Launcher(dev, self.stream)
             self.model.bind(base, self.launch)
+            self.model.residency = self._weights
             # Small pinned buffers for request inputs and token read-back. Layout in ints:
             # tokens | pos | slot | seg_lo (cap each) | n_kv, step, pad, pad | sampling (8) | scoring | seq_start
             self._cap = max(self.max_context, MAX_BATCH)
@@ -197,6 +206,8 @@ class CudaRunner:
                "compute_capability": f"{dev.cc[0]}.{dev.cc[1]}" if dev else None,
                "kernel_format": self.boot.kernel_format, "context": self.max_context}
         out.update(self.upload_stats)
+        if self._weights is not None:
+            out.update(self._weights.stats)
         for (_, pdl), g in list(self._graphs.items()):  # the scheduler thread may add one meanwhile
             out["decode_graph_nodes"] = g.n_nodes
             out["decode_graph_pdl"] = pdl
@@ -292,6 +303,9 @@ class CudaRunner:
         pick left on the device), replayed from its captured graph, without the pick."""
         seq = self._one_sequence(step)
         assert seq.n == 1 and seq.tokens is None, "forward() runs decode steps; prefill() runs prompts"
+        if not self.resident():  # eagerly, each MoE layer waiting for its routed experts
+            self.model.forward(1, first=0)
+            return
         self._graph("forward", lambda: self.model.forward(1, first=0), pdl).launch(self.stream)
 
     def pick(self, step: Step, hooks=()) -> bool:
@@ -374,6 +388,11 @@ class CudaRunner:
                         return
                     self.read_back(i + 1)
                     continue
+                if graph is None and not self.resident():  # experts still landing: one eager step
+                    self._step(pick.greedy)
+                    self.read_back(i + 1)
+                    queued = i + 2
+                    continue
                 if graph is None:
                     graph = self.step_graph(pick.greedy)
                 while queued < min(i + 2 + AHEAD, max_new):
@@ -439,10 +458,21 @@ class CudaRunner:
         else:
             sample.sample(self.launch, d.p("logits"), self.config.vocab_size, d.p("sampling"), self._state, last)
 
+    def resident(self) -> bool:
+        """Every weight on the device (MoE files upload experts behind the first forward)."""
+        return self._weights is None or self._weights.complete
+
+    def wait_weights(self) -> None:
+        """Return once every weight is on the device: before a graph is captured (its forward
+        cannot wait for experts) and before warm benchmarks."""
+        if self._weights is not None:
+            self._weights.wait_all()
+
     def _graph(self, kind: str, body, pdl: bool | None):
         pdl = self.pdl_available() if pdl is None else pdl
         g = self._graphs.get((kind, pdl))
         if g is None:
+            self.wait_weights()
             dev, s = self.dev, self.stream
             dev.begin_capture(s)
             self.launch.pdl = pdl
@@ -533,6 +563,7 @@ class CudaRunner:
     def graph_of(self, launches, pdl: bool = False):
         """A CUDA graph replaying recorded launches in order (no Python in the timed path); pdl:
         chained as programmatic dependent launches, as in the decode graph."""
+        self.wait_weights()
         dev, s = self.dev, self.stream
         dev.begin_capture(s)
         try:

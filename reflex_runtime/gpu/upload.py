@@ -49,6 +49,16 @@ def default_threads() -> int:
     return max(1, min(8, (os.cpu_count() or 2)))
 
 
+def read_chunk(fd: int, view, size: int, offset: int, path: str) -> None:
+    """file[offset : offset + size] into view[:size] (preadv may return less than asked)."""
+    done = 0
+    while done < size:
+        got = os.preadv(fd, [view[done:size]], offset + done)
+        if got <= 0:
+            raise ModelFileError(f"model file shrank while loading: {path}")
+        done += got
+
+
 def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nbytes: int, dst: int) -> None:
     """Copy file[file_offset : file_offset + nbytes] to device address dst; returns when done."""
     if nbytes <= 0:
@@ -71,12 +81,7 @@ def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nb
                     device.wait_event(ring.events[w][b])  # the copy out of this buffer is done
                 start = c * ring.chunk
                 size = min(ring.chunk, nbytes - start)
-                done = 0
-                while done < size:
-                    got = os.preadv(fd, [view[done:size]], file_offset + start + done)
-                    if got <= 0:
-                        raise ModelFileError(f"model file shrank while loading: {path}")
-                    done += got
+                read_chunk(fd, view, size, file_offset + start, path)
                 device.htod(dst + start, ptr, size, stream)
                 device.record(ring.events[w][b], stream)
                 used[b] = True

@@ -1,0 +1,298 @@
+"""Experts on demand: the first token of a big MoE model waits only for the bytes it reads.
+
+A 30B-A3B file is 32.5 GB, 94% of it routed experts, and a 5-token prompt routes to at most 40
+of each layer's 128. So the weights go up in this order instead of file order:
+  1. the base: everything but the routed experts (embeddings, attention, norms, routers, shared
+     experts, the LM head), before the first forward may start;
+  2. on demand: each MoE layer of a forward reads its tokens' expert ids back after the router
+     (gpu/moe.py) and waits for just those experts, which jump the queue;
+  3. in the background, once the first forward is through (or nothing asked for IDLE_RELEASE_S):
+     every other expert, layer by layer.
+Decode graphs are captured only once every expert is resident (gpu/runner.py); until then each
+step runs eagerly through the same on-demand checks. REFLEX_EXPERTS_ON_DEMAND=0 uploads the
+whole file first, as dense models always do.
+
+Bytes land through the same per-thread pinned staging buffers and streams as gpu/upload.py; a
+chunk counts as landed once its copy is known to be done (its buffer's event waited, or its
+stream synchronized), so a kernel queued after ensure() returns reads complete weights.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import threading
+import time
+from typing import NamedTuple
+
+from ..modelfile import tensor_names as T
+from .upload import read_chunk
+
+IDLE_RELEASE_S = 1.0  # no forward asked for experts this long after the base landed: start the rest
+_EXPERT_TENSOR = re.compile(r"blk\.(\d+)\.(" + "|".join(re.escape(n) for n in (
+    T.FFN_GATE_EXPS, T.FFN_UP_EXPS, T.FFN_GATE_UP_EXPS, T.FFN_DOWN_EXPS)) + r")$")
+
+
+class ExpertTensor(NamedTuple):
+    offset: int  # from the start of the weights region (the file's tensor data)
+    stride: int  # bytes of one expert (the stacked tensor's outermost dimension)
+
+
+class UploadPlan(NamedTuple):
+    base: list[tuple[int, int]]  # (offset, nbytes) ranges of everything but the routed experts
+    experts: dict[int, list[ExpertTensor]]  # layer -> its stacked expert tensors
+    n_expert: dict[int, int]  # layer -> experts in each of its tensors
+    total: int  # bytes of the weights region
+
+    def expert_bytes(self, layer: int) -> int:
+        return sum(t.stride for t in self.experts[layer])
+
+
+def plan_upload(gguf) -> UploadPlan | None:
+    """The file's routed-expert tensors and the rest; None when it has none (a dense model)."""
+    data, total = gguf.data_offset, gguf.size - gguf.data_offset
+    experts: dict[int, list[ExpertTensor]] = {}
+    n_expert: dict[int, int] = {}
+    holes = []
+    for name, ti in gguf.tensors.items():
+        m = _EXPERT_TENSOR.match(name)
+        if m is None or len(ti.shape) != 3 or ti.nbytes % ti.shape[2]:
+            continue
+        il, n = int(m.group(1)), ti.shape[2]
+        if n_expert.setdefault(il, n) != n:
+            return None  # tensors of one layer disagree on the expert count: upload it whole
+        experts.setdefault(il, []).append(ExpertTensor(ti.offset - data, ti.nbytes // n))
+        holes.append((ti.offset - data, ti.nbytes))
+    if not experts:
+        return None
+    base, at = [], 0
+    for off, n in sorted(holes):
+        if off > at:
+            base.append((at, off - at))
+        at = max(at, off + n)
+    if at < total:
+        base.append((at, total - at))
+    return UploadPlan(base, experts, n_expert, total)
+
+
+def on_demand_enabled() -> bool:
+    return os.environ.get("REFLEX_EXPERTS_ON_DEMAND", "1") != "0"
+
+
+BASE = "base"
+
+
+class WeightStream:
+    """The weights region of `path` (from file_offset) uploaded to `dst` in plan order, by one
+    worker per staging-ring thread. Tags: BASE, and (layer, expert) for each routed expert."""
+
+    def __init__(self, device, ring, path: str, file_offset: int, dst: int, plan: UploadPlan, timeline=None):
+        self.dev, self.ring, self.path, self.file_offset, self.dst, self.plan = device, ring, path, file_offset, dst, plan
+        self.tl = timeline
+        self.error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._urgent: collections.deque = collections.deque()  # chunks (tag, offset, size), first
+        self._background: collections.deque = collections.deque()  # chunks of the tag being filled in
+        self._later = collections.deque((il, e) for il in sorted(plan.experts) for e in range(plan.n_expert[il]))
+        self._left: dict = {}  # tag -> chunks not yet landed (a tag is queued once it has an entry)
+        self._resident: set = set()
+        self._hot: set = set()  # tags someone waits for: their chunks are flushed as soon as queued
+        self._n_tags = 1 + len(self._later)
+        self._released = False
+        self._t_release: float | None = None  # on the timeline
+        self._last_ask = time.monotonic()
+        self.landed_bytes = 0
+        self.stats: dict = {"experts_on_demand": True, "base_bytes": sum(n for _, n in plan.base),
+                            "expert_bytes": plan.total - sum(n for _, n in plan.base)}
+        self._t0 = time.perf_counter()
+        self._fd = os.open(path, os.O_RDONLY)
+        self._readback = None  # pinned ints for the routed ids (ensure_routed)
+        self._alive = ring.n_threads  # the last worker out closes the file
+        self._threads = [threading.Thread(target=self._worker, args=(w,), name=f"reflex-upload-{w}", daemon=True)
+                         for w in range(ring.n_threads)]
+
+    # -- the caller's side -------------------------------------------------------------------
+
+    def load_base(self) -> None:
+        """Start the workers and return once the base is on the device."""
+        with self._cv:
+            self._queue(BASE, self.plan.base, self._urgent)
+            self._hot.add(BASE)
+        for t in self._threads:
+            t.start()
+        self._wait({BASE})
+        dt = time.perf_counter() - self._t0
+        self.stats.update(base_upload_ms=round(dt * 1000, 3), base_gb_s=round(self.stats["base_bytes"] / max(dt, 1e-9) / 1e9, 2))
+        with self._cv:
+            self._last_ask = time.monotonic()
+
+    @property
+    def complete(self) -> bool:
+        return len(self._resident) == self._n_tags
+
+    def ensure(self, layer: int, experts) -> None:
+        """Return once these experts of this layer are on the device (uploading them first)."""
+        if self.complete:
+            return
+        need = {(layer, e) for e in experts if 0 <= e < self.plan.n_expert.get(layer, 0)} - self._resident
+        if need:
+            with self._cv:
+                for tag in need:
+                    self._hot.add(tag)
+                    if tag not in self._left:
+                        self._queue(tag, self._ranges(tag), self._urgent)
+                    elif any(c[0] == tag for c in self._background):  # being filled in: its rest goes first
+                        mine = [c for c in self._background if c[0] == tag]
+                        self._background = collections.deque(c for c in self._background if c[0] != tag)
+                        self._urgent.extend(mine)
+                self._cv.notify_all()
+            self._wait(need)
+        with self._cv:
+            self._last_ask = time.monotonic()
+
+    def ensure_routed(self, launch, layer: int, ids_ptr: int, count: int) -> None:
+        """ensure() for the expert ids a router just wrote on the device (count int32 at ids_ptr):
+        the stream is synchronized to read them."""
+        if self.complete:
+            return
+        dev, s = launch.dev, launch.stream
+        if self._readback is None or self._readback[2] < count:
+            self._readback = (*dev.alloc_pinned(4 * max(count, 4096)), max(count, 4096))
+        ptr, view, _ = self._readback
+        dev.dtoh(ptr, ids_ptr, 4 * count, s)
+        dev.sync(s)
+        self.ensure(layer, set(view.cast("i")[:count]))
+
+    def forward_done(self) -> None:
+        """A forward pass is through: the rest of the experts may go up now."""
+        if not self._released:
+            self.release()
+
+    def release(self) -> None:
+        with self._cv:
+            if not self._released:
+                self._released = True
+                self._t_release = self.tl.elapsed() if self.tl is not None else 0.0
+                self.stats["resident_bytes_at_release"] = self.landed_bytes
+                self.stats["released_after_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+                self._cv.notify_all()
+
+    def wait_all(self) -> None:
+        """Every expert on the device (starting the background upload if it had not)."""
+        self.release()
+        self._wait(None)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _ranges(self, tag) -> list[tuple[int, int]]:
+        il, e = tag
+        return [(t.offset + e * t.stride, t.stride) for t in self.plan.experts[il]]
+
+    def _queue(self, tag, ranges, into) -> None:
+        chunk, n = self.ring.chunk, 0
+        for off, size in ranges:
+            for c in range(0, size, chunk):
+                into.append((tag, off + c, min(chunk, size - c)))
+                n += 1
+        self._left[tag] = n
+
+    def _wait(self, tags) -> None:
+        with self._cv:
+            while True:
+                if self.error is not None:
+                    raise self.error
+                if (self.complete if tags is None else tags <= self._resident):
+                    return
+                self._cv.wait()
+
+    def _landed(self, tag, size: int) -> None:
+        """(under the lock) One chunk of tag is on the device."""
+        self.landed_bytes += size
+        self._left[tag] -= 1
+        if self._left[tag] == 0:
+            self._resident.add(tag)
+            self._hot.discard(tag)
+            if self.complete:
+                self.stats["all_resident_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+                if self.tl is not None:  # the background's span on the cold-start timeline
+                    now = self.tl.elapsed()
+                    self.tl.span("experts_upload", now if self._t_release is None else self._t_release, now)
+            self._cv.notify_all()
+
+    def _take(self):
+        """(under the lock) The next chunk, with whether it is urgent; None to wait; False to stop."""
+        if self.error is not None:
+            return False
+        if self._urgent:
+            return self._urgent.popleft(), True
+        if not self._released and time.monotonic() - self._last_ask > IDLE_RELEASE_S and BASE in self._resident:
+            self.release()
+        if self._released:
+            while not self._background and self._later:
+                tag = self._later.popleft()
+                if tag not in self._left:
+                    self._queue(tag, self._ranges(tag), self._background)
+            if self._background:
+                return self._background.popleft(), False
+        return False if self.complete else None
+
+    def _flush(self, stream, pending: list) -> None:
+        """Wait for this worker's copies in flight and count them landed."""
+        if any(p is not None for p in pending):
+            self.dev.sync(stream)
+            with self._cv:
+                for b, p in enumerate(pending):
+                    if p is not None:
+                        self._landed(*p)
+                        pending[b] = None
+
+    def _worker(self, w: int) -> None:
+        dev, ring = self.dev, self.ring
+        pending: list = [None] * ring.per_thread  # (tag, size) whose copy out of buffer b may be in flight
+        k = 0
+        try:
+            dev.make_current()
+            ring.ensure(dev, w)
+            stream = ring.streams[w]
+            while True:
+                with self._cv:
+                    got = self._take()
+                    flush = got is None or got is False or (not got[1] and any(
+                        p is not None and p[0] in self._hot for p in pending))
+                if flush:
+                    self._flush(stream, pending)
+                if got is False:
+                    break
+                if got is None:
+                    with self._cv:
+                        idle = not self._urgent and not (self._released and (self._background or self._later))
+                        if idle and not self.complete and self.error is None:
+                            self._cv.wait(0.05 if not self._released else None)
+                    continue
+                (tag, off, size), urgent = got
+                b = k % ring.per_thread
+                k += 1
+                if pending[b] is not None:
+                    dev.wait_event(ring.events[w][b])  # the copy out of this buffer is done
+                    with self._cv:
+                        self._landed(*pending[b])
+                    pending[b] = None
+                ptr, view = ring.buffers[w][b]
+                read_chunk(self._fd, view, size, self.file_offset + off, self.path)
+                dev.htod(self.dst + off, ptr, size, stream)
+                dev.record(ring.events[w][b], stream)
+                pending[b] = (tag, size)
+                with self._cv:
+                    last_urgent = urgent and not self._urgent
+                if last_urgent:  # whoever waits for it learns at once
+                    self._flush(stream, pending)
+        except BaseException as e:  # surfaced to whoever waits
+            with self._cv:
+                if self.error is None:
+                    self.error = e
+                self._cv.notify_all()
+        with self._cv:
+            self._alive -= 1
+            if self._alive == 0:
+                os.close(self._fd)

@@ -1,0 +1,108 @@
+"""Experts on demand (gpu/residency.py) on the GPU: a MoE file's first forward runs with only the
+base and the experts its tokens route to on the device, the rest uploading behind it. The tokens
+must be the same as with the whole file uploaded first, on every MoE family, greedy and seeded;
+a request that runs while experts are still missing (the background held back) too, alone and
+in a batch.
+
+Run on a GPU machine: pytest -m gpu tests/test_gpu_experts_on_demand.py
+"""
+
+import pytest
+
+from reflex_runtime.gpu import residency
+from reflex_runtime.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+FILES = {"qwen3moe": ("qwen3moe", "q8_0"), "qwen35moe": ("qwen35moe", "q4_k_m"),
+         "deepseek_v2lite": ("deepseek_v2lite", "q8_0"), "deepseek_v3": ("deepseek_v3", "q4_k_m")}
+PROMPT = "The capital of France is"
+
+
+def _path(name):
+    from fixtures import make_fixture
+
+    arch, outtype = FILES[name]
+    overrides = {}
+    if arch.startswith("deepseek_"):
+        from fixtures.deepseek import GPU_CONFIGS
+
+        arch, overrides = GPU_CONFIGS[arch.removeprefix("deepseek_")]
+    return str(make_fixture(arch, outtype, **overrides).gguf)
+
+
+def _engine(name, monkeypatch, on_demand: bool, **kw):
+    from reflex_runtime.loader import load_engine
+
+    monkeypatch.setenv("REFLEX_EXPERTS_ON_DEMAND", "1" if on_demand else "0")
+    eng = load_engine(_path(name), "cuda", **kw)
+    assert (eng.runner._weights is not None) == on_demand
+    return eng
+
+
+def _hold_back(ws):
+    """Only what forwards ask for goes up: the background waits for wait_all()."""
+    ws.forward_done = lambda: None
+    asked = []
+    ensure = ws.ensure
+    ws.ensure = lambda layer, experts: (asked.append((layer, set(experts))), ensure(layer, experts))[1]
+    return asked
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_release(monkeypatch):
+    monkeypatch.setattr(residency, "IDLE_RELEASE_S", 3600.0)
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_greedy_and_seeded_tokens_equal_with_and_without_experts_on_demand(name, monkeypatch):
+    whole = _engine(name, monkeypatch, on_demand=False)
+    ids = whole.prompt_ids(PROMPT)
+    seeded = SamplingParams(temperature=0.8, top_k=40, seed=7)
+    want = list(whole.runner.generate_ids(ids, SamplingParams(), 32, frozenset()))
+    want_seeded = list(whole.runner.generate_ids(ids, seeded, 32, frozenset()))
+
+    eng = _engine(name, monkeypatch, on_demand=True)
+    r, ws = eng.runner, eng.runner._weights
+    asked = _hold_back(ws)
+    assert not ws.complete and ws.landed_bytes == ws.stats["base_bytes"]
+    got = list(r.generate_ids(ids, SamplingParams(), 32, frozenset()))  # every step eager, experts on demand
+    assert got == want
+    assert asked and {il for il, _ in asked} == set(ws.plan.experts)
+    got_seeded = list(r.generate_ids(ids, seeded, 32, frozenset()))
+    assert got_seeded == want_seeded
+    r.wait_weights()  # the rest lands; then the decode graph
+    assert ws.complete and list(r.generate_ids(ids, SamplingParams(), 32, frozenset())) == want
+    assert r.info()["decode_graph_nodes"] > 0 and r.info()["all_resident_ms"] > 0
+
+
+def _batch(r, prompts, n):
+    """The scheduler's way: every prompt in one step, then decode steps of all rows."""
+    from reflex_runtime.gpu.step import Pick
+
+    sids = [r.batch_open(p, Pick(SamplingParams()), n, frozenset()) for p in prompts]
+    out = {s: [] for s in sids}
+    got = r.batch_step([(s, len(p)) for s, p in zip(sids, prompts)], [])
+    while True:
+        for s in sids:
+            out[s] += got.get(s, [])
+        if all(len(v) >= n for v in out.values()):
+            break
+        got = r.batch_step([], [s for s in sids if len(out[s]) < n])
+    for s in sids:
+        r.batch_close(s)
+    return [out[s][:n] for s in sids]
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "deepseek_v2lite"])
+def test_a_batch_served_while_experts_are_missing_gets_the_same_tokens(name, monkeypatch):
+    """The scheduler's batch API: the prompts' forward runs eagerly with its experts on demand;
+    the decode graph waits until every expert is there. Same tokens as the same batch with the
+    whole file uploaded first."""
+    whole = _engine(name, monkeypatch, on_demand=False, max_seqs=4)
+    prompts = [whole.prompt_ids(p) for p in (PROMPT, "Once upon a time", "1, 2, 3, 4,")]
+    want = _batch(whole.runner, prompts, 12)
+    eng = _engine(name, monkeypatch, on_demand=True, max_seqs=4)
+    asked = _hold_back(eng.runner._weights)
+    assert _batch(eng.runner, prompts, 12) == want
+    assert asked and eng.runner._weights.complete

@@ -1,0 +1,175 @@
+"""gpu/residency.py on the CPU: a MoE file's weights split into the base and its routed experts,
+and uploaded base first, then the experts a forward asks for, then the rest, through a fake
+device whose "device memory" is a host buffer and whose async copies run at once."""
+
+import os
+import threading
+import time
+
+import pytest
+import test_upload
+
+from reflex_runtime.errors import ModelFileError
+from reflex_runtime.gpu import residency
+from reflex_runtime.gpu.residency import ExpertTensor, UploadPlan, WeightStream, plan_upload
+from reflex_runtime.gpu.upload import StagingRing
+from reflex_runtime.modelfile.gguf_file import GGUFFile
+
+
+class _Dev(test_upload._Dev):
+    """Device memory as one host buffer; htod copies at once, after `delay` seconds."""
+
+    def __init__(self, size: int, delay: float = 0.0):
+        super().__init__(size)
+        self.delay = delay
+
+    def htod(self, dst, src, n, stream):
+        if self.delay:
+            time.sleep(self.delay)
+        super().htod(dst, src, n, stream)
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_release(monkeypatch):
+    """The background upload starts only when a test says so (not after a slow moment here)."""
+    monkeypatch.setattr(residency, "IDLE_RELEASE_S", 3600.0)
+
+
+def _moe_file(arch):
+    from fixtures import make_fixture
+
+    if arch == "deepseek":
+        from fixtures.deepseek import GPU_CONFIGS
+
+        base, overrides = GPU_CONFIGS["v2lite"]
+        return str(make_fixture(base, "q4_k_m", **overrides).gguf)
+    return str(make_fixture(arch, "q4_k_m").gguf)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe", "deepseek"])
+def test_the_plan_splits_the_weights_into_base_and_experts(arch):
+    """Every byte of the tensor data is in the base or in exactly one expert of one layer; an
+    expert is a contiguous slice of each of its layer's stacked tensors; only MoE layers have them."""
+    g = GGUFFile(_moe_file(arch))
+    plan = plan_upload(g)
+    total = g.size - g.data_offset
+    assert plan is not None and plan.total == total
+    pieces = list(plan.base)
+    for il, tensors in plan.experts.items():
+        assert plan.n_expert[il] == g.tensor(f"blk.{il}.ffn_down_exps.weight").shape[2]
+        for t in tensors:
+            pieces += [(t.offset + e * t.stride, t.stride) for e in range(plan.n_expert[il])]
+    pieces.sort()
+    assert pieces[0][0] == 0 and sum(n for _, n in pieces) == total
+    assert all(a + n == b for (a, n), (b, _) in zip(pieces, pieces[1:])), "gaps or overlaps"
+    moe_layers = {il for il in range(g.arch_get("block_count")) if f"blk.{il}.ffn_gate_inp.weight" in g.tensors}
+    assert set(plan.experts) == moe_layers
+    assert plan_upload(GGUFFile(_dense_file())) is None
+
+
+def _dense_file():
+    from fixtures import make_fixture
+
+    return str(make_fixture("qwen3", "q4_k_m").gguf)
+
+
+def _stream(path, threads=3, chunk=8192, delay=0.0):
+    g = GGUFFile(path)
+    plan = plan_upload(g)
+    dev = _Dev(plan.total, delay)
+    ws = WeightStream(dev, StagingRing(dev, threads, chunk), path, g.data_offset, dev.base, plan)
+    with open(path, "rb") as f:
+        f.seek(g.data_offset)
+        data = f.read()
+    return ws, dev, plan, data
+
+
+def _expert_ranges(plan, il, e):
+    return [(t.offset + e * t.stride, t.stride) for t in plan.experts[il]]
+
+
+def _landed(dev, data, ranges):
+    return all(bytes(dev.mem[a:a + n]) == data[a:a + n] for a, n in ranges)
+
+
+def _untouched(dev, ranges):
+    return all(not any(dev.mem[a:a + n]) for a, n in ranges)
+
+
+@pytest.mark.parametrize("threads,chunk", [(1, 4096), (3, 8192), (8, 1 << 20)])
+def test_base_first_then_the_asked_experts_then_the_rest(threads, chunk):
+    ws, dev, plan, data = _stream(_moe_file("qwen3moe"), threads, chunk)
+    ws.load_base()
+    assert _landed(dev, data, plan.base)
+    layers = sorted(plan.experts)
+    every = [(il, e) for il in layers for e in range(plan.n_expert[il])]
+    assert all(_untouched(dev, _expert_ranges(plan, il, e)) for il, e in every)  # nothing else before a forward asks
+    assert not ws.complete
+    ws.ensure(layers[-1], {3, 1, 99, -1})  # ids out of range are ignored
+    asked = {(layers[-1], 1), (layers[-1], 3)}
+    for il, e in every:
+        r = _expert_ranges(plan, il, e)
+        assert _landed(dev, data, r) if (il, e) in asked else _untouched(dev, r), (il, e)
+    ws.forward_done()  # the first forward is through: the rest goes up behind it
+    ws.wait_all()
+    assert ws.complete and bytes(dev.mem) == data
+    s = ws.stats
+    assert s["resident_bytes_at_release"] == s["base_bytes"] + 2 * plan.expert_bytes(layers[-1])
+    assert s["base_bytes"] + s["expert_bytes"] == plan.total and s["all_resident_ms"] >= s["base_upload_ms"]
+    ws.ensure(layers[0], {0})  # a no-op once everything is there
+    for t in ws._threads:
+        t.join(5)
+    assert not any(t.is_alive() for t in ws._threads), "the workers end when every expert is resident"
+
+
+def test_an_expert_asked_for_jumps_the_background_queue():
+    """While the background upload works through layer 0, a forward's ask for the last layer's
+    last expert is served first: it lands while most of the rest is still to come."""
+    ws, dev, plan, data = _stream(_moe_file("qwen35moe"), threads=2, chunk=16384, delay=0.002)
+    ws.load_base()
+    ws.release()
+    time.sleep(0.02)
+    last = max(plan.experts)
+    tag_ranges = _expert_ranges(plan, last, plan.n_expert[last] - 1)
+    ws.ensure(last, {plan.n_expert[last] - 1})
+    experts_landed = ws.landed_bytes - ws.stats["base_bytes"]
+    assert _landed(dev, data, tag_ranges) and not ws.complete
+    assert experts_landed < ws.stats["expert_bytes"] / 2, (experts_landed, ws.stats)  # not behind the whole queue
+    ws.wait_all()
+    assert bytes(dev.mem) == data
+
+
+def test_many_threads_asking_at_once_all_get_their_experts():
+    ws, dev, plan, data = _stream(_moe_file("deepseek"), threads=4, chunk=4096)
+    ws.load_base()
+    errors = []
+
+    def ask(il, e):
+        try:
+            ws.ensure(il, {e, (e + 3) % plan.n_expert[il]})
+            assert _landed(dev, data, _expert_ranges(plan, il, e))
+        except BaseException as ex:  # noqa: BLE001 - reported below
+            errors.append(ex)
+
+    threads = [threading.Thread(target=ask, args=(il, e)) for il in plan.experts for e in range(0, plan.n_expert[il], 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    ws.wait_all()
+    assert bytes(dev.mem) == data
+
+
+def test_a_short_file_is_a_model_file_error_for_whoever_waits(tmp_path):
+    path = tmp_path / "w.bin"
+    path.write_bytes(os.urandom(2000))
+    plan = UploadPlan([(0, 1000)], {0: [ExpertTensor(1000, 500)]}, {0: 4}, 3000)  # experts 2 and 3 are past the end
+    dev = _Dev(3000)
+    ws = WeightStream(dev, StagingRing(dev, 2, 256), str(path), 0, dev.base, plan)
+    ws.load_base()
+    ws.ensure(0, {0, 1})
+    with pytest.raises(ModelFileError, match="shrank"):
+        ws.ensure(0, {3})
+    with pytest.raises(ModelFileError, match="shrank"):
+        ws.wait_all()
