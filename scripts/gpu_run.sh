@@ -31,7 +31,8 @@
 #   cold_moe   issue 28: the 30B-A3B, Qwen3.5-35B-A3B and DeepSeek-V2-Lite shapes (COLD_MOE= to choose; each made
 #              here, then deleted unless KEEP_FILES): spawn -> first token with experts on demand, with the whole file
 #              first (REFLEX_EXPERTS_ON_DEMAND=0) and llama-simple, COLD_RUNS interleaved (default 5), warm page
-#              cache, and dropped for COLD_DROPPED (default the 30B-A3B); cold_first_token_s rows in compare.json.
+#              cache, and dropped for COLD_DROPPED (default the 30B-A3B); cold_first_token_s rows in compare.json;
+#              more cases in COLD_MOE_VARIANTS (e.g. "ring16x8:REFLEX_UPLOAD_THREADS=16,REFLEX_UPLOAD_CHUNK_MB=8")
 #              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
@@ -283,8 +284,9 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
     [ -f $f ] || { t0=$(date +%s); $make > "$W/make-$n.log" 2>&1; echo "made $n in $(( $(date +%s) - t0 )) s: $(ls -la $f)" | tee -a "$W/steps.txt"; }
     # the page cache dropped too for the file named in COLD_DROPPED (default the 30B-A3B)
     cache=warm; [ "$n" = "${COLD_DROPPED:-qwen3moe-30b-a3b-48l-q8_0}" ] && cache=warm,cold
+    variants=(--variant "whole:REFLEX_EXPERTS_ON_DEMAND=0"); for v in ${COLD_MOE_VARIANTS:-}; do variants+=(--variant "$v"); done
     timeout ${COLD_TIMEOUT:-420} python3 scripts/bench_coldstart.py --model $f --runs ${COLD_RUNS:-5} --cache $cache \
-      --variant "whole:REFLEX_EXPERTS_ON_DEMAND=0" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
+      "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
       --compare-out "$W/compare.json" 2>&1 | tee "$W/cold-$n.log" | grep -v "^  run \|^  untimed" | tee -a "$W/steps.txt"
     [ -n "${KEEP_FILES:-}" ] || rm -f $f  # 64 GB of disk: one big file at a time
   done

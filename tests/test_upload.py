@@ -71,3 +71,17 @@ def test_a_file_shorter_than_its_directory_says_is_a_model_file_error(tmp_path):
     dev = _Dev(10_000)
     with pytest.raises(ModelFileError, match="shrank"):
         upload_file_range(dev, StagingRing(dev, 2, 1024), str(path), 0, 8000, dev.base)
+
+
+def test_the_ring_takes_its_size_from_the_environment(monkeypatch):
+    """REFLEX_UPLOAD_THREADS / REFLEX_UPLOAD_CHUNK_MB for measuring other rings on the cold path;
+    nonsense falls back to the defaults."""
+    from reflex_runtime.gpu.upload import CHUNK, default_chunk, default_threads
+
+    monkeypatch.setenv("REFLEX_UPLOAD_THREADS", "16")
+    monkeypatch.setenv("REFLEX_UPLOAD_CHUNK_MB", "8")
+    assert (default_threads(), default_chunk()) == (16, 8 << 20)
+    for bad in ("0", "-3", "x", "", "1000"):
+        monkeypatch.setenv("REFLEX_UPLOAD_THREADS", bad)
+        monkeypatch.setenv("REFLEX_UPLOAD_CHUNK_MB", bad)
+        assert 1 <= default_threads() <= 64 and default_chunk() == CHUNK

@@ -30,7 +30,7 @@ from .ops.sample import ARGMAX_PARTS, RxSampling, RxState
 from .score import MAX_SCORED
 from .step import Pick, Seq, Step, int_array
 from .residency import WeightStream, on_demand_enabled, plan_upload
-from .upload import StagingRing, default_threads, upload_file_range
+from .upload import StagingRing, default_chunk, default_threads, upload_file_range
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
 READBACK_SLOTS = 8
@@ -152,7 +152,7 @@ class CudaRunner:
             t = tl.elapsed()
             self._fit(dev)
             base = dev.alloc(self.model.arena_bytes)
-            ring = StagingRing(dev, default_threads())
+            ring = StagingRing(dev, default_threads(), default_chunk())
             tl.span("device_alloc", t, tl.elapsed())
             t = tl.elapsed()
             dst = base + self.model.arena.offsets["weights"]
