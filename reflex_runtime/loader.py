@@ -52,15 +52,24 @@ def is_local_path(ref: str) -> bool:
     return not looks_like_ref(ref)
 
 
-def _prefetch(path: str, tl: Timeline) -> None:
-    """With a cold page cache, start reading the model file now so the disk reads overlap CUDA
-    initialisation instead of following it; with a warm one, do nothing."""
-    from .modelfile.pagecache import prefetch, resident_fraction
+def _page_cache_cold(path: str, tl: Timeline) -> bool:
+    from .modelfile.pagecache import resident_fraction
 
     frac = resident_fraction(path)
     tl.page_cache_resident = frac
-    if frac is not None and frac < 0.9:
-        prefetch(path)
+    return frac is not None and frac < 0.9
+
+
+def _prefetch(gguf) -> None:
+    """With a cold page cache, start reading the model file as soon as its directory is read, so
+    the disk reads overlap CUDA initialisation instead of following it. A MoE file whose experts
+    go up on demand reads only its base ahead: the upload reads each expert when a forward asks
+    for it, or behind the first forward, and a whole-file read ahead would compete with that."""
+    from .gpu.residency import on_demand_enabled, plan_upload
+    from .modelfile.pagecache import prefetch
+
+    plan = plan_upload(gguf) if on_demand_enabled() else None
+    prefetch(gguf.path, ranges=None if plan is None else [(gguf.data_offset + a, n) for a, n in plan.base])
 
 
 def load_engine(model_ref: str | None = None, backend: str = "auto", timeline: Timeline | None = None,
@@ -120,8 +129,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, kv
     log = log or (lambda msg: print(f"reflex: {msg}", file=sys.stderr))
 
     path = resolve_model(model_ref, log)
-    if os.path.isfile(path):
-        _prefetch(path, tl)
+    cold = os.path.isfile(path) and _page_cache_cold(path, tl)
     tl.mark("model_resolved")
     tl.begin("open_model")
     from .modelfile import modelcache
@@ -129,6 +137,8 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, kv
     index = modelcache.load(path) if os.path.isfile(path) else None
     gguf = GGUFFile(path, index=index["gguf"] if index else None)
     config = read_config(gguf)
+    if cold:
+        _prefetch(gguf)
     tl.mark("gguf_open")
 
     tl.begin("load_weights")

@@ -173,3 +173,37 @@ def test_a_short_file_is_a_model_file_error_for_whoever_waits(tmp_path):
         ws.ensure(0, {3})
     with pytest.raises(ModelFileError, match="shrank"):
         ws.wait_all()
+
+
+def test_a_cold_page_cache_reads_only_the_base_of_an_on_demand_file_ahead(monkeypatch):
+    """loader._prefetch: with experts on demand the read-ahead is the base's ranges (the upload
+    reads each expert when it is asked for); with them off, or a dense file, the whole file."""
+    from reflex_runtime import loader
+    from reflex_runtime.modelfile import pagecache
+
+    calls = []
+    monkeypatch.setattr(pagecache, "prefetch", lambda path, ranges=None, **kw: calls.append(ranges))
+    g = GGUFFile(_moe_file("qwen3moe"))
+    loader._prefetch(g)
+    assert calls[-1] == [(g.data_offset + a, n) for a, n in plan_upload(g).base]
+    monkeypatch.setenv("REFLEX_EXPERTS_ON_DEMAND", "0")
+    loader._prefetch(g)
+    loader._prefetch(GGUFFile(_dense_file()))
+    assert calls[1:] == [None, None]
+
+
+def test_prefetch_reads_the_ranges_it_is_given_in_chunks(tmp_path, monkeypatch):
+    from reflex_runtime.modelfile import pagecache
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(50_000))
+    seen, real = [], os.preadv
+    monkeypatch.setattr(pagecache.os, "preadv", lambda fd, bufs, off: seen.append((off, len(bufs[0]))) or real(fd, bufs, off))
+    for t in pagecache.prefetch(str(path), threads=3, chunk=4096, ranges=[(100, 10_000), (30_000, 5000)]):
+        t.join(10)
+    want = [(100 + c, min(4096, 10_000 - c)) for c in range(0, 10_000, 4096)] + [(30_000, 4096), (34_096, 904)]
+    assert sorted(seen) == sorted(want)
+    seen.clear()
+    for t in pagecache.prefetch(str(path), threads=2, chunk=16_384):
+        t.join(10)
+    assert sorted(seen) == [(0, 16_384), (16_384, 16_384), (32_768, 16_384), (49_152, 848)]

@@ -41,11 +41,14 @@ def resident_fraction(path: str) -> float | None:
         return None
 
 
-def prefetch(path: str, threads: int = 4, chunk: int = 8 << 20) -> list[threading.Thread]:
-    """Read the whole file on background threads (the reads release the GIL) so the page cache
-    fills while the GPU comes up; returns the threads (daemons: nobody has to wait for them)."""
-    size = os.path.getsize(path)
-    n_chunks = (size + chunk - 1) // chunk
+def prefetch(path: str, threads: int = 4, chunk: int = 8 << 20, ranges=None) -> list[threading.Thread]:
+    """Read the whole file (or these (offset, nbytes) ranges of it, in order) on background
+    threads (the reads release the GIL) so the page cache fills while the GPU comes up; returns
+    the threads (daemons: nobody has to wait for them)."""
+    if ranges is None:
+        ranges = [(0, os.path.getsize(path))]
+    pieces = [(off + c, min(chunk, n - c)) for off, n in ranges for c in range(0, n, chunk)]
+    n_chunks = len(pieces)
 
     def worker(w: int) -> None:
         buf = bytearray(chunk)
@@ -56,7 +59,8 @@ def prefetch(path: str, threads: int = 4, chunk: int = 8 << 20) -> list[threadin
             return
         try:
             for c in range(w, n_chunks, threads):
-                os.preadv(fd, [view], c * chunk)
+                off, n = pieces[c]
+                os.preadv(fd, [view[:n]], off)
         except OSError:
             pass
         finally:
