@@ -115,3 +115,12 @@ def test_compare_rows_put_reflex_against_llama_simple_per_page_cache_state(tmp_p
 
     got = json.loads(out.read_text())
     assert len(got["rows"]) == 4 and {r["commit"] for r in got["rows"]} == {"aaa", "bbb"}
+
+
+def test_disk_read_rate_reads_the_file_head_on_threads(tmp_path, monkeypatch):
+    monkeypatch.setattr(bc, "drop_page_cache", lambda path: "test")  # not this machine's whole page cache
+    f = tmp_path / "m.gguf"
+    f.write_bytes(os.urandom(3_000_000))
+    r = bc.disk_read_rate(str(f), nbytes=2_000_000, threads=3, chunk=300_000)
+    assert r["bytes"] == 2_000_000 and r["threads"] == 3 and r["gb_s"] > 0 and r["cache_drop_method"]
+    assert bc.disk_read_rate(str(f), threads=2)["bytes"] == 3_000_000  # never past the end
