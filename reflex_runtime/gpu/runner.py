@@ -42,6 +42,20 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
+class EagerStep:
+    """In place of a decode graph while a MoE file's experts are still uploading
+    (gpu/residency.py): launch() runs the step's launches, each MoE layer waiting for its
+    routed experts; callers ask for the graph again at their next step."""
+
+    n_nodes = 0
+
+    def __init__(self, body):
+        self.body = body
+
+    def launch(self, stream) -> None:
+        self.body()
+
+
 class CudaRunner:
     name = "cuda"
     checks_deadline = True  # generate_ids takes `deadline` (engine.Runner): checked between prefill chunks
@@ -303,9 +317,6 @@ class CudaRunner:
         pick left on the device), replayed from its captured graph, without the pick."""
         seq = self._one_sequence(step)
         assert seq.n == 1 and seq.tokens is None, "forward() runs decode steps; prefill() runs prompts"
-        if not self.resident():  # eagerly, each MoE layer waiting for its routed experts
-            self.model.forward(1, first=0)
-            return
         self._graph("forward", lambda: self.model.forward(1, first=0), pdl).launch(self.stream)
 
     def pick(self, step: Step, hooks=()) -> bool:
@@ -388,12 +399,7 @@ class CudaRunner:
                         return
                     self.read_back(i + 1)
                     continue
-                if graph is None and not self.resident():  # experts still landing: one eager step
-                    self._step(pick.greedy)
-                    self.read_back(i + 1)
-                    queued = i + 2
-                    continue
-                if graph is None:
+                if graph is None or isinstance(graph, EagerStep):  # a graph once every expert is resident
                     graph = self.step_graph(pick.greedy)
                 while queued < min(i + 2 + AHEAD, max_new):
                     graph.launch(self.stream)
@@ -463,16 +469,18 @@ class CudaRunner:
         return self._weights is None or self._weights.complete
 
     def wait_weights(self) -> None:
-        """Return once every weight is on the device: before a graph is captured (its forward
-        cannot wait for experts) and before warm benchmarks."""
+        """Return once every weight is on the device (before warm benchmarks)."""
         if self._weights is not None:
             self._weights.wait_all()
 
     def _graph(self, kind: str, body, pdl: bool | None):
+        """The captured graph of body(); while experts are still uploading, an EagerStep that runs
+        body() itself (a graph's forward cannot wait for the experts its tokens route to)."""
         pdl = self.pdl_available() if pdl is None else pdl
         g = self._graphs.get((kind, pdl))
         if g is None:
-            self.wait_weights()
+            if not self.resident():
+                return EagerStep(body)
             dev, s = self.dev, self.stream
             dev.begin_capture(s)
             self.launch.pdl = pdl
