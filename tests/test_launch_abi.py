@@ -893,13 +893,18 @@ def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch
     captures, begin = [], dev.begin_capture
     monkeypatch.setattr(dev, "dtoh", dtoh)
     monkeypatch.setattr(dev, "begin_capture", lambda s: (captures.append(ws.complete), begin(s)))
+    release = ws.release
+    monkeypatch.setattr(ws, "release", lambda: None)  # the rest held back: every decode step eager
     assert list(runner.generate_ids([1, 2, 3], SamplingParams(), 6, frozenset())) == [0] * 6
     moe_layers = sorted(ws.plan.experts)
     k = runner.config.extra["n_expert_used"]
-    assert asked[:len(moe_layers)] == [3 * k] * len(moe_layers)  # the prompt's 3 tokens, once per MoE layer
+    # the prompt's 3 tokens, then each of the 5 decode steps' one token, once per MoE layer
+    assert asked == [3 * k] * len(moe_layers) + [k] * (5 * len(moe_layers))
+    assert not captures and not ws.complete  # eager steps, no graph, while experts are missing
+    assert ws.landed_bytes == ws.stats["base_bytes"] + sum(2 * ws.plan.expert_bytes(il) for il in moe_layers)
+    release()
     s = runner.info()
-    assert s["resident_bytes_at_release"] == s["base_bytes"] + sum(2 * ws.plan.expert_bytes(il) for il in moe_layers)
-    assert all(captures), "a decode graph captured before every expert was resident"
+    assert s["resident_bytes_at_release"] == ws.stats["base_bytes"] + sum(2 * ws.plan.expert_bytes(il) for il in moe_layers)
     runner.wait_weights()
     n_asked = len(asked)
     assert list(runner.generate_ids([1, 2, 3], SamplingParams(), 6, frozenset())) == [0] * 6

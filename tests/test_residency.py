@@ -125,8 +125,9 @@ def test_base_first_then_the_asked_experts_then_the_rest(threads, chunk):
 def test_an_expert_asked_for_jumps_the_background_queue():
     """While the background upload works through layer 0, a forward's ask for the last layer's
     last expert is served first: it lands while most of the rest is still to come."""
-    ws, dev, plan, data = _stream(_moe_file("qwen35moe"), threads=2, chunk=16384, delay=0.002)
+    ws, dev, plan, data = _stream(_moe_file("qwen35moe"), threads=2, chunk=16384)
     ws.load_base()
+    dev.delay = 0.002  # the experts' copies are slow
     ws.release()
     time.sleep(0.02)
     last = max(plan.experts)
@@ -135,6 +136,26 @@ def test_an_expert_asked_for_jumps_the_background_queue():
     experts_landed = ws.landed_bytes - ws.stats["base_bytes"]
     assert _landed(dev, data, tag_ranges) and not ws.complete
     assert experts_landed < ws.stats["expert_bytes"] / 2, (experts_landed, ws.stats)  # not behind the whole queue
+    ws.wait_all()
+    assert bytes(dev.mem) == data
+
+
+def test_an_expert_of_the_layer_being_filled_in_goes_first():
+    """The background has queued a whole layer's chunks; an ask for that layer's last expert
+    takes its chunks out of that queue and ahead of the rest."""
+    ws, dev, plan, data = _stream(_moe_file("qwen35moe"), threads=2, chunk=4096)
+    ws.load_base()
+    dev.delay = 0.002  # the experts' copies are slow
+    ws.release()
+    first = min(plan.experts)
+    deadline = time.monotonic() + 10
+    while ws.landed_bytes == ws.stats["base_bytes"] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    e = plan.n_expert[first] - 1
+    ws.ensure(first, {e})
+    assert _landed(dev, data, _expert_ranges(plan, first, e))
+    layer_done = sum(_landed(dev, data, _expert_ranges(plan, first, x)) for x in range(plan.n_expert[first]))
+    assert layer_done <= plan.n_expert[first] // 2, layer_done  # not after the layer's other experts
     ws.wait_all()
     assert bytes(dev.mem) == data
 
@@ -156,9 +177,27 @@ def test_many_threads_asking_at_once_all_get_their_experts():
         t.start()
     for t in threads:
         t.join(30)
+    assert not any(t.is_alive() for t in threads), "an ensure() never returned"
     assert not errors, errors
     ws.wait_all()
     assert bytes(dev.mem) == data
+
+
+def test_with_nobody_asking_the_rest_starts_after_the_idle_time(monkeypatch):
+    """No forward asks (a server waiting for its first request): the background upload starts
+    IDLE_RELEASE_S after the base landed, not before, however long the base took."""
+    monkeypatch.setattr(residency, "IDLE_RELEASE_S", 0.4)
+    ws, dev, plan, data = _stream(_moe_file("qwen3moe"), threads=2, chunk=1 << 16, delay=0.003)
+    t0 = time.perf_counter()
+    ws.load_base()
+    assert time.perf_counter() - t0 > 0.4  # the base alone took longer than the idle time
+    time.sleep(0.2)
+    assert ws.landed_bytes == ws.stats["base_bytes"] and "released_after_ms" not in ws.stats
+    deadline = time.monotonic() + 30
+    while not ws.complete and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ws.complete and bytes(dev.mem) == data
+    assert ws.stats["released_after_ms"] >= ws.stats["base_upload_ms"] + 0.4 * 1000 * 0.9
 
 
 def test_a_short_file_is_a_model_file_error_for_whoever_waits(tmp_path):
@@ -173,6 +212,9 @@ def test_a_short_file_is_a_model_file_error_for_whoever_waits(tmp_path):
         ws.ensure(0, {3})
     with pytest.raises(ModelFileError, match="shrank"):
         ws.wait_all()
+    with pytest.raises(ModelFileError, match="shrank"):  # from now on, even for experts that are there
+        ws.ensure(0, {0})
+    assert "shrank" in ws.stats["upload_error"]
 
 
 def test_a_cold_page_cache_reads_only_the_base_of_an_on_demand_file_ahead(monkeypatch):

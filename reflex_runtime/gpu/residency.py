@@ -85,23 +85,25 @@ BASE = "base"
 
 class WeightStream:
     """The weights region of `path` (from file_offset) uploaded to `dst` in plan order, by one
-    worker per staging-ring thread. Tags: BASE, and (layer, expert) for each routed expert."""
+    worker per staging-ring thread. Tags: BASE, and (layer, expert) for each routed expert. A
+    chunk is (tags, offset, size): consecutive experts of a stacked tensor share chunks, so a
+    small expert is not a small copy; a tag is resident once every chunk touching it landed."""
 
     def __init__(self, device, ring, path: str, file_offset: int, dst: int, plan: UploadPlan, timeline=None):
         self.dev, self.ring, self.path, self.file_offset, self.dst, self.plan = device, ring, path, file_offset, dst, plan
         self.tl = timeline
         self.error: BaseException | None = None
         self._cv = threading.Condition()
-        self._urgent: collections.deque = collections.deque()  # chunks (tag, offset, size), first
-        self._background: collections.deque = collections.deque()  # chunks of the tag being filled in
-        self._later = collections.deque((il, e) for il in sorted(plan.experts) for e in range(plan.n_expert[il]))
+        self._urgent: collections.deque = collections.deque()  # chunks someone waits for, first
+        self._background: collections.deque = collections.deque()  # chunks of the layer being filled in
+        self._later = collections.deque(sorted(plan.experts))  # layers whose unasked experts are still to queue
         self._left: dict = {}  # tag -> chunks not yet landed (a tag is queued once it has an entry)
         self._resident: set = set()
         self._hot: set = set()  # tags someone waits for: their chunks are flushed as soon as queued
-        self._n_tags = 1 + len(self._later)
+        self._n_tags = 1 + sum(plan.n_expert[il] for il in plan.experts)
         self._released = False
         self._t_release: float | None = None  # on the timeline
-        self._last_ask = time.monotonic()
+        self._last_ask = time.monotonic()  # the idle clock (IDLE_RELEASE_S) runs from the base's landing
         self.landed_bytes = 0
         self.stats: dict = {"experts_on_demand": True, "base_bytes": sum(n for _, n in plan.base),
                             "expert_bytes": plan.total - sum(n for _, n in plan.base)}
@@ -117,39 +119,43 @@ class WeightStream:
     def load_base(self) -> None:
         """Start the workers and return once the base is on the device."""
         with self._cv:
-            self._queue(BASE, self.plan.base, self._urgent)
+            self._queue([((BASE,), off, n) for off, n in self.plan.base], self._urgent)
             self._hot.add(BASE)
         for t in self._threads:
             t.start()
         self._wait({BASE})
         dt = time.perf_counter() - self._t0
         self.stats.update(base_upload_ms=round(dt * 1000, 3), base_gb_s=round(self.stats["base_bytes"] / max(dt, 1e-9) / 1e9, 2))
-        with self._cv:
-            self._last_ask = time.monotonic()
 
     @property
     def complete(self) -> bool:
         return len(self._resident) == self._n_tags
 
+    def check(self) -> None:
+        """Raise the upload's failure, if it had one (the experts it left out never arrive)."""
+        if self.error is not None:
+            raise self.error
+
     def ensure(self, layer: int, experts) -> None:
         """Return once these experts of this layer are on the device (uploading them first)."""
+        self.check()
         if self.complete:
             return
         need = {(layer, e) for e in experts if 0 <= e < self.plan.n_expert.get(layer, 0)} - self._resident
-        if need:
-            with self._cv:
-                for tag in need:
-                    self._hot.add(tag)
-                    if tag not in self._left:
-                        self._queue(tag, self._ranges(tag), self._urgent)
-                    elif any(c[0] == tag for c in self._background):  # being filled in: its rest goes first
-                        mine = [c for c in self._background if c[0] == tag]
-                        self._background = collections.deque(c for c in self._background if c[0] != tag)
-                        self._urgent.extend(mine)
-                self._cv.notify_all()
-            self._wait(need)
         with self._cv:
             self._last_ask = time.monotonic()
+            if need:
+                self._hot |= need
+                self._queue(self._runs(layer, sorted(e for il, e in need if (il, e) not in self._left)), self._urgent)
+                if any(not tags.isdisjoint(need) for tags, _, _ in self._background):  # being filled in: first
+                    mine = [c for c in self._background if not c[0].isdisjoint(need)]
+                    self._background = collections.deque(c for c in self._background if c[0].isdisjoint(need))
+                    self._urgent.extend(mine)
+                self._cv.notify_all()
+        if need:
+            self._wait(need)
+            with self._cv:
+                self._last_ask = time.monotonic()
 
     def ensure_routed(self, launch, layer: int, ids_ptr: int, count: int) -> None:
         """ensure() for the expert ids a router just wrote on the device (count int32 at ids_ptr):
@@ -185,54 +191,75 @@ class WeightStream:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _ranges(self, tag) -> list[tuple[int, int]]:
-        il, e = tag
-        return [(t.offset + e * t.stride, t.stride) for t in self.plan.experts[il]]
+    def _runs(self, layer: int, experts: list[int]) -> list:
+        """Chunks (tags, offset, size) of these experts (ascending) of one layer: each run of
+        consecutive ids is one contiguous range per stacked tensor, cut at the staging chunk."""
+        chunks, runs = [], []
+        for e in experts:
+            if runs and runs[-1][1] == e:
+                runs[-1][1] = e + 1
+            else:
+                runs.append([e, e + 1])
+        for e0, e1 in runs:
+            for t in self.plan.experts[layer]:
+                lo, hi = t.offset + e0 * t.stride, t.offset + e1 * t.stride
+                for a in range(lo, hi, self.ring.chunk):
+                    b = min(a + self.ring.chunk, hi)
+                    tags = frozenset((layer, e) for e in range((a - t.offset) // t.stride, (b - 1 - t.offset) // t.stride + 1))
+                    chunks.append((tags, a, b - a))
+        return chunks
 
-    def _queue(self, tag, ranges, into) -> None:
-        chunk, n = self.ring.chunk, 0
-        for off, size in ranges:
+    def _queue(self, pieces, into) -> None:
+        """Queue (tags, offset, size) ranges, cut at the staging chunk; count each tag's chunks."""
+        chunk = self.ring.chunk
+        for tags, off, size in pieces:
             for c in range(0, size, chunk):
-                into.append((tag, off + c, min(chunk, size - c)))
-                n += 1
-        self._left[tag] = n
+                into.append((frozenset(tags), off + c, min(chunk, size - c)))
+                for tag in tags:
+                    self._left[tag] = self._left.get(tag, 0) + 1
 
     def _wait(self, tags) -> None:
         with self._cv:
             while True:
-                if self.error is not None:
-                    raise self.error
+                self.check()
                 if (self.complete if tags is None else tags <= self._resident):
                     return
                 self._cv.wait()
 
-    def _landed(self, tag, size: int) -> None:
-        """(under the lock) One chunk of tag is on the device."""
+    def _landed(self, tags, size: int) -> None:
+        """(under the lock) One chunk touching these tags is on the device."""
         self.landed_bytes += size
-        self._left[tag] -= 1
-        if self._left[tag] == 0:
-            self._resident.add(tag)
-            self._hot.discard(tag)
-            if self.complete:
-                self.stats["all_resident_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
-                if self.tl is not None:  # the background's span on the cold-start timeline
-                    now = self.tl.elapsed()
-                    self.tl.span("experts_upload", now if self._t_release is None else self._t_release, now)
-            self._cv.notify_all()
+        for tag in tags:
+            self._left[tag] -= 1
+            if self._left[tag] == 0:
+                self._resident.add(tag)
+                self._hot.discard(tag)
+                if tag == BASE:
+                    self._last_ask = time.monotonic()
+        if self.complete:
+            self.stats["all_resident_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+            if self.tl is not None:  # the background's span on the cold-start timeline
+                now = self.tl.elapsed()
+                self.tl.span("experts_upload", now if self._t_release is None else self._t_release, now)
+        self._cv.notify_all()
 
     def _take(self):
-        """(under the lock) The next chunk, with whether it is urgent; None to wait; False to stop."""
+        """(under the lock) The next chunk, with whether it is urgent; a float: nothing now, wait
+        at most that long (None: until notified); False: stop."""
         if self.error is not None:
             return False
         if self._urgent:
             return self._urgent.popleft(), True
-        if not self._released and time.monotonic() - self._last_ask > IDLE_RELEASE_S and BASE in self._resident:
+        if not self._released and BASE in self._resident and not self._hot:  # nobody waits: idle
+            idle = time.monotonic() - self._last_ask
+            if idle <= IDLE_RELEASE_S:
+                return IDLE_RELEASE_S - idle + 0.001
             self.release()
         if self._released:
             while not self._background and self._later:
-                tag = self._later.popleft()
-                if tag not in self._left:
-                    self._queue(tag, self._ranges(tag), self._background)
+                il = self._later.popleft()
+                self._queue(self._runs(il, [e for e in range(self.plan.n_expert[il]) if (il, e) not in self._left]),
+                            self._background)
             if self._background:
                 return self._background.popleft(), False
         return False if self.complete else None
@@ -249,7 +276,7 @@ class WeightStream:
 
     def _worker(self, w: int) -> None:
         dev, ring = self.dev, self.ring
-        pending: list = [None] * ring.per_thread  # (tag, size) whose copy out of buffer b may be in flight
+        pending: list = [None] * ring.per_thread  # (tags, size) whose copy out of buffer b may be in flight
         k = 0
         try:
             dev.make_current()
@@ -258,19 +285,20 @@ class WeightStream:
             while True:
                 with self._cv:
                     got = self._take()
-                    flush = got is None or got is False or (not got[1] and any(
-                        p is not None and p[0] in self._hot for p in pending))
+                    chunk = isinstance(got, tuple)
+                    flush = not chunk or (not got[1] and any(p is not None and not p[0].isdisjoint(self._hot)
+                                                             for p in pending))
                 if flush:
                     self._flush(stream, pending)
                 if got is False:
                     break
-                if got is None:
+                if not chunk:
                     with self._cv:
-                        idle = not self._urgent and not (self._released and (self._background or self._later))
-                        if idle and not self.complete and self.error is None:
-                            self._cv.wait(0.05 if not self._released else None)
+                        if not self._urgent and not self.complete and self.error is None and not (
+                                self._released and (self._background or self._later)):
+                            self._cv.wait(got)
                     continue
-                (tag, off, size), urgent = got
+                (tags, off, size), urgent = got
                 b = k % ring.per_thread
                 k += 1
                 if pending[b] is not None:
@@ -282,15 +310,16 @@ class WeightStream:
                 read_chunk(self._fd, view, size, self.file_offset + off, self.path)
                 dev.htod(self.dst + off, ptr, size, stream)
                 dev.record(ring.events[w][b], stream)
-                pending[b] = (tag, size)
+                pending[b] = (tags, size)
                 with self._cv:
                     last_urgent = urgent and not self._urgent
                 if last_urgent:  # whoever waits for it learns at once
                     self._flush(stream, pending)
-        except BaseException as e:  # surfaced to whoever waits
+        except BaseException as e:  # surfaced to whoever waits, and by ensure() and check() from now on
             with self._cv:
                 if self.error is None:
                     self.error = e
+                    self.stats["upload_error"] = f"{type(e).__name__}: {e}"
                 self._cv.notify_all()
         with self._cv:
             self._alive -= 1

@@ -480,6 +480,7 @@ class CudaRunner:
         g = self._graphs.get((kind, pdl))
         if g is None:
             if not self.resident():
+                self._weights.check()  # a failed upload never completes: say so instead of running eagerly on
                 return EagerStep(body)
             dev, s = self.dev, self.stream
             dev.begin_capture(s)
