@@ -32,7 +32,8 @@
 #              here, then deleted unless KEEP_FILES): spawn -> first token with experts on demand, with the whole file
 #              first (REFLEX_EXPERTS_ON_DEMAND=0) and llama-simple, COLD_RUNS interleaved (default 5), warm page
 #              cache, and dropped for COLD_DROPPED (default the 30B-A3B); cold_first_token_s rows in compare.json;
-#              more cases in COLD_MOE_VARIANTS (e.g. "ring16x8:REFLEX_UPLOAD_THREADS=16,REFLEX_UPLOAD_CHUNK_MB=8")
+#              more cases in COLD_MOE_VARIANTS (e.g. "ring16x8:REFLEX_UPLOAD_THREADS=16,REFLEX_UPLOAD_CHUNK_MB=8");
+#              COLD_CACHE=warm|cold|warm,cold overrides the page-cache states for every file
 #              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
@@ -284,6 +285,7 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
     [ -f $f ] || { t0=$(date +%s); $make > "$W/make-$n.log" 2>&1; echo "made $n in $(( $(date +%s) - t0 )) s: $(ls -la $f)" | tee -a "$W/steps.txt"; }
     # the page cache dropped too for the file named in COLD_DROPPED (default the 30B-A3B)
     cache=warm; [ "$n" = "${COLD_DROPPED:-qwen3moe-30b-a3b-48l-q8_0}" ] && cache=warm,cold
+    cache=${COLD_CACHE:-$cache}  # e.g. COLD_CACHE=cold: the dropped runs alone, in a call of their own
     variants=(--variant "whole:REFLEX_EXPERTS_ON_DEMAND=0"); for v in ${COLD_MOE_VARIANTS:-}; do variants+=(--variant "$v"); done
     timeout ${COLD_TIMEOUT:-420} python3 scripts/bench_coldstart.py --model $f --runs ${COLD_RUNS:-5} --cache $cache \
       "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
