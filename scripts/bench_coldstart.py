@@ -371,6 +371,11 @@ def net_agreement(rows: list[dict]) -> dict | None:
     return _agreement(rows, "child_net_joules", "net_joules_to_first_output", NET_BOUND_J)
 
 
+# the record's upload figures (gpu/runner.py, gpu/residency.py): what the first token waited for
+UPLOAD_FIELDS = ("weights_bytes", "upload_ms", "upload_gb_s", "upload_threads", "base_bytes", "resident_bytes_at_release",
+                 "released_after_ms", "all_resident_ms")
+
+
 def _median_stages(records: list[dict]) -> dict | None:
     if not records:
         return None
@@ -384,7 +389,8 @@ def _median_stages(records: list[dict]) -> dict | None:
     for k in cs[0].get("background", {}):
         spans[k] = [statistics.median(c["background"][k]["start_ms"] for c in cs if k in c.get("background", {})),
                     statistics.median(c["background"][k]["end_ms"] for c in cs if k in c.get("background", {}))]
-    return {"marks_at_ms": out, "background_ms": spans,
+    upload = {k: _median_or_none([r.get(k) for r in records]) for k in UPLOAD_FIELDS}
+    return {"marks_at_ms": out, "background_ms": spans, "upload": {k: v for k, v in upload.items() if v is not None},
             "process_start_to_first_token_ms": statistics.median(c["process_start_to_first_token_ms"] for c in cs
                                                                   if c.get("process_start_to_first_token_ms")),
             "joules_process_start_to_first_token": _median_or_none([c.get("joules_process_start_to_first_token")
@@ -624,6 +630,8 @@ def _print_case(c: dict) -> None:
         spans = " ".join(f"{k}[{a:.0f}-{b:.0f}]" for k, (a, b) in sorted(st["background_ms"].items(), key=lambda kv: kv[1][0]))
         print(f"    child marks (ms from process start): {marks}", flush=True)
         print(f"    child threads: {spans}", flush=True)
+        if st.get("upload"):
+            print("    child upload (medians): " + " ".join(f"{k} {v:g}" for k, v in st["upload"].items()), flush=True)
         print(f"    child first token {st['process_start_to_first_token_ms']:.1f} ms, "
               f"{st['joules_process_start_to_first_token']} J (of which estimated {st['energy_estimated_joules']} J over "
               f"{st['energy_estimated_span_ms']} ms; {st['joules_above_idle_process_start_to_first_token']} J above idle)",

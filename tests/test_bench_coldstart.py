@@ -124,3 +124,16 @@ def test_disk_read_rate_reads_the_file_head_on_threads(tmp_path, monkeypatch):
     r = bc.disk_read_rate(str(f), nbytes=2_000_000, threads=3, chunk=300_000)
     assert r["bytes"] == 2_000_000 and r["threads"] == 3 and r["gb_s"] > 0 and r["cache_drop_method"]
     assert bc.disk_read_rate(str(f), threads=2)["bytes"] == 3_000_000  # never past the end
+
+
+def test_the_child_records_upload_figures_are_summarized():
+    """What the first token waited for, per case: the records' upload fields, medians."""
+    def rec(ms, resident):
+        return {"upload_ms": ms, "base_bytes": 100, "resident_bytes_at_release": resident, "weights_bytes": 1000,
+                "coldstart": {"stages": [{"stage": "first_token", "at_ms": 900.0}], "background": {},
+                              "process_start_to_first_token_ms": 900.0}}
+
+    st = bc._median_stages([rec(10.0, 300), rec(30.0, 500), rec(20.0, 400)])
+    assert st["upload"] == {"weights_bytes": 1000, "upload_ms": 20.0, "base_bytes": 100, "resident_bytes_at_release": 400}
+    assert "upload" in bc._median_stages([rec(5.0, None)]) and "resident_bytes_at_release" not in \
+        bc._median_stages([rec(5.0, None)])["upload"]
