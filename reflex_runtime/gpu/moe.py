@@ -156,9 +156,9 @@ class MoeFFN:
         ids, wts = p("moe_ids"), p("moe_w")
         with L.role("moe router + top-k", m.router.nbytes):
             self.route(b, inp, ids, wts, also)
-        stream = self.owner.residency
-        if stream is not None and not stream.complete:  # wait for the routed experts (never in a graph)
-            stream.ensure_routed(L, self.il, ids, n * k)
+        ws = self.owner.residency
+        if ws is not None and not ws.complete:  # wait for the routed experts (never in a graph: see runner._graph)
+            ws.ensure_routed(L, self.il, ids, n * k)
         if n == 1:  # the routed rows staged in shared memory; down may stage its rows before it waits,
             # since a gate/up launch always sits between it and the top-k that wrote the ids
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
