@@ -342,6 +342,7 @@ def bench_steps(model_path: str, depths, n_tokens: int, repeats: int) -> dict:
 
     engine = load_engine(model_path, "cuda", max_context=max(4096, max(depths) + n_tokens + 16))
     runner = engine.runner
+    runner.wait_weights()  # warm figures: every expert resident
     dev, s, L = runner.dev, runner.stream, runner.launch
     defaults = {k: getattr(L, k) for k in KNOBS}
     res = {"model": model_path, "file_type": engine.config.file_type,

@@ -45,6 +45,7 @@ def main() -> int:
     from reflex_runtime.sampling import SamplingParams
 
     eng = load_engine(a.model, a.backend)
+    getattr(eng.runner, "wait_weights", lambda: None)()  # warm figures: every expert resident (the CPU runner has none)
     grammar = Grammar.json_schema(SCHEMA, "schema")
     modes = {"plain": {}, "logprobs5": {"logprobs": 5}, "json_schema": {"grammar": grammar},
              "json_schema_logprobs5": {"grammar": grammar, "logprobs": 5}}

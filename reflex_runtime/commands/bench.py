@@ -120,6 +120,7 @@ def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
 def decode_rate(engine, n_tokens: int, repeats: int) -> dict:
     from ..engine import Finished, GenerateRequest
 
+    getattr(engine.runner, "wait_weights", lambda: None)()  # warm: every expert resident (gpu/residency.py)
     rates = []
     for _ in range(repeats + 1):  # the first run captures the graph
         rec = None
