@@ -3,13 +3,15 @@
 
 For one GGUF file, page cache warm (the file is read once first):
 - upload: gpu/upload.py's upload_file_range, the cold path's own copy of the tensor data into a
-  device arena, for every --threads x --chunks-mb x --buffers combination; each twice with the same
+  device arena, for every --threads x --chunks-mb x --buffers x --pin combination; each twice with the same
   staging ring: "first" pins its buffers inside the timed copy (as the runner's first upload does),
   "again" reuses them (the copy alone);
 - read: the same threads preadv-ing the file into pinned buffers with no device copy (the page
   cache's rate: memcpy from the kernel);
 - link: host-to-device copies from one pinned 256 MB buffer on 1 and 4 streams (the PCIe link's
-  rate, no file in the way).
+  rate, no file in the way);
+- pinning: milliseconds per MB to pin 256 MB of staging, per --pin mode (alloc: cuMemHostAlloc;
+  thp: huge-page memory registered with cuMemHostRegister).
 Prints a table and writes JSON (--out). Needs a GPU.
 
     python scripts/bench_upload.py /tmp/real/qwen3moe-30b-a3b-48l-q8_0.gguf --threads 4,8,16 \\
@@ -92,12 +94,26 @@ def link_rate(dev, dst: int, streams: int, total: int = 8 << 30, size: int = 256
         dev.free_pinned(ptr)
 
 
+def pin_cost(dev, pin: str, total: int = 256 * MB, size: int = 8 * MB) -> float:
+    """Milliseconds per MB to pin `total` bytes as `size` buffers, one after another (the cold
+    path pins its ring before its first copy)."""
+    ring = StagingRing(dev, total // (2 * size), size, 2, pin=pin)
+    t = time.perf_counter()
+    for w in range(ring.n_threads):
+        ring.ensure(dev, w)
+    ms = (time.perf_counter() - t) * 1000
+    ring.free(dev)
+    return round(ms / (total / MB), 3)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--threads", default="4,8,16")
     ap.add_argument("--chunks-mb", default="2,8")
     ap.add_argument("--buffers", default="2,4")
+    ap.add_argument("--pin", default="alloc,thp", help="staging memory: alloc (cuMemHostAlloc), thp (huge pages + "
+                                                       "cuMemHostRegister), comma-separated")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -113,25 +129,31 @@ def main(argv=None) -> int:
            "warm_read_s": round(warm_page_cache(a.model), 3), "link": {}, "read": [], "upload": []}
     for s in (1, 4):
         res["link"][f"{s}_streams_gb_s"] = link_rate(dev, dst, s)
+    pins = [p for p in a.pin.split(",") if p]
+    res["pin_ms_per_mb"] = {p: pin_cost(dev, p) for p in pins}
     for th in ints(a.threads):
         for mb in ints(a.chunks_mb):
             res["read"].append({"threads": th, "chunk_mb": mb, "gb_s": read_rate(dev, a.model, off, nbytes, th, mb * MB)})
             for nb in ints(a.buffers):
-                ring = StagingRing(dev, th, mb * MB, nb)
-                row = {"threads": th, "chunk_mb": mb, "buffers": nb}
-                for k in ("first", "again"):
-                    t = time.perf_counter()
-                    upload_file_range(dev, ring, a.model, off, nbytes, dst)
-                    row[f"{k}_gb_s"] = gb_s(nbytes, time.perf_counter() - t)
-                ring.free(dev)
-                res["upload"].append(row)
-                print(f"bench_upload: {row}", file=sys.stderr)
+                for pin in pins:
+                    ring = StagingRing(dev, th, mb * MB, nb, pin=pin)
+                    row = {"threads": th, "chunk_mb": mb, "buffers": nb, "pin": pin}
+                    for k in ("first", "again"):
+                        t = time.perf_counter()
+                        upload_file_range(dev, ring, a.model, off, nbytes, dst)
+                        row[f"{k}_gb_s"] = gb_s(nbytes, time.perf_counter() - t)
+                    ring.free(dev)
+                    res["upload"].append(row)
+                    print(f"bench_upload: {row}", file=sys.stderr)
     print(f"{res['model']}: {nbytes / 1e9:.2f} GB of weights, {res['cpus']} CPUs; link "
           f"{res['link']['1_streams_gb_s']} GB/s on 1 stream, {res['link']['4_streams_gb_s']} on 4")
-    print(f"{'threads':>8}{'chunk MB':>10}{'read GB/s':>11}{'buffers':>9}{'first GB/s':>12}{'again GB/s':>12}")
+    print("pinning, ms per MB (256 MB as 8 MB buffers, one after another): "
+          + ", ".join(f"{p} {v}" for p, v in res["pin_ms_per_mb"].items()))
+    print(f"{'threads':>8}{'chunk MB':>10}{'read GB/s':>11}{'buffers':>9}{'pin':>6}{'first GB/s':>12}{'again GB/s':>12}")
     for r in res["upload"]:
         rd = next(x["gb_s"] for x in res["read"] if (x["threads"], x["chunk_mb"]) == (r["threads"], r["chunk_mb"]))
-        print(f"{r['threads']:>8}{r['chunk_mb']:>10}{rd:>11}{r['buffers']:>9}{r['first_gb_s']:>12}{r['again_gb_s']:>12}")
+        print(f"{r['threads']:>8}{r['chunk_mb']:>10}{rd:>11}{r['buffers']:>9}{r['pin']:>6}{r['first_gb_s']:>12}"
+              f"{r['again_gb_s']:>12}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -153,6 +153,12 @@ class FakeDevice:
         assert any(ctypes.addressof(b) == ptr for b in held), "freeing host memory this device did not pin"
         self._pinned = [b for b in held if ctypes.addressof(b) != ptr]
 
+    def register_host(self, ptr, nbytes):
+        assert ptr % 4096 == 0, "cuMemHostRegister takes page-aligned memory"
+
+    def unregister_host(self, ptr):
+        pass
+
     def owns(self, ptr, nbytes=1):
         return any(a <= ptr and ptr + nbytes <= b for a, b in self._ranges)
 

@@ -15,6 +15,7 @@ class _Dev:
         self.mem = (ctypes.c_char * size)()
         self.base = ctypes.addressof(self.mem)
         self.pinned: dict[int, object] = {}
+        self.registered: dict[int, int] = {}
 
     def make_current(self):
         pass
@@ -27,6 +28,13 @@ class _Dev:
 
     def free_pinned(self, ptr):
         del self.pinned[ptr]
+
+    def register_host(self, ptr, n):
+        assert ptr % 4096 == 0 and n % 4096 == 0
+        self.registered[ptr] = n
+
+    def unregister_host(self, ptr):
+        del self.registered[ptr]
 
     def event(self):
         return object()
@@ -63,6 +71,31 @@ def test_every_byte_lands_where_the_file_has_it(tmp_path, threads, chunk, buffer
     assert len(dev.pinned) == len(used) * buffers
     ring.free(dev)
     assert not dev.pinned and ring.buffers == [None] * threads
+
+
+@pytest.mark.parametrize("threads,chunk,buffers", [(1, 4096, 2), (3, 3 << 20, 2)])
+def test_huge_page_staging_lands_every_byte_and_gives_its_regions_back(tmp_path, threads, chunk, buffers):
+    """pin="thp" (REFLEX_UPLOAD_PIN=thp): one registered region per thread, on 2 MB boundaries,
+    the same bytes landed; free() unregisters and unmaps them."""
+    data = os.urandom(5_000_000)
+    path = tmp_path / "w.bin"
+    path.write_bytes(data)
+    dev = _Dev(len(data))
+    ring = StagingRing(dev, threads, chunk, buffers, pin="thp")
+    upload_file_range(dev, ring, str(path), 0, len(data), dev.base)
+    assert bytes(dev.mem) == data and not dev.pinned
+    used = [r for r in ring._regions if r is not None]
+    assert len(dev.registered) == len(used) >= 1
+    assert all(p % (2 << 20) == 0 and n >= chunk * buffers for p, n in dev.registered.items())
+    ring.free(dev)
+    assert not dev.registered and ring.buffers == [None] * threads
+
+
+def test_the_pinning_mode_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("REFLEX_UPLOAD_PIN", "thp")
+    assert StagingRing(None, 2).pin == "thp"
+    monkeypatch.setenv("REFLEX_UPLOAD_PIN", "what")
+    assert StagingRing(None, 2).pin == "alloc"
 
 
 def test_a_file_shorter_than_its_directory_says_is_a_model_file_error(tmp_path):

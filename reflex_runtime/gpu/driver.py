@@ -159,6 +159,13 @@ class Device:
     def free_pinned(self, ptr: int) -> None:
         check(cu.cuMemFreeHost(ptr), "cuMemFreeHost")
 
+    def register_host(self, ptr: int, nbytes: int) -> None:
+        """Page-lock memory we allocated (gpu/upload.py HugePageRegion) for fast async copies."""
+        check(cu.cuMemHostRegister(ptr, nbytes, 0), f"cuMemHostRegister({nbytes})")
+
+    def unregister_host(self, ptr: int) -> None:
+        check(cu.cuMemHostUnregister(ptr), "cuMemHostUnregister")
+
     def memset32(self, ptr: int, value: int, count: int, stream) -> None:
         check(cu.cuMemsetD32Async(ptr, value & 0xFFFFFFFF, count, stream), "cuMemsetD32Async")
 

@@ -21,28 +21,78 @@ BUFFERS_PER_THREAD = 2
 
 class StagingRing:
     """Per-thread pinned buffers (double by default), events and streams. Each worker allocates
-    its own on first use, so the pinning (~0.44 ms/MB) happens on all threads at once."""
+    its own on first use, so the pinning (~0.44 ms/MB) happens on all threads at once.
+    pin: "alloc" (cuMemHostAlloc per buffer) or "thp" (one anonymous region per thread on
+    transparent huge pages, registered with cuMemHostRegister: fewer, larger pages to pin, an
+    experiment for bigger rings; default REFLEX_UPLOAD_PIN, else "alloc")."""
 
-    def __init__(self, device, n_threads: int, chunk: int = CHUNK, buffers: int = BUFFERS_PER_THREAD):
+    def __init__(self, device, n_threads: int, chunk: int = CHUNK, buffers: int = BUFFERS_PER_THREAD,
+                 pin: str | None = None):
         self.chunk = chunk
         self.n_threads = n_threads
         self.per_thread = buffers
+        self.pin = pin or default_pin()
         self.buffers: list = [None] * n_threads
         self.events: list = [None] * n_threads
         self.streams: list = [None] * n_threads
+        self._regions: list = [None] * n_threads
 
     def ensure(self, device, w: int) -> None:
         if self.buffers[w] is None:
-            self.buffers[w] = [device.alloc_pinned(self.chunk) for _ in range(self.per_thread)]
+            if self.pin == "thp":
+                r = self._regions[w] = HugePageRegion(device, self.chunk * self.per_thread)
+                self.buffers[w] = [(r.ptr + i * self.chunk, r.view[i * self.chunk:(i + 1) * self.chunk])
+                                   for i in range(self.per_thread)]
+            else:
+                self.buffers[w] = [device.alloc_pinned(self.chunk) for _ in range(self.per_thread)]
             self.events[w] = [device.event() for _ in range(self.per_thread)]
             self.streams[w] = device.stream()
 
     def free(self, device) -> None:
         """Give the pinned buffers back (the runner keeps its ring; benchmarks try several)."""
-        for bufs in self.buffers:
+        for w, bufs in enumerate(self.buffers):
+            if self._regions[w] is not None:
+                for _, view in bufs:
+                    view.release()
+                self._regions[w].free(device)
+                self._regions[w] = None
+                continue
             for ptr, _ in bufs or ():
                 device.free_pinned(ptr)
         self.buffers = [None] * self.n_threads
+
+
+class HugePageRegion:
+    """Anonymous host memory on 2 MB transparent huge pages (where the kernel gives them), touched
+    once and registered with the driver for DMA (cuMemHostRegister)."""
+
+    HUGE = 2 << 20
+
+    def __init__(self, device, nbytes: int):
+        import ctypes
+        import mmap
+
+        size = -(-nbytes // self.HUGE) * self.HUGE
+        self._map = mmap.mmap(-1, size + self.HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        probe = ctypes.c_char.from_buffer(self._map)
+        base = ctypes.addressof(probe)
+        del probe  # an exported pointer would keep the map from closing
+        start = -base % self.HUGE  # the first 2 MB boundary
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            self._map.madvise(mmap.MADV_HUGEPAGE, start, size)
+        self.ptr, self.size = base + start, size
+        ctypes.memset(self.ptr, 0, size)  # fault every page in before the driver pins them
+        device.register_host(self.ptr, size)
+        self.view = memoryview(self._map)[start:start + nbytes]
+
+    def free(self, device) -> None:
+        device.unregister_host(self.ptr)
+        self.view.release()
+        self._map.close()
+
+
+def default_pin() -> str:
+    return "thp" if os.environ.get("REFLEX_UPLOAD_PIN") == "thp" else "alloc"
 
 
 def default_threads() -> int:
