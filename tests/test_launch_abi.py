@@ -868,6 +868,65 @@ def test_step_breakdown_times_every_role_on_the_fake_device(ptx_params):
     assert not any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 1))
 
 
+def _route_to_1_and_3(runner, dev, monkeypatch):
+    """The fake device's read-back of the routed ids says experts 1 and 3 (each read's count
+    into `asked`); captures records, for each graph captured, whether every expert was resident;
+    the background upload is held back until the returned release() is called."""
+    ws, ids_ptr, fake_dtoh, asked, captures = runner._weights, runner.model.p("moe_ids"), dev.dtoh, [], []
+
+    def dtoh(dst, src, n, stream):
+        fake_dtoh(dst, src, n, stream)
+        if src == ids_ptr:
+            ids = (ctypes.c_int * (n // 4)).from_address(dst)
+            for j in range(n // 4):
+                ids[j] = (1, 3)[j % 2]
+            asked.append(n // 4)
+
+    begin, release = dev.begin_capture, ws.release
+    monkeypatch.setattr(dev, "dtoh", dtoh)
+    monkeypatch.setattr(dev, "begin_capture", lambda s: (captures.append(ws.complete), begin(s)))
+    monkeypatch.setattr(ws, "release", lambda: None)  # the rest held back: every decode step eager
+    return asked, captures, release
+
+
+def test_a_batch_runs_eagerly_while_experts_are_missing(ptx_params, monkeypatch):
+    """The batcher on a MoE file whose experts are still uploading: its prompt forward and decode
+    steps (several rows, then one) run as EagerSteps, each MoE layer reading its rows' ids back;
+    no graph until every expert is resident, then the rows' graph."""
+    from reflex_runtime.gpu import residency
+    from reflex_runtime.gpu.step import Pick
+
+    monkeypatch.setattr(residency, "IDLE_RELEASE_S", 3600.0)
+    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=4, arch="qwen3moe")
+    asked, captures, release = _route_to_1_and_3(runner, dev, monkeypatch)
+    n_moe, k = len(runner._weights.plan.experts), runner.config.extra["n_expert_used"]
+    a = runner.batch_open([1, 2, 3], Pick(), 4, frozenset())
+    b = runner.batch_open([4, 5], Pick(), 4, frozenset())
+    got = {a: [], b: []}
+    for sid, toks in runner.batch_step([(a, 3), (b, 2)], []).items():
+        got[sid] += toks
+    assert asked[:n_moe] == [5 * k] * n_moe  # both prompts in one packed forward
+    while any(len(v) < 4 for v in got.values()):
+        for sid, toks in runner.batch_step([], [s for s in got if len(got[s]) < 4]).items():
+            got[sid] += toks
+    assert {s: len(v) for s, v in got.items()} == {a: 4, b: 4}
+    assert 2 * k in asked[n_moe:] and not captures and not runner.resident()  # two rows a step, eagerly
+    for s in got:
+        runner.batch_close(s)
+    release()
+    runner.wait_weights()
+    n_asked = len(asked)
+    c = runner.batch_open([1, 2], Pick(), 3, frozenset())
+    d = runner.batch_open([3], Pick(), 3, frozenset())
+    out = {c: [], d: []}
+    for sid, toks in runner.batch_step([(c, 2), (d, 1)], []).items():
+        out[sid] += toks
+    while any(len(v) < 3 for v in out.values()):
+        for sid, toks in runner.batch_step([], [s for s in out if len(out[s]) < 3]).items():
+            out[sid] += toks
+    assert captures and all(captures) and len(asked) == n_asked
+
+
 @pytest.mark.parametrize("on_demand", ["1", "0"])
 def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch, on_demand):
     """A MoE file's cold path on the fake device (gpu/residency.py): the first forward starts
@@ -886,21 +945,7 @@ def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch
         assert sum(n for what, _, n in dev.copies if what == "htod") >= model.weights_bytes
         return
     assert model.residency is ws and not ws.complete and not runner.resident()
-    ids_ptr, fake_dtoh, asked = model.p("moe_ids"), dev.dtoh, []
-
-    def dtoh(dst, src, n, stream):
-        fake_dtoh(dst, src, n, stream)
-        if src == ids_ptr:
-            ids = (ctypes.c_int * (n // 4)).from_address(dst)
-            for j in range(n // 4):
-                ids[j] = (1, 3)[j % 2]
-            asked.append(n // 4)
-
-    captures, begin = [], dev.begin_capture
-    monkeypatch.setattr(dev, "dtoh", dtoh)
-    monkeypatch.setattr(dev, "begin_capture", lambda s: (captures.append(ws.complete), begin(s)))
-    release = ws.release
-    monkeypatch.setattr(ws, "release", lambda: None)  # the rest held back: every decode step eager
+    asked, captures, release = _route_to_1_and_3(runner, dev, monkeypatch)
     assert list(runner.generate_ids([1, 2, 3], SamplingParams(), 6, frozenset())) == [0] * 6
     moe_layers = sorted(ws.plan.experts)
     k = runner.config.extra["n_expert_used"]
