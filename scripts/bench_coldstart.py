@@ -138,24 +138,14 @@ def drop_page_cache(path: str | None) -> str:
 
 def disk_read_rate(path: str, nbytes: int = 4 << 30, threads: int = 8, chunk: int = 8 << 20) -> dict:
     """The disk's read rate under the model file, page cache dropped first: its first nbytes read
-    on `threads` threads, as the cold path reads (what a dropped-cache cold start is up against)."""
+    on `threads` threads, as the cold path's read-ahead reads (modelfile/pagecache.prefetch)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package
+    from reflex_runtime.modelfile.pagecache import prefetch
+
     method = drop_page_cache(path)
     n = min(nbytes, os.path.getsize(path))
-    starts = list(range(0, n, chunk))
-
-    def worker(w: int) -> None:
-        fd, buf = os.open(path, os.O_RDONLY), bytearray(chunk)
-        try:
-            for off in starts[w::threads]:
-                os.preadv(fd, [memoryview(buf)[:min(chunk, n - off)]], off)
-        finally:
-            os.close(fd)
-
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=worker, args=(w,)) for w in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
+    for t in prefetch(path, threads=threads, chunk=chunk, ranges=[(0, n)]):
         t.join()
     dt = time.perf_counter() - t0
     return {"bytes": n, "threads": threads, "seconds": round(dt, 3), "gb_s": round(n / dt / 1e9, 2),
