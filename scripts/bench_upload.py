@@ -116,6 +116,8 @@ def main(argv=None) -> int:
                                                        "cuMemHostRegister), comma-separated")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if not {p for p in a.pin.split(",") if p} <= {"alloc", "thp"}:
+        ap.error(f"--pin takes alloc and/or thp, not {a.pin!r}")
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     try:
         g = GGUFFile(a.model)
