@@ -481,12 +481,21 @@ def main() -> int:
                          "rest: an A/B of two checkouts in one run")
     ap.add_argument("--peer-runs", type=int, default=None, help="runs per peer (default: --runs)")
     ap.add_argument("--idle-s", type=float, default=2.0)
-    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--out", default=None, help="output folder (required unless --rows-from)")
     ap.add_argument("--compare-out", default=None, metavar="JSON",
                     help="write or extend this compare.json (../shared/RESULTS.md): cold_first_token_s[@dropped] and "
                          "joules_to_first_token of `reflex generate` against llama-simple, per --model")
     ap.add_argument("--commit", default=None, help="the tree that ran, for the compare rows (default: git HEAD)")
+    ap.add_argument("--rows-from", action="append", default=[], metavar="RESULTS_JSON",
+                    help="run nothing: write --compare-out's rows from these results.json of earlier runs (with "
+                         "--commit naming the tree that ran them; a GPU machine's own git may name another)")
     args = ap.parse_args()
+    if args.rows_from:
+        if not args.compare_out:
+            ap.error("--rows-from needs --compare-out")
+        return rows_from(args.rows_from, args.compare_out, args.commit)
+    if not args.out:
+        ap.error("give --out FOLDER")
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     if not args.model and not args.embedded:
@@ -569,6 +578,26 @@ def main() -> int:
         rows = [r for m in args.model for r in compare_rows(result, os.path.basename(m))]
         write_compare(args.compare_out, rows, result["gpu"], args.commit)
         print(f"{len(rows)} rows -> {args.compare_out}")
+    return 0
+
+
+def rows_from(paths: list[str], compare_out: str, commit: str | None) -> int:
+    """compare.json rows of the models in earlier runs' results.json: each `reflex generate X.gguf`
+    case with a llama-simple case of the same file."""
+    from compare_json import write_compare
+
+    for p in paths:
+        with open(p) as f:
+            result = json.load(f)
+        tags = sorted({c["case"].split()[2] for c in result["cases"] if c["case"].startswith("reflex generate ")
+                       and len(c["case"].split()) == 3})
+        rows = [r for t in tags for r in compare_rows(result, t)]
+        if not rows:
+            print(f"bench_coldstart: {p} holds no `reflex generate` case with a llama-simple case of the same file",
+                  file=sys.stderr)
+            return 1
+        write_compare(compare_out, rows, result.get("gpu"), commit)
+        print(f"{len(rows)} rows of {p} -> {compare_out}")
     return 0
 
 

@@ -117,6 +117,32 @@ def test_compare_rows_put_reflex_against_llama_simple_per_page_cache_state(tmp_p
     assert len(got["rows"]) == 4 and {r["commit"] for r in got["rows"]} == {"aaa", "bbb"}
 
 
+def test_rows_from_earlier_results_name_the_tree_given(tmp_path):
+    """--rows-from: the rows of a results.json written on a GPU machine (whose git may name another
+    commit), labelled with --commit; a results.json without a llama-simple case is a one-line error."""
+    import json
+
+    f = "m-30b-q8_0.gguf"
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps({"gpu": "G", "cases": [
+        {"case": f"reflex generate {f}", "page_cache": "warm", "spawn_to_first_output_s": {"p50": 0.75}},
+        {"case": f"reflex generate {f} [thp]", "page_cache": "warm", "spawn_to_first_output_s": {"p50": 0.7}},
+        {"case": f"llama-simple {f}", "page_cache": "warm", "spawn_to_first_output_s": {"p50": 6.0}}]}))
+    script = [sys.executable, os.path.join(ROOT, "scripts", "bench_coldstart.py")]
+    out = tmp_path / "compare.json"
+    r = subprocess.run(script + ["--rows-from", str(res), "--compare-out", str(out), "--commit", "abc1234"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert [(x["file"], x["metric"], x["reflex"], x["ratio"], x["commit"]) for x in json.loads(out.read_text())["rows"]] == [
+        ("m-30b-q8_0", "cold_first_token_s", 0.75, 8.0, "abc1234")]
+    res.write_text(json.dumps({"gpu": "G", "cases": [
+        {"case": f"reflex generate {f}", "page_cache": "warm", "spawn_to_first_output_s": {"p50": 0.75}}]}))
+    r = subprocess.run(script + ["--rows-from", str(res), "--compare-out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 1 and "no `reflex generate` case with a llama-simple case" in r.stderr
+    r = subprocess.run(script + ["--rows-from", str(res)], capture_output=True, text=True)
+    assert r.returncode == 2 and "--rows-from needs --compare-out" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_disk_read_rate_reads_the_file_head_on_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(bc, "drop_page_cache", lambda path: "test")  # not this machine's whole page cache
     f = tmp_path / "m.gguf"
