@@ -77,7 +77,10 @@ def test_greedy_and_seeded_tokens_equal_with_and_without_experts_on_demand(name,
     assert not ws.complete and ws.landed_bytes == ws.stats["base_bytes"]
     got = list(r.generate_ids(ids, SamplingParams(), 32, frozenset()))  # every step eager, experts on demand
     assert got == want
-    assert asked and {il for il, _ in asked} == set(ws.plan.experts)
+    # every layer the forward runs asked for its experts; a Qwen3.5 file's multi-token-prediction
+    # block (counted in block_count, with experts of its own) is never run, so never asks
+    runs = {il for il in ws.plan.experts if il < eng.config.n_layers}
+    assert runs and {il for il, _ in asked} == runs
     got_seeded = list(r.generate_ids(ids, seeded, 32, frozenset()))
     assert got_seeded == want_seeded
     r.wait_weights()  # the rest lands; then the decode graph
