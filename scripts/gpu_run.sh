@@ -34,7 +34,7 @@
 #              cache, and dropped for COLD_DROPPED (default the 30B-A3B); cold_first_token_s rows in compare.json;
 #              more cases in COLD_MOE_VARIANTS (e.g. "ring16x8:REFLEX_UPLOAD_THREADS=16,REFLEX_UPLOAD_CHUNK_MB=8");
 #              COLD_CACHE=warm|cold|warm,cold overrides the page-cache states for every file
-#              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm
+#              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm (carry .vocab; one big file on disk at a time)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -59,6 +59,9 @@ for d in .gpu reflex_runtime/_kernels; do
   if [ -d $d ]; then mkdir -p /tmp/keep/$(dirname $d) && rm -rf /tmp/keep/$d && cp -r $d /tmp/keep/$d
   elif [ -d /tmp/keep/$d ]; then cp -r /tmp/keep/$d $d; fi
 done
+# test vocabularies carried in .vocab/ (gpu_bundle.sh --vocab), in this call or an earlier one: beside the converter
+if [ -d .vocab ]; then mkdir -p .gpu/converter/models /tmp/keep/.gpu/converter/models \
+  && cp .vocab/*.gguf .gpu/converter/models/ && cp .vocab/*.gguf /tmp/keep/.gpu/converter/models/; fi
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
 # the test cache outside the checkout: a later call on the same warm machine finds its fixtures
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 REFLEX_TEST_CACHE=/tmp/reflex-test-cache
@@ -281,8 +284,15 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
       deepseek2-v2lite-q8_0) make="python3 scripts/make_deepseek_bench.py --type Q8_0 --out $f" ;;
       *) echo "cold_moe: no maker for $n" | tee -a "$W/steps.txt"; continue ;;
     esac
+    # 64 GB of disk holds one big file: one kept by KEEP_FILES (or left by a failed call) makes room for this one
+    [ -f $f ] || for g in $R/qwen3moe-30b-a3b-48l-q8_0.gguf $R/qwen35moe-35b-a3b-q4_k_m.gguf $R/deepseek2-v2lite-q8_0.gguf; do
+      [ "$g" = "$f" ] || rm -f "$g"; done
     df -h $R | tail -1 >> "$W/steps.txt"
-    [ -f $f ] || { t0=$(date +%s); $make > "$W/make-$n.log" 2>&1; echo "made $n in $(( $(date +%s) - t0 )) s: $(ls -la $f)" | tee -a "$W/steps.txt"; }
+    if [ ! -f $f ]; then
+      t0=$(date +%s)
+      $make > "$W/make-$n.log" 2>&1 || { echo "cold_moe: making $n failed: $(tail -1 "$W/make-$n.log")" | tee -a "$W/steps.txt"; rm -f $f; continue; }
+      echo "made $n in $(( $(date +%s) - t0 )) s: $(ls -la $f)" | tee -a "$W/steps.txt"
+    fi
     # the page cache dropped too for the file named in COLD_DROPPED (default the 30B-A3B)
     cache=warm; [ "$n" = "${COLD_DROPPED:-qwen3moe-30b-a3b-48l-q8_0}" ] && cache=warm,cold
     cache=${COLD_CACHE:-$cache}  # e.g. COLD_CACHE=cold: the dropped runs alone, in a call of their own

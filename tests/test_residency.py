@@ -115,6 +115,8 @@ def test_base_first_then_the_asked_experts_then_the_rest(threads, chunk):
     assert ws.complete and bytes(dev.mem) == data
     s = ws.stats
     assert s["resident_bytes_at_release"] == s["base_bytes"] + 2 * plan.expert_bytes(layers[-1])
+    # the record says what the first forward waited for: one ask, its two experts' bytes
+    assert s["demand_waits"] == 1 and s["demand_bytes"] == 2 * plan.expert_bytes(layers[-1]) and s["demand_wait_ms"] > 0
     assert s["base_bytes"] + s["expert_bytes"] == plan.total and s["all_resident_ms"] >= s["base_upload_ms"]
     ws.ensure(layers[0], {0})  # a no-op once everything is there
     for t in ws._threads:

@@ -104,6 +104,7 @@ class WeightStream:
         self._released = False
         self._t_release: float | None = None  # on the timeline
         self._last_ask = time.monotonic()  # the idle clock (IDLE_RELEASE_S) runs from the base's landing
+        self._demand = {"waits": 0, "bytes": 0, "wait_s": 0.0}  # ensure() calls that waited, bytes they queued
         self.landed_bytes = 0
         self.stats: dict = {"experts_on_demand": True, "base_bytes": sum(n for _, n in plan.base),
                             "expert_bytes": plan.total - sum(n for _, n in plan.base)}
@@ -146,16 +147,21 @@ class WeightStream:
             self._last_ask = time.monotonic()
             if need:
                 self._hot |= need
-                self._queue(self._runs(layer, sorted(e for il, e in need if (il, e) not in self._left)), self._urgent)
+                runs = self._runs(layer, sorted(e for il, e in need if (il, e) not in self._left))
+                self._demand["bytes"] += sum(n for _, _, n in runs)
+                self._queue(runs, self._urgent)
                 if any(not tags.isdisjoint(need) for tags, _, _ in self._background):  # being filled in: first
                     mine = [c for c in self._background if not c[0].isdisjoint(need)]
                     self._background = collections.deque(c for c in self._background if c[0].isdisjoint(need))
                     self._urgent.extend(mine)
                 self._cv.notify_all()
         if need:
+            t = time.perf_counter()
             self._wait(need)
             with self._cv:
                 self._last_ask = time.monotonic()
+                self._demand["waits"] += 1
+                self._demand["wait_s"] += time.perf_counter() - t
 
     def ensure_routed(self, launch, layer: int, ids_ptr: int, count: int) -> None:
         """ensure() for the expert ids a router just wrote on the device (count int32 at ids_ptr):
@@ -182,6 +188,10 @@ class WeightStream:
                 self._t_release = self.tl.elapsed() if self.tl is not None else 0.0
                 self.stats["resident_bytes_at_release"] = self.landed_bytes
                 self.stats["released_after_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+                # what the forwards before the release (the first token's) waited for, and how long
+                d = self._demand
+                self.stats.update(demand_waits=d["waits"], demand_bytes=d["bytes"], demand_wait_ms=round(d["wait_s"] * 1000, 3),
+                                  demand_gb_s=round(d["bytes"] / d["wait_s"] / 1e9, 2) if d["wait_s"] > 0 else None)
                 self._cv.notify_all()
 
     def wait_all(self) -> None:
