@@ -47,6 +47,18 @@ def llama_cpp_dir() -> Path:
     if stamp.exists():
         return out
     root.mkdir(parents=True, exist_ok=True)
+    # A whole-suite run unpacks from two processes at once (the tests and conftest's fixture
+    # prebuild): one at a time, or one replaces the folder under the other's running converter.
+    import fcntl
+
+    with open(root / ".llama-cpp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists():
+            return out
+        return _unpack(root, out, stamp)
+
+
+def _unpack(root: Path, out: Path, stamp: Path) -> Path:
     sdist = root / SDIST
     if not sdist.exists() or _sha256(sdist) != SHA256:
         subprocess.run(
