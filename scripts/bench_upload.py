@@ -12,10 +12,17 @@ For one GGUF file, page cache warm (the file is read once first):
   rate, no file in the way);
 - pinning: milliseconds per MB to pin 256 MB of staging, per --pin mode (alloc: cuMemHostAlloc;
   thp: huge-page memory registered with cuMemHostRegister).
+With --demand N (a MoE file), instead: experts on demand as a first forward asks for them
+(gpu/residency.py): the base, then N random experts of each MoE layer in turn, each layer's
+ensure() timed (the burst a layer waits for), then the rest in the background; per --threads x
+--chunks-mb x --buffers (--pin alloc). This is the 220 ms of the 30B-A3B's 0.754 s first token
+(results/2026-12-02-h200-s9): upload rate or per-layer round trips.
 Prints a table and writes JSON (--out). Needs a GPU.
 
     python scripts/bench_upload.py /tmp/real/qwen3moe-30b-a3b-48l-q8_0.gguf --threads 4,8,16 \\
         --chunks-mb 2,8 --buffers 2,4 --out upload.json
+    python scripts/bench_upload.py /tmp/real/qwen35moe-35b-a3b-q4_k_m.gguf --demand 38 --threads 8,16 \\
+        --chunks-mb 1,2,4 --buffers 2 --out demand.json
 """
 
 from __future__ import annotations
@@ -106,6 +113,40 @@ def pin_cost(dev, pin: str, total: int = 256 * MB, size: int = 8 * MB) -> float:
     return round(ms / (total / MB), 3)
 
 
+def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked: int, seed: int = 0) -> dict:
+    """A first forward's uploads without the forward: the base, then `asked` random experts of each
+    MoE layer in order (each ensure() timed), then the rest; the figures WeightStream records."""
+    import random
+    import statistics
+
+    from reflex_runtime.gpu.residency import WeightStream, plan_upload
+
+    plan = plan_upload(g)
+    if plan is None:
+        raise ReflexError(f"{os.path.basename(g.path)} has no routed experts: --demand needs a MoE file")
+    ring = StagingRing(dev, threads, chunk, buffers, pin="alloc")
+    ws = WeightStream(dev, ring, g.path, g.data_offset, dst, plan)
+    ws.load_base()
+    rng, waits, nbytes = random.Random(seed), [], 0
+    for il in sorted(plan.experts):
+        pick = rng.sample(range(plan.n_expert[il]), min(asked, plan.n_expert[il]))
+        t = time.perf_counter()
+        ws.ensure(il, pick)
+        waits.append(time.perf_counter() - t)
+        nbytes += len(pick) * plan.expert_bytes(il)
+    ws.release()
+    ws.wait_all()
+    for t in ws._threads:
+        t.join(10)
+    ring.free(dev)
+    s = ws.stats
+    return {"threads": threads, "chunk_mb": chunk / MB, "buffers": buffers, "asked": asked, "layers": len(waits),
+            "base_gb_s": s["base_gb_s"], "base_ms": s["base_upload_ms"], "demand_bytes": nbytes,
+            "demand_ms": round(sum(waits) * 1000, 3), "demand_gb_s": gb_s(nbytes, sum(waits)),
+            "layer_ms_p50": round(statistics.median(waits) * 1000, 3), "layer_ms_max": round(max(waits) * 1000, 3),
+            "all_resident_ms": s.get("all_resident_ms")}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -114,8 +155,12 @@ def main(argv=None) -> int:
     ap.add_argument("--buffers", default="2,4")
     ap.add_argument("--pin", default="alloc,thp", help="staging memory: alloc (cuMemHostAlloc), thp (huge pages + "
                                                        "cuMemHostRegister), comma-separated")
+    ap.add_argument("--demand", type=int, default=0, metavar="N",
+                    help="time experts on demand instead: N random experts of each MoE layer in turn")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.demand < 0:
+        ap.error("--demand takes a positive number of experts per layer")
     if not {p for p in a.pin.split(",") if p} <= {"alloc", "thp"}:
         ap.error(f"--pin takes alloc and/or thp, not {a.pin!r}")
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -127,6 +172,8 @@ def main(argv=None) -> int:
     off, nbytes = g.data_offset, g.size - g.data_offset
     dev = Device(0)
     dst = dev.alloc(nbytes)
+    if a.demand:
+        return demand_main(a, dev, g, dst, ints)
     res = {"model": os.path.basename(a.model), "weights_bytes": nbytes, "cpus": os.cpu_count(),
            "warm_read_s": round(warm_page_cache(a.model), 3), "link": {}, "read": [], "upload": []}
     for s in (1, 4):
@@ -156,6 +203,32 @@ def main(argv=None) -> int:
         rd = next(x["gb_s"] for x in res["read"] if (x["threads"], x["chunk_mb"]) == (r["threads"], r["chunk_mb"]))
         print(f"{r['threads']:>8}{r['chunk_mb']:>10}{rd:>11}{r['buffers']:>9}{r['pin']:>6}{r['first_gb_s']:>12}"
               f"{r['again_gb_s']:>12}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def demand_main(a, dev, g, dst: int, ints) -> int:
+    res = {"model": os.path.basename(a.model), "weights_bytes": g.size - g.data_offset, "cpus": os.cpu_count(),
+           "warm_read_s": round(warm_page_cache(a.model), 3), "demand": []}
+    for th in ints(a.threads):
+        for mb in ints(a.chunks_mb):
+            for nb in ints(a.buffers):
+                try:
+                    row = demand_rate(dev, g, dst, th, mb * MB, nb, a.demand)
+                except ReflexError as e:
+                    print(f"bench_upload: {e}", file=sys.stderr)
+                    return 2
+                res["demand"].append(row)
+                print(f"bench_upload: {row}", file=sys.stderr)
+    print(f"{res['model']}: {res['weights_bytes'] / 1e9:.2f} GB of weights, {res['cpus']} CPUs; "
+          f"{a.demand} experts asked per MoE layer")
+    cols = ("threads", "chunk_mb", "buffers", "base_gb_s", "demand_ms", "demand_gb_s", "layer_ms_p50", "layer_ms_max",
+            "all_resident_ms")
+    print("".join(f"{c:>15}" for c in cols))
+    for r in res["demand"]:
+        print("".join(f"{r[c]!s:>15}" for c in cols))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -251,3 +251,25 @@ def test_prefetch_reads_the_ranges_it_is_given_in_chunks(tmp_path, monkeypatch):
     for t in pagecache.prefetch(str(path), threads=2, chunk=16_384):
         t.join(10)
     assert sorted(seen) == [(0, 16_384), (16_384, 16_384), (32_768, 16_384), (49_152, 848)]
+
+
+def test_the_demand_benchmark_times_each_layers_burst_and_lands_every_byte(monkeypatch):
+    """scripts/bench_upload.py --demand on the fake device: the base, `asked` experts of each MoE
+    layer (timed), then the rest; the device ends with the whole tensor data."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    import bench_upload
+
+    path = _moe_file("qwen35moe")
+    g = GGUFFile(path)
+    plan = plan_upload(g)
+    dev = _Dev(plan.total)
+    row = bench_upload.demand_rate(dev, g, dev.base, threads=3, chunk=8192, buffers=2, asked=2)
+    with open(path, "rb") as f:
+        f.seek(g.data_offset)
+        assert bytes(dev.mem) == f.read()
+    assert row["layers"] == len(plan.experts) and row["asked"] == 2
+    assert row["demand_bytes"] == sum(2 * plan.expert_bytes(il) for il in plan.experts)
+    assert row["demand_ms"] > 0 and row["layer_ms_max"] >= row["layer_ms_p50"] > 0 and row["all_resident_ms"] > 0
+    assert not dev.pinned, "the staging buffers are given back"
