@@ -589,8 +589,8 @@ def rows_from(paths: list[str], compare_out: str, commit: str | None) -> int:
     for p in paths:
         with open(p) as f:
             result = json.load(f)
-        tags = sorted({c["case"].split()[2] for c in result["cases"] if c["case"].startswith("reflex generate ")
-                       and len(c["case"].split()) == 3})
+        tags = sorted({c["case"].removeprefix("llama-simple ") for c in result["cases"]
+                       if c["case"].startswith("llama-simple ")})
         rows = [r for t in tags for r in compare_rows(result, t)]
         if not rows:
             print(f"bench_coldstart: {p} holds no `reflex generate` case with a llama-simple case of the same file",

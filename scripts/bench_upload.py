@@ -122,8 +122,6 @@ def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked:
     from reflex_runtime.gpu.residency import WeightStream, plan_upload
 
     plan = plan_upload(g)
-    if plan is None:
-        raise ReflexError(f"{os.path.basename(g.path)} has no routed experts: --demand needs a MoE file")
     ring = StagingRing(dev, threads, chunk, buffers, pin="alloc")
     ws = WeightStream(dev, ring, g.path, g.data_offset, dst, plan)
     ws.load_base()
@@ -134,10 +132,8 @@ def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked:
         ws.ensure(il, pick)
         waits.append(time.perf_counter() - t)
         nbytes += len(pick) * plan.expert_bytes(il)
-    ws.release()
     ws.wait_all()
-    for t in ws._threads:
-        t.join(10)
+    ws.join(10)
     ring.free(dev)
     s = ws.stats
     return {"threads": threads, "chunk_mb": chunk / MB, "buffers": buffers, "asked": asked, "layers": len(waits),
@@ -169,6 +165,13 @@ def main(argv=None) -> int:
     except ReflexError as e:  # a missing or malformed file: one line
         print(f"bench_upload: {e}", file=sys.stderr)
         return 2
+    if a.demand:
+        from reflex_runtime.gpu.residency import plan_upload
+
+        if plan_upload(g) is None:
+            print(f"bench_upload: {os.path.basename(a.model)} has no routed experts: --demand needs a MoE file",
+                  file=sys.stderr)
+            return 2
     off, nbytes = g.data_offset, g.size - g.data_offset
     dev = Device(0)
     dst = dev.alloc(nbytes)
@@ -215,11 +218,7 @@ def demand_main(a, dev, g, dst: int, ints) -> int:
     for th in ints(a.threads):
         for mb in ints(a.chunks_mb):
             for nb in ints(a.buffers):
-                try:
-                    row = demand_rate(dev, g, dst, th, mb * MB, nb, a.demand)
-                except ReflexError as e:
-                    print(f"bench_upload: {e}", file=sys.stderr)
-                    return 2
+                row = demand_rate(dev, g, dst, th, mb * MB, nb, a.demand)
                 res["demand"].append(row)
                 print(f"bench_upload: {row}", file=sys.stderr)
     print(f"{res['model']}: {res['weights_bytes'] / 1e9:.2f} GB of weights, {res['cpus']} CPUs; "

@@ -276,7 +276,8 @@ if has soak; then
   echo "GPU memory used (MiB): first $(head -3 "$W/soak-gpu-mem.csv" | tail -1 | cut -d, -f2), last of the run $(tail -2 "$W/soak-gpu-mem.csv" | head -1 | cut -d, -f2)" | tee -a "$W/steps.txt"
 fi
 if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on demand vs the whole file first vs llama-simple
-  for n in ${COLD_MOE:-qwen3moe-30b-a3b-48l-q8_0 qwen35moe-35b-a3b-q4_k_m deepseek2-v2lite-q8_0}; do
+  BIG_MOE="qwen3moe-30b-a3b-48l-q8_0 qwen35moe-35b-a3b-q4_k_m deepseek2-v2lite-q8_0"
+  for n in ${COLD_MOE:-$BIG_MOE}; do
     f=$R/$n.gguf; step "cold_moe $n"
     case $n in
       qwen3moe-30b-a3b-48l-q8_0) make="python3 scripts/make_moe_bench.py --layers 48 --out $f" ;;
@@ -285,8 +286,7 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
       *) echo "cold_moe: no maker for $n" | tee -a "$W/steps.txt"; continue ;;
     esac
     # 64 GB of disk holds one big file: one kept by KEEP_FILES (or left by a failed call) makes room for this one
-    [ -f $f ] || for g in $R/qwen3moe-30b-a3b-48l-q8_0.gguf $R/qwen35moe-35b-a3b-q4_k_m.gguf $R/deepseek2-v2lite-q8_0.gguf; do
-      [ "$g" = "$f" ] || rm -f "$g"; done
+    [ -f $f ] || for g in $BIG_MOE; do [ "$g" = "$n" ] || rm -f $R/$g.gguf; done
     df -h $R | tail -1 >> "$W/steps.txt"
     if [ ! -f $f ]; then
       t0=$(date +%s)

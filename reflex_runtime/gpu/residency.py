@@ -199,6 +199,12 @@ class WeightStream:
         self.release()
         self._wait(None)
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the workers to end (they do once every expert is resident): before the ring
+        they copy through is freed."""
+        for t in self._threads:
+            t.join(timeout)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _runs(self, layer: int, experts: list[int]) -> list:
