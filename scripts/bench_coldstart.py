@@ -587,11 +587,15 @@ def rows_from(paths: list[str], compare_out: str, commit: str | None) -> int:
     from compare_json import write_compare
 
     for p in paths:
-        with open(p) as f:
-            result = json.load(f)
-        tags = sorted({c["case"].removeprefix("llama-simple ") for c in result["cases"]
-                       if c["case"].startswith("llama-simple ")})
-        rows = [r for t in tags for r in compare_rows(result, t)]
+        try:
+            with open(p) as f:
+                result = json.load(f)
+            tags = sorted({c["case"].removeprefix("llama-simple ") for c in result["cases"]
+                           if c["case"].startswith("llama-simple ")})
+            rows = [r for t in tags for r in compare_rows(result, t)]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            print(f"bench_coldstart: {p} is not a results.json of this script ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
         if not rows:
             print(f"bench_coldstart: {p} holds no `reflex generate` case with a llama-simple case of the same file",
                   file=sys.stderr)

@@ -141,6 +141,15 @@ def test_rows_from_earlier_results_name_the_tree_given(tmp_path):
     assert r.returncode == 1 and "no `reflex generate` case with a llama-simple case" in r.stderr
     r = subprocess.run(script + ["--rows-from", str(res)], capture_output=True, text=True)
     assert r.returncode == 2 and "--rows-from needs --compare-out" in r.stderr and "Traceback" not in r.stderr
+    for bad in ("{not json", '{"cases": 3}', "[]"):  # malformed or another file: one line, exit 2, compare.json untouched
+        before = out.read_text()
+        res.write_text(bad)
+        r = subprocess.run(script + ["--rows-from", str(res), "--compare-out", str(out)], capture_output=True, text=True)
+        assert r.returncode == 2 and "is not a results.json" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert out.read_text() == before
+    r = subprocess.run(script + ["--rows-from", str(tmp_path / "none.json"), "--compare-out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "none.json" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_disk_read_rate_reads_the_file_head_on_threads(tmp_path, monkeypatch):

@@ -273,3 +273,20 @@ def test_the_demand_benchmark_times_each_layers_burst_and_lands_every_byte(monke
     assert row["demand_bytes"] == sum(2 * plan.expert_bytes(il) for il in plan.experts)
     assert row["demand_ms"] > 0 and row["layer_ms_max"] >= row["layer_ms_p50"] > 0 and row["all_resident_ms"] > 0
     assert not dev.pinned, "the staging buffers are given back"
+
+
+def test_the_demand_benchmark_refuses_a_dense_file_in_one_line():
+    """bench_upload.py --demand on a file with no routed experts: one line, exit 2, before any GPU."""
+    import subprocess
+    import sys
+
+    from fixtures import make_fixture
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dense = str(make_fixture("qwen3", "q8_0").gguf)
+    r = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_upload.py"), dense, "--demand", "4"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "has no routed experts" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_upload.py"), dense, "--demand", "-1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--demand" in r.stderr and "Traceback" not in r.stderr
