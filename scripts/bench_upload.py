@@ -15,7 +15,8 @@ For one GGUF file, page cache warm (the file is read once first):
 With --demand N (a MoE file), instead: experts on demand as a first forward asks for them
 (gpu/residency.py): the base, then N random experts of each MoE layer in turn, each layer's
 ensure() timed (the burst a layer waits for), then the rest in the background; per --threads x
---chunks-mb x --buffers (--pin alloc). This is the 220 ms of the 30B-A3B's 0.754 s first token
+--chunks-mb x --buffers (--pin alloc); and the same bursts read alone (reads_gb_s: preadv on
+the same threads, no device copy), which separates the page cache and Python from the link. This is the 220 ms of the 30B-A3B's 0.754 s first token
 (results/2026-12-02-h200-s9): upload rate or per-layer round trips.
 Prints a table and writes JSON (--out). Needs a GPU.
 
@@ -38,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from reflex_runtime.errors import ReflexError  # noqa: E402
 from reflex_runtime.gpu.driver import Device  # noqa: E402
-from reflex_runtime.gpu.upload import StagingRing, upload_file_range  # noqa: E402
+from reflex_runtime.gpu.upload import StagingRing, read_chunk, upload_file_range  # noqa: E402
 from reflex_runtime.modelfile.gguf_file import GGUFFile  # noqa: E402
 
 MB = 1 << 20
@@ -135,12 +136,60 @@ def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked:
     ws.wait_all()
     ws.join(10)
     ring.free(dev)
+    reads = demand_reads(dev, g, plan, threads, asked, seed)
     s = ws.stats
     return {"threads": threads, "chunk_mb": chunk / MB, "buffers": buffers, "asked": asked, "layers": len(waits),
             "base_gb_s": s["base_gb_s"], "base_ms": s["base_upload_ms"], "demand_bytes": nbytes,
             "demand_ms": round(sum(waits) * 1000, 3), "demand_gb_s": gb_s(nbytes, sum(waits)),
             "layer_ms_p50": round(statistics.median(waits) * 1000, 3), "layer_ms_max": round(max(waits) * 1000, 3),
-            "all_resident_ms": s.get("all_resident_ms")}
+            "all_resident_ms": s.get("all_resident_ms"), "reads_ms": round(reads * 1000, 3),
+            "reads_gb_s": gb_s(nbytes, reads)}
+
+
+def demand_reads(dev, g, plan, threads: int, asked: int, seed: int = 0) -> float:
+    """Seconds to preadv the same experts as demand_rate (same seed), each layer's pieces (one per
+    expert and stacked tensor) shared out among `threads` threads that wait for each other at the
+    layer's end, into pinned buffers, no device copy: the page cache and Python's share of a burst."""
+    import random
+
+    rng = random.Random(seed)
+    layers = []
+    for il in sorted(plan.experts):
+        pick = rng.sample(range(plan.n_expert[il]), min(asked, plan.n_expert[il]))
+        layers.append([(g.data_offset + t.offset + e * t.stride, t.stride) for e in sorted(pick) for t in plan.experts[il]])
+    biggest = max(n for pieces in layers for _, n in pieces)
+    bufs = [dev.alloc_pinned(biggest) for _ in range(threads)]
+    fd = os.open(g.path, os.O_RDONLY)
+    start, end = threading.Barrier(threads + 1), threading.Barrier(threads + 1)
+    todo: list = []
+
+    def worker(w: int) -> None:
+        while True:
+            start.wait()
+            if not todo:  # the main thread cleared it: done
+                return
+            for off, n in todo[0][w::threads]:
+                read_chunk(fd, bufs[w][1], n, off, g.path)
+            end.wait()
+
+    ts = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(threads)]
+    for t in ts:
+        t.start()
+    total = 0.0
+    for pieces in layers:
+        todo[:] = [pieces]
+        t0 = time.perf_counter()
+        start.wait()
+        end.wait()
+        total += time.perf_counter() - t0
+    todo.clear()
+    start.wait()
+    for t in ts:
+        t.join()
+    os.close(fd)
+    for ptr, _ in bufs:
+        dev.free_pinned(ptr)
+    return total
 
 
 def main(argv=None) -> int:
@@ -224,7 +273,7 @@ def demand_main(a, dev, g, dst: int, ints) -> int:
     print(f"{res['model']}: {res['weights_bytes'] / 1e9:.2f} GB of weights, {res['cpus']} CPUs; "
           f"{a.demand} experts asked per MoE layer")
     cols = ("threads", "chunk_mb", "buffers", "base_gb_s", "demand_ms", "demand_gb_s", "layer_ms_p50", "layer_ms_max",
-            "all_resident_ms")
+            "all_resident_ms", "reads_gb_s")
     print("".join(f"{c:>15}" for c in cols))
     for r in res["demand"]:
         print("".join(f"{r[c]!s:>15}" for c in cols))

@@ -272,6 +272,7 @@ def test_the_demand_benchmark_times_each_layers_burst_and_lands_every_byte(monke
     assert row["layers"] == len(plan.experts) and row["asked"] == 2
     assert row["demand_bytes"] == sum(2 * plan.expert_bytes(il) for il in plan.experts)
     assert row["demand_ms"] > 0 and row["layer_ms_max"] >= row["layer_ms_p50"] > 0 and row["all_resident_ms"] > 0
+    assert row["reads_ms"] > 0 and row["reads_gb_s"] > 0, "the same bursts read alone, no device copy"
     assert not dev.pinned, "the staging buffers are given back"
 
 
