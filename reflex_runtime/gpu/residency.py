@@ -93,7 +93,10 @@ class WeightStream:
         self.dev, self.ring, self.path, self.file_offset, self.dst, self.plan = device, ring, path, file_offset, dst, plan
         self.tl = timeline
         self.error: BaseException | None = None
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)  # the workers': work queued, the base landed, release, the end
+        self._landed_cv = threading.Condition(self._lock)  # _wait()'s: a waiter's last tag landed
+        self._waiting: list[set] = []  # each waiter's tags not yet resident
         self._urgent: collections.deque = collections.deque()  # chunks someone waits for, first
         self._background: collections.deque = collections.deque()  # chunks of the layer being filled in
         self._later = collections.deque(sorted(plan.experts))  # layers whose unasked experts are still to queue
@@ -119,7 +122,7 @@ class WeightStream:
 
     def load_base(self) -> None:
         """Start the workers and return once the base is on the device."""
-        with self._cv:
+        with self._lock:
             self._queue([((BASE,), off, n) for off, n in self.plan.base], self._urgent)
             self._hot.add(BASE)
         for t in self._threads:
@@ -143,7 +146,7 @@ class WeightStream:
         if self.complete:
             return
         need = {(layer, e) for e in experts if 0 <= e < self.plan.n_expert.get(layer, 0)} - self._resident
-        with self._cv:
+        with self._lock:
             self._last_ask = time.monotonic()
             if need:
                 self._hot |= need
@@ -158,7 +161,7 @@ class WeightStream:
         if need:
             t = time.perf_counter()
             self._wait(need)
-            with self._cv:
+            with self._lock:
                 self._last_ask = time.monotonic()
                 self._demand["waits"] += 1
                 self._demand["wait_s"] += time.perf_counter() - t
@@ -182,17 +185,21 @@ class WeightStream:
             self.release()
 
     def release(self) -> None:
-        with self._cv:
-            if not self._released:
-                self._released = True
-                self._t_release = self.tl.elapsed() if self.tl is not None else 0.0
-                self.stats["resident_bytes_at_release"] = self.landed_bytes
-                self.stats["released_after_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
-                # what the forwards before the release (the first token's) waited for, and how long
-                d = self._demand
-                self.stats.update(demand_waits=d["waits"], demand_bytes=d["bytes"], demand_wait_ms=round(d["wait_s"] * 1000, 3),
-                                  demand_gb_s=round(d["bytes"] / d["wait_s"] / 1e9, 2) if d["wait_s"] > 0 else None)
-                self._cv.notify_all()
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
+        """(under the lock) Let the background upload start; the record's figures at this moment."""
+        if not self._released:
+            self._released = True
+            self._t_release = self.tl.elapsed() if self.tl is not None else 0.0
+            self.stats["resident_bytes_at_release"] = self.landed_bytes
+            self.stats["released_after_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+            # what the forwards before the release (the first token's) waited for, and how long
+            d = self._demand
+            self.stats.update(demand_waits=d["waits"], demand_bytes=d["bytes"], demand_wait_ms=round(d["wait_s"] * 1000, 3),
+                              demand_gb_s=round(d["bytes"] / d["wait_s"] / 1e9, 2) if d["wait_s"] > 0 else None)
+            self._cv.notify_all()
 
     def wait_all(self) -> None:
         """Every expert on the device (starting the background upload if it had not)."""
@@ -235,16 +242,27 @@ class WeightStream:
                     self._left[tag] = self._left.get(tag, 0) + 1
 
     def _wait(self, tags) -> None:
-        with self._cv:
-            while True:
-                self.check()
-                if (self.complete if tags is None else tags <= self._resident):
-                    return
-                self._cv.wait()
+        """Until these tags (None: every tag) are resident. A waiter is woken when its own last
+        tag lands, not at every chunk: eight workers landing ~100 chunks a layer would otherwise
+        wake it (and contend for the GIL with it) a hundred times."""
+        with self._lock:
+            left = None if tags is None else set(tags) - self._resident
+            if left is not None:
+                self._waiting.append(left)
+            try:
+                while True:
+                    self.check()
+                    if self.complete if left is None else not left:
+                        return
+                    self._landed_cv.wait()
+            finally:
+                if left is not None:
+                    self._waiting = [w for w in self._waiting if w is not left]
 
     def _landed(self, tags, size: int) -> None:
         """(under the lock) One chunk touching these tags is on the device."""
         self.landed_bytes += size
+        wake = False
         for tag in tags:
             self._left[tag] -= 1
             if self._left[tag] == 0:
@@ -252,12 +270,20 @@ class WeightStream:
                 self._hot.discard(tag)
                 if tag == BASE:
                     self._last_ask = time.monotonic()
+                    self._cv.notify_all()  # idle workers start the idle clock
+                for left in self._waiting:
+                    if tag in left:
+                        left.discard(tag)
+                        wake = wake or not left
         if self.complete:
             self.stats["all_resident_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
             if self.tl is not None:  # the background's span on the cold-start timeline
                 now = self.tl.elapsed()
                 self.tl.span("experts_upload", now if self._t_release is None else self._t_release, now)
-        self._cv.notify_all()
+            wake = True
+            self._cv.notify_all()  # the workers end
+        if wake:
+            self._landed_cv.notify_all()
 
     def _take(self):
         """(under the lock) The next chunk, with whether it is urgent; a float: nothing now, wait
@@ -270,7 +296,7 @@ class WeightStream:
             idle = time.monotonic() - self._last_ask
             if idle <= IDLE_RELEASE_S:
                 return IDLE_RELEASE_S - idle + 0.001
-            self.release()
+            self._release()
         if self._released:
             while not self._background and self._later:
                 il = self._later.popleft()
@@ -284,7 +310,7 @@ class WeightStream:
         """Wait for this worker's copies in flight and count them landed."""
         if any(p is not None for p in pending):
             self.dev.sync(stream)
-            with self._cv:
+            with self._lock:
                 for b, p in enumerate(pending):
                     if p is not None:
                         self._landed(*p)
@@ -299,7 +325,7 @@ class WeightStream:
             ring.ensure(dev, w)
             stream = ring.streams[w]
             while True:
-                with self._cv:
+                with self._lock:
                     got = self._take()
                     chunk = isinstance(got, tuple)
                     flush = not chunk or (not got[1] and any(p is not None and not p[0].isdisjoint(self._hot)
@@ -309,7 +335,7 @@ class WeightStream:
                 if got is False:
                     break
                 if not chunk:
-                    with self._cv:
+                    with self._lock:
                         if not self._urgent and not self.complete and self.error is None and not (
                                 self._released and (self._background or self._later)):
                             self._cv.wait(got)
@@ -319,7 +345,7 @@ class WeightStream:
                 k += 1
                 if pending[b] is not None:
                     dev.wait_event(ring.events[w][b])  # the copy out of this buffer is done
-                    with self._cv:
+                    with self._lock:
                         self._landed(*pending[b])
                     pending[b] = None
                 ptr, view = ring.buffers[w][b]
@@ -327,17 +353,18 @@ class WeightStream:
                 dev.htod(self.dst + off, ptr, size, stream)
                 dev.record(ring.events[w][b], stream)
                 pending[b] = (tags, size)
-                with self._cv:
-                    last_urgent = urgent and not self._urgent
-                if last_urgent:  # whoever waits for it learns at once
+                # the last urgent chunk: whoever waits for it learns at once (read without the lock:
+                # a chunk queued meanwhile is flushed at this worker's next take, which finds no work)
+                if urgent and not self._urgent:
                     self._flush(stream, pending)
         except BaseException as e:  # surfaced to whoever waits, and by ensure() and check() from now on
-            with self._cv:
+            with self._lock:
                 if self.error is None:
                     self.error = e
                     self.stats["upload_error"] = f"{type(e).__name__}: {e}"
                 self._cv.notify_all()
-        with self._cv:
+                self._landed_cv.notify_all()
+        with self._lock:
             self._alive -= 1
             if self._alive == 0:
                 os.close(self._fd)
