@@ -38,11 +38,23 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from reflex_runtime.errors import ReflexError  # noqa: E402
-from reflex_runtime.gpu.driver import Device  # noqa: E402
 from reflex_runtime.gpu.upload import StagingRing, read_chunk, upload_file_range  # noqa: E402
 from reflex_runtime.modelfile.gguf_file import GGUFFile  # noqa: E402
 
 MB = 1 << 20
+
+
+def _device():
+    """The GPU with the fatbin loaded, as the cold path brings it up (--demand's packs launch
+    kernels/scatter.cu)."""
+    from reflex_runtime.gpu.bootstrap import DeviceBootstrap
+    from reflex_runtime.measure.coldstart import Timeline
+
+    boot = DeviceBootstrap.start(Timeline())
+    dev = boot.wait()
+    if dev is None:
+        raise SystemExit(f"bench_upload: no GPU: {boot.error}")
+    return dev
 
 
 def gb_s(nbytes: int, seconds: float) -> float:
@@ -222,7 +234,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     off, nbytes = g.data_offset, g.size - g.data_offset
-    dev = Device(0)
+    dev = _device()
     dst = dev.alloc(nbytes)
     if a.demand:
         return demand_main(a, dev, g, dst, ints)

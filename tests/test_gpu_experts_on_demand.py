@@ -88,6 +88,26 @@ def test_greedy_and_seeded_tokens_equal_with_and_without_experts_on_demand(name,
     assert r.info()["decode_graph_nodes"] > 0 and r.info()["all_resident_ms"] > 0
 
 
+@pytest.mark.parametrize("packing", ["1", "0"])
+def test_every_byte_lands_in_place_in_packs_or_one_chunk_a_copy(packing, monkeypatch):
+    """A forward's experts, then the rest behind it, with small experts packed several to a copy
+    (kernels/scatter.cu puts them in place) or not: the weights on the device are the file's bytes."""
+    import numpy as np
+    from cuda.bindings import driver as cu
+
+    monkeypatch.setenv("REFLEX_UPLOAD_PACK", packing)
+    eng = _engine("qwen35moe", monkeypatch, on_demand=True)
+    r, ws = eng.runner, eng.runner._weights
+    list(r.generate_ids(eng.prompt_ids(PROMPT), SamplingParams(), 4, frozenset()))
+    r.wait_weights()
+    got = np.empty(ws.plan.total, np.uint8)
+    assert cu.cuMemcpyDtoH(got.ctypes.data, ws.dst, got.nbytes)[0] == cu.CUresult.CUDA_SUCCESS
+    want = np.fromfile(ws.path, np.uint8, count=ws.plan.total, offset=ws.file_offset)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} bytes differ, the first at {bad[:1]}"
+    assert ws.stats["upload_packs"] == (packing == "1")
+
+
 def _batch(r, prompts, n):
     """The scheduler's way: every prompt in one step, then decode steps of all rows."""
     from reflex_runtime.gpu.step import Pick

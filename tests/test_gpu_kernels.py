@@ -671,6 +671,35 @@ def test_logprob_rows(gpu):
     np.testing.assert_allclose(gpu.get(out, (4,)), x[pick, toks] - lse[pick], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("aligned", [True, False])
+def test_scatter_pieces_put_each_piece_in_place(gpu, aligned):
+    """kernels/scatter.cu against numpy: a pack of pieces of awkward sizes (1 byte to past a
+    slice boundary) copied to scattered places in a destination poisoned with 0xA5, 16-byte
+    aligned places or odd ones; every byte outside the pieces keeps its poison."""
+    from reflex_runtime.gpu.ops import scatter
+
+    rng = np.random.default_rng([7, aligned])
+    sizes = [1, 15, 16, 17, 4095, 65537, 600_003, 32, 1_048_576 + 48]
+    dst_len = 4 << 20
+    dst = gpu.put(np.full(dst_len, 0xA5, np.uint8))
+    want = np.full(dst_len, 0xA5, np.uint8)
+    pack = np.zeros(scatter.pack_bytes(sizes), np.uint8)
+    at, rows, place = scatter.header_bytes(len(sizes)), [], 64 + (0 if aligned else 3)
+    for n in sizes:
+        piece = rng.integers(0, 256, n, dtype=np.uint8)
+        pack[at:at + n] = piece
+        want[place:place + n] = piece
+        rows.append((dst + place, at, n))
+        at += scatter.aligned(n)
+        place += n + (16 - n % 16) % 16 + 32 + (0 if aligned else 5)  # gaps between places: left alone
+    assert place < dst_len
+    scatter.write_header(memoryview(pack), rows)
+    scatter.scatter(gpu.launch, gpu.put(pack), len(sizes))
+    got = gpu.get(dst, (dst_len,), np.uint8)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} bytes differ, the first at {bad[:1]}"
+
+
 def test_smoke_known_answers(gpu):
     from reflex_runtime.gpu.smoke import known_answers
 

@@ -2,6 +2,7 @@
 and uploaded base first, then the experts a forward asks for, then the rest, through a fake
 device whose "device memory" is a host buffer and whose async copies run at once."""
 
+import ctypes
 import os
 import threading
 import time
@@ -11,22 +12,55 @@ import test_upload
 
 from reflex_runtime.errors import ModelFileError
 from reflex_runtime.gpu import residency
+from reflex_runtime.gpu.ops import scatter
 from reflex_runtime.gpu.residency import ExpertTensor, UploadPlan, WeightStream, plan_upload
 from reflex_runtime.gpu.upload import StagingRing
 from reflex_runtime.modelfile.gguf_file import GGUFFile
 
 
 class _Dev(test_upload._Dev):
-    """Device memory as one host buffer; htod copies at once, after `delay` seconds."""
+    """Device memory as one host buffer (and the upload's scratch as others); htod copies at once,
+    after `delay` seconds; kernels/scatter.cu's kernel runs as its Python reference at launch."""
+
+    sm_count, cc, max_shared, smem_per_sm = 132, (9, 0), 227 << 10, 228 << 10  # what a Launcher reads
 
     def __init__(self, size: int, delay: float = 0.0):
         super().__init__(size)
         self.delay = delay
+        self.scratch: dict[int, object] = {}
+        self.packs: list[int] = []  # pieces per scatter launch
+
+    def alloc(self, n):
+        buf = (ctypes.c_char * n)()
+        self.scratch[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def _inside(self, ptr, n):
+        return (self.base <= ptr and ptr + n <= self.base + len(self.mem)) or any(
+            a <= ptr and ptr + n <= a + len(b) for a, b in self.scratch.items())
 
     def htod(self, dst, src, n, stream):
         if self.delay:
             time.sleep(self.delay)
-        super().htod(dst, src, n, stream)
+        assert self._inside(dst, n)
+        ctypes.memmove(dst, src, n)
+
+    def kernel(self, name):
+        assert name == "reflex_scatter_pieces", name
+        return self
+
+    def launch(self, grid, block, args, stream, shmem=0, pdl=False):
+        pack, n = args[0].value, args[1].value
+        assert grid == (n, scatter.SLICES, 1) and 2 <= n <= scatter.MAX_PIECES and self._inside(pack, 1)
+        for dst, at, size in scatter_ref_rows(pack, n):
+            assert at % scatter.ALIGN == 0 and at >= scatter.header_bytes(n) and self._inside(dst, size)
+            ctypes.memmove(dst, pack + at, size)
+        self.packs.append(n)
+
+
+def scatter_ref_rows(pack: int, n: int):
+    """The pack's header as the kernel reads it: (destination, offset in the pack, bytes) rows."""
+    return [scatter.PIECE.unpack(ctypes.string_at(pack + i * scatter.PIECE.size, scatter.PIECE.size)) for i in range(n)]
 
 
 @pytest.fixture(autouse=True)
@@ -122,6 +156,43 @@ def test_base_first_then_the_asked_experts_then_the_rest(threads, chunk):
     for t in ws._threads:
         t.join(5)
     assert not any(t.is_alive() for t in ws._threads), "the workers end when every expert is resident"
+
+
+@pytest.mark.parametrize("packing", ["1", "0"])
+def test_small_experts_go_up_in_packs_that_land_every_byte_in_place(tmp_path, monkeypatch, packing):
+    """Experts of odd sizes (not multiples of 16, so no piece offset or size is aligned) asked a
+    few per layer: with packing, several go up in one staging buffer and the scatter kernel (its
+    reference here) puts each in place; either way the device ends byte-equal to the file, and
+    nothing lands that was not asked before the release."""
+    import random
+
+    monkeypatch.setenv("REFLEX_UPLOAD_PACK", packing)
+    strides, n_exp, base = (1000, 1234, 777), 16, 5003
+    experts, at = {}, base
+    for il in range(3):
+        experts[il] = []
+        for st in strides:
+            experts[il].append(ExpertTensor(at, st))
+            at += st * n_exp
+    total = at + 333
+    data = os.urandom(total)
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"\0" * 48 + data)  # the weights region starts at file offset 48
+    plan = UploadPlan([(0, base), (at, 333)], experts, {il: n_exp for il in experts}, total)
+    dev = _Dev(total)
+    ws = WeightStream(dev, StagingRing(dev, 2, 8192), str(path), 48, dev.base, plan)
+    ws.load_base()
+    rng = random.Random(7)
+    asked = {il: rng.sample(range(n_exp), 5) for il in experts}
+    for il, es in asked.items():
+        ws.ensure(il, es)
+        for e in range(n_exp):
+            r = _expert_ranges(plan, il, e)
+            assert _landed(dev, data, r) if e in es else _untouched(dev, r), (il, e)
+    assert (max(dev.packs, default=0) > 1) == (packing == "1"), dev.packs
+    ws.forward_done()
+    ws.wait_all()
+    assert bytes(dev.mem) == data and ws.stats["upload_packs"] == (packing == "1")
 
 
 def test_a_waiter_is_woken_when_its_last_tag_lands_not_at_every_chunk():
