@@ -15,15 +15,18 @@ For one GGUF file, page cache warm (the file is read once first):
 With --demand N (a MoE file), instead: experts on demand as a first forward asks for them
 (gpu/residency.py): the base, then N random experts of each MoE layer in turn, each layer's
 ensure() timed (the burst a layer waits for), then the rest in the background; per --threads x
---chunks-mb x --buffers (--pin alloc); and the same bursts read alone (reads_gb_s: preadv on
-the same threads, no device copy), which separates the page cache and Python from the link. This is the 220 ms of the 30B-A3B's 0.754 s first token
+--chunks-mb x --buffers (--pin alloc) x --pack (small experts several to a copy, or not) x
+--copies (real, or none: no host-to-device copy or kernel, so what is left is Python, threads
+and the page cache); and the same bursts read alone (reads_gb_s: preadv on the same threads, no
+device copy and no WeightStream). Measured 2026-12-02 on the Qwen3.5-35B-A3B shape, 8 threads:
+packs 12.4 GB/s, one copy each 7.4, reads alone 39 (results/2026-12-02-h200-s10). This is the 220 ms of the 30B-A3B's 0.754 s first token
 (results/2026-12-02-h200-s9): upload rate or per-layer round trips.
 Prints a table and writes JSON (--out). Needs a GPU.
 
     python scripts/bench_upload.py /tmp/real/qwen3moe-30b-a3b-48l-q8_0.gguf --threads 4,8,16 \\
         --chunks-mb 2,8 --buffers 2,4 --out upload.json
     python scripts/bench_upload.py /tmp/real/qwen35moe-35b-a3b-q4_k_m.gguf --demand 38 --threads 8,16 \\
-        --chunks-mb 1,2,4 --buffers 2 --out demand.json
+        --chunks-mb 2,4 --buffers 2 --pack 1,0 --copies real,none --out demand.json
 """
 
 from __future__ import annotations
@@ -126,6 +129,25 @@ def pin_cost(dev, pin: str, total: int = 256 * MB, size: int = 8 * MB) -> float:
     return round(ms / (total / MB), 3)
 
 
+class _NoCopies:
+    """The device with its host-to-device copies and kernel launches left out (--copies none)."""
+
+    def __init__(self, dev):
+        self._dev = dev
+
+    def __getattr__(self, name):
+        return getattr(self._dev, name)
+
+    def htod(self, dst, src, nbytes, stream) -> None:
+        pass
+
+    def kernel(self, name):
+        return self
+
+    def launch(self, *args, **kw) -> None:
+        pass
+
+
 def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked: int, seed: int = 0) -> dict:
     """A first forward's uploads without the forward: the base, then `asked` random experts of each
     MoE layer in order (each ensure() timed), then the rest; the figures WeightStream records."""
@@ -214,10 +236,17 @@ def main(argv=None) -> int:
                                                        "cuMemHostRegister), comma-separated")
     ap.add_argument("--demand", type=int, default=0, metavar="N",
                     help="time experts on demand instead: N random experts of each MoE layer in turn")
+    ap.add_argument("--pack", default="1", help="--demand: REFLEX_UPLOAD_PACK values to time (1: small experts "
+                                                  "packed several to a copy, 0: one copy each), comma-separated")
+    ap.add_argument("--copies", default="real", help="--demand: real, and/or none (the same workers and reads with "
+                                                      "no host-to-device copy or kernel: what is left is Python, "
+                                                      "threads and the page cache), comma-separated")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     if a.demand < 0:
         ap.error("--demand takes a positive number of experts per layer")
+    if not {c for c in a.copies.split(",") if c} <= {"real", "none"} or not {p for p in a.pack.split(",") if p} <= {"0", "1"}:
+        ap.error(f"--copies takes real and/or none, --pack 1 and/or 0 (not {a.copies!r}, {a.pack!r})")
     if not {p for p in a.pin.split(",") if p} <= {"alloc", "thp"}:
         ap.error(f"--pin takes alloc and/or thp, not {a.pin!r}")
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -276,15 +305,19 @@ def main(argv=None) -> int:
 def demand_main(a, dev, g, dst: int, ints) -> int:
     res = {"model": os.path.basename(a.model), "weights_bytes": g.size - g.data_offset, "cpus": os.cpu_count(),
            "warm_read_s": round(warm_page_cache(a.model), 3), "demand": []}
-    for th in ints(a.threads):
-        for mb in ints(a.chunks_mb):
-            for nb in ints(a.buffers):
-                row = demand_rate(dev, g, dst, th, mb * MB, nb, a.demand)
-                res["demand"].append(row)
-                print(f"bench_upload: {row}", file=sys.stderr)
+    for copies in [c for c in a.copies.split(",") if c]:
+        for pack in [p for p in a.pack.split(",") if p]:
+            os.environ["REFLEX_UPLOAD_PACK"] = pack
+            for th in ints(a.threads):
+                for mb in ints(a.chunks_mb):
+                    for nb in ints(a.buffers):
+                        d = dev if copies == "real" else _NoCopies(dev)
+                        row = {"copies": copies, "pack": pack, **demand_rate(d, g, dst, th, mb * MB, nb, a.demand)}
+                        res["demand"].append(row)
+                        print(f"bench_upload: {row}", file=sys.stderr)
     print(f"{res['model']}: {res['weights_bytes'] / 1e9:.2f} GB of weights, {res['cpus']} CPUs; "
           f"{a.demand} experts asked per MoE layer")
-    cols = ("threads", "chunk_mb", "buffers", "base_gb_s", "demand_ms", "demand_gb_s", "layer_ms_p50", "layer_ms_max",
+    cols = ("copies", "pack", "threads", "chunk_mb", "buffers", "base_gb_s", "demand_ms", "demand_gb_s", "layer_ms_p50", "layer_ms_max",
             "all_resident_ms", "reads_gb_s")
     print("".join(f"{c:>15}" for c in cols))
     for r in res["demand"]:

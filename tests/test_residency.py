@@ -364,6 +364,9 @@ def test_the_demand_benchmark_times_each_layers_burst_and_lands_every_byte(monke
     assert row["demand_ms"] > 0 and row["layer_ms_max"] >= row["layer_ms_p50"] > 0 and row["all_resident_ms"] > 0
     assert row["reads_ms"] > 0 and row["reads_gb_s"] > 0, "the same bursts read alone, no device copy"
     assert not dev.pinned, "the staging buffers are given back"
+    dry = _Dev(plan.total)
+    row = bench_upload.demand_rate(bench_upload._NoCopies(dry), g, dry.base, threads=2, chunk=8192, buffers=2, asked=2)
+    assert row["demand_bytes"] > 0 and not any(bytes(dry.mem)) and not dry.packs, "--copies none: nothing reaches the device"
 
 
 def test_the_demand_benchmark_refuses_a_dense_file_in_one_line():
