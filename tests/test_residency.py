@@ -193,6 +193,8 @@ def test_small_experts_go_up_in_packs_that_land_every_byte_in_place(tmp_path, mo
     ws.forward_done()
     ws.wait_all()
     assert bytes(dev.mem) == data and ws.stats["upload_packs"] == (packing == "1")
+    # the packs' scratch: one allocation, a staging ring's worth, made with the stream (not by a worker)
+    assert [len(buf) for buf in dev.scratch.values()] == ([8192 * 2 * 2] if packing == "1" else [])
 
 
 def test_a_waiter_is_woken_when_its_last_tag_lands_not_at_every_chunk():

@@ -129,7 +129,10 @@ class WeightStream:
         self._fd = os.open(path, os.O_RDONLY)
         self._readback = None  # pinned ints for the routed ids (ensure_routed)
         self._packing = packing_enabled()
-        self._scratch: list = [None] * ring.n_threads  # per worker: (device bytes its packs land in, its Launcher)
+        # device bytes the packs land in, a staging ring's worth (32 MB by default, inside the
+        # runner's FIT_HEADROOM), taken here so a failure is the load's and not one upload thread's
+        self._scratch = device.alloc(ring.chunk * ring.per_thread * ring.n_threads) if self._packing else None
+        self._launchers: list = [None] * ring.n_threads  # per worker, made at its first pack
         self.stats["upload_packs"] = self._packing
         self._alive = ring.n_threads  # the last worker out closes the file
         self._threads = [threading.Thread(target=self._worker, args=(w,), name=f"reflex-upload-{w}", daemon=True)
@@ -356,18 +359,17 @@ class WeightStream:
             read_chunk(self._fd, view, size, self.file_offset + off, self.path)
             dev.htod(self.dst + off, ptr, size, stream)
             return
-        if self._scratch[w] is None:  # the worker's first pack
-            self._scratch[w] = (dev.alloc(ring.chunk * ring.per_thread), Launcher(dev, stream))
-        scratch, launch = self._scratch[w]
+        if self._launchers[w] is None:  # the worker's first pack
+            self._launchers[w] = Launcher(dev, stream)
         at, rows = scatter.header_bytes(len(pieces)), []
         for _, off, size in pieces:
             read_chunk(self._fd, view[at:at + size], size, self.file_offset + off, self.path)
             rows.append((self.dst + off, at, size))
             at += scatter.aligned(size)
         scatter.write_header(view, rows)
-        pack = scratch + b * ring.chunk
+        pack = self._scratch + (w * ring.per_thread + b) * ring.chunk
         dev.htod(pack, ptr, at, stream)
-        scatter.scatter(launch, pack, len(rows))
+        scatter.scatter(self._launchers[w], pack, len(rows))
 
     def _worker(self, w: int) -> None:
         dev, ring = self.dev, self.ring
