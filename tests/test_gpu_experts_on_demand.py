@@ -88,6 +88,31 @@ def test_greedy_and_seeded_tokens_equal_with_and_without_experts_on_demand(name,
     assert r.info()["decode_graph_nodes"] > 0 and r.info()["all_resident_ms"] > 0
 
 
+@pytest.mark.parametrize("name", list(FILES))
+def test_greedy_tokens_equal_with_the_base_streamed_behind_the_forward(name, monkeypatch):
+    """REFLEX_STREAM_BASE=1: the first forward starts with only the embedding's part of the base on
+    the device, each block waiting for its own (and the next block's norm) and the head for its
+    own; the experts still on demand. Greedy tokens equal to the whole file uploaded first."""
+    whole = _engine(name, monkeypatch, on_demand=False)
+    ids = whole.prompt_ids(PROMPT)
+    want = list(whole.runner.generate_ids(ids, SamplingParams(), 32, frozenset()))
+    monkeypatch.setenv("REFLEX_STREAM_BASE", "1")
+    take = residency.WeightStream._take
+    # the blocks' parts go up only when a forward asks (ensure_base makes them urgent), so what is
+    # not asked yet can be poisoned: a block that ran before its part landed would read 0xFF bytes
+    monkeypatch.setattr(residency.WeightStream, "_take",
+                        lambda self: 0.005 if not self._urgent and self._base_rest else take(self))
+    eng = _engine(name, monkeypatch, on_demand=True)
+    r, ws = eng.runner, eng.runner._weights
+    assert ws.stats["base_streamed"] and ws.stats["base_loaded_bytes"] < ws.stats["base_bytes"]
+    for part, ranges in ws.plan.base_parts[1:]:
+        assert (residency.BASE, part) not in ws._resident
+        for off, n in ranges:
+            ws.dev.memset8(ws.dst + off, 0xFF, n, r.stream)
+    ws.dev.sync(r.stream)
+    assert list(r.generate_ids(ids, SamplingParams(), 32, frozenset())) == want
+
+
 @pytest.mark.parametrize("packing", ["1", "0"])
 def test_every_byte_lands_in_place_in_packs_or_one_chunk_a_copy(packing, monkeypatch):
     """A forward's experts, then the rest behind it, with small experts packed several to a copy

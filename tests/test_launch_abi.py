@@ -927,7 +927,7 @@ def test_a_batch_runs_eagerly_while_experts_are_missing(ptx_params, monkeypatch)
     assert captures and all(captures) and len(asked) == n_asked
 
 
-@pytest.mark.parametrize("on_demand", ["1", "0"])
+@pytest.mark.parametrize("on_demand", ["1", "0", "stream"])
 def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch, on_demand):
     """A MoE file's cold path on the fake device (gpu/residency.py): the first forward starts
     with only the base uploaded; each MoE layer reads its routed ids back (here the fake's read-back
@@ -937,9 +937,16 @@ def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch
     from reflex_runtime.sampling import SamplingParams
 
     monkeypatch.setattr(residency, "IDLE_RELEASE_S", 3600.0)
-    monkeypatch.setenv("REFLEX_EXPERTS_ON_DEMAND", on_demand)
+    monkeypatch.setenv("REFLEX_EXPERTS_ON_DEMAND", "0" if on_demand == "0" else "1")
+    monkeypatch.setenv("REFLEX_STREAM_BASE", "1" if on_demand == "stream" else "0")  # each block's base behind the forward
+    if on_demand == "stream":  # a block's part goes up only when the forward asks for it: one it forgot never lands
+        take = residency.WeightStream._take
+        monkeypatch.setattr(residency.WeightStream, "_take",
+                            lambda self: 0.005 if not self._urgent and self._base_rest else take(self))
     runner, dev = _fake_runner(ptx_params, arch="qwen3moe")
     ws, model = runner._weights, runner.model
+    if on_demand == "stream":
+        assert ws.stats["base_streamed"] and ws.stats["base_loaded_bytes"] < ws.stats["base_bytes"]
     if on_demand == "0":
         assert ws is None and model.residency is None and runner.resident()
         assert sum(n for what, _, n in dev.copies if what == "htod") >= model.weights_bytes

@@ -197,6 +197,68 @@ def test_small_experts_go_up_in_packs_that_land_every_byte_in_place(tmp_path, mo
     assert [len(buf) for buf in dev.scratch.values()] == ([8192 * 2 * 2] if packing == "1" else [])
 
 
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe", "deepseek"])
+def test_the_base_parts_are_the_base_by_the_block_that_reads_it(arch):
+    """plan.base_parts (REFLEX_STREAM_BASE): the embedding's part first, then each block's, then
+    the LM head's; together exactly the base's bytes; every tensor inside its reader's part."""
+    g = GGUFFile(_moe_file(arch))
+    plan = plan_upload(g)
+    who = [w for w, _ in plan.base_parts]
+    blocks = [w for w in who if isinstance(w, int)]
+    assert who == [None] + blocks + ["head"] and blocks == sorted(blocks) and blocks[0] == 0
+
+    def merged(ranges):
+        out = []
+        for off, n in sorted(ranges):
+            if out and out[-1][1] == off:
+                out[-1][1] = off + n
+            else:
+                assert not out or out[-1][1] < off, "overlapping ranges"
+                out.append([off, off + n])
+        return out
+
+    assert merged(r for _, rs in plan.base_parts for r in rs) == merged(plan.base)  # the same bytes, none twice
+    experts = {t.offset for ts in plan.experts.values() for t in ts}
+    for name, ti in g.tensors.items():
+        off = ti.offset - g.data_offset
+        if off in experts:
+            continue
+        w = int(name.split(".")[1]) if name.startswith("blk.") else "head" if name in (
+            "output.weight", "output_norm.weight") else None
+        assert any(a <= off and off + ti.nbytes <= a + n for a, n in dict(plan.base_parts)[w]), name
+
+
+def test_with_the_base_streamed_each_block_waits_for_its_own_part(monkeypatch):
+    """REFLEX_STREAM_BASE=1: load_base() returns once the first part is up; ensure_base(i) returns
+    with block i's part on the device; the rest of the base goes up before any expert nobody asked
+    for; everything lands. Without the switch, ensure_base is a no-op and load_base waits for all."""
+    monkeypatch.setenv("REFLEX_STREAM_BASE", "1")
+    ws, dev, plan, data = _stream(_moe_file("qwen35moe"), threads=2, chunk=4096, delay=0.0005)
+    ws.load_base()
+    parts = dict(plan.base_parts)
+    assert _landed(dev, data, parts[None]) and ws.stats["base_streamed"]
+    assert ws.stats["base_loaded_bytes"] == sum(n for _, n in parts[None]) < ws.stats["base_bytes"]
+    for w in [w for w in parts if isinstance(w, int)][::-1] + ["head"]:  # the last block first: it jumps the queue
+        ws.ensure_base(w)
+        assert _landed(dev, data, parts[w]), w
+    il = sorted(plan.experts)[0]
+    every = [(il, e) for il in plan.experts for e in range(plan.n_expert[il])]
+    assert all(_untouched(dev, _expert_ranges(plan, i, e)) for i, e in every)  # no expert before it is asked
+    ws.ensure(il, {1})
+    ws.forward_done()
+    ws.wait_all()
+    assert bytes(dev.mem) == data and ws.stats["base_wait_ms"] > 0  # the record says what the blocks waited
+
+    monkeypatch.setenv("REFLEX_STREAM_BASE", "0")
+    ws, dev, plan, data = _stream(_moe_file("qwen35moe"), threads=2, chunk=4096)
+    ws.load_base()
+    assert _landed(dev, data, plan.base) and not ws.stats["base_streamed"]
+    ws.ensure_base(0)
+    ws.ensure_base("head")
+    ws.wait_all()
+    assert bytes(dev.mem) == data
+
+
 def test_a_waiter_is_woken_when_its_last_tag_lands_not_at_every_chunk():
     """ensure() of many experts cut into many small chunks wakes its caller about once: a wake per
     landed chunk made eight workers and the caller contend for the GIL (demand 9 GB/s on the

@@ -206,13 +206,21 @@ class GpuModel:
             with L.role("embedding", n * self.embedding.row_bytes):
                 embed.embed(L, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
             self.res.added()
+            ws = self.residency
             for il, ly in enumerate(self.layers):
-                ly(self.res, b, self.layers[il + 1].attn_norm if il + 1 < len(self.layers) else 0)
-            if self.residency is not None:
-                self.residency.forward_done()
+                last = il + 1 == len(self.layers)
+                if ws is not None:  # no-ops unless the base streams in behind the forward (gpu/residency.py)
+                    ws.ensure_base(il)
+                    if not last:
+                        ws.ensure_base(il + 1)  # this layer's end applies the next one's attention norm
+                ly(self.res, b, 0 if last else self.layers[il + 1].attn_norm)
+            if ws is not None:
+                ws.forward_done()
             if logit_rows <= 0:
                 return False
             row = (n - 1) if logit_row < 0 else logit_row
+            if ws is not None:
+                ws.ensure_base("head")
             return self.head(self.res.x + 4 * E * row, logit_rows, logits or p("logits"), pick=pick)
         finally:
             L.decode_rows = False
@@ -222,6 +230,8 @@ class GpuModel:
         logits rows 0..len(rows)-1: the rows' final states are gathered to the front of x first
         (row i from rows[i] >= i, in order: no copy overwrites a row still to be read)."""
         E, x, L = self.cfg.n_embd, self.res.x, self.launch
+        if self.residency is not None:
+            self.residency.ensure_base("head")
         for i, r in enumerate(rows):
             assert r >= i
             if r != i:

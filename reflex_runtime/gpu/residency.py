@@ -54,6 +54,9 @@ class UploadPlan(NamedTuple):
     experts: dict[int, list[ExpertTensor]]  # layer -> its stacked expert tensors
     n_expert: dict[int, int]  # layer -> experts in each of its tensors
     total: int  # bytes of the weights region
+    # the base again, by who reads it, in upload order: (None: the embedding and everything a first
+    # layer may need, i: block i's tensors, "head": the output norm and LM head) -> its ranges
+    base_parts: tuple = ()
 
     def expert_bytes(self, layer: int) -> int:
         return sum(t.stride for t in self.experts[layer])
@@ -83,7 +86,36 @@ def plan_upload(gguf) -> UploadPlan | None:
         at = max(at, off + n)
     if at < total:
         base.append((at, total - at))
-    return UploadPlan(base, experts, n_expert, total)
+    return UploadPlan(base, experts, n_expert, total, _base_parts(gguf, holes, total))
+
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+_HEAD = {T.OUTPUT, T.OUTPUT_NORM}
+
+
+def _base_parts(gguf, holes, total: int) -> tuple:
+    """Every byte of the base to the part that reads it: a tensor owns its bytes and the padding
+    after it; an expert tensor's padding, and anything before the first tensor, goes first."""
+    data, hole_at = gguf.data_offset, {off for off, _ in holes}
+    spans = sorted((ti.offset - data, ti.nbytes, name) for name, ti in gguf.tensors.items())
+    owned = [(None, 0, spans[0][0] if spans else total)]
+    for i, (off, n, name) in enumerate(spans):
+        end = spans[i + 1][0] if i + 1 < len(spans) else total
+        if off in hole_at:
+            owned.append((None, off + n, end))
+            continue
+        m = _BLOCK.match(name)
+        owned.append((int(m.group(1)) if m else "head" if name in _HEAD else None, off, end))
+    parts: dict = {None: []}
+    for who, a, b in owned:
+        if b > a:
+            rs = parts.setdefault(who, [])
+            if rs and rs[-1][0] + rs[-1][1] == a:
+                rs[-1] = (rs[-1][0], b - rs[-1][0])
+            else:
+                rs.append((a, b - a))
+    order = [None] + sorted(k for k in parts if isinstance(k, int)) + (["head"] if "head" in parts else [])
+    return tuple((k, parts[k]) for k in order)
 
 
 def on_demand_enabled() -> bool:
@@ -92,6 +124,12 @@ def on_demand_enabled() -> bool:
 
 def packing_enabled() -> bool:
     return os.environ.get("REFLEX_UPLOAD_PACK", "1") != "0"
+
+
+def base_streaming_enabled() -> bool:
+    """REFLEX_STREAM_BASE=1: the first forward starts once the embedding is up; each block's base
+    goes up in order behind it and each layer waits for its own (off until measured on the GPU)."""
+    return os.environ.get("REFLEX_STREAM_BASE", "0") == "1"
 
 
 BASE = "base"
@@ -113,15 +151,19 @@ class WeightStream:
         self._waiting: list[set] = []  # each waiter's tags not yet resident
         self._urgent: collections.deque = collections.deque()  # chunks someone waits for, first
         self._background: collections.deque = collections.deque()  # chunks of the layer being filled in
+        self._base_rest: collections.deque = collections.deque()  # REFLEX_STREAM_BASE: the blocks' base, in order
+        self._parts = [(BASE if who is None else (BASE, who), ranges) for who, ranges in plan.base_parts] \
+            if base_streaming_enabled() and plan.base_parts else [(BASE, plan.base)]
         self._later = collections.deque(sorted(plan.experts))  # layers whose unasked experts are still to queue
         self._left: dict = {}  # tag -> chunks not yet landed (a tag is queued once it has an entry)
         self._resident: set = set()
         self._hot: set = set()  # tags someone waits for: their chunks are flushed as soon as queued
-        self._n_tags = 1 + sum(plan.n_expert[il] for il in plan.experts)
+        self._n_tags = len(self._parts) + sum(plan.n_expert[il] for il in plan.experts)
         self._released = False
         self._t_release: float | None = None  # on the timeline
         self._last_ask = time.monotonic()  # the idle clock (IDLE_RELEASE_S) runs from the base's landing
-        self._demand = {"waits": 0, "bytes": 0, "wait_s": 0.0}  # ensure() calls that waited, bytes they queued
+        # ensure() calls that waited, bytes they queued, their wait; ensure_base()'s waits
+        self._demand = {"waits": 0, "bytes": 0, "wait_s": 0.0, "base_wait_s": 0.0}
         self.landed_bytes = 0
         self.stats: dict = {"experts_on_demand": True, "base_bytes": sum(n for _, n in plan.base),
                             "expert_bytes": plan.total - sum(n for _, n in plan.base)}
@@ -141,15 +183,38 @@ class WeightStream:
     # -- the caller's side -------------------------------------------------------------------
 
     def load_base(self) -> None:
-        """Start the workers and return once the base is on the device."""
+        """Start the workers and return once the base is on the device (with REFLEX_STREAM_BASE,
+        its first part: the rest follows, block by block, before any expert nobody asked for)."""
         with self._lock:
-            self._queue([((BASE,), off, n) for off, n in self.plan.base], self._urgent)
+            (tag, ranges), *rest = self._parts
+            self._queue([((tag,), off, n) for off, n in ranges], self._urgent)
+            for t, rs in rest:
+                self._queue([((t,), off, n) for off, n in rs], self._base_rest)
             self._hot.add(BASE)
         for t in self._threads:
             t.start()
         self._wait({BASE})
         dt = time.perf_counter() - self._t0
-        self.stats.update(base_upload_ms=round(dt * 1000, 3), base_gb_s=round(self.stats["base_bytes"] / max(dt, 1e-9) / 1e9, 2))
+        first = sum(n for _, n in self._parts[0][1])
+        self.stats.update(base_upload_ms=round(dt * 1000, 3), base_gb_s=round(first / max(dt, 1e-9) / 1e9, 2),
+                          base_loaded_bytes=first, base_streamed=len(self._parts) > 1)
+
+    def ensure_base(self, part) -> None:
+        """Return once this part of the base is on the device: a block's index, or "head" (a no-op
+        unless REFLEX_STREAM_BASE split the base). Its chunks jump the queue if still waiting."""
+        tag = (BASE, part)
+        if tag in self._resident or tag not in self._left or self.complete:
+            self.check()
+            return
+        with self._lock:
+            self._hot.add(tag)
+            if any(tag in c[0] for c in self._base_rest):
+                self._urgent.extend(c for c in self._base_rest if tag in c[0])
+                self._base_rest = collections.deque(c for c in self._base_rest if tag not in c[0])
+            self._cv.notify_all()
+        t = time.perf_counter()
+        self._wait({tag})
+        self._demand["base_wait_s"] += time.perf_counter() - t  # (a float add: no lock needed under the GIL)
 
     @property
     def complete(self) -> bool:
@@ -218,7 +283,8 @@ class WeightStream:
             # what the forwards before the release (the first token's) waited for, and how long
             d = self._demand
             self.stats.update(demand_waits=d["waits"], demand_bytes=d["bytes"], demand_wait_ms=round(d["wait_s"] * 1000, 3),
-                              demand_gb_s=round(d["bytes"] / d["wait_s"] / 1e9, 2) if d["wait_s"] > 0 else None)
+                              demand_gb_s=round(d["bytes"] / d["wait_s"] / 1e9, 2) if d["wait_s"] > 0 else None,
+                              base_wait_ms=round(d["base_wait_s"] * 1000, 3))
             self._cv.notify_all()
 
     def wait_all(self) -> None:
@@ -323,6 +389,8 @@ class WeightStream:
             return False
         if self._urgent:
             return self._pack(self._urgent), True
+        if self._base_rest:
+            return self._pack(self._base_rest), False
         if not self._released and BASE in self._resident and not self._hot:  # nobody waits: idle
             idle = time.monotonic() - self._last_ask
             if idle <= IDLE_RELEASE_S:

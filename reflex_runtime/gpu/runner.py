@@ -178,7 +178,7 @@ class CudaRunner:
                 self._weights.load_base()
             t_end = tl.elapsed()
             tl.span("weights_upload", t, t_end)
-            up = self.model.weights_bytes if plan is None else self._weights.stats["base_bytes"]
+            up = self.model.weights_bytes if plan is None else self._weights.stats["base_loaded_bytes"]
             self.upload_stats = {"weights_bytes": self.model.weights_bytes, "upload_ms": round((t_end - t) * 1000, 3),
                                  "upload_gb_s": round(up / max(t_end - t, 1e-9) / 1e9, 2),
                                  "upload_threads": ring.n_threads}
