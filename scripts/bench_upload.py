@@ -18,9 +18,10 @@ ensure() timed (the burst a layer waits for), then the rest in the background; p
 --chunks-mb x --buffers (--pin alloc) x --pack (small experts several to a copy, or not) x
 --copies (real, or none: no host-to-device copy or kernel, so what is left is Python, threads
 and the page cache); and the same bursts read alone (reads_gb_s: preadv on the same threads, no
-device copy and no WeightStream). Measured 2026-12-02 on the Qwen3.5-35B-A3B shape, 8 threads:
-packs 12.4 GB/s, one copy each 7.4, reads alone 39 (results/2026-12-02-h200-s10). This is the 220 ms of the 30B-A3B's 0.754 s first token
-(results/2026-12-02-h200-s9): upload rate or per-layer round trips.
+device copy and no WeightStream). These bursts are most of a big MoE file's first forward (220 ms
+of the 30B-A3B's 0.754 s, results/2026-12-02-h200-s9). Measured 2026-12-02 on the
+Qwen3.5-35B-A3B shape, 8 threads: packs 12.4 GB/s, one copy each 7.4, reads alone 39
+(results/2026-12-02-h200-s10).
 Prints a table and writes JSON (--out). Needs a GPU.
 
     python scripts/bench_upload.py /tmp/real/qwen3moe-30b-a3b-48l-q8_0.gguf --threads 4,8,16 \\

@@ -207,12 +207,12 @@ class GpuModel:
                 embed.embed(L, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
             self.res.added()
             ws = self.residency
+            if ws is not None:  # ensure_base: no-ops unless the base streams in behind the forward (gpu/residency.py)
+                ws.ensure_base(0)
             for il, ly in enumerate(self.layers):
                 last = il + 1 == len(self.layers)
-                if ws is not None:  # no-ops unless the base streams in behind the forward (gpu/residency.py)
-                    ws.ensure_base(il)
-                    if not last:
-                        ws.ensure_base(il + 1)  # this layer's end applies the next one's attention norm
+                if ws is not None and not last:
+                    ws.ensure_base(il + 1)  # this layer's end applies the next one's attention norm
                 ly(self.res, b, 0 if last else self.layers[il + 1].attn_norm)
             if ws is not None:
                 ws.forward_done()

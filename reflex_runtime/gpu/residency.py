@@ -18,9 +18,9 @@ stream synchronized), so a kernel queued after ensure() returns reads complete w
 
 Packs: a worker takes as many queued chunks as fit in one staging buffer, reads them in one after
 another, copies the buffer to its device scratch in one copy, and kernels/scatter.cu puts each
-piece in place. On the H200 every copy cost about the same ~60 us whatever its size (8 threads
-landed 0.59 MB experts at 10 GB/s and 2 MB chunks at 30), so a layer's 114 small experts went up
-at a third of the link. REFLEX_UPLOAD_PACK=0 copies each chunk on its own. The scratch (one
+piece in place: fewer, larger copies and driver calls for a layer's 114 small (0.59 MB) experts.
+On the H200 (results/2026-12-02-h200-s10) the bursts alone went from 7.4 to 12.4 GB/s with 8
+threads; a whole cold start was level. REFLEX_UPLOAD_PACK=0 copies each chunk on its own. The scratch (one
 staging ring's worth) stays allocated while the process lives: freeing device memory may
 synchronize the device, which a decode graph being captured on another thread must not see.
 """
@@ -208,13 +208,12 @@ class WeightStream:
             return
         with self._lock:
             self._hot.add(tag)
-            if any(tag in c[0] for c in self._base_rest):
-                self._urgent.extend(c for c in self._base_rest if tag in c[0])
-                self._base_rest = collections.deque(c for c in self._base_rest if tag not in c[0])
+            self._base_rest = self._jump(self._base_rest, {tag})
             self._cv.notify_all()
         t = time.perf_counter()
         self._wait({tag})
-        self._demand["base_wait_s"] += time.perf_counter() - t  # (a float add: no lock needed under the GIL)
+        with self._lock:
+            self._demand["base_wait_s"] += time.perf_counter() - t
 
     @property
     def complete(self) -> bool:
@@ -238,10 +237,7 @@ class WeightStream:
                 runs = self._runs(layer, sorted(e for il, e in need if (il, e) not in self._left))
                 self._demand["bytes"] += sum(n for _, _, n in runs)
                 self._queue(runs, self._urgent)
-                if any(not tags.isdisjoint(need) for tags, _, _ in self._background):  # being filled in: first
-                    mine = [c for c in self._background if not c[0].isdisjoint(need)]
-                    self._background = collections.deque(c for c in self._background if c[0].isdisjoint(need))
-                    self._urgent.extend(mine)
+                self._background = self._jump(self._background, need)  # being filled in: first
                 self._cv.notify_all()
         if need:
             t = time.perf_counter()
@@ -371,15 +367,24 @@ class WeightStream:
         if wake:
             self._landed_cv.notify_all()
 
+    def _jump(self, queue, tags: set):
+        """(under the lock) Move the queue's chunks touching these tags to the urgent queue, in
+        order; returns what stays."""
+        if all(c[0].isdisjoint(tags) for c in queue):
+            return queue
+        self._urgent.extend(c for c in queue if not c[0].isdisjoint(tags))
+        return collections.deque(c for c in queue if c[0].isdisjoint(tags))
+
     def _pack(self, queue) -> list:
         """(under the lock) The queue's next chunk and as many after it as fit in one staging
         buffer as a pack (kernels/scatter.cu); just the one when packing is off or nothing fits."""
         pack = [queue.popleft()]
         if self._packing:
-            sizes = [pack[0][2]]
-            while queue and len(pack) < scatter.MAX_PIECES and scatter.pack_bytes(sizes + [queue[0][2]]) <= self.ring.chunk:
+            data = scatter.aligned(pack[0][2])
+            while (queue and len(pack) < scatter.MAX_PIECES and
+                   scatter.header_bytes(len(pack) + 1) + data + scatter.aligned(queue[0][2]) <= self.ring.chunk):
                 pack.append(queue.popleft())
-                sizes.append(pack[-1][2])
+                data += scatter.aligned(pack[-1][2])
         return pack
 
     def _take(self):
@@ -412,9 +417,13 @@ class WeightStream:
             with self._lock:
                 for b, p in enumerate(pending):
                     if p is not None:
-                        for tags, size in p:
-                            self._landed(tags, size)
+                        self._land(p)
                         pending[b] = None
+
+    def _land(self, chunks) -> None:
+        """(under the lock) These (tags, size) chunks are on the device."""
+        for tags, size in chunks:
+            self._landed(tags, size)
 
     def _copy(self, w: int, b: int, pieces: list, stream) -> None:
         """Read these chunks into worker w's staging buffer b and queue their copy to the device:
@@ -469,8 +478,7 @@ class WeightStream:
                 if pending[b] is not None:
                     dev.wait_event(ring.events[w][b])  # the copy out of this buffer is done
                     with self._lock:
-                        for tags, size in pending[b]:
-                            self._landed(tags, size)
+                        self._land(pending[b])
                     pending[b] = None
                 self._copy(w, b, pieces, stream)
                 dev.record(ring.events[w][b], stream)
