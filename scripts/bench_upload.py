@@ -16,9 +16,11 @@ With --demand N (a MoE file), instead: experts on demand as a first forward asks
 (gpu/residency.py): the base, then N random experts of each MoE layer in turn, each layer's
 ensure() timed (the burst a layer waits for), then the rest in the background; per --threads x
 --chunks-mb x --buffers (--pin alloc) x --pack (small experts several to a copy, or not) x
---copies (real, or none: no host-to-device copy or kernel, so what is left is Python, threads
-and the page cache); and the same bursts read alone (reads_gb_s: preadv on the same threads, no
-device copy and no WeightStream). These bursts are most of a big MoE file's first forward (220 ms
+--copies (real; none: no host-to-device copy or kernel, so what is left is Python, threads
+and the page cache; noread: the copies without the reads, Python, threads and the device);
+burst_cpus: the process's CPU seconds per second of bursts (near 1 with no reads: one GIL);
+and the same bursts read alone (reads_gb_s: preadv on the same threads, no device copy and no
+WeightStream). These bursts are most of a big MoE file's first forward (220 ms
 of the 30B-A3B's 0.754 s, results/2026-12-02-h200-s9). Measured 2026-12-02 on the
 Qwen3.5-35B-A3B shape, 8 threads: packs 12.4 GB/s, one copy each 7.4, reads alone 39
 (results/2026-12-02-h200-s10).
@@ -33,6 +35,7 @@ Prints a table and writes JSON (--out). Needs a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -149,6 +152,21 @@ class _NoCopies:
         pass
 
 
+@contextlib.contextmanager
+def _no_reads(on: bool):
+    """--copies noread: WeightStream's reads from the file left out (the staging buffers keep
+    whatever they held), its copies and kernels kept."""
+    from reflex_runtime.gpu import residency
+
+    real = residency.read_chunk
+    if on:
+        residency.read_chunk = lambda fd, view, size, offset, path: None
+    try:
+        yield
+    finally:
+        residency.read_chunk = real
+
+
 def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked: int, seed: int = 0) -> dict:
     """A first forward's uploads without the forward: the base, then `asked` random experts of each
     MoE layer in order (each ensure() timed), then the rest; the figures WeightStream records."""
@@ -161,12 +179,13 @@ def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked:
     ring = StagingRing(dev, threads, chunk, buffers, pin="alloc")
     ws = WeightStream(dev, ring, g.path, g.data_offset, dst, plan)
     ws.load_base()
-    rng, waits, nbytes = random.Random(seed), [], 0
+    rng, waits, nbytes, cpu = random.Random(seed), [], 0, 0.0
     for il in sorted(plan.experts):
         pick = rng.sample(range(plan.n_expert[il]), min(asked, plan.n_expert[il]))
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         ws.ensure(il, pick)
         waits.append(time.perf_counter() - t)
+        cpu += time.process_time() - c
         nbytes += len(pick) * plan.expert_bytes(il)
     ws.wait_all()
     ws.join(10)
@@ -177,6 +196,8 @@ def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked:
             "base_gb_s": s["base_gb_s"], "base_ms": s["base_upload_ms"], "demand_bytes": nbytes,
             "demand_ms": round(sum(waits) * 1000, 3), "demand_gb_s": gb_s(nbytes, sum(waits)),
             "layer_ms_p50": round(statistics.median(waits) * 1000, 3), "layer_ms_max": round(max(waits) * 1000, 3),
+            # CPU seconds of the whole process per second of the bursts: the cores kept busy
+            "burst_cpus": round(cpu / max(sum(waits), 1e-9), 2),
             "all_resident_ms": s.get("all_resident_ms"), "reads_ms": round(reads * 1000, 3),
             "reads_gb_s": gb_s(nbytes, reads)}
 
@@ -239,15 +260,16 @@ def main(argv=None) -> int:
                     help="time experts on demand instead: N random experts of each MoE layer in turn")
     ap.add_argument("--pack", default="1", help="--demand: REFLEX_UPLOAD_PACK values to time (1: small experts "
                                                   "packed several to a copy, 0: one copy each), comma-separated")
-    ap.add_argument("--copies", default="real", help="--demand: real, and/or none (the same workers and reads with "
+    ap.add_argument("--copies", default="real", help="--demand: real, none (the same workers and reads with "
                                                       "no host-to-device copy or kernel: what is left is Python, "
-                                                      "threads and the page cache), comma-separated")
+                                                      "threads and the page cache) and/or noread (the copies "
+                                                      "without the reads), comma-separated")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     if a.demand < 0:
         ap.error("--demand takes a positive number of experts per layer")
-    if not {c for c in a.copies.split(",") if c} <= {"real", "none"} or not {p for p in a.pack.split(",") if p} <= {"0", "1"}:
-        ap.error(f"--copies takes real and/or none, --pack 1 and/or 0 (not {a.copies!r}, {a.pack!r})")
+    if not {c for c in a.copies.split(",") if c} <= {"real", "none", "noread"} or not {p for p in a.pack.split(",") if p} <= {"0", "1"}:
+        ap.error(f"--copies takes real, none and/or noread, --pack 1 and/or 0 (not {a.copies!r}, {a.pack!r})")
     if not {p for p in a.pin.split(",") if p} <= {"alloc", "thp"}:
         ap.error(f"--pin takes alloc and/or thp, not {a.pin!r}")
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
@@ -312,14 +334,15 @@ def demand_main(a, dev, g, dst: int, ints) -> int:
             for th in ints(a.threads):
                 for mb in ints(a.chunks_mb):
                     for nb in ints(a.buffers):
-                        d = dev if copies == "real" else _NoCopies(dev)
-                        row = {"copies": copies, "pack": pack, **demand_rate(d, g, dst, th, mb * MB, nb, a.demand)}
+                        d = _NoCopies(dev) if copies == "none" else dev
+                        with _no_reads(copies == "noread"):
+                            row = {"copies": copies, "pack": pack, **demand_rate(d, g, dst, th, mb * MB, nb, a.demand)}
                         res["demand"].append(row)
                         print(f"bench_upload: {row}", file=sys.stderr)
     print(f"{res['model']}: {res['weights_bytes'] / 1e9:.2f} GB of weights, {res['cpus']} CPUs; "
           f"{a.demand} experts asked per MoE layer")
     cols = ("copies", "pack", "threads", "chunk_mb", "buffers", "base_gb_s", "demand_ms", "demand_gb_s", "layer_ms_p50", "layer_ms_max",
-            "all_resident_ms", "reads_gb_s")
+            "burst_cpus", "all_resident_ms", "reads_gb_s")
     print("".join(f"{c:>15}" for c in cols))
     for r in res["demand"]:
         print("".join(f"{r[c]!s:>15}" for c in cols))
