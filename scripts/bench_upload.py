@@ -152,6 +152,60 @@ class _NoCopies:
         pass
 
 
+def _add(acc: dict, name: str, seconds: float) -> None:
+    """acc[thread][name] += seconds (each thread its own dict: no update lost between threads)."""
+    mine = acc.setdefault(threading.get_ident(), {})
+    mine[name] = mine.get(name, 0.0) + seconds
+
+
+class _Timed:
+    """The device (or its --copies none stand-in) with each call the upload workers make timed:
+    seconds per call kind, summed over threads, into `acc` (each includes getting the GIL back)."""
+
+    CALLS = ("htod", "launch", "record", "wait_event", "sync")
+
+    def __init__(self, dev, acc: dict):
+        self._dev, self._acc = dev, acc
+
+    def __getattr__(self, name):
+        fn = getattr(self._dev, name)
+        if name not in self.CALLS:
+            return fn
+        acc = self._acc
+
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                _add(acc, name, time.perf_counter() - t)
+        return timed
+
+    def kernel(self, name):
+        k = self._dev.kernel(name)
+        return k if k is self._dev else _Timed(k, self._acc)
+
+
+@contextlib.contextmanager
+def _timed_reads(acc: dict):
+    """WeightStream's reads from the file timed into acc["read"] (the call and the GIL after it)."""
+    from reflex_runtime.gpu import residency
+
+    real = residency.read_chunk
+
+    def timed(*args):
+        t = time.perf_counter()
+        try:
+            return real(*args)
+        finally:
+            _add(acc, "read", time.perf_counter() - t)
+    residency.read_chunk = timed
+    try:
+        yield
+    finally:
+        residency.read_chunk = real
+
+
 @contextlib.contextmanager
 def _no_reads(on: bool):
     """--copies noread: WeightStream's reads from the file left out (the staging buffers keep
@@ -169,26 +223,38 @@ def _no_reads(on: bool):
 
 def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked: int, seed: int = 0) -> dict:
     """A first forward's uploads without the forward: the base, then `asked` random experts of each
-    MoE layer in order (each ensure() timed), then the rest; the figures WeightStream records."""
+    MoE layer in order (each ensure() timed), then the rest; the figures WeightStream records, and
+    where the workers' time went during the bursts (ms per layer, summed over the workers: reads
+    and each driver call, each with the wait for the GIL after it; "other" is the rest: Python,
+    the lock, idle)."""
     import random
     import statistics
 
     from reflex_runtime.gpu.residency import WeightStream, plan_upload
 
     plan = plan_upload(g)
+    acc: dict = {}
     ring = StagingRing(dev, threads, chunk, buffers, pin="alloc")
-    ws = WeightStream(dev, ring, g.path, g.data_offset, dst, plan)
-    ws.load_base()
-    rng, waits, nbytes, cpu = random.Random(seed), [], 0, 0.0
-    for il in sorted(plan.experts):
-        pick = rng.sample(range(plan.n_expert[il]), min(asked, plan.n_expert[il]))
-        c, t = time.process_time(), time.perf_counter()
-        ws.ensure(il, pick)
-        waits.append(time.perf_counter() - t)
-        cpu += time.process_time() - c
-        nbytes += len(pick) * plan.expert_bytes(il)
-    ws.wait_all()
-    ws.join(10)
+    ws = WeightStream(_Timed(dev, acc), ring, g.path, g.data_offset, dst, plan)
+    with _timed_reads(acc):
+        ws.load_base()
+        acc.clear()
+        rng, waits, nbytes, cpu = random.Random(seed), [], 0, 0.0
+        for il in sorted(plan.experts):
+            pick = rng.sample(range(plan.n_expert[il]), min(asked, plan.n_expert[il]))
+            c, t = time.process_time(), time.perf_counter()
+            ws.ensure(il, pick)
+            waits.append(time.perf_counter() - t)
+            cpu += time.process_time() - c
+            nbytes += len(pick) * plan.expert_bytes(il)
+        spent: dict = {}
+        for mine in list(acc.values()):
+            for k, v in mine.items():
+                spent[k] = spent.get(k, 0.0) + v
+        ws.wait_all()
+        ws.join(10)
+    per_layer = {k: round(v * 1000 / len(waits), 3) for k, v in sorted(spent.items())}
+    per_layer["other"] = round(threads * sum(waits) * 1000 / len(waits) - sum(per_layer.values()), 3)
     ring.free(dev)
     reads = demand_reads(dev, g, plan, threads, asked, seed)
     s = ws.stats
@@ -197,7 +263,7 @@ def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked:
             "demand_ms": round(sum(waits) * 1000, 3), "demand_gb_s": gb_s(nbytes, sum(waits)),
             "layer_ms_p50": round(statistics.median(waits) * 1000, 3), "layer_ms_max": round(max(waits) * 1000, 3),
             # CPU seconds of the whole process per second of the bursts: the cores kept busy
-            "burst_cpus": round(cpu / max(sum(waits), 1e-9), 2),
+            "burst_cpus": round(cpu / max(sum(waits), 1e-9), 2), "workers_ms_per_layer": per_layer,
             "all_resident_ms": s.get("all_resident_ms"), "reads_ms": round(reads * 1000, 3),
             "reads_gb_s": gb_s(nbytes, reads)}
 
