@@ -12,9 +12,10 @@ Decode graphs are captured only once every expert is resident (gpu/runner.py); u
 step runs eagerly through the same on-demand checks. REFLEX_EXPERTS_ON_DEMAND=0 uploads the
 whole file first, as dense models always do.
 
-Bytes land through the same per-thread pinned staging buffers and streams as gpu/upload.py; a
-chunk counts as landed once its copy is known to be done (its buffer's event waited, or its
-stream synchronized), so a kernel queued after ensure() returns reads complete weights.
+Bytes land through the same per-thread pinned staging buffers and streams as gpu/upload.py. A
+worker takes a share of the queue at once (of a burst, an even part among the workers), copies
+it, synchronizes its stream and lands the share: a kernel queued after ensure() returns reads
+complete weights, and a layer's burst costs each worker one take and one landing under the lock.
 
 Packs: a worker takes as many queued chunks as fit in one staging buffer, reads them in one after
 another, copies the buffer to its device scratch in one copy, and kernels/scatter.cu puts each
