@@ -362,8 +362,8 @@ def net_agreement(rows: list[dict]) -> dict | None:
 
 
 # the record's upload figures (gpu/runner.py, gpu/residency.py): what the first token waited for
-UPLOAD_FIELDS = ("weights_bytes", "upload_ms", "upload_gb_s", "upload_threads", "base_bytes", "base_loaded_bytes",
-                 "resident_bytes_at_release",
+UPLOAD_FIELDS = ("weights_bytes", "upload_ms", "upload_gb_s", "upload_threads", "upload_chunk_mb", "base_bytes",
+                 "base_loaded_bytes", "resident_bytes_at_release",
                  "released_after_ms", "demand_waits", "demand_bytes", "demand_wait_ms", "demand_gb_s", "base_wait_ms",
                  "all_resident_ms")
 

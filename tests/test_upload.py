@@ -109,12 +109,14 @@ def test_a_file_shorter_than_its_directory_says_is_a_model_file_error(tmp_path):
 def test_the_ring_takes_its_size_from_the_environment(monkeypatch):
     """REFLEX_UPLOAD_THREADS / REFLEX_UPLOAD_CHUNK_MB for measuring other rings on the cold path;
     nonsense falls back to the defaults."""
-    from reflex_runtime.gpu.upload import CHUNK, default_chunk, default_threads
+    from reflex_runtime.gpu.upload import CHUNK, CHUNK_ON_DEMAND, default_chunk, default_threads
+
+    assert default_chunk() == CHUNK < default_chunk(on_demand=True) == CHUNK_ON_DEMAND  # bigger packs of experts
 
     monkeypatch.setenv("REFLEX_UPLOAD_THREADS", "16")
     monkeypatch.setenv("REFLEX_UPLOAD_CHUNK_MB", "8")
-    assert (default_threads(), default_chunk()) == (16, 8 << 20)
+    assert (default_threads(), default_chunk(), default_chunk(on_demand=True)) == (16, 8 << 20, 8 << 20)
     for bad in ("0", "-3", "x", "", "1000"):
         monkeypatch.setenv("REFLEX_UPLOAD_THREADS", bad)
         monkeypatch.setenv("REFLEX_UPLOAD_CHUNK_MB", bad)
-        assert 1 <= default_threads() <= 64 and default_chunk() == CHUNK
+        assert 1 <= default_threads() <= 64 and default_chunk() == CHUNK and default_chunk(True) == CHUNK_ON_DEMAND

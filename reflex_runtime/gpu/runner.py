@@ -166,11 +166,11 @@ class CudaRunner:
             t = tl.elapsed()
             self._fit(dev)
             base = dev.alloc(self.model.arena_bytes)
-            ring = StagingRing(dev, default_threads(), default_chunk())
+            plan = plan_upload(self.gguf) if on_demand_enabled() else None
+            ring = StagingRing(dev, default_threads(), default_chunk(on_demand=plan is not None))
             tl.span("device_alloc", t, tl.elapsed())
             t = tl.elapsed()
             dst = base + self.model.arena.offsets["weights"]
-            plan = plan_upload(self.gguf) if on_demand_enabled() else None
             if plan is None:  # dense: the whole region in file order
                 upload_file_range(dev, ring, self.gguf.path, self.gguf.data_offset, self.model.weights_bytes, dst)
             else:  # the routed experts on demand, then behind the first forward (gpu/residency.py)
@@ -181,7 +181,7 @@ class CudaRunner:
             up = self.model.weights_bytes if plan is None else self._weights.stats["base_loaded_bytes"]
             self.upload_stats = {"weights_bytes": self.model.weights_bytes, "upload_ms": round((t_end - t) * 1000, 3),
                                  "upload_gb_s": round(up / max(t_end - t, 1e-9) / 1e9, 2),
-                                 "upload_threads": ring.n_threads}
+                                 "upload_threads": ring.n_threads, "upload_chunk_mb": ring.chunk / (1 << 20)}
             self.stream = self.boot.stream
             self.launch = Launcher(dev, self.stream)
             self.model.bind(base, self.launch)
