@@ -187,38 +187,35 @@ class _Timed:
 
 
 @contextlib.contextmanager
+def _reads(wrap):
+    """WeightStream's reads from the file replaced by wrap(the reads in place) for the block."""
+    from reflex_runtime.gpu import residency
+
+    real = residency.read_chunk
+    residency.read_chunk = wrap(real)
+    try:
+        yield
+    finally:
+        residency.read_chunk = real
+
+
 def _timed_reads(acc: dict):
-    """WeightStream's reads from the file timed into acc["read"] (the call and the GIL after it)."""
-    from reflex_runtime.gpu import residency
-
-    real = residency.read_chunk
-
-    def timed(*args):
-        t = time.perf_counter()
-        try:
-            return real(*args)
-        finally:
-            _add(acc, "read", time.perf_counter() - t)
-    residency.read_chunk = timed
-    try:
-        yield
-    finally:
-        residency.read_chunk = real
+    """The reads timed into acc["read"] (the call and the GIL after it)."""
+    def wrap(real):
+        def timed(*args):
+            t = time.perf_counter()
+            try:
+                return real(*args)
+            finally:
+                _add(acc, "read", time.perf_counter() - t)
+        return timed
+    return _reads(wrap)
 
 
-@contextlib.contextmanager
 def _no_reads(on: bool):
-    """--copies noread: WeightStream's reads from the file left out (the staging buffers keep
-    whatever they held), its copies and kernels kept."""
-    from reflex_runtime.gpu import residency
-
-    real = residency.read_chunk
-    if on:
-        residency.read_chunk = lambda fd, view, size, offset, path: None
-    try:
-        yield
-    finally:
-        residency.read_chunk = real
+    """--copies noread: the reads left out (the staging buffers keep whatever they held), the
+    copies and kernels kept."""
+    return _reads(lambda real: (lambda fd, view, size, offset, path: None) if on else real)
 
 
 def demand_rate(dev, g, dst: int, threads: int, chunk: int, buffers: int, asked: int, seed: int = 0) -> dict:

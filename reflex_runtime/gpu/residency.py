@@ -396,8 +396,7 @@ class WeightStream:
         bursts to 10 GB/s with no device copy at all, results/2026-12-02-h200-s11); of the rest,
         one pack per staging buffer, so an ask waits for at most that much."""
         if urgent:
-            n = max(1, -(-len(queue) // self.ring.n_threads), self._burst_share)
-            self._burst_share = n
+            n = self._burst_share = max(-(-len(queue) // self.ring.n_threads), self._burst_share)
         else:
             n = self.ring.per_thread
         packs, taken = [], 0
@@ -409,14 +408,14 @@ class WeightStream:
         return packs
 
     def _take(self):
-        """(under the lock) The next share of chunks (packs), with whether they are urgent; a
-        float: nothing now, wait at most that long (None: until notified); False: stop."""
+        """(under the lock) The next share of chunks (a list of packs); a float: nothing now, wait
+        at most that long (None: until notified); False: stop."""
         if self.error is not None:
             return False
         if self._urgent:
-            return self._share(self._urgent, True), True
+            return self._share(self._urgent, True)
         if self._base_rest:
-            return self._share(self._base_rest, False), False
+            return self._share(self._base_rest, False)
         if not self._released and BASE in self._resident and not self._hot:  # nobody waits: idle
             idle = time.monotonic() - self._last_ask
             if idle <= IDLE_RELEASE_S:
@@ -428,7 +427,7 @@ class WeightStream:
                 self._queue(self._runs(il, [e for e in range(self.plan.n_expert[il]) if (il, e) not in self._left]),
                             self._background)
             if self._background:
-                return self._share(self._background, False), False
+                return self._share(self._background, False)
         return False if self.complete else None
 
     def _land(self, chunks) -> None:
@@ -478,7 +477,7 @@ class WeightStream:
                         continue
                 if got is False:
                     break
-                packs, done = got[0], []
+                packs, done = got, []
                 in_buffer: list = [None] * ring.per_thread  # the chunks whose copy out of buffer b may be in flight
                 for pieces in packs:
                     b = k % ring.per_thread

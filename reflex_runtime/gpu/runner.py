@@ -163,10 +163,10 @@ class CudaRunner:
                 self.error = self.boot.error
                 return
             tl = self.tl
+            plan = plan_upload(self.gguf) if on_demand_enabled() else None  # its ring stages bigger packs
             t = tl.elapsed()
             self._fit(dev)
             base = dev.alloc(self.model.arena_bytes)
-            plan = plan_upload(self.gguf) if on_demand_enabled() else None
             ring = StagingRing(dev, default_threads(), default_chunk(on_demand=plan is not None))
             tl.span("device_alloc", t, tl.elapsed())
             t = tl.elapsed()
