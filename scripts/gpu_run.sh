@@ -33,7 +33,8 @@
 #              first (REFLEX_EXPERTS_ON_DEMAND=0) and llama-simple, COLD_RUNS interleaved (default 5), warm page
 #              cache, and dropped for COLD_DROPPED (default the 30B-A3B); cold_first_token_s rows in compare.json;
 #              more cases in COLD_MOE_VARIANTS (e.g. "ring16x8:REFLEX_UPLOAD_THREADS=16,REFLEX_UPLOAD_CHUNK_MB=8");
-#              COLD_CACHE=warm|cold|warm,cold overrides the page-cache states for every file
+#              COLD_CACHE=warm|cold|warm,cold overrides the page-cache states for every file;
+#              COLD_MOE_OLD=1 adds .gpu/old (gpu_bundle.sh --old REV) as one more case, interleaved
 #              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm (carry .vocab; one big file on disk at a time)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
@@ -297,6 +298,7 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
     cache=warm; [ "$n" = "${COLD_DROPPED:-qwen3moe-30b-a3b-48l-q8_0}" ] && cache=warm,cold
     cache=${COLD_CACHE:-$cache}  # e.g. COLD_CACHE=cold: the dropped runs alone, in a call of their own
     variants=(--variant "whole:REFLEX_EXPERTS_ON_DEMAND=0"); for v in ${COLD_MOE_VARIANTS:-}; do variants+=(--variant "$v"); done
+    [ -n "${COLD_MOE_OLD:-}" ] && [ -d .gpu/old ] && variants+=(--tree "old=$PWD/.gpu/old:$PWD/.gpu/old/_kernels")
     timeout ${COLD_TIMEOUT:-420} python3 scripts/bench_coldstart.py --model $f --runs ${COLD_RUNS:-5} --cache $cache \
       "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
       --compare-out "$W/compare.json" 2>&1 | tee "$W/cold-$n.log" | grep -v "^  run \|^  untimed" | tee -a "$W/steps.txt"

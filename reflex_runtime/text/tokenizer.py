@@ -21,7 +21,7 @@ weights upload). No numpy here.
 from __future__ import annotations
 
 import codecs
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ModelFileError, RequestError, UnsupportedModelError
 from ..modelfile.gguf_file import printable
@@ -148,20 +148,6 @@ class Tokenizer:
             chat_template=template if isinstance(template, str) else None,
         )
 
-    def export_tables(self) -> dict:
-        """The lookup tables prepare() builds, for modelcache.py to keep between processes."""
-        self.prepare()
-        return {"token_ids": self._token_ids, "ranks": self._ranks}
-
-    def adopt_tables(self, tables: dict) -> "Tokenizer":
-        """Use tables saved by export_tables() for this same vocabulary (checked by size)."""
-        ids, ranks = tables.get("token_ids"), tables.get("ranks")
-        if isinstance(ids, dict) and len(ids) <= len(self._tokens):
-            self._token_ids = ids
-        if isinstance(ranks, dict) and self._merges is not None and len(ranks) <= len(self._merges):
-            self._ranks = ranks
-        return self
-
     def prepare(self) -> "Tokenizer":
         """Build every lookup table now instead of on first encode. Safe to run in a thread."""
         self._ids()
@@ -265,7 +251,7 @@ class Tokenizer:
         # Built back to front so that a repeated merge keeps its first rank, as in llama.cpp.
         if self._ranks is None:
             n = len(self._merges)
-            self._ranks = dict(zip(reversed(self._merges), range(n - 1, -1, -1)))
+            self._ranks = _sliced_dict(self._merges[::-1], range(n - 1, -1, -1))
         return self._ranks
 
     def _splitter(self):
@@ -381,7 +367,7 @@ class Tokenizer:
     def _ids(self) -> dict[str, int]:
         if self._token_ids is None:
             # Later duplicates win, as in llama.cpp.
-            self._token_ids = dict(zip(self._tokens, range(len(self._tokens))))
+            self._token_ids = _sliced_dict(self._tokens, range(len(self._tokens)))
         return self._token_ids
 
     def _special_tokens(self, parse_special: bool) -> SpecialTokens:
@@ -466,3 +452,15 @@ def _token_id(metadata: Mapping[str, Any], key: str, n: int, default: int | None
 def _flag(metadata: Mapping[str, Any], key: str, default: bool) -> bool:
     value = metadata.get(key)
     return value if isinstance(value, bool) else default
+
+
+_SLICE = 8192  # items per C call below: another thread (the GPU's bring-up) waits at most ~1 ms
+
+
+def _sliced_dict(keys: Sequence, values: Sequence) -> dict:
+    """dict(zip(keys, values)), later duplicates winning, built a slice at a time: one call over a
+    248k-token vocabulary holds the GIL for ~0.1 s on the cold path."""
+    out: dict = {}
+    for i in range(0, len(keys), _SLICE):
+        out.update(zip(keys[i:i + _SLICE], values[i:i + _SLICE]))
+    return out
