@@ -41,6 +41,9 @@ while [ $# -gt 0 ]; do
       # the old tree's kernels by the old tree's own build script (this one may expect another layout)
       python3 /tmp/reflex-old/scripts/build_kernels.py --archs 90 --out "$PWD/$B/old/_kernels" | tail -1
       cp -r /tmp/reflex-old/reflex_runtime $B/old/ && rm -rf $B/old/reflex_runtime/_kernels
+      # the same kernels as this tree: leave them out (10 MB of the carry); gpu_run.sh uses this tree's
+      cmp -s $B/old/_kernels/reflex.fatbin reflex_runtime/_kernels/reflex.fatbin && rm -rf $B/old/_kernels \
+        && echo "--old $rev: the same fatbin as this tree, not carried twice"
       echo "$rev" > $B/old/REV
       git worktree remove --force /tmp/reflex-old ;;
     --smol)  # the real SmolLM2's 93 MB wheel in two parts, for two calls in a row (gpu_run.sh header)

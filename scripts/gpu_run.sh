@@ -154,7 +154,7 @@ print(json.dumps({"tree": sys.argv[2], **decode_rate(e, 128, 5)}), flush=True)
 PY
   for r in 1 2 3; do
     timeout 90 python3 /tmp/decode_rate.py $Q8 new >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
-    PYTHONPATH=$PWD/.gpu/old:/tmp/site REFLEX_KERNELS_DIR=$PWD/.gpu/old/_kernels timeout 90 python3 /tmp/decode_rate.py $Q8 old \
+    PYTHONPATH=$PWD/.gpu/old:/tmp/site REFLEX_KERNELS_DIR=$OLD_KERNELS timeout 90 python3 /tmp/decode_rate.py $Q8 old \
       >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
   done
   python3 -c "
@@ -164,10 +164,12 @@ m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t) for t in ('
 print(f\"decode_ab Q8_0 0.6B: new {m['new']:.1f} tok/s, old {m['old']:.1f} tok/s, new/old {m['new'] / m['old']:.4f}\")" \
     | tee -a "$W/steps.txt"
 fi
+# the old tree's fatbin, or this tree's when gpu_bundle.sh --old left it out (the same kernels)
+OLD_KERNELS=$PWD/.gpu/old/_kernels; [ -d $OLD_KERNELS ] || OLD_KERNELS=$PWD/reflex_runtime/_kernels
 if has coldstart_ab && [ -d .gpu/old ]; then  # cold start of this tree and .gpu/old, interleaved, RUNS each
   step "coldstart_ab (old = $(cat .gpu/old/REV))"
   timeout ${COLD_TIMEOUT:-300} python3 scripts/bench_coldstart.py --model $Q8 --runs ${RUNS:-10} --cache warm \
-    --tree new=$PWD --tree old=$PWD/.gpu/old:$PWD/.gpu/old/_kernels --out "$W/coldstart-ab" 2>&1 \
+    --tree new=$PWD --tree old=$PWD/.gpu/old:$OLD_KERNELS --out "$W/coldstart-ab" 2>&1 \
     | tee "$W/coldstart-ab.log" | grep -v "^  run \|^    child\|^  untimed" | tee -a "$W/steps.txt"
 fi
 if has serve_ab && [ -d .gpu/old ]; then  # one client against reflex serve, this tree (--parallel 64) vs .gpu/old, interleaved
@@ -177,7 +179,7 @@ if has serve_ab && [ -d .gpu/old ]; then  # one client against reflex serve, thi
     timeout 120 python3 scripts/bench_serve.py --model $Q8 --clients 1 --parallel 64 --runs 3 --targets reflex \
       --log-dir "$W/serve-ab-new-$r" --out "$W/serve-ab-new-$r.json" >> "$W/serve-ab.log" 2>&1
     # from inside the old tree: `python -m` puts the working directory first on the server's path
-    (cd .gpu/old && REFLEX_KERNELS_DIR=$PWD/_kernels timeout 120 python3 scripts/bench_serve.py --model $Q8 --clients 1 \
+    (cd .gpu/old && REFLEX_KERNELS_DIR=$OLD_KERNELS timeout 120 python3 scripts/bench_serve.py --model $Q8 --clients 1 \
       --runs 3 --targets reflex --log-dir "$AW/serve-ab-old-$r" --out "$AW/serve-ab-old-$r.json" >> "$AW/serve-ab.log" 2>&1)
   done
   python3 - "$W" <<'PY' | tee -a "$W/steps.txt"
@@ -298,7 +300,7 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
     cache=warm; [ "$n" = "${COLD_DROPPED:-qwen3moe-30b-a3b-48l-q8_0}" ] && cache=warm,cold
     cache=${COLD_CACHE:-$cache}  # e.g. COLD_CACHE=cold: the dropped runs alone, in a call of their own
     variants=(--variant "whole:REFLEX_EXPERTS_ON_DEMAND=0"); for v in ${COLD_MOE_VARIANTS:-}; do variants+=(--variant "$v"); done
-    [ -n "${COLD_MOE_OLD:-}" ] && [ -d .gpu/old ] && variants+=(--tree "old=$PWD/.gpu/old:$PWD/.gpu/old/_kernels")
+    [ -n "${COLD_MOE_OLD:-}" ] && [ -d .gpu/old ] && variants+=(--tree "old=$PWD/.gpu/old:$OLD_KERNELS")
     timeout ${COLD_TIMEOUT:-420} python3 scripts/bench_coldstart.py --model $f --runs ${COLD_RUNS:-5} --cache $cache \
       "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
       --compare-out "$W/compare.json" 2>&1 | tee "$W/cold-$n.log" | grep -v "^  run \|^  untimed" | tee -a "$W/steps.txt"
