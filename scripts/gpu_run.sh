@@ -300,7 +300,8 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
     cache=warm; [ "$n" = "${COLD_DROPPED:-qwen3moe-30b-a3b-48l-q8_0}" ] && cache=warm,cold
     cache=${COLD_CACHE:-$cache}  # e.g. COLD_CACHE=cold: the dropped runs alone, in a call of their own
     variants=(--variant "whole:REFLEX_EXPERTS_ON_DEMAND=0"); for v in ${COLD_MOE_VARIANTS:-}; do variants+=(--variant "$v"); done
-    [ -n "${COLD_MOE_OLD:-}" ] && [ -d .gpu/old ] && variants+=(--tree "old=$PWD/.gpu/old:$OLD_KERNELS")
+    # both trees through the same launcher (bench_coldstart.py tree_cmd): it differs from `python -m`
+    [ -n "${COLD_MOE_OLD:-}" ] && [ -d .gpu/old ] && variants+=(--tree "new=$PWD" --tree "old=$PWD/.gpu/old:$OLD_KERNELS")
     timeout ${COLD_TIMEOUT:-420} python3 scripts/bench_coldstart.py --model $f --runs ${COLD_RUNS:-5} --cache $cache \
       "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
       --compare-out "$W/compare.json" 2>&1 | tee "$W/cold-$n.log" | grep -v "^  run \|^  untimed" | tee -a "$W/steps.txt"
