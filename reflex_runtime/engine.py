@@ -215,7 +215,7 @@ class Engine:
             return False
         from .modelfile import modelcache
 
-        self.index_cached = modelcache.save(self.gguf.path, self.gguf)
+        self.index_cached = modelcache.save(self.gguf.path, self.gguf, self.tokenizer)
         return self.index_cached
 
     # -- prompts ---------------------------------------------------------------------------

@@ -161,6 +161,8 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, kv
     from .text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(gguf)
+    if index:
+        tokenizer.adopt_tables(index.get("tokenizer") or {})
     tokenizer.prepare()  # build the lookup tables now, while the weights stream to the GPU
     tl.mark("tokenizer")
 

@@ -10,7 +10,7 @@ import pytest
 
 from reflex_runtime.modelfile import modelcache
 from reflex_runtime.modelfile.gguf_file import GGUFFile
-from reflex_runtime.text.tokenizer import Tokenizer, _sliced_dict
+from reflex_runtime.text.tokenizer import Tokenizer
 
 
 @pytest.fixture()
@@ -35,7 +35,7 @@ def _index_file(tmp_path):
 def test_round_trip_gives_the_parsed_file(vocab):
     parsed = GGUFFile(vocab)
     assert modelcache.load(vocab) is None
-    assert modelcache.save(vocab, parsed)
+    assert modelcache.save(vocab, parsed, Tokenizer.from_gguf(parsed))
     index = modelcache.load(vocab)
     restored = GGUFFile(vocab, index=index["gguf"])
     assert restored.from_index
@@ -44,11 +44,14 @@ def test_round_trip_gives_the_parsed_file(vocab):
     assert (restored.version, restored.alignment, restored.data_offset) == (parsed.version, parsed.alignment,
                                                                             parsed.data_offset)
     text = "Hello world, 你好 — it's 2026!\n\tdef f(x): return x**2"
-    assert Tokenizer.from_gguf(restored).encode(text) == Tokenizer.from_gguf(parsed).encode(text)
+    fast = Tokenizer.from_gguf(restored).adopt_tables(index["tokenizer"])
+    assert fast.encode(text) == Tokenizer.from_gguf(parsed).encode(text)
+    assert type(fast._token_ids).__name__ == type(fast._ranks).__name__ == "SortedLookup"  # no dict built
 
 
 def test_no_slice_holds_more_than_a_piece(vocab, tmp_path):
-    modelcache.save(vocab, GGUFFile(vocab))
+    g = GGUFFile(vocab)
+    modelcache.save(vocab, g, Tokenizer.from_gguf(g))
     data = memoryview(_index_file(tmp_path).read_bytes())
     assert data[:len(modelcache.MAGIC)] == modelcache.MAGIC
     at = len(modelcache.MAGIC) + modelcache._HEAD
@@ -73,7 +76,7 @@ def test_no_slice_holds_more_than_a_piece(vocab, tmp_path):
 @pytest.mark.parametrize("damage", ["stale", "format1", "truncated", "garbage", "empty"])
 def test_a_stale_old_or_damaged_index_is_ignored(vocab, tmp_path, damage):
     g = GGUFFile(vocab)
-    modelcache.save(vocab, g)
+    modelcache.save(vocab, g, Tokenizer.from_gguf(g))
     f = _index_file(tmp_path)
     if damage == "stale":  # the model file changed after the index was written
         st = os.stat(vocab)
@@ -106,13 +109,3 @@ def test_split_and_join_keep_order_and_nesting(n):
     assert modelcache._join(skeleton, modelcache._Slices(blob, 0, [len(s) for s in slices])) == payload
     assert list(modelcache._join(skeleton, modelcache._Slices(blob, 0, [len(s) for s in slices]))["dict"]) == \
         list(payload["dict"])
-
-
-@pytest.mark.parametrize("n", [0, 5, 8191, 8192, 8193, 20_000])
-def test_sliced_dict_is_dict_of_zip(n):
-    """Duplicate keys on both sides of slice boundaries: the later one wins, as in dict(zip())."""
-    rng = random.Random(n)
-    keys = [f"k{rng.randrange(max(n // 3, 1))}" for _ in range(n)]
-    assert _sliced_dict(keys, range(n)) == dict(zip(keys, range(n)))
-    rev = keys[::-1]
-    assert _sliced_dict(rev, range(n - 1, -1, -1)) == dict(zip(reversed(keys), range(n - 1, -1, -1)))

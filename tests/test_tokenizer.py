@@ -23,6 +23,8 @@ import pytest
 from reflex_runtime.errors import ModelFileError, RequestError, UnsupportedModelError
 from reflex_runtime.modelfile.gguf_file import GGUFFile
 from reflex_runtime.text.merges import _bpe_heap, _bpe_scan
+from reflex_runtime.text import tokenizer as tokenizer_module
+from reflex_runtime.text.lookup import SortedLookup
 from reflex_runtime.text.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,10 +189,18 @@ def test_corpus_is_nfc_stable():
 # -- llama.cpp vectors ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("tables", ["dicts", "sorted"])
 @pytest.mark.parametrize("name", VOCAB_TESTS)
-def test_llama_cpp_vocab_vectors(llama_models, name):
+def test_llama_cpp_vocab_vectors(llama_models, name, tables, monkeypatch):
+    """Both forms of the lookup tables: dicts, and the model index's sorted orders (text/lookup.py)
+    kept for every vector (in use, a cold start's first prompts)."""
+    monkeypatch.setattr(tokenizer_module, "DICTS_AFTER_CHARS", 1 << 40)
     with GGUFFile(llama_models / f"ggml-vocab-{name}.gguf") as gguf_file:
         tokenizer = Tokenizer.from_gguf(gguf_file)
+        if tables == "sorted":
+            tokenizer.adopt_tables(Tokenizer.from_gguf(gguf_file).export_tables()).prepare()
+            assert type(tokenizer._token_ids) is SortedLookup
+            assert tokenizer._is_spm or type(tokenizer._ranks) is SortedLookup
         vectors = _read_vectors(llama_models, name)
         assert len(vectors) >= 46
         mismatches = [
@@ -201,6 +211,32 @@ def test_llama_cpp_vocab_vectors(llama_models, name):
         assert mismatches == []
         for text, expected in vectors:
             assert tokenizer.decode(expected) == text
+        if tables == "sorted":
+            assert type(tokenizer._token_ids) is SortedLookup  # never switched to dicts here
+
+
+def test_sorted_tables_become_dicts_after_enough_text(llama_models, monkeypatch):
+    monkeypatch.setattr(tokenizer_module, "DICTS_AFTER_CHARS", 300)
+    with GGUFFile(llama_models / "ggml-vocab-qwen2.gguf") as gguf_file:
+        plain = Tokenizer.from_gguf(gguf_file)
+        tokenizer = Tokenizer.from_gguf(gguf_file).adopt_tables(plain.export_tables())
+        vectors = _read_vectors(llama_models, "qwen2")
+        kinds = []
+        for text, expected in vectors:
+            assert tokenizer.encode(text, add_special=False, parse_special=False) == expected
+            kinds.append(type(tokenizer._ranks))
+        assert kinds[0] is SortedLookup and kinds[-1] is dict
+
+
+def test_an_order_that_does_not_fit_is_ignored(llama_models):
+    with GGUFFile(llama_models / "ggml-vocab-qwen2.gguf") as gguf_file:
+        plain = Tokenizer.from_gguf(gguf_file)
+        tables = plain.export_tables()
+        wrong = {"ids_order": tables["ids_order"][:-4], "ranks_order": tables["ranks_order"][::-1]}
+        tokenizer = Tokenizer.from_gguf(gguf_file).adopt_tables(wrong)
+        text = "Hello world, it's 2026"
+        assert tokenizer.encode(text) == plain.encode(text)
+        assert type(tokenizer._token_ids) is dict and type(tokenizer._ranks) is dict
 
 
 def test_llama_spm_adds_bos_and_leading_space(llama_models):

@@ -1,4 +1,4 @@
-"""A per-model index cache: the parsed GGUF header, marshalled.
+"""A per-model index cache: the parsed GGUF header and the tokenizer's sorted orders, marshalled.
 
 Parsing a GGUF with a 151k-token vocabulary creates ~300k Python objects; `marshal.loads` of the
 same structures is quicker. The index is keyed by the file's absolute path, size and mtime (a
@@ -11,8 +11,9 @@ PIECE items is stored as several marshalled slices. `marshal.loads` holds the GI
 call, and the cold path's other threads need the GIL back after every driver call and read: CUDA's
 context came up 0.1-0.2 s late behind a single loads of a 248k-token vocabulary (0.2-0.35 s).
 Slices keep each hold near a millisecond. The tokenizer's dictionaries are not kept (format 1
-kept them): building them from the loaded token list costs about what loading them did, and
-Tokenizer.prepare() builds them a slice at a time too.
+kept them: loading a dict hashes every key, as building it does); the sorted orders of its token
+texts and merges are (array bytes: one copy to load), so the first requests look tokens up by
+bisection and no dict is built on the cold path (text/lookup.py).
 """
 
 from __future__ import annotations
@@ -102,14 +103,14 @@ def _join(obj, slices: _Slices):
     return obj
 
 
-def save(path: str, gguf) -> bool:
+def save(path: str, gguf, tokenizer) -> bool:
     """Write the index for this file (atomically). False when it cannot be written."""
     if os.environ.get("REFLEX_NO_INDEX") == "1":
         return False
     try:
         name, ident = _key(path)
         slices: list[bytes] = []
-        skeleton = _split({"gguf": export_gguf(gguf)}, slices)
+        skeleton = _split({"gguf": export_gguf(gguf), "tokenizer": tokenizer.export_tables()}, slices)
         head = marshal.dumps({"ident": ident, "skeleton": skeleton, "slices": [len(b) for b in slices]}, 4)
         d = index_dir()
         d.mkdir(parents=True, exist_ok=True)

@@ -15,16 +15,19 @@ parse_special is set, USER_DEFINED tokens always, longest token text first (llam
 Cold path: construction only reads scalars and keeps references to the metadata arrays. The big
 lookup tables (token -> id, merge -> rank, special-token index) are built on first use, which is
 the first encode of every cold request; `prepare()` builds them ahead (e.g. from a thread while
-weights upload). No numpy here.
+weights upload). With the sorted orders of a model index (`adopt_tables()`), token -> id and
+merge -> rank start as bisection over sorted references (lookup.py: no hashing on the cold path)
+and become dicts after DICTS_AFTER_CHARS of encoded text. No numpy here.
 """
 
 from __future__ import annotations
 
 import codecs
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from ..errors import ModelFileError, RequestError, UnsupportedModelError
 from ..modelfile.gguf_file import printable
+from .lookup import SortedLookup, first_wins, last_wins, sorted_order
 from .merges import bpe_merge, spm_merge
 from .pretokenize import (ADD_BOS_DEFAULT, FROM_BYTE_CHARS, IGNORE_MERGES, PATTERNS, TO_BYTE_CHARS, SpecialTokens,
                           ids_of_types, splitter)
@@ -43,6 +46,10 @@ END_TEXTS = frozenset({
 })
 
 _WORD_CACHE_LIMIT = 1 << 16  # BPE results kept per distinct pre-tokenizer piece
+# Text encoded through sorted lookups (~20x a dict's cost per lookup) before the dicts are built
+# (~0.1-0.2 s): a cold start's first short prompts never build them, a long prompt or a busy
+# server soon does, after ~10-40 ms of slower lookups.
+DICTS_AFTER_CHARS = 4096
 
 
 class Tokenizer:
@@ -65,8 +72,10 @@ class Tokenizer:
         self._is_spm = model == "llama"
         self._ignore_merges = model == "gpt2" and pre in IGNORE_MERGES
         # Built on first use (see prepare()).
-        self._token_ids: dict[str, int] | None = None
-        self._ranks: dict[str, int] | None = None
+        self._token_ids: dict[str, int] | SortedLookup | None = None
+        self._ranks: dict[str, int] | SortedLookup | None = None
+        self._orders: dict | None = None  # adopt_tables(): sorted orders from the model index
+        self._sorted_chars = 0  # text encoded through SortedLookups (see DICTS_AFTER_CHARS)
         self._special_ids: list[int] | None = None  # CONTROL, UNKNOWN and USER_DEFINED ids
         self._specials: dict[bool, SpecialTokens] = {}  # by parse_special
         self._stop_ids: frozenset[int] | None = None
@@ -148,6 +157,21 @@ class Tokenizer:
             chat_template=template if isinstance(template, str) else None,
         )
 
+    def export_tables(self) -> dict:
+        """What the model index keeps (modelcache.py) for adopt_tables(): the sorted orders of the
+        token texts and merges (lookup.sorted_order; ~0.3 s, never on the cold path)."""
+        out = {"ids_order": sorted_order(self._tokens, last=True)}
+        if self._merges is not None and not self._is_spm:
+            out["ranks_order"] = sorted_order(self._merges, last=False)
+        return out
+
+    def adopt_tables(self, tables: dict) -> "Tokenizer":
+        """Use export_tables()'s orders from an index of this same file: the first lookups bisect
+        instead of waiting for the dicts. Orders that do not fit are ignored (dicts are built)."""
+        if isinstance(tables, dict) and isinstance(tables.get("ids_order"), bytes):
+            self._orders = tables
+        return self
+
     def prepare(self) -> "Tokenizer":
         """Build every lookup table now instead of on first encode. Safe to run in a thread."""
         self._ids()
@@ -197,6 +221,10 @@ class Tokenizer:
         if not isinstance(text, str):
             raise RequestError(f"text to tokenize must be a string, not {type(text).__name__}")
         text = _well_formed(text)
+        if self._orders is not None:  # sorted lookups (adopt_tables): dicts once they pay off
+            self._sorted_chars += len(text)
+            if self._sorted_chars > DICTS_AFTER_CHARS:
+                self._token_ids, self._ranks, self._orders = None, None, None
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
@@ -250,8 +278,7 @@ class Tokenizer:
         # splits nothing; a pair is looked up as left + " " + right (byte-level text has no spaces).
         # Built back to front so that a repeated merge keeps its first rank, as in llama.cpp.
         if self._ranks is None:
-            n = len(self._merges)
-            self._ranks = _sliced_dict(self._merges[::-1], range(n - 1, -1, -1))
+            self._ranks = self._sorted("ranks_order", self._merges) or first_wins(self._merges)
         return self._ranks
 
     def _splitter(self):
@@ -367,8 +394,18 @@ class Tokenizer:
     def _ids(self) -> dict[str, int]:
         if self._token_ids is None:
             # Later duplicates win, as in llama.cpp.
-            self._token_ids = _sliced_dict(self._tokens, range(len(self._tokens)))
+            self._token_ids = self._sorted("ids_order", self._tokens) or last_wins(self._tokens)
         return self._token_ids
+
+    def _sorted(self, name: str, keys) -> SortedLookup | None:
+        order = (self._orders or {}).get(name)
+        if not isinstance(order, bytes):
+            return None
+        try:
+            return SortedLookup(keys, order)
+        except ValueError:  # not this vocabulary's order: dicts, as without an index
+            self._orders = None
+            return None
 
     def _special_tokens(self, parse_special: bool) -> SpecialTokens:
         specials = self._specials.get(parse_special)
@@ -453,14 +490,3 @@ def _flag(metadata: Mapping[str, Any], key: str, default: bool) -> bool:
     value = metadata.get(key)
     return value if isinstance(value, bool) else default
 
-
-_SLICE = 8192  # items per C call below: another thread (the GPU's bring-up) waits at most ~1 ms
-
-
-def _sliced_dict(keys: Sequence, values: Sequence) -> dict:
-    """dict(zip(keys, values)), later duplicates winning, built a slice at a time: one call over a
-    248k-token vocabulary holds the GIL for ~0.1 s on the cold path."""
-    out: dict = {}
-    for i in range(0, len(keys), _SLICE):
-        out.update(zip(keys[i:i + _SLICE], values[i:i + _SLICE]))
-    return out
