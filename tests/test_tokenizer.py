@@ -237,6 +237,10 @@ def test_an_order_that_does_not_fit_is_ignored(llama_models):
         text = "Hello world, it's 2026"
         assert tokenizer.encode(text) == plain.encode(text)
         assert type(tokenizer._token_ids) is dict and type(tokenizer._ranks) is dict
+        # the token order fits but the merges' does not: both tables become dicts, not one of each
+        tokenizer = Tokenizer.from_gguf(gguf_file).adopt_tables({**tables, "ranks_order": wrong["ranks_order"]})
+        assert tokenizer.encode(text) == plain.encode(text)
+        assert type(tokenizer._token_ids) is dict and type(tokenizer._ranks) is dict
 
 
 def test_llama_spm_adds_bos_and_leading_space(llama_models):

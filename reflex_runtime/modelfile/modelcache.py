@@ -9,7 +9,8 @@ the Dockerfile do this).
 The file is a magic line, a small marshalled header, then slices: every list or dict longer than
 PIECE items is stored as several marshalled slices. `marshal.loads` holds the GIL for its whole
 call, and the cold path's other threads need the GIL back after every driver call and read: CUDA's
-context came up 0.1-0.2 s late behind a single loads of a 248k-token vocabulary (0.2-0.35 s).
+context came up ~0.1 s late behind a single loads of a 248k-token vocabulary (0.2-0.35 s;
+results/2026-12-02-h200-s12).
 Slices keep each hold near a millisecond. The tokenizer's dictionaries are not kept (format 1
 kept them: loading a dict hashes every key, as building it does); the sorted orders of its token
 texts and merges are (array bytes: one copy to load), so the first requests look tokens up by

@@ -403,8 +403,10 @@ class Tokenizer:
             return None
         try:
             return SortedLookup(keys, order)
-        except ValueError:  # not this vocabulary's order: dicts, as without an index
+        except ValueError:  # not this vocabulary's order: dicts for both tables, as without an index
             self._orders = None
+            if type(self._token_ids) is SortedLookup:
+                self._token_ids = None
             return None
 
     def _special_tokens(self, parse_special: bool) -> SpecialTokens:
