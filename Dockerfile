@@ -103,7 +103,10 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     && /opt/reflex/bin/pip install -q --disable-pip-version-check --no-index --find-links /wheels \
        "reflex-runtime[${CUDA_BINDINGS}]" awslambdaric \
     && /opt/reflex/bin/pip uninstall -q -y pip setuptools \
-    && /opt/reflex/bin/python -c "import reflex_runtime.loader, awslambdaric"
+    && /opt/reflex/bin/python -c "import reflex_runtime.loader, awslambdaric" \
+    && if [ -f /opt/model/model.gguf ]; then REFLEX_INDEX_DIR=/opt/model/index /opt/reflex/bin/python -c \
+       "import sys; from reflex_runtime.loader import write_index; sys.exit(not write_index('/opt/model/model.gguf'))" \
+       || echo "warning: no model index for /opt/model/model.gguf (each cold start parses it)"; fi
 ENV PATH=/opt/reflex/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -111,6 +114,7 @@ ENV PATH=/opt/reflex/bin:$PATH \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     REFLEX_BACKEND=auto \
     REFLEX_EMBEDDED_MODEL=/opt/model/model.gguf \
+    REFLEX_INDEX_DIR=/opt/model/index \
     REFLEX_CACHE=/tmp/reflex-cache \
     HF_HOME=/tmp/huggingface
 WORKDIR /var/task

@@ -392,9 +392,10 @@ def _dispatch(args) -> int:
 
         return serve_main(args, _TIMELINE)
     if cmd == "pull":
+        from .loader import write_index
         from .modelfile.hub import pull_main
 
-        return pull_main(args)
+        return pull_main(args, write_index)
     raise RequestError(f"unknown command {cmd}")
 
 

@@ -52,6 +52,21 @@ def is_local_path(ref: str) -> bool:
     return not looks_like_ref(ref)
 
 
+def write_index(path: str) -> bool:
+    """Parse a GGUF and write its model index now (modelfile/modelcache.py), so that its first cold
+    start skips the parse and builds no tokenizer dict: `reflex pull` and the container image's
+    build do this. False when the file does not parse or the index cannot be written."""
+    from .modelfile import modelcache
+    from .modelfile.gguf_file import GGUFFile
+    from .text.tokenizer import Tokenizer
+
+    try:
+        with GGUFFile(path) as g:
+            return modelcache.save(path, g, Tokenizer.from_gguf(g))
+    except ReflexError:
+        return False
+
+
 def _page_cache_cold(path: str, tl: Timeline) -> bool:
     from .modelfile.pagecache import resident_fraction
 

@@ -109,3 +109,14 @@ def test_split_and_join_keep_order_and_nesting(n):
     assert modelcache._join(skeleton, modelcache._Slices(blob, 0, [len(s) for s in slices])) == payload
     assert list(modelcache._join(skeleton, modelcache._Slices(blob, 0, [len(s) for s in slices]))["dict"]) == \
         list(payload["dict"])
+
+
+def test_write_index_ahead_of_the_first_start(vocab, tmp_path):
+    """What `reflex pull` and the image's build run: the next load finds the index; a file that
+    does not parse writes none."""
+    from reflex_runtime.loader import write_index
+
+    assert write_index(vocab) and modelcache.load(vocab) is not None
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(64))
+    assert not write_index(str(bad)) and modelcache.load(str(bad)) is None

