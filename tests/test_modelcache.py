@@ -80,7 +80,7 @@ def test_a_stale_old_or_damaged_index_is_ignored(vocab, tmp_path, damage):
     f = _index_file(tmp_path)
     if damage == "stale":  # the model file changed after the index was written
         st = os.stat(vocab)
-        os.utime(vocab, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        os.utime(vocab, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     elif damage == "format1":  # one marshal of the whole payload, as format 1 wrote it
         f.write_bytes(marshal.dumps({"ident": modelcache._key(vocab)[1], "gguf": modelcache.export_gguf(g)}, 4))
     elif damage == "truncated":
@@ -120,3 +120,15 @@ def test_write_index_ahead_of_the_first_start(vocab, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + os.urandom(64))
     assert not write_index(str(bad)) and modelcache.load(str(bad)) is None
+
+
+def test_an_index_survives_file_times_cut_to_whole_seconds(vocab):
+    """An image layer may keep file times in whole seconds only: an index baked beside the model
+    must still match after a push and a pull."""
+    g = GGUFFile(vocab)
+    st = os.stat(vocab)
+    os.utime(vocab, ns=(st.st_atime_ns, st.st_mtime_ns // 10**9 * 10**9 + 123_456_789))
+    modelcache.save(vocab, g, Tokenizer.from_gguf(g))
+    cut = os.stat(vocab).st_mtime_ns // 10**9 * 10**9
+    os.utime(vocab, ns=(cut, cut))
+    assert modelcache.load(vocab) is not None

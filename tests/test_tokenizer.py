@@ -228,6 +228,41 @@ def test_sorted_tables_become_dicts_after_enough_text(llama_models, monkeypatch)
         assert kinds[0] is SortedLookup and kinds[-1] is dict
 
 
+def test_threads_switching_to_dicts_never_keep_a_sorted_table(llama_models, monkeypatch):
+    """Several threads encode while the first lookups are sorted and one of them passes
+    DICTS_AFTER_CHARS: a SortedLookup made across the switch must not be stored (it would stay
+    for good, every lookup ~20x slower). Before the fix ~1 trial in 10 ended with one."""
+    import sys
+    import threading
+
+    monkeypatch.setattr(tokenizer_module, "DICTS_AFTER_CHARS", 200)
+    texts = [f"word{i} hello there, number {i * 7919} xyz" for i in range(40)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with GGUFFile(llama_models / "ggml-vocab-qwen2.gguf") as gguf_file:
+            plain = Tokenizer.from_gguf(gguf_file)
+            tables = plain.export_tables()
+            want = {t + str(trial): plain.encode(t + str(trial)) for trial in range(30) for t in texts}
+            for trial in range(30):
+                tok = Tokenizer.from_gguf(gguf_file).adopt_tables(tables)
+                got = {}
+
+                def work(k):
+                    for t in texts[k::4]:
+                        got[t + str(trial)] = tok.encode(t + str(trial))
+
+                threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                assert all(got[k] == want[k] for k in got) and len(got) == len(texts)
+                assert type(tok._token_ids) is not SortedLookup and type(tok._ranks) is not SortedLookup, trial
+    finally:
+        sys.setswitchinterval(switch)
+
+
 def test_an_order_that_does_not_fit_is_ignored(llama_models):
     with GGUFFile(llama_models / "ggml-vocab-qwen2.gguf") as gguf_file:
         plain = Tokenizer.from_gguf(gguf_file)

@@ -1,8 +1,8 @@
 """A per-model index cache: the parsed GGUF header and the tokenizer's sorted orders, marshalled.
 
 Parsing a GGUF with a 151k-token vocabulary creates ~300k Python objects; `marshal.loads` of the
-same structures is quicker. The index is keyed by the file's absolute path, size and mtime (a
-changed file is simply re-parsed), written after the first request has been answered (never on
+same structures is quicker. The index is keyed by the file's absolute path, size and mtime in
+whole seconds (a changed file is simply re-parsed), written after the first request has been answered (never on
 the critical path), and can be baked into a container image next to the model (`reflex pull` /
 the Dockerfile do this).
 
@@ -40,7 +40,9 @@ def index_dir() -> Path:
 def _key(path: str) -> tuple[str, dict]:
     real = os.path.realpath(path)
     st = os.stat(real)
-    ident = {"format": FORMAT, "path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    # Whole seconds: container image layers may keep no finer file times, and an index baked
+    # beside the model (the Dockerfile) must still match after a push and a pull.
+    ident = {"format": FORMAT, "path": real, "size": st.st_size, "mtime_s": int(st.st_mtime)}
     # The format is in the name too: trees of two formats sharing a cache folder (an A/B run, a
     # rollback) each keep their own index instead of overwriting each other's on every start.
     return f"{hashlib.sha1(real.encode()).hexdigest()[:20]}-{FORMAT}", ident

@@ -23,6 +23,7 @@ and become dicts after DICTS_AFTER_CHARS of encoded text. No numpy here.
 from __future__ import annotations
 
 import codecs
+import threading
 from typing import Any, Iterable, Mapping
 
 from ..errors import ModelFileError, RequestError, UnsupportedModelError
@@ -76,6 +77,7 @@ class Tokenizer:
         self._ranks: dict[str, int] | SortedLookup | None = None
         self._orders: dict | None = None  # adopt_tables(): sorted orders from the model index
         self._sorted_chars = 0  # text encoded through SortedLookups (see DICTS_AFTER_CHARS)
+        self._tables_lock = threading.Lock()  # the switch from sorted lookups to dicts (_table)
         self._special_ids: list[int] | None = None  # CONTROL, UNKNOWN and USER_DEFINED ids
         self._specials: dict[bool, SpecialTokens] = {}  # by parse_special
         self._stop_ids: frozenset[int] | None = None
@@ -224,7 +226,7 @@ class Tokenizer:
         if self._orders is not None:  # sorted lookups (adopt_tables): dicts once they pay off
             self._sorted_chars += len(text)
             if self._sorted_chars > DICTS_AFTER_CHARS:
-                self._token_ids, self._ranks, self._orders = None, None, None
+                self._drop_orders()
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
@@ -277,9 +279,10 @@ class Tokenizer:
         # Keyed by the merge's own "left right" text: building it hashes each string once and
         # splits nothing; a pair is looked up as left + " " + right (byte-level text has no spaces).
         # Built back to front so that a repeated merge keeps its first rank, as in llama.cpp.
-        if self._ranks is None:
-            self._ranks = self._sorted("ranks_order", self._merges) or first_wins(self._merges)
-        return self._ranks
+        ranks = self._ranks
+        if ranks is None:
+            ranks = self._table("_ranks", "ranks_order", self._merges, first_wins)
+        return ranks
 
     def _splitter(self):
         if self._split is None:
@@ -392,22 +395,37 @@ class Tokenizer:
     # -- lookup tables --------------------------------------------------------------------
 
     def _ids(self) -> dict[str, int]:
-        if self._token_ids is None:
-            # Later duplicates win, as in llama.cpp.
-            self._token_ids = self._sorted("ids_order", self._tokens) or last_wins(self._tokens)
-        return self._token_ids
+        ids = self._token_ids
+        if ids is None:  # later duplicates win, as in llama.cpp
+            ids = self._table("_token_ids", "ids_order", self._tokens, last_wins)
+        return ids
 
-    def _sorted(self, name: str, keys) -> SortedLookup | None:
-        order = (self._orders or {}).get(name)
-        if not isinstance(order, bytes):
-            return None
-        try:
-            return SortedLookup(keys, order)
-        except ValueError:  # not this vocabulary's order: dicts for both tables, as without an index
+    def _table(self, attr: str, order_name: str, keys, build):
+        """One lookup table: a SortedLookup through the index's order while there is one, else a
+        dict. A SortedLookup is kept only if no other thread's encode switched to dicts while it
+        was made (it would stay for good); this call uses it either way."""
+        orders = self._orders
+        table = None
+        if orders is not None and isinstance(orders.get(order_name), bytes):
+            try:
+                table = SortedLookup(keys, orders[order_name])
+            except ValueError:  # not this vocabulary's order: dicts for both tables, as without an index
+                self._drop_orders()
+        if table is None:
+            table = build(keys)
+        with self._tables_lock:
+            if type(table) is not SortedLookup or self._orders is orders:
+                setattr(self, attr, table)
+        return table
+
+    def _drop_orders(self) -> None:
+        """From now on both tables are dicts (built on their next use)."""
+        with self._tables_lock:
             self._orders = None
             if type(self._token_ids) is SortedLookup:
                 self._token_ids = None
-            return None
+            if type(self._ranks) is SortedLookup:
+                self._ranks = None
 
     def _special_tokens(self, parse_special: bool) -> SpecialTokens:
         specials = self._specials.get(parse_special)
