@@ -1,21 +1,12 @@
 // embed.cu: out[t, :] = scale * row tokens[t] of the token embedding, decoded from its GGUF
 // blocks. One block per token; bound by one row read (n_embd weights).
 // Out-of-range ids (never produced by our tokenizer or sampler) give a zero row, not a fault.
-#include "common.cuh"
+#include "embed.cuh"
 
 template <int T>
 __device__ void embed_body(const uint8_t* table, long row_bytes, const int* tokens, float* out, int n_embd, int n_vocab,
                            float scale) {
-    int tok = tokens[blockIdx.x];
-    float* o = out + (long)blockIdx.x * n_embd;
-    bool ok = tok >= 0 && tok < n_vocab;
-    const uint8_t* row = table + (long)(ok ? tok : 0) * row_bytes;
-    for (int g = threadIdx.x; g < n_embd / 8; g += blockDim.x) {
-        float w[8];
-        dequant8<T>(row, g, w);
-#pragma unroll
-        for (int j = 0; j < 8; j++) o[8 * g + j] = ok ? w[j] * scale : 0.0f;
-    }
+    rx_embed_row<T>(table, row_bytes, tokens[blockIdx.x], out + (long)blockIdx.x * n_embd, n_embd, n_vocab, scale);
 }
 
 #define RX_EMBED(name, T)                                                                                         \

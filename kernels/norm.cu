@@ -5,33 +5,14 @@
 //   resid != NULL, w_src != NULL: resid += norm(src) * w_src;   out = norm(resid) * w_out
 // The third form is Gemma's post-norm followed by the next pre-norm. `out` may be NULL (only
 // the residual update). norm(v) = v / sqrt(mean(v^2) + eps). Bound by 3-4 reads of the row.
-#include "common.cuh"
+#include "norm.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024) reflex_rmsnorm(const float* src, const float* w_src, float* resid,
                                                                   const float* w_out, float* out, int n, float eps) {
     rx_pdl_begin();
     __shared__ float scratch[32];
     long off = (long)blockIdx.x * n;
-    const float* s = src + off;
-    const float* v = s;
-    if (resid) {
-        float* r = resid + off;
-        float src_scale = 1.0f;
-        if (w_src) {
-            float ss = 0.f;
-            for (int i = threadIdx.x; i < n; i += blockDim.x) ss += s[i] * s[i];
-            src_scale = rsqrtf(block_sum(ss, scratch) / n + eps);
-        }
-        for (int i = threadIdx.x; i < n; i += blockDim.x) r[i] += w_src ? s[i] * src_scale * w_src[i] : s[i];
-        __syncthreads();
-        v = r;
-    }
-    if (!out) return;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += v[i] * v[i];
-    float scale = rsqrtf(block_sum(ss, scratch) / n + eps);
-    float* o = out + off;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = v[i] * scale * w_out[i];
+    rx_rmsnorm_row(src + off, w_src, resid ? resid + off : nullptr, w_out, out ? out + off : nullptr, n, eps, scratch);
 }
 
 // Elementwise y = act(gate) * up for gated FFNs whose gate and up weights differ in type.

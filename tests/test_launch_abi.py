@@ -79,8 +79,8 @@ def test_ops_constants_match_the_kernels():
     assert constrain.STATS_TOPK == define("constrain.cu", "RX_TOPK_MAX") == MAX_TOP_LOGPROBS
     assert moe.MAX_EXPERTS == define("moe.cuh", "MOE_MAX_EXPERTS")
     assert delta_net.MAX_HEAD == define("delta_net.cu", "DN_MAX_HD") and delta_net.MAX_CONV == define("delta_net.cu", "DN_MAX_K")
-    assert attn_decode.SPLITS_MAX == define("attn_decode.cu", "ATD_MAXSPLIT")
-    assert attn_decode.MAX_GROUP == define("attn_decode.cu", "ATD_MAXG")
+    assert attn_decode.SPLITS_MAX == define("attn_decode.cuh", "ATD_MAXSPLIT")
+    assert attn_decode.MAX_GROUP == define("attn_decode.cuh", "ATD_MAXG")
     from reflex_runtime.gpu.ops import mla, moe_route
 
     assert mla.HEADS == define("mla.cu", "MLA_HEADS") and mla.MAX_PAIRS == define("mla.cu", "MLA_MAX_PAIRS")
@@ -92,8 +92,12 @@ class FakeKernel:
     def __init__(self, name, dev):
         self.name, self.dev = name, dev
 
-    def launch(self, grid, block, args, stream, shmem=0, pdl=False):
+    def launch(self, grid, block, args, stream, shmem=0, pdl=False, cooperative=False):
         assert 0 <= shmem <= self.dev.max_shared - 1024, (self.name, shmem)  # dynamic + static shared memory
+        assert not (pdl and cooperative), "a cooperative launch is not chained by PDL"
+        if cooperative:  # every block resident at once
+            g = grid if isinstance(grid, tuple) else (grid, 1, 1)
+            assert g[0] * g[1] * g[2] <= self.dev.sm_count * self.blocks_per_sm(block, shmem), (self.name, g)
         want = self.dev.params[self.name]
         got = [ctypes.sizeof(a) for a in args]
         assert got == want, f"{self.name}: passed sizes {got}, kernel takes {want}"
@@ -108,11 +112,16 @@ class FakeKernel:
         self.dev.last_args.append(args[-1])
 
 
+    def blocks_per_sm(self, block, shmem):
+        return min(2048 // block, (self.dev.smem_per_sm - 1024) // max(shmem + 1024, 1))
+
+
 class FakeDevice:
     """gpu.driver.Device's whole interface with no GPU behind it: memory is address ranges,
     copies and memsets check their ranges, launches check their argument packs (FakeKernel)."""
 
     name, cc, sm_count, total_mem, driver_version = "fake", (9, 0), 132, 80 << 30, 13000
+    cooperative = True
     max_shared, smem_per_sm = 232448, 233472  # sm_90's opt-in limit per block, and per SM
 
     def __init__(self, params):
@@ -780,8 +789,9 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     runner.batch_close(d)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["kernel_per_op", "fused_step"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature):
+def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature, fused):
     """CudaRunner.decode's plain path on the fake device (whose read-backs bring zeros): the
     prompt's forward and pick, the step graph captured once (forward + pick, fused into the LM
     head when greedy) and replayed, one token read back per generated token, no host hooks."""
@@ -789,16 +799,21 @@ def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature):
     from reflex_runtime.sampling import SamplingParams
 
     runner, dev = _fake_runner(ptx_params)
+    runner.launch.fused_step = fused  # (off by default: REFLEX_FUSED_STEP=1)
     tokens = runner.model.p("tokens")
     out = list(runner.generate_ids([1, 2, 3], SamplingParams(temperature, seed=1), 6, frozenset()))
     assert out == [0] * 6
     assert [c for c in dev.copies if c[0] == "dtoh" and c[1] == tokens] == [("dtoh", tokens, 4)] * 6
     names = [n for n, _, _ in dev.launches]
     assert not any(n.startswith(("reflex_logit_stats", "reflex_mask_logits", "reflex_token_logit")) for n in names)
+    # one step captured: a kernel per op, or the whole step one kernel (gpu/fused.py), its pick inside when greedy
+    if fused:
+        assert names.count("reflex_fused_step") == 1 and "reflex_attn_decode" not in names
+    else:
+        assert "reflex_fused_step" not in names and names.count("reflex_attn_decode") == runner.config.n_layers
     if temperature:  # the prompt's pick and the graph's: the sampler reads its settings from the device
         assert names.count("reflex_sample") == 2
-        assert names.count("reflex_attn_decode") == runner.config.n_layers  # one step captured
-    else:  # the prompt's argmax; the graph's pick is fused into the LM head (mvs.cu)
+    else:  # the prompt's argmax; the graph's pick is fused into the LM head (mvs.cu, or the fused step's)
         assert names.count("reflex_argmax_final") == 1 and "reflex_sample" not in names
     assert AHEAD >= 1 and len(runner.info()) > 0
     # a stop id ends it at once; a step of two sequences is refused (batching is issue 32)
@@ -968,3 +983,93 @@ def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch
     assert list(runner.generate_ids([1, 2, 3], SamplingParams(), 6, frozenset())) == [0] * 6
     assert captures and all(captures) and len(asked) == n_asked  # all resident: no read-backs, one graph
     assert runner.resident() and s["experts_on_demand"] and "all_resident_ms" in runner.info()
+
+
+FUSED_OPS = {"embed": 0, "mv": 1, "glu": 2, "attn": 3, "norm": 4, "head": 5}
+
+
+@pytest.mark.parametrize("name", list(ABI_MODELS))
+def test_fused_step_program(ptx_params, name, tmp_path):
+    """gpu/fused.py's program for each family: dense models get one (its launch matches the ABI,
+    one block per SM), in GpuModel.forward's order (embedding; per layer qkv, attention, output,
+    gate/up, down, and Gemma's two post-norms; the head with the pick when greedy); every pointer
+    inside an allocation, every tile's rows within its buffer, its partial sums within theirs;
+    MoE, recurrent and latent-attention models keep the kernel-per-op step (Unfusable)."""
+    from reflex_runtime.gpu import fused
+    from reflex_runtime.gpu.ops import fused_step as fs
+    from reflex_runtime.gpu.ops.mvs import stage_bytes
+    from reflex_runtime.gpu.ops.sample import RxState
+
+    arch, overrides = ABI_MODELS[name]
+    dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
+    dec.launch.fused_step = True  # (off by default: REFLEX_FUSED_STEP=1)
+    st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
+    if arch not in ("qwen3", "gemma3", "llama"):
+        with pytest.raises(fused.Unfusable):
+            fused.FusedStep.build(dec, st)
+        return
+    step = fused.FusedStep.build(dec, st)
+    lay = step.layout
+    assert lay.smem + fs.STATIC_SMEM <= dev.max_shared and step.grid == dev.sm_count
+    for greedy in (True, False):
+        step.launch(greedy)
+        assert dev.launches[-1] == ("reflex_fused_step", (dev.sm_count, 1, 1), fs.THREADS)
+        ptr, n = step.programs[greedy]
+        assert dev.owns(ptr, n * fs.OP_BYTES) and n <= dec.fused_max_ops
+    # rebuild the op list to inspect it (the device copy is opaque here)
+    b = fused._Builder(dec, step.grid, lay.buf_bytes)
+    b.embed()
+    b.layers()
+    b.head(st, True)
+    kinds = [op.kind for op in b.ops]
+    layer = ["mv", "attn", "mv", "glu", "mv"] if arch != "gemma3" else ["mv", "attn", "mv", "norm", "glu", "mv", "norm"]
+    assert kinds == [FUSED_OPS[k] for k in ["embed"] + layer * dec.cfg.n_layers + ["head"]]
+    for op in b.ops:
+        if op.kind in (FUSED_OPS["mv"], FUSED_OPS["glu"], FUSED_OPS["head"]):
+            m = op.u.mv
+            ranges = 2 if op.kind == FUSED_OPS["glu"] else 1
+            assert m.K <= 8 * 32 * 4 * m.wpr and m.rb * m.wpr * ranges <= fused.RED_FLOATS
+            assert dev.owns(m.x, 4 * m.K) and (not m.norm_w or dev.owns(m.norm_w, 4 * m.K))
+            for i in range(m.n_w):
+                assert stage_bytes(m.rb * m.row_bytes[i]) <= lay.buf_bytes // ranges
+                assert dev.owns(m.w[i], m.rows[i] * m.row_bytes[i]) and m.w[i] % 16 == 0
+                if op.kind != FUSED_OPS["glu"] or i == 0:
+                    assert dev.owns(m.y[i], 4 * m.rows[i])
+            assert bool(m.pick.part_v) == (op.kind == FUSED_OPS["head"])
+        elif op.kind == FUSED_OPS["attn"]:
+            f = op.u.attn
+            assert 1 <= f.max_split <= attn_decode.SPLITS_MAX and f.n_head_kv * f.max_split <= step.grid
+            assert dev.owns(f.part_o, 4 * f.n_head * f.max_split * f.hd_v) and f.rope.k and not f.prefetch
+    # off by default, and with the staged kernels off (the bench's legacy comparison)
+    dec.launch.fused_step = False
+    with pytest.raises(fused.Unfusable):
+        fused.FusedStep.build(dec, st)
+
+
+def test_fused_step_header_layout_matches_the_ctypes_mirror(tmp_path):
+    """kernels/fused_step.h compiled on the host: every field's offset and every struct's size
+    equal the ctypes mirror's (gpu/ops/fused_step.py) that the program is written with."""
+    import shutil
+    from ctypes import sizeof
+
+    from reflex_runtime.gpu.ops import fused_step as fs
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.fail("a C compiler is needed (CI has gcc)")
+    structs = {"FsPick": fs.FsPick, "FsMv": fs.FsMv, "FsNorm": fs.FsNorm, "FsEmbed": fs.FsEmbed, "FsRope": fs.FsRope,
+               "FsAttn": fs.FsAttn, "FsOp": fs.FsOp}
+    lines, expect = [], []
+    for cname, cls in structs.items():
+        lines.append(f'printf("%zu\\n", sizeof({cname}));')
+        expect.append(sizeof(cls))
+        for field, _ in cls._fields_:
+            lines.append(f'printf("%zu\\n", offsetof({cname}, {field}));')
+            expect.append(getattr(cls, field).offset)
+    src = tmp_path / "layout.c"
+    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "fused_step.h"\nint main(void) {\n'
+                   + "\n".join(lines) + "\nreturn 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-I", os.path.join(ROOT, "kernels"), "-o", str(exe), str(src)], check=True)
+    got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert got == expect

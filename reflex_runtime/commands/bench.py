@@ -1,7 +1,8 @@
 """`reflex bench`: warm microbenchmarks of the CUDA engine (a benchmark, not a test).
 
 - decode tok/s through the captured graph (greedy, EOS ignored), median over repeats; the same
-  with the legacy decode kernels and without PDL, for comparison;
+  with a kernel per op (gpu/fused.py's one-kernel step off), without PDL and with the legacy
+  decode kernels, for comparison;
 - decode tok/s after 128 .. 8,192 tokens of context (`--depths`, llama-bench's -d): GPU time of
   graph replays back to back;
 - prefill tok/s at several prompt lengths (CUDA events around prefill + first pick);
@@ -154,11 +155,21 @@ def main(args) -> int:
         "weights_bytes": runner.model.weights_bytes,
     }
     res["copy_gb_s"] = round(copy_bandwidth(dev, runner.stream), 1)
+    launch = runner.launch
+    default = launch.fused_step
+    # the other way of running the step than the default: one kernel (gpu/fused.py) or a kernel per op
+    launch.fused_step = not default
+    runner.reset_graphs()
+    other = decode_rate(engine, args.decode_tokens, args.repeats)
+    if runner.info().get("decode_fused_step") is True or default:
+        res["decode_fused_step_on" if not default else "decode_kernel_per_op"] = other
+        res["fused_step_profile"] = runner.fused_profile()  # the one-kernel step op by op
+    launch.fused_step = False  # the comparisons below: a kernel per op
+    runner.reset_graphs()
     if runner.pdl_available():  # the same graph without programmatic dependent launches, for comparison
         runner.pdl = False
         res["decode_without_pdl"] = decode_rate(engine, args.decode_tokens, args.repeats)
         runner.pdl = None
-    launch = runner.launch
     if launch.staged or launch.attn_decode:  # the legacy decode kernels on the same file, for comparison
         saved = launch.staged, launch.attn_decode
         launch.staged = launch.attn_decode = False
@@ -166,14 +177,16 @@ def main(args) -> int:
         res["decode_legacy_kernels"] = decode_rate(engine, args.decode_tokens, args.repeats)
         res["decode_legacy_graph_nodes"] = runner.info().get("decode_graph_nodes")
         launch.staged, launch.attn_decode = saved
-        runner.reset_graphs()
+    launch.fused_step = default
+    runner.reset_graphs()
     res["decode"] = decode_rate(engine, args.decode_tokens, args.repeats)
     res["decode_graph_nodes"] = runner.info().get("decode_graph_nodes")
     res["decode_graph_pdl"] = runner.pdl_available()
+    res["decode_fused_step"] = runner.info().get("decode_fused_step")  # True, or why the step is a kernel per op
     res["decode_kernels"] = {"staged": launch.staged, "attn_decode": launch.attn_decode,
                              "mvs_budget": launch.mvs_budget, "mvs_blocks_per_sm": launch.mvs_blocks_per_sm,
                              "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
-                             "fuse_rope": launch.fuse_rope}
+                             "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step}
     if depths:
         res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]
@@ -199,8 +212,14 @@ def main(args) -> int:
     print(f"{res['date']}  {res['device']}  {res['model']}  ({res['file_type']})")
     print(f"decode: {tok_s} tok/s (graph of {res['decode_graph_nodes']} nodes, PDL {'on' if res['decode_graph_pdl'] else 'off'}; "
           f"{nbytes / 1e6:.1f} MB of weights per token -> {res['decode_effective_gb_s']} GB/s vs copy {res['copy_gb_s']} GB/s)")
+    print(f"decode step fused into one kernel: {res['decode_fused_step']}")
+    if "decode_fused_step_on" in res:
+        print(f"decode with the step fused into one kernel (REFLEX_FUSED_STEP=1): "
+              f"{res['decode_fused_step_on']['tok_s_median']} tok/s")
+    if "decode_kernel_per_op" in res:
+        print(f"decode with a kernel per op: {res['decode_kernel_per_op']['tok_s_median']} tok/s")
     if "decode_without_pdl" in res:
-        print(f"decode without PDL: {res['decode_without_pdl']['tok_s_median']} tok/s")
+        print(f"decode with a kernel per op, without PDL: {res['decode_without_pdl']['tok_s_median']} tok/s")
     if "decode_legacy_kernels" in res:
         print(f"decode with the legacy decode kernels: {res['decode_legacy_kernels']['tok_s_median']} tok/s "
               f"(graph of {res['decode_legacy_graph_nodes']} nodes)")
@@ -216,6 +235,13 @@ def main(args) -> int:
         best = min(r["us"], r.get("us_pdl", r["us"]))
         print(f"  {r['role']:<34} {r['launches']:>8} {r['us']:>9} {r.get('us_pdl', ''):>9} {best / r['launches']:>9.2f} "
               f"{r['gb_s'] if r['gb_s'] is not None else '':>8}")
+    if res.get("fused_step_profile"):
+        print("the decode step as one kernel, by role, from block 0's start: the last block's start (release), "
+              "input and first tile in (ready), the last block's end (work); then the barrier:")
+        print(f"  {'role':<40} {'ops':>5} {'us release':>10} {'us ready':>9} {'us work':>9} {'us barrier':>10} {'GB/s':>8}")
+        for r in res["fused_step_profile"]:
+            print(f"  {r['role']:<40} {r['ops']:>5} {r.get('us_release', ''):>10} {r.get('us_ready', ''):>9} "
+                  f"{r['us_work']:>9} {r.get('us_barrier', ''):>10} {r.get('gb_s') or '':>8}")
     print(f"system1 warm: {res['system1_warm_ms']} ms")
     if "kv_cache_bytes_per_token" in res:
         kv = res["kv_cache_bytes_per_token"]

@@ -46,21 +46,19 @@ class Kernel:
         # 48 KB minus the kernel's static shared memory, which a launch cannot see)
         self.shared_limit = 0
 
-    def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False) -> None:
+    def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False, cooperative: bool = False) -> None:
         """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order.
         shmem: dynamic shared memory bytes; the kernel's allowance is raised to it on first need
         (up to the device's Device.max_shared). pdl: launch as a programmatic dependent of the previous
         kernel on the stream (sm_90+; the kernels wait for it in rx_pdl_begin). Used while
         capturing the decode graph only: building the launch config costs Python time an eager
-        launch should not pay."""
-        if shmem > self.shared_limit:
-            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(cu.cuFuncSetAttribute(self.func, attr, shmem), f"cuFuncSetAttribute({self.name}, {shmem} bytes)")
-            self.shared_limit = shmem
+        launch should not pay. cooperative: every block resident at once, or the launch waits (a
+        grid-wide barrier inside: kernels/fused_step.cu); not with pdl."""
+        self._allow_shared(shmem)
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
-        if pdl:
-            err = cu.cuLaunchKernelEx(_pdl_config(gx, gy, gz, block, shmem, stream), self.func,
+        if pdl or cooperative:
+            err = cu.cuLaunchKernelEx(_launch_config(gx, gy, gz, block, shmem, stream, cooperative), self.func,
                                       ctypes.addressof(ptrs), 0)[0]
         else:
             err = cu.cuLaunchKernel(self.func, gx, gy, gz, block, 1, 1, shmem, stream, ctypes.addressof(ptrs), 0)[0]
@@ -68,10 +66,28 @@ class Kernel:
             raise DeviceError(f"cuLaunchKernel({self.name}, grid={grid}, block={block}) failed ({_error_text(err)})")
 
 
-def _pdl_config(gx: int, gy: int, gz: int, block: int, shmem: int, stream):
+    def _allow_shared(self, shmem: int) -> None:
+        if shmem > self.shared_limit:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.func, attr, shmem), f"cuFuncSetAttribute({self.name}, {shmem} bytes)")
+            self.shared_limit = shmem
+
+    def blocks_per_sm(self, block: int, shmem: int) -> int:
+        """How many blocks of this shape an SM holds at once (0: not one)."""
+        self._allow_shared(shmem)
+        return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.func, block, shmem),
+                         f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})"))
+
+
+def _launch_config(gx: int, gy: int, gz: int, block: int, shmem: int, stream, cooperative: bool = False):
+    """A launch as a programmatic dependent of the previous kernel, or (cooperative) of co-resident blocks."""
     attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
+    if cooperative:
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+    else:
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
@@ -104,6 +120,9 @@ class Device:
                                                         self.dev), "cuDeviceGetAttribute")
         self.smem_per_sm = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
                                                          self.dev), "cuDeviceGetAttribute")
+        # grids whose blocks are all resident at once (kernels/fused_step.cu's barrier needs it)
+        self.cooperative = bool(check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, self.dev),
+                                      "cuDeviceGetAttribute"))
         self.total_mem = check(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")
         self.driver_version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
         self.ctx = check(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")

@@ -55,6 +55,9 @@ class Launcher:
             8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
         self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
         self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
+        # a dense model's decode step as one persistent kernel (gpu/fused.py): off until it beats the
+        # kernel-per-op graph (issue 27's notes); the bench measures both
+        self.fused_step = os.environ.get("REFLEX_FUSED_STEP", "0") == "1"
         self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "2"))
         # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the
         # products then pick their kernels for decode rows (products.matvec_path, gemm.k_splits)
@@ -82,11 +85,15 @@ class Launcher:
         finally:
             self._role, self._bytes = prev
 
-    def go(self, name: str, grid, block: int, args: list, shmem: int = 0) -> None:
+    def go(self, name: str, grid, block: int, args: list, shmem: int = 0, cooperative: bool = False) -> None:
         """Enqueue kernel `name` (grid: an int or a 3-tuple) with its argument pack, in the
-        kernel's parameter order (ops/ builds them; tests/test_launch_abi.py checks them)."""
+        kernel's parameter order (ops/ builds them; tests/test_launch_abi.py checks them).
+        cooperative: a grid whose blocks must all be resident at once (not chained by PDL)."""
         kernel = self.dev.kernel(name)
-        kernel.launch(grid, block, args, self.stream, shmem=shmem, pdl=self.pdl)
+        if cooperative:
+            kernel.launch(grid, block, args, self.stream, shmem=shmem, cooperative=True)
+        else:
+            kernel.launch(grid, block, args, self.stream, shmem=shmem, pdl=self.pdl)
         self.launches += 1
         if self._recorded is not None:
             g = grid if isinstance(grid, tuple) else (grid, 1, 1)

@@ -19,6 +19,7 @@ from .blocks import Attention, Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
 from .layer import DecoderLayer
 from .ops import embed
+from .ops.fused_step import OP_BYTES
 from .ops.sample import ARGMAX_PARTS
 from .step import int_array
 
@@ -70,6 +71,10 @@ class GpuModel:
         self.arena.reserve_f32([("tokens", nt), ("pos", nt), ("slot", nt), ("seg_lo", nt), ("n_kv", 1), ("step", 1),
                                 ("out_tokens", max_new + 1), ("kv_pos", n_ctx), ("seq_start", MAX_SEQS + 1),
                                 ("steps", 2 * max_seqs + 1), ("row_start", max_seqs + 1), ("row_slot", max_seqs + 1)])
+        # gpu/fused.py's two programs (the greedy and the sampled step) and its barrier's u64 counter (zeroed)
+        self.fused_max_ops = 7 * c.n_layers + 2
+        self.arena.reserve("fused_ops", 2 * self.fused_max_ops * OP_BYTES)
+        self.arena.reserve_f32([("fused_counters", 2)])
         self.arena.reserve("sampling", 64)
         # per decode row, then per first token of the prompts a step ends (gpu/batch.py)
         self.arena.reserve("sampling_rows", 32 * (2 * max_seqs + 1))

@@ -85,6 +85,9 @@ class CudaRunner:
         self._weights = None  # gpu/residency.py WeightStream (MoE files: experts on demand)
         self.forward_passes = 0
         self.pdl: bool | None = None  # None: chain the decode graph's kernels (PDL) where the GPU can
+        self._fused = None  # gpu/fused.py FusedStep, False where the model has none (fused_note says why)
+        self._fused_on = None  # the launcher's kernel choices it was built for
+        self.fused_note: str | None = None
 
     def _plan(self, max_seqs: int, pool_tokens: int | None = None):
         """The family's gpu.model.GpuModel for max_seqs sequences (plans only: nothing is on the
@@ -222,6 +225,8 @@ class CudaRunner:
         out.update(self.upload_stats)
         if self._weights is not None:
             out.update(self._weights.stats)
+        if self._fused is not None:
+            out["decode_fused_step"] = bool(self._fused) or self.fused_note
         for (_, pdl), g in list(self._graphs.items()):  # the scheduler thread may add one meanwhile
             out["decode_graph_nodes"] = g.n_nodes
             out["decode_graph_pdl"] = pdl
@@ -356,7 +361,23 @@ class CudaRunner:
         overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares). rows: the
         token is a batched sequence's one decode row, its keys from its seg_lo (gpu/batch.py)."""
         kind = ("row1-" if rows else "") + ("greedy" if greedy else "sample")
+        if not rows and (kind, self.pdl_available() if pdl is None else pdl) not in self._graphs:
+            self._prepare_fused()  # uploads its program: not while capturing
         return self._graph(kind, lambda: self._step(greedy, rows), pdl)
+
+    def _prepare_fused(self) -> None:
+        """The fused decode step (gpu/fused.py), or why not (kept in self.fused_note)."""
+        from .fused import FusedStep, Unfusable  # not on the cold path: the first token comes from prefill
+
+        L = self.launch
+        knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step)  # the bench switches kernels between graphs
+        if self._fused is not None and self._fused_on == knobs:
+            return
+        self._fused_on = knobs
+        try:
+            self._fused, self.fused_note = FusedStep.build(self.model, self._state), None
+        except Unfusable as e:
+            self._fused, self.fused_note = False, str(e)
 
     def read_back(self, i: int) -> None:
         """Queue the copy of the current token (the i-th picked) to the host, behind the work
@@ -499,7 +520,13 @@ class CudaRunner:
 
     def _step(self, greedy: bool, rows: bool = False) -> None:
         """One decode step: the forward pass of tokens[0], then the pick (fused into the LM head
-        for greedy decoding where the head can)."""
+        for greedy decoding where the head can); where the model allows, all of it is one
+        persistent kernel (gpu/fused.py), the sampler after it."""
+        if not rows and self._fused:
+            self._fused.launch(greedy)
+            if not greedy:
+                self._pick(False, 0)
+            return
         if not self.model.forward(1, first=0, pick=(self._state, 0) if greedy else None, rows=rows):
             self._pick(greedy, 0)
 
@@ -599,28 +626,41 @@ class CudaRunner:
 
     def decode_logits(self, ids, forced):
         """Prefill `ids`, then feed each token of `forced` through the single-token (decode)
-        path; returns the logits after the prompt and after each forced token."""
+        path (gpu/fused.py's kernel where the decode graph runs it); returns the logits after the prompt and after each forced token."""
         import numpy as np
 
         n = len(ids)
+        self._prepare_fused()  # the step the decode graph runs: the fused kernel where there is one
         self.prefill(Step.of(Seq.prompt(ids)))
         out = [self._fetch(self.model.p("logits"), (self.config.vocab_size,), np)]
         for j, tok in enumerate(forced):
             self.write(Step.of(Seq.prompt([tok], start=n + j)))
-            self.model.forward(1, first=0)
+            if self._fused:
+                self._fused.launch(greedy=False)
+            else:
+                self.model.forward(1, first=0)
             out.append(self._fetch(self.model.p("logits"), (self.config.vocab_size,), np))
         return out
 
-    def _fetch(self, dptr, shape, np):
+    def fused_profile(self, repeats: int = 20) -> list[dict] | None:
+        """gpu/fused.py's per-op profile of one decode step (reflex bench); None without the fused step."""
+        import numpy as np
+
+        self._prepare_fused()
+        if not self._fused:
+            return None
+        return self._fused.profile(lambda ptr, n: self._fetch(ptr, (n,), np, np.uint64), repeats)
+
+    def _fetch(self, dptr, shape, np, dtype=None):
         count = 1
         for s in shape:
             count *= s
-        host = np.empty(shape, dtype=np.float32)
+        host = np.empty(shape, dtype=dtype or np.float32)
         self.dev.sync(self.stream)
         from cuda.bindings import driver as cu
 
         from .driver import check
 
-        check(cu.cuMemcpyDtoH(host.ctypes.data, dptr, 4 * count), "cuMemcpyDtoH")
+        check(cu.cuMemcpyDtoH(host.ctypes.data, dptr, host.itemsize * count), "cuMemcpyDtoH")
         return host
 

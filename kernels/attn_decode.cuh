@@ -1,0 +1,385 @@
+// attn_decode.cuh: the body of attn_decode.cu's kernel (described there), as a device function
+// that reflex_fused_step (fused_step.cu) runs too.
+#pragma once
+
+#include "stage.cuh"
+
+#define ATD_THREADS 128
+#define ATD_TILE 32
+#define ATD_MAXG 16
+#define ATD_MAXSPLIT 64
+#define ATD_ITEMS 8  // (head, 4 dims) items per thread: G * hd_v / 4 <= 1024
+#define ATD_PAD 64    // bytes after each K / V row in shared memory
+
+// Start copying the K and V rows of keys [ja, jb) into tile slots j - t0. Rows are padded by 64
+// bytes in shared memory: a quarter warp then reads 4 chunks of each of 2 keys from 8 different
+// groups of banks.
+__device__ __forceinline__ void atd_stage(uint8_t* kt, uint8_t* vt, const half* kbase, const half* vbase, int ja,
+                                          int jb, int t0, int hd, int hd_v, const int* blocks) {
+    int kc = hd / 8, vc = hd_v / 8, n = jb - ja;
+    int ks = 2 * hd + ATD_PAD, vs = 2 * hd_v + ATD_PAD;
+    for (int i = threadIdx.x; i < n * kc; i += ATD_THREADS) {
+        int j = ja + i / kc, c = i % kc;
+        rx_cp16(kt + (j - t0) * ks + 16 * c, kbase + rx_kv_row(blocks, j) * hd + 8 * c);
+    }
+    for (int i = threadIdx.x; i < n * vc; i += ATD_THREADS) {
+        int j = ja + i / vc, c = i % vc;
+        rx_cp16(vt + (j - t0) * vs + 16 * c, vbase + rx_kv_row(blocks, j) * hd_v + 8 * c);
+    }
+}
+
+// The fused rope + cache store's inputs (kernels/rope.cu's, for one token); k == NULL: q is
+// already rotated and the cache already holds the new key (a separate rope launch ran).
+struct AtdRope {
+    const float* k;        // raw key heads (n_head_kv x hd), this step's
+    const float* v;        // raw value heads (n_head_kv x hd_v)
+    const float* q_norm;   // per-head RMSNorm weights (hd) or NULL
+    const float* k_norm;
+    const float* factors;  // rope_dim / 2 frequency divisors or NULL
+    float eps, base, freq_scale;
+    int rope_dim, mode;    // mode 0: NeoX, 1: pairwise
+};
+
+// cos / sin of the rope_dim / 2 angles at position pos, computed in double as rope.cu does.
+__device__ void atd_angles(const AtdRope& r, int pos, float2* cs) {
+    double p = (double)pos * (double)r.freq_scale;
+    for (int i = threadIdx.x; i < r.rope_dim / 2; i += ATD_THREADS) {
+        double a = p * pow((double)r.base, -2.0 * (double)i / (double)r.rope_dim), sn, cn;
+        if (r.factors) a /= (double)r.factors[i];
+        sincos(a, &sn, &cn);
+        cs[i] = make_float2((float)cn, (float)sn);
+    }
+}
+
+// One warp: head h (hd floats in shared memory) RMS-normalized with nw (if given), then rotated.
+__device__ void atd_rope_head(float* h, int hd, const float* nw, const AtdRope& r, const float2* cs) {
+    int lane = threadIdx.x & 31;
+    if (nw) {
+        float ss = 0.f;
+        for (int d = lane; d < hd; d += 32) ss += h[d] * h[d];
+        float scale = rsqrtf(warp_sum(ss) / hd + r.eps);
+        for (int d = lane; d < hd; d += 32) h[d] *= scale * nw[d];
+        __syncwarp();
+    }
+    int half_dim = r.rope_dim / 2;
+    for (int i = lane; i < half_dim; i += 32) {
+        int a = r.mode == 1 ? 2 * i : i, b = r.mode == 1 ? 2 * i + 1 : i + half_dim;
+        float x0 = h[a], x1 = h[b], c = cs[i].x, sn = cs[i].y;
+        h[a] = x0 * c - x1 * sn;
+        h[b] = x0 * sn + x1 * c;
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
+    const half2* h = reinterpret_cast<const half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+// The block's barrier: named barrier 1 of the ATD_THREADS threads that run atd_body (a block of
+// reflex_fused_step has more threads; they do not take part).
+__device__ __forceinline__ void atd_sync() { asm volatile("bar.sync 1, %0;" ::"n"(ATD_THREADS) : "memory"); }
+
+// The kernel's parameters, as one value (reflex_fused_step passes them from its program).
+struct AtdArgs {
+    const float* q;
+    half* k_cache;
+    half* v_cache;
+    int* kv_pos;
+    const int* q_pos;
+    const int* q_slot;
+    const int* seq_lo;
+    const int* n_kv_ptr;
+    float* out;
+    float* part_o;
+    float* part_ml;
+    int* counters;
+    int n_head, n_head_kv, hd, hd_v, n_rows, window;
+    float scale, softcap;
+    int min_keys, prefetch, window_slots;
+    AtdRope rope;
+    const int* kv_blocks;
+};
+
+// The work of block (kvh, split, row) of a grid of max_split slices per KV head; smem: the
+// dynamic shared memory (atd_smem_bytes). Every thread of the block calls it.
+__device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row) {
+    const float* q = a.q;
+    half *k_cache = a.k_cache, *v_cache = a.v_cache;
+    int* kv_pos = a.kv_pos;
+    const int *q_pos = a.q_pos, *q_slot = a.q_slot, *seq_lo = a.seq_lo, *n_kv_ptr = a.n_kv_ptr;
+    float *out = a.out, *part_o = a.part_o, *part_ml = a.part_ml;
+    int* counters = a.counters;
+    int n_head = a.n_head, n_head_kv = a.n_head_kv, hd = a.hd, hd_v = a.hd_v, n_rows = a.n_rows, window = a.window;
+    float scale = a.scale, softcap = a.softcap;
+    int min_keys = a.min_keys, prefetch = a.prefetch, window_slots = a.window_slots;
+    AtdRope rope = a.rope;
+    const int* kv_blocks = a.kv_blocks;
+rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
+    __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
+    __shared__ float mw[ATD_MAXG * ATD_MAXSPLIT];
+    __shared__ float2 cs[128];            // rope: cos / sin per pair (rope_dim <= 256)
+    __shared__ float knew[256];           // rope: the new key, normalized and rotated
+    __shared__ __align__(16) half kv16[512];  // rope: the new key and value as stored (f16)
+    __shared__ int is_last;
+    int G = n_head / n_head_kv;
+    // Row `row` is its own sequence's decode token (a batch of sequences, one token each): its
+    // inputs, outputs, partials and counters are the row's own, its keys start at seq_lo[row].
+    q += (long)row * n_head * hd;
+    q_pos += row, q_slot += row;
+    out += (long)row * n_head * hd_v;
+    part_o += (long)row * n_head * max_split * hd_v;
+    part_ml += (long)row * n_head * max_split * 2;
+    counters += (long)row * n_head_kv;
+    int first = seq_lo ? seq_lo[row] : 0;
+    if (rope.k) rope.k += (long)row * n_head_kv * hd, rope.v += (long)row * n_head_kv * hd_v;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int ks = 2 * hd + ATD_PAD, vs = 2 * hd_v + ATD_PAD;
+    float* qs = reinterpret_cast<float*>(smem);  // G x hd, pre-scaled
+    float* S = qs + G * hd;                             // G x 32 scores, then probabilities
+    uint8_t* kt0 = reinterpret_cast<uint8_t*>(S + G * ATD_TILE);  // 2 K tiles, then 2 V tiles
+    uint8_t* vt0 = kt0 + 2 * ATD_TILE * ks;
+    half* kbase = k_cache + (long)kvh * n_rows * hd;
+    half* vbase = v_cache + (long)kvh * n_rows * hd_v;
+    bool fused = rope.k != nullptr;
+
+    int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
+    auto plan = [&]() {  // the same numbers in every block of the KV head
+        n_vis = min(*n_kv_ptr, *q_slot + 1);
+        lo = window > 0 && window_slots ? max(first, n_vis - window) : first;
+        n_split = min(max_split, max(1, (n_vis - lo + min_keys - 1) / min_keys));
+        chunk = (n_vis - lo + n_split - 1) / n_split;
+        j0 = min(n_vis, lo + split * chunk);
+        j1 = min(n_vis, j0 + chunk);
+    };
+    // Keys staged before the wait: slots older than the newest (written by earlier launches). The
+    // newest is staged after it, or, fused, made here from this step's raw key and value.
+    int jn = -1;  // the newest key's slot (fused: the one this kernel writes)
+    if (prefetch) {
+        plan();
+        if (split >= n_split) return;
+        jn = fused ? *q_slot : n_vis - 1;
+        int t_end = min(j1, j0 + ATD_TILE);
+        atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v, kv_blocks);
+        if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v, kv_blocks);
+    }
+    rx_pdl_begin();
+    if (!prefetch) {
+        plan();
+        if (split >= n_split) return;
+        jn = fused ? *q_slot : n_vis - 1;
+        int t_end = min(j1, j0 + ATD_TILE);
+        if (fused) {  // every key of the tile but the one this kernel makes
+            atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v, kv_blocks);
+            if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v, kv_blocks);
+        } else {
+            atd_stage(kt0, vt0, kbase, vbase, j0, t_end, j0, hd, hd_v, kv_blocks);
+        }
+    } else if (!fused && jn >= j0 && jn < min(j1, j0 + ATD_TILE)) {
+        atd_stage(kt0, vt0, kbase, vbase, jn, jn + 1, j0, hd, hd_v, kv_blocks);  // the newest key
+    }
+    rx_cp_commit();
+
+    int my_pos = *q_pos;
+    const float* qh = q + (long)kvh * G * hd;
+    if (!fused) {
+        for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i] * scale;
+    } else {
+        // q heads (and, in the new key's slice, the key) normalized and rotated as rope.cu does.
+        // The block whose slice holds the new slot writes the new key and value (the last one
+        // when the slot is not visible); trailing slices can be empty, so it need not be the last.
+        bool mine = jn < n_vis ? split == (jn - lo) / chunk : split == n_split - 1;
+        for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i];
+        if (mine)
+            for (int d = tid; d < hd; d += ATD_THREADS) knew[d] = rope.k[(long)kvh * hd + d];
+        atd_angles(rope, my_pos, cs);
+        atd_sync();
+        for (int g = warp; g < G + (mine ? 1 : 0); g += ATD_THREADS / 32)
+            atd_rope_head(g < G ? qs + g * hd : knew, hd, g < G ? rope.q_norm : rope.k_norm, rope, cs);
+        atd_sync();
+        for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] *= scale;
+        if (mine) {
+            long at = rx_kv_row(kv_blocks, jn);
+            for (int d = tid; d < hd; d += ATD_THREADS) {
+                half h = __float2half(knew[d]);
+                kv16[d] = h;
+                kbase[at * hd + d] = h;
+            }
+            for (int d = tid; d < hd_v; d += ATD_THREADS) {
+                half h = __float2half(rope.v[(long)kvh * hd_v + d]);
+                kv16[256 + d] = h;
+                vbase[at * hd_v + d] = h;
+            }
+            if (kvh == 0 && tid == 0) kv_pos[jn] = my_pos;  // for sliding windows
+        }
+    }
+    if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.f;
+    int n_c4 = hd_v / 4, n_items = G * n_c4;
+    float acc[ATD_ITEMS][4];
+#pragma unroll
+    for (int i = 0; i < ATD_ITEMS; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    int kk = tid >> 2, q4 = tid & 3;  // scoring: key kk of the tile, 16-byte chunks q4, q4 + 4, ...
+
+    int buf = 0;
+    for (int t0 = j0; t0 < j1; t0 += ATD_TILE, buf ^= 1) {
+        int nk = min(ATD_TILE, j1 - t0);
+        const uint8_t* kt = kt0 + buf * ATD_TILE * ks;
+        const uint8_t* vt = vt0 + buf * ATD_TILE * vs;
+        rx_cp_wait_all();
+        atd_sync();  // this tile has landed; nobody still reads the other buffer
+        if (fused && jn >= t0 && jn < t0 + nk) {  // the new key and value, made above
+            uint8_t* kd = const_cast<uint8_t*>(kt) + (jn - t0) * ks;
+            uint8_t* vd = const_cast<uint8_t*>(vt) + (jn - t0) * vs;
+            for (int c = tid; c < hd / 8; c += ATD_THREADS)
+                reinterpret_cast<uint4*>(kd)[c] = reinterpret_cast<const uint4*>(kv16)[c];
+            for (int c = tid; c < hd_v / 8; c += ATD_THREADS)
+                reinterpret_cast<uint4*>(vd)[c] = reinterpret_cast<const uint4*>(kv16 + 256)[c];
+            atd_sync();
+        }
+        if (t0 + ATD_TILE < j1) {
+            int u0 = t0 + ATD_TILE, u1 = min(j1, u0 + ATD_TILE);
+            uint8_t* kn = kt0 + (buf ^ 1) * ATD_TILE * ks;
+            uint8_t* vn = vt0 + (buf ^ 1) * ATD_TILE * vs;
+            if (fused && jn >= u0 && jn < u1) {  // all but the new key: it is not in the cache yet
+                atd_stage(kn, vn, kbase, vbase, u0, jn, u0, hd, hd_v, kv_blocks);
+                atd_stage(kn, vn, kbase, vbase, jn + 1, u1, u0, hd, hd_v, kv_blocks);
+            } else {
+                atd_stage(kn, vn, kbase, vbase, u0, u1, u0, hd, hd_v, kv_blocks);
+            }
+            rx_cp_commit();
+        }
+        // scores of the tile's keys against every head
+        float s[ATD_MAXG];
+#pragma unroll
+        for (int g = 0; g < ATD_MAXG; g++) s[g] = 0.f;
+        if (kk < nk) {
+            const uint8_t* krow = kt + kk * ks;
+            for (int c = q4; c < hd / 8; c += 4) {
+                float kf[8];
+                atd_h8(*reinterpret_cast<const uint4*>(krow + 16 * c), kf);
+#pragma unroll
+                for (int g = 0; g < ATD_MAXG; g++) {
+                    if (g >= G) break;
+                    float4 a = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[0];
+                    float4 b = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[1];
+                    s[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
+                            b.z * kf[6] + b.w * kf[7];
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < ATD_MAXG; g++) {
+            if (g >= G) break;
+            s[g] += __shfl_xor_sync(0xffffffffu, s[g], 1);
+            s[g] += __shfl_xor_sync(0xffffffffu, s[g], 2);
+        }
+        if (q4 == 0) {
+            // the new key's kv_pos may still be on its way (another block writes it): it is at my_pos
+            bool newest = fused && t0 + kk == jn;
+            bool ok = kk < nk && !(window > 0 && !newest && my_pos - kv_pos[t0 + kk] >= window);
+#pragma unroll
+            for (int g = 0; g < ATD_MAXG; g++) {
+                if (g >= G) break;
+                float v = s[g];
+                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
+                S[g * ATD_TILE + kk] = ok ? v : -INFINITY;
+            }
+        }
+        atd_sync();
+        // online softmax, one warp per head, one key per lane
+        for (int g = warp; g < G; g += ATD_THREADS / 32) {
+            float v = S[g * ATD_TILE + lane];
+            float mo = m_run[g], mn = fmaxf(mo, warp_max(v));
+            float c = 1.f, p = 0.f;
+            if (mn != -INFINITY) {
+                c = mo == -INFINITY ? 0.f : __expf(mo - mn);
+                p = __expf(v - mn);
+            }
+            float ps = warp_sum(p);
+            S[g * ATD_TILE + lane] = p;
+            if (lane == 0) corr[g] = c, m_run[g] = mn, l_run[g] = l_run[g] * c + ps;
+        }
+        atd_sync();
+        // acc = acc * corr + P V, 4 dimensions of one head per item
+#pragma unroll
+        for (int i = 0; i < ATD_ITEMS; i++) {
+            int idx = tid + ATD_THREADS * i;
+            if (idx >= n_items) break;
+            int g = idx / n_c4, c4 = idx - g * n_c4;
+            float cg = corr[g];
+            float a0 = acc[i][0] * cg, a1 = acc[i][1] * cg, a2 = acc[i][2] * cg, a3 = acc[i][3] * cg;
+            const float* pg = S + g * ATD_TILE;
+            const uint8_t* vp = vt + 8 * c4;
+            for (int j = 0; j < nk; j++) {
+                float p = pg[j];
+                uint2 raw = *reinterpret_cast<const uint2*>(vp + j * vs);
+                float2 f0 = __half22float2(*reinterpret_cast<const half2*>(&raw.x));
+                float2 f1 = __half22float2(*reinterpret_cast<const half2*>(&raw.y));
+                a0 += p * f0.x, a1 += p * f0.y, a2 += p * f1.x, a3 += p * f1.y;
+            }
+            acc[i][0] = a0, acc[i][1] = a1, acc[i][2] = a2, acc[i][3] = a3;
+        }
+    }
+    atd_sync();  // m_run / l_run visible even when the slice was empty
+
+    long h0 = (long)kvh * G;  // the block's first query head
+    if (n_split == 1) {
+#pragma unroll
+        for (int i = 0; i < ATD_ITEMS; i++) {
+            int idx = tid + ATD_THREADS * i;
+            if (idx >= n_items) break;
+            int g = idx / n_c4, c4 = idx - g * n_c4;
+            float l = l_run[g], inv = l > 0.f ? 1.f / l : 0.f;
+            float4 o = make_float4(acc[i][0] * inv, acc[i][1] * inv, acc[i][2] * inv, acc[i][3] * inv);
+            reinterpret_cast<float4*>(out + (h0 + g) * hd_v)[c4] = o;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < ATD_ITEMS; i++) {
+        int idx = tid + ATD_THREADS * i;
+        if (idx >= n_items) break;
+        int g = idx / n_c4, c4 = idx - g * n_c4;
+        reinterpret_cast<float4*>(part_o + ((h0 + g) * max_split + split) * hd_v)[c4] =
+            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    }
+    if (tid < G) {
+        part_ml[((h0 + tid) * max_split + split) * 2] = m_run[tid];
+        part_ml[((h0 + tid) * max_split + split) * 2 + 1] = l_run[tid];
+    }
+    __threadfence();  // our partials are visible before this block counts itself done
+    atd_sync();
+    if (tid == 0) is_last = atomicAdd(&counters[kvh], 1) == n_split - 1;
+    atd_sync();
+    if (!is_last) return;
+    __threadfence();
+    // Merge: per head, weights e_s / sum(l_s e_s) with e_s = exp(m_s - max m), then the weighted sum.
+    for (int g = warp; g < G; g += ATD_THREADS / 32) {
+        const float* ml = part_ml + (h0 + g) * max_split * 2;
+        float m0 = lane < n_split ? __ldcg(ml + 2 * lane) : -INFINITY;
+        float l0 = lane < n_split ? __ldcg(ml + 2 * lane + 1) : 0.f;
+        float m1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
+        float l1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.f;
+        float M = warp_max(fmaxf(m0, m1));
+        float e0 = m0 == -INFINITY ? 0.f : __expf(m0 - M), e1 = m1 == -INFINITY ? 0.f : __expf(m1 - M);
+        float den = warp_sum(l0 * e0 + l1 * e1);
+        float inv = den > 0.f ? 1.f / den : 0.f;
+        mw[g * ATD_MAXSPLIT + lane] = e0 * inv;
+        mw[g * ATD_MAXSPLIT + lane + 32] = e1 * inv;
+    }
+    atd_sync();
+    for (int idx = tid; idx < G * hd_v; idx += ATD_THREADS) {
+        int g = idx / hd_v, d = idx - g * hd_v;
+        const float* po = part_o + (h0 + g) * max_split * hd_v + d;
+        const float* wg = mw + g * ATD_MAXSPLIT;
+        float o = 0.f;
+#pragma unroll 8
+        for (int s2 = 0; s2 < n_split; s2++) o += __ldcg(po + (long)s2 * hd_v) * wg[s2];
+        out[(h0 + g) * hd_v + d] = o;
+    }
+    if (tid == 0) counters[kvh] = 0;  // ready for the next replay
+}

@@ -1,0 +1,263 @@
+// fused_step.cu: a whole decode step of a dense model (embedding, every layer, the LM head and
+// the greedy pick) as ONE persistent kernel that runs a program of ops (fused_step.h) built by
+// gpu/fused.py, the phases separated by a grid-wide barrier instead of kernel boundaries.
+//
+// Why: a 28-layer model's step is ~140 kernels of 1-7 MB each. Even chained by PDL in a graph,
+// each boundary drains the GPU and ramps it up again (the 0.6B Q8_0 step read its weights at
+// ~0.6 TB/s of the H200's ~4 TB/s). Here one block per SM stays resident for the whole step; a
+// block stages the weights of its next tile with cp.async while it computes the current one, and
+// when an op ends it stages its first tile of the NEXT op before it waits at the barrier: weight
+// traffic runs through the barriers, and only activations (a few KB, from L2) wait for them.
+//
+// Grid: co-resident blocks (one per SM; a cooperative launch where the driver allows it),
+// FS_THREADS threads. Dynamic smem: two tile buffers of buf_bytes, the partial row sums (red_off),
+// the attention's working memory (attn_off; attn_decode.cuh), then a copy of the program
+// (prog_off). stamps (NULL: none; 4 n_ops zeroed u64): per op, block 0's start, the last block's
+// start, the last block's "x and first tile in" (matrix ops) and the last block's end of its work
+// (%globaltimer ns), for FusedStep.profile. Matrix tiles: block b takes
+// tiles b, b + grid, ...; each row is mvs.cuh's dot (the same sums as reflex_mvs_*), x' in
+// registers. FS_ATTN: work item i = (KV head i % n_head_kv, slice i / n_head_kv) runs atd_body on
+// the block's first 128 threads while the others stage the next op's tile. FS_NORM and FS_EMBED
+// run on block 0. FS_HEAD ends the program: with a pick, mvs_pick's last block advances the state.
+//
+// The barrier (fs_grid_sync): a release add on an arrival counter, then an acquire spin on it (so
+// plain loads after it see every block's writes). bar: a zeroed u64 of the model's arena.
+// Requirements (host-checked, gpu/fused.py): what mvs.cu and attn_decode.cu require of their
+// inputs, every tile's rows within buf_bytes (FS_GLU: two runs in halves), all blocks resident,
+// weights inside the model's arena (tiles are copied in whole 16-byte chunks: rx_stage_hull).
+#include "attn_decode.cuh"
+#include "embed.cuh"
+#include "fused_step.h"
+#include "mvs.cuh"
+#include "norm.cuh"
+
+#define FS_THREADS 256
+
+// Barrier k of this launch: arrive (a release add, no round trip to wait for), then spin until
+// all gridDim.x blocks have. bar counts arrivals since the arena was zeroed; every launch runs whole
+// barriers of gridDim.x arrivals, so `base` (the count at this launch's start rounded down to a
+// multiple of gridDim.x: fewer than gridDim.x arrivals of this launch can precede a block's first)
+// + (k + 1) gridDim.x is reached when barrier k is complete.
+__device__ __forceinline__ void fs_grid_sync(unsigned long long* bar, unsigned long long target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long c;
+        asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+        } while (c < target);
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ unsigned long long fs_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ bool fs_weight_op(int kind) { return kind == FS_MV || kind == FS_GLU || kind == FS_HEAD; }
+
+// Tile t of a matrix op: its matrix s, first row r0 and row count n. False past the last tile.
+__device__ __forceinline__ bool fs_tile(const FsMv& m, int kind, int t, int* s, int* r0, int* n) {
+    int n_w = kind == FS_GLU ? 1 : m.n_w;
+    for (int i = 0; i < n_w; i++) {
+        int nt = (m.rows[i] + m.rb - 1) / m.rb;
+        if (t < nt) {
+            *s = i, *r0 = t * m.rb, *n = min(m.rb, m.rows[i] - t * m.rb);
+            return true;
+        }
+        t -= nt;
+    }
+    return false;
+}
+
+// Start copying tile t of op `op` (a matrix op) into buf with threads [t0, t0 + nt) of the
+// block; FS_GLU's up rows go to the buffer's second half. False: the op has no tile t.
+__device__ bool fs_stage(const FsOp* op, int t, uint8_t* buf, int buf_bytes, int t0, int nt) {
+    int kind = op->kind;
+    if (!fs_weight_op(kind)) return false;
+    const FsMv& m = op->u.mv;
+    int s, r0, n;
+    if (!fs_tile(m, kind, t, &s, &r0, &n)) return false;
+    long rb = m.row_bytes[s];
+    int tid = threadIdx.x - t0;
+    if (tid < 0 || tid >= nt) return true;
+    rx_stage_hull(buf, m.w[s] + r0 * rb, n * rb, tid, nt);
+    if (kind == FS_GLU) rx_stage_hull(buf + buf_bytes / 2, m.w[1] + r0 * rb, n * rb, tid, nt);
+    return true;
+}
+
+// x' in registers for lane layout RL (see mvs.cuh), for the op's K and wpr.
+template <int RL>
+__device__ __forceinline__ void fs_load_x(const FsMv& m, float (&xr)[MVS_NX][8], float (&xs)[MVS_NX], float* scratch) {
+    int part = (threadIdx.x >> 5) % m.wpr;
+    float nw[MVS_NX][8];
+    mvs_load_nw<RL>(m.norm_w, m.K, part, m.wpr, nw);
+    mvs_load_x<RL>(m.x, m.K, m.norm_w != nullptr, nw, m.eps, part, m.wpr, xr, xs, scratch);
+}
+
+// Partial sums of rows [0, n) of one staged run into red[(base + i) * wpr + part], by type.
+__device__ __forceinline__ void fs_rows(int type, const uint8_t* srow, long row_bytes, int n,
+                                        const float (&xr)[MVS_NX][8], const float (&xs)[MVS_NX], int K, int wpr,
+                                        float* red, int base) {
+#define FS_ROWS_CASE(name, T)                                                \
+    case T:                                                                  \
+        mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, base);    \
+        break;
+    switch (type) { RX_FOR_EACH_TYPE(FS_ROWS_CASE) }
+#undef FS_ROWS_CASE
+}
+
+__device__ __forceinline__ int fs_rl(int type) { return (type == RX_Q8_0 || type == RX_Q4_K || type == RX_Q6_K) ? 4 : 1; }
+
+// One matrix op: this block's tiles; on its last tile it stages its first tile of op `next`
+// (if a matrix op). Returns whether that was staged (it then sits in buf[cur] afterwards).
+__device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t* smem, int buf_bytes, int red_off,
+                          int& cur, unsigned long long* ready) {
+    __shared__ float scratch[MVS_WARPS];
+    const FsMv& m = op->u.mv;
+    int kind = op->kind, G = gridDim.x;
+    uint8_t* buf[2] = {smem, smem + buf_bytes};
+    float* red = reinterpret_cast<float*>(smem + red_off);
+    if (!staged) fs_stage(op, blockIdx.x, buf[cur], buf_bytes, 0, FS_THREADS), rx_cp_commit();
+    float xr[MVS_NX][8], xs[MVS_NX];
+    int rl = 0;  // the lane layout x' is loaded for (0: none yet)
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    bool next_staged = false;
+    int s, r0, n;
+    bool any = false, any_done = false;
+    for (int t = blockIdx.x; fs_tile(m, kind, t, &s, &r0, &n); t += G) {
+        any = true;
+        int tn, r0n, nn;
+        if (fs_tile(m, kind, t + G, &tn, &r0n, &nn)) fs_stage(op, t + G, buf[cur ^ 1], buf_bytes, 0, FS_THREADS);
+        else if (next) next_staged = fs_stage(next, blockIdx.x, buf[cur ^ 1], buf_bytes, 0, FS_THREADS);
+        rx_cp_commit();
+        int type = m.type[s], want = fs_rl(type);
+        float* y = m.y[s] + r0;
+        // the accumulated rows' old values, issued now and used last (no load left after the dots)
+        float prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
+        if (want != rl) {  // the x loads overlap the tile's copies
+            if (want == 4) fs_load_x<4>(m, xr, xs, scratch);
+            else fs_load_x<1>(m, xr, xs, scratch);
+            rl = want;
+        }
+        rx_cp_wait_prior<1>();
+        __syncthreads();
+        if (ready && !any_done && threadIdx.x == 0) atomicMax(ready, fs_now());  // x and the first tile in
+        any_done = true;
+        long rbytes = m.row_bytes[s];
+        const uint8_t* w = m.w[s] + r0 * rbytes;
+        const uint8_t* srow = buf[cur] + (reinterpret_cast<uintptr_t>(w) & 15);
+        fs_rows(type, srow, rbytes, n, xr, xs, m.K, m.wpr, red, 0);
+        if (kind == FS_GLU) {
+            const uint8_t* su = buf[cur] + buf_bytes / 2 + (reinterpret_cast<uintptr_t>(m.w[1] + r0 * rbytes) & 15);
+            fs_rows(type, su, rbytes, n, xr, xs, m.K, m.wpr, red, m.rb);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += FS_THREADS) {
+            float v = mvs_total(red, i, m.wpr);
+            if (kind == FS_GLU) {
+                y[i] = rx_act(v, m.act) * mvs_total(red, m.rb + i, m.wpr);
+                continue;
+            }
+            if (m.accumulate) v += i == (int)threadIdx.x ? prev : y[i];
+            y[i] = v;
+            if (v != v) v = -INFINITY;  // NaN never wins
+            if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
+        }
+        __syncthreads();  // red and buf[cur] are free again
+        cur ^= 1;
+    }
+    if (!any && next) {  // no tile of this op: stage the next op's first one now
+        next_staged = fs_stage(next, blockIdx.x, buf[cur], buf_bytes, 0, FS_THREADS);
+        rx_cp_commit();
+    }
+    if (kind == FS_HEAD && m.pick.part_v) {
+        MvsPick pick;
+        pick.part_v = m.pick.part_v, pick.part_i = m.pick.part_i, pick.counter = m.pick.counter, pick.last = m.pick.last;
+        pick.st = RxState{m.pick.st[0], m.pick.st[1], m.pick.st[2], m.pick.st[3], m.pick.st[4], m.pick.st[5]};
+        mvs_pick(pick, bv, bi);
+    }
+    return next_staged;
+}
+
+extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
+    reflex_fused_step(const FsOp* prog, int n_ops, unsigned long long* bar, int buf_bytes, int red_off,
+                      int attn_off, int prog_off, unsigned long long* stamps) {
+    rx_pdl_begin();  // a no-op: a cooperative launch is not a programmatic dependent
+    uint8_t* smem = rx_dyn_smem;
+    // the program in shared memory: its fields are read at every op, and each barrier's fence
+    // would send those reads back to L2
+    const FsOp* ops = reinterpret_cast<const FsOp*>(smem + prog_off);
+    rx_stage(smem + prog_off, reinterpret_cast<const uint8_t*>(prog), (long)n_ops * sizeof(FsOp));
+    rx_cp_commit();
+    __shared__ unsigned long long base;  // fs_grid_sync's
+    if (threadIdx.x == 0) {
+        unsigned long long c;
+        asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+        base = c / gridDim.x * gridDim.x;
+    }
+    rx_cp_wait_all();
+    __syncthreads();
+    int n = n_ops;  // stamps: [block 0's start | last block's start | last ready | last end] x n_ops
+    int cur = 0;          // the tile buffer the next matrix op's first tile is (or goes) in
+    bool staged = false;  // whether it was staged already (by the op before)
+    for (int i = 0; i < n_ops; i++) {
+        const FsOp* op = ops + i;
+        const FsOp* next = i + 1 < n_ops ? ops + i + 1 : nullptr;
+        int kind = op->kind;
+        if (stamps && threadIdx.x == 0) {
+            unsigned long long t = fs_now();
+            if (blockIdx.x == 0) stamps[i] = t;
+            atomicMax(stamps + n + i, t);
+        }
+        if (fs_weight_op(kind)) {
+            staged = fs_matrix(op, next, staged, smem, buf_bytes, red_off, cur, stamps ? stamps + 2 * n + i : nullptr);
+        } else {
+            // the op's work on some threads; the block's other threads stage the next op's first
+            // tile meanwhile (all of them, after the work, on a block with work for all)
+            int t0 = 0, nt = FS_THREADS;
+            if (kind == FS_ATTN) {
+                const FsAttn& f = op->u.attn;
+                if (blockIdx.x < f.n_head_kv * f.max_split) {
+                    if (threadIdx.x < ATD_THREADS) {
+                        AtdRope r{f.rope.k, f.rope.v, f.rope.q_norm, f.rope.k_norm, f.rope.factors, f.rope.eps,
+                                  f.rope.base, f.rope.freq_scale, f.rope.rope_dim, f.rope.mode};
+                        AtdArgs a{f.q, (half*)f.k_cache, (half*)f.v_cache, f.kv_pos, f.q_pos, f.q_slot, f.seq_lo,
+                                  f.n_kv_ptr, f.out, f.part_o, f.part_ml, f.counters, f.n_head, f.n_head_kv, f.hd,
+                                  f.hd_v, f.n_rows, f.window, f.scale, f.softcap, f.min_keys, f.prefetch,
+                                  f.window_slots, r, f.kv_blocks};
+                        for (int w = blockIdx.x; w < f.n_head_kv * f.max_split; w += gridDim.x)
+                            atd_body(a, smem + attn_off, w % f.n_head_kv, w / f.n_head_kv, f.max_split, 0);
+                    }
+                    t0 = ATD_THREADS, nt = FS_THREADS - ATD_THREADS;
+                }
+            } else if (blockIdx.x == 0) {
+                __shared__ float nscratch[32];
+                if (kind == FS_NORM) {
+                    const FsNorm& f = op->u.norm;
+                    rx_rmsnorm_row(f.src, f.w_src, f.resid, f.w_out, f.out, f.n, f.eps, nscratch);
+                } else if (kind == FS_EMBED) {
+                    const FsEmbed& f = op->u.embed;
+#define FS_EMBED_CASE(name, T)                                                                      \
+    case T:                                                                                         \
+        rx_embed_row<T>(f.table, f.row_bytes, f.tokens[0], f.out, f.n_embd, f.n_vocab, f.scale);    \
+        break;
+                    switch (f.type) { RX_FOR_EACH_TYPE(FS_EMBED_CASE) }
+#undef FS_EMBED_CASE
+                }
+            }
+            if (next) {
+                staged = fs_stage(next, blockIdx.x, smem + cur * buf_bytes, buf_bytes, t0, nt);
+                rx_cp_commit();
+            }
+        }
+        if (stamps) {  // profiling (FusedStep.profile): the last block's end of this op's work
+            __syncthreads();
+            if (threadIdx.x == 0) atomicMax(stamps + 3 * n + i, fs_now());
+        }
+        if (next) fs_grid_sync(bar, base + (unsigned long long)(i + 1) * gridDim.x);
+    }
+}

@@ -1,0 +1,100 @@
+// fused_step.h: the program reflex_fused_step (fused_step.cu) runs, one op per phase of a decode
+// step. Plain C layouts, mirrored by gpu/ops/fused_step.py (tests/test_fused_step.py compiles
+// this header on the host and compares every offset with the ctypes mirror).
+#pragma once
+
+#include <stdint.h>
+
+
+#define FS_EMBED 0  // x = scale * embedding row of tokens[0]
+#define FS_MV 1     // y_s (+)= W_s x' for up to three matrices sharing x (q, k, v)
+#define FS_GLU 2    // y = act(Wg x') * (Wu x')
+#define FS_ATTN 3   // attention of the step's token (attn_decode.cuh, the rope and cache store fused)
+#define FS_NORM 4   // norm.cuh's rx_rmsnorm_row (Gemma's post-norm, residual add and next pre-norm)
+#define FS_HEAD 5   // logits = W x', the greedy pick fused when pick.part_v is set; the last op
+
+// mvs.cuh's MvsPick with state.cuh's RxState spelled out (six int pointers)
+typedef struct {
+    float* part_v;
+    int* part_i;
+    int* counter;
+    int* st[6];  // tokens, pos, slot, n_kv, step, out_tokens
+    int last;
+} FsPick;
+
+// Matrix ops: tile t of the op is rows [t * rb, t * rb + rb) of one matrix (the matrices' tiles
+// in order; FS_GLU: of gate and up together). x' = x, RMS-normalized with norm_w when set.
+typedef struct {
+    const uint8_t* w[3];
+    float* y[3];
+    long row_bytes[3];
+    int rows[3];
+    int type[3];  // RX_* of quant.cuh
+    int n_w;
+    int K, rb, wpr, accumulate, act;
+    const float* x;
+    const float* norm_w;
+    float eps;
+    FsPick pick;
+} FsMv;
+
+typedef struct {
+    const float* src;
+    const float* w_src;
+    float* resid;
+    const float* w_out;
+    float* out;
+    int n;
+    float eps;
+} FsNorm;
+
+typedef struct {
+    const uint8_t* table;
+    long row_bytes;
+    const int* tokens;
+    float* out;
+    int n_embd, n_vocab, type;
+    float scale;
+} FsEmbed;
+
+// attn_decode.cuh's AtdRope and AtdArgs with plain pointers (the same layout)
+typedef struct {
+    const float* k;
+    const float* v;
+    const float* q_norm;
+    const float* k_norm;
+    const float* factors;
+    float eps, base, freq_scale;
+    int rope_dim, mode;
+} FsRope;
+
+typedef struct {
+    const float* q;
+    void* k_cache;
+    void* v_cache;
+    int* kv_pos;
+    const int* q_pos;
+    const int* q_slot;
+    const int* seq_lo;
+    const int* n_kv_ptr;
+    float* out;
+    float* part_o;
+    float* part_ml;
+    int* counters;
+    int n_head, n_head_kv, hd, hd_v, n_rows, window;
+    float scale, softcap;
+    int min_keys, prefetch, window_slots;
+    FsRope rope;
+    const int* kv_blocks;
+    int max_split;  // slices per KV head: work items n_head_kv * max_split over the grid
+} FsAttn;
+
+typedef struct {
+    int kind;
+    union {
+        FsMv mv;
+        FsAttn attn;
+        FsNorm norm;
+        FsEmbed embed;
+    } u;
+} FsOp;

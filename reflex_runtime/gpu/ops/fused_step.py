@@ -1,0 +1,118 @@
+"""kernels/fused_step.cu: a dense model's whole decode step as one persistent kernel running a
+program of ops (kernels/fused_step.h, mirrored here); gpu/fused.py builds the program from the
+model's blocks. `layout()` sizes its shared memory, `launch()` enqueues it."""
+
+from __future__ import annotations
+
+from ctypes import Structure, Union, c_float, c_int, c_long, c_void_p, sizeof
+from dataclasses import dataclass
+
+from .attn_decode import _smem as attn_smem
+from .mvs import MVS_NX, stage_bytes
+
+KERNELS = ("reflex_fused_step",)
+THREADS = 256  # FS_THREADS
+STATIC_SMEM = 8 * 1024  # the kernel's static shared memory (7.6 KB on sm_90) and headroom
+EMBED, MV, GLU, ATTN, NORM, HEAD = range(6)  # FS_* op kinds
+
+
+class FsPick(Structure):
+    _fields_ = [("part_v", c_void_p), ("part_i", c_void_p), ("counter", c_void_p), ("st", c_void_p * 6),
+                ("last", c_int)]
+
+
+class FsMv(Structure):
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("row_bytes", c_long * 3), ("rows", c_int * 3),
+                ("type", c_int * 3), ("n_w", c_int), ("K", c_int), ("rb", c_int), ("wpr", c_int),
+                ("accumulate", c_int), ("act", c_int), ("x", c_void_p), ("norm_w", c_void_p), ("eps", c_float),
+                ("pick", FsPick)]
+
+
+class FsNorm(Structure):
+    _fields_ = [("src", c_void_p), ("w_src", c_void_p), ("resid", c_void_p), ("w_out", c_void_p), ("out", c_void_p),
+                ("n", c_int), ("eps", c_float)]
+
+
+class FsEmbed(Structure):
+    _fields_ = [("table", c_void_p), ("row_bytes", c_long), ("tokens", c_void_p), ("out", c_void_p),
+                ("n_embd", c_int), ("n_vocab", c_int), ("type", c_int), ("scale", c_float)]
+
+
+class FsRope(Structure):
+    _fields_ = [("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("factors", c_void_p),
+                ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int)]
+
+
+class FsAttn(Structure):
+    _fields_ = [("q", c_void_p), ("k_cache", c_void_p), ("v_cache", c_void_p), ("kv_pos", c_void_p),
+                ("q_pos", c_void_p), ("q_slot", c_void_p), ("seq_lo", c_void_p), ("n_kv_ptr", c_void_p),
+                ("out", c_void_p), ("part_o", c_void_p), ("part_ml", c_void_p), ("counters", c_void_p),
+                ("n_head", c_int), ("n_head_kv", c_int), ("hd", c_int), ("hd_v", c_int), ("n_rows", c_int),
+                ("window", c_int), ("scale", c_float), ("softcap", c_float), ("min_keys", c_int),
+                ("prefetch", c_int), ("window_slots", c_int), ("rope", FsRope), ("kv_blocks", c_void_p),
+                ("max_split", c_int)]
+
+
+class FsU(Union):
+    _fields_ = [("mv", FsMv), ("attn", FsAttn), ("norm", FsNorm), ("embed", FsEmbed)]
+
+
+class FsOp(Structure):
+    _fields_ = [("kind", c_int), ("u", FsU)]
+
+
+OP_BYTES = sizeof(FsOp)
+
+
+def wpr_of(k: int) -> int | None:
+    """Warps per row for rows of k weights (mvs.plan's rule); None past 8."""
+    wpr = 1
+    while k > 8 * 32 * MVS_NX * wpr:
+        wpr *= 2
+    return wpr if wpr <= 8 and k % 8 == 0 else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The kernel's dynamic shared memory: two tile buffers, the row partial sums, the attention's
+    working memory, then the program's copy."""
+
+    buf_bytes: int
+    red_off: int
+    attn_off: int
+    prog_off: int
+    smem: int
+
+
+def layout(max_shared: int, attn_bytes: int, red_floats: int, n_ops: int) -> Layout | None:
+    """The largest tile buffers that fit beside the rest (None: too small to be worth it)."""
+    red, prog = _up16(4 * red_floats), _up16(n_ops * OP_BYTES + 16)
+    buf = (max_shared - STATIC_SMEM - attn_bytes - red - prog) // 2 // 32 * 32  # halves 16-aligned (FS_GLU's runs)
+    if buf < 16 * 1024:
+        return None
+    attn_off = 2 * buf + red
+    prog_off = _up16(attn_off + attn_bytes)
+    return Layout(buf, 2 * buf, attn_off, prog_off, prog_off + prog)
+
+
+def _up16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def tile_rows(rows: int, row_bytes: int, ranges: int, buf_bytes: int, grid: int) -> int:
+    """Rows per tile: spread over the grid, each tile's `ranges` runs within the buffer (a run
+    in each half for two)."""
+    cap = max(1, (buf_bytes // ranges - 45) // row_bytes)  # stage_bytes(n) <= n + 45
+    assert stage_bytes(cap * row_bytes) <= buf_bytes // ranges, "a row longer than a tile buffer"
+    return min(-(-rows // grid), cap)
+
+
+def attn_bytes(group: int, hd: int, hd_v: int) -> int:
+    return attn_smem(group, hd, hd_v)
+
+
+def launch(L, ops_ptr: int, n_ops: int, bar: int, lay: Layout, grid: int, stamps: int = 0) -> None:
+    """One step of the program at ops_ptr (device memory); stamps: 2 n_ops + 1 zeroed u64 for a profile."""
+    L.go("reflex_fused_step", grid, THREADS,
+         [c_void_p(ops_ptr), c_int(n_ops), c_void_p(bar), c_int(lay.buf_bytes), c_int(lay.red_off),
+          c_int(lay.attn_off), c_int(lay.prog_off), c_void_p(stamps or None)], lay.smem, cooperative=True)

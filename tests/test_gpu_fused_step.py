@@ -1,0 +1,82 @@
+"""The decode step as one persistent kernel (gpu/fused.py, kernels/fused_step.cu; REFLEX_FUSED_STEP=1)
+against the numpy reference and against the kernel-per-op step it replaces: `reflex check` (its
+decode logits come from the fused kernel, its generate from the fused graph) on every weight type
+of the dense families, greedy tokens after a long context (the attention split and merged inside
+it), and the same logits, bit for bit, as the kernel-per-op step on Qwen3 (the same sums in the
+same order), so seeded sampling is unchanged.
+
+Run on a GPU machine: pytest -m gpu tests/test_gpu_fused_step.py
+"""
+
+import numpy as np
+import pytest
+
+from gpu_harness import FIXTURE_TYPES, PROMPT, reference_greedy
+
+pytestmark = pytest.mark.gpu
+
+CHECK_PROMPT = "one two three four five six seven eight nine ten eleven"
+
+
+def fused_engine(arch, outtype, **overrides):
+    from fixtures import make_fixture
+    from reflex_runtime.loader import load_engine
+
+    eng = load_engine(str(make_fixture(arch, outtype, **overrides).gguf), "cuda")
+    eng.runner.launch.fused_step = True
+    eng.runner.reset_graphs()
+    return eng
+
+
+def _check(eng, steps=8):
+    from reflex_runtime.commands.check import run_check
+    from reflex_runtime.families import load_reference
+
+    res = run_check(eng, load_reference(eng.gguf, eng.config), CHECK_PROMPT, steps)
+    assert eng.runner.info()["decode_fused_step"] is True, eng.runner.info()
+    return res
+
+
+@pytest.mark.parametrize("arch,outtype", [("qwen3", t) for t in FIXTURE_TYPES]
+                         + [("gemma3", "f32"), ("gemma3", "q4_k_m"), ("llama", "q8_0"), ("llama", "q4_k_m")])
+def test_check_passes_with_the_fused_step(arch, outtype):
+    res = _check(fused_engine(arch, outtype), 12 if arch == "gemma3" else 8)  # gemma: past its window of 8
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
+def test_check_passes_with_the_fused_step_llama3_rope_factors():
+    """A tied Llama 3 with per-pair rope frequency factors, Q4_1 (no fast row decoder: the other lane layout)."""
+    res = _check(fused_engine("llama", "q4_1", tie_word_embeddings=True, rope_llama3=4.0))
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
+def test_fused_step_logits_equal_the_kernel_per_op_step():
+    """Qwen3 Q4_K_M (mixed types: Q6_K rows among Q4_K): every decode step's logits equal."""
+    eng = fused_engine("qwen3", "q4_k_m")
+    ids = eng.prompt_ids(PROMPT)
+    forced = [int(t) for t in (np.arange(12) * 37 + 5) % eng.config.vocab_size]
+    fused = eng.runner.decode_logits(ids, forced)
+    eng.runner.launch.fused_step = False
+    eng.runner.reset_graphs()
+    plain = eng.runner.decode_logits(ids, forced)
+    for a, b in zip(fused, plain):
+        assert np.isfinite(a).all() and np.array_equal(a, b)
+
+
+def test_fused_step_greedy_and_seeded_sampling_after_a_long_context():
+    """After ~1,200 tokens (the attention in ~38 slices per KV head, merged inside the kernel): 8
+    greedy tokens equal the reference's; seeded sampling gives the kernel-per-op step's tokens."""
+    from reflex_runtime.families import load_reference
+    from reflex_runtime.sampling import SamplingParams
+
+    eng = fused_engine("qwen3", "q8_0")
+    ref = load_reference(eng.gguf, eng.config)
+    ids = eng.prompt_ids(" ".join(["Once upon a time there was a small village by the sea, and"] * 110))
+    assert len(ids) > 1000
+    assert list(eng.runner.generate_ids(ids, SamplingParams(), 8, frozenset())) == reference_greedy(ref, ids, 8)
+    p = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=7)
+    short = eng.prompt_ids(PROMPT)
+    fused = list(eng.runner.generate_ids(short, p, 24, frozenset()))
+    eng.runner.launch.fused_step = False
+    eng.runner.reset_graphs()
+    assert list(eng.runner.generate_ids(short, p, 24, frozenset())) == fused
