@@ -160,7 +160,9 @@ class FusedStep:
     @classmethod
     def build(cls, model, state) -> "FusedStep":
         L, dev = model.launch, model.launch.dev
-        if not (L.staged and L.attn_decode and L.fuse_rope and L.fused_step):
+        if not L.fused_step:
+            raise Unfusable("off (REFLEX_FUSED_STEP=1 turns it on)")
+        if not (L.staged and L.attn_decode and L.fuse_rope):
             raise Unfusable("the staged decode kernels are off")
         if not getattr(dev, "cooperative", False):
             raise Unfusable("no cooperative launches on this GPU")
