@@ -186,12 +186,13 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t
 extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     reflex_fused_step(const FsOp* prog, int n_ops, unsigned long long* bar, int buf_bytes, int red_off,
                       int attn_off, int prog_off, unsigned long long* stamps) {
-    rx_pdl_begin();  // a no-op: a cooperative launch is not a programmatic dependent
+    rx_pdl_begin();  // the wait is a no-op (a cooperative launch is no programmatic dependent); a PDL
+                     // successor released early still waits for this whole grid in its own wait
     uint8_t* smem = rx_dyn_smem;
     // the program in shared memory: its fields are read at every op, and each barrier's fence
     // would send those reads back to L2
-    const FsOp* ops = reinterpret_cast<const FsOp*>(smem + prog_off);
-    rx_stage(smem + prog_off, reinterpret_cast<const uint8_t*>(prog), (long)n_ops * sizeof(FsOp));
+    const FsOp* ops = reinterpret_cast<const FsOp*>(
+        rx_stage(smem + prog_off, reinterpret_cast<const uint8_t*>(prog), (long)n_ops * sizeof(FsOp)));
     rx_cp_commit();
     __shared__ unsigned long long base;  // fs_grid_sync's
     if (threadIdx.x == 0) {

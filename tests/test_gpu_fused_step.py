@@ -49,6 +49,13 @@ def test_check_passes_with_the_fused_step_llama3_rope_factors():
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
+def test_check_passes_with_the_fused_step_odd_layer_count():
+    """Three layers: the sampled program (reflex check's logits) starts past an odd number of
+    layers' ops in the arena."""
+    res = _check(fused_engine("qwen3", "q8_0", num_hidden_layers=3))
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
 def test_fused_step_logits_equal_the_kernel_per_op_step():
     """Qwen3 Q4_K_M (mixed types: Q6_K rows among Q4_K): every decode step's logits equal the
     kernel-per-op step's to float rounding (the same sums in the same order; the compiler may

@@ -988,7 +988,10 @@ def test_a_moe_file_uploads_its_routed_experts_on_demand(ptx_params, monkeypatch
 FUSED_OPS = {"embed": 0, "mv": 1, "glu": 2, "attn": 3, "norm": 4, "head": 5}
 
 
-@pytest.mark.parametrize("name", list(ABI_MODELS))
+FUSED_MODELS = dict(ABI_MODELS, qwen3_odd=("qwen3", {"num_hidden_layers": 3}))  # the second program's start
+
+
+@pytest.mark.parametrize("name", list(FUSED_MODELS))
 def test_fused_step_program(ptx_params, name, tmp_path):
     """gpu/fused.py's program for each family: dense models get one (its launch matches the ABI,
     one block per SM), in GpuModel.forward's order (embedding; per layer qkv, attention, output,
@@ -1000,7 +1003,7 @@ def test_fused_step_program(ptx_params, name, tmp_path):
     from reflex_runtime.gpu.ops.mvs import stage_bytes
     from reflex_runtime.gpu.ops.sample import RxState
 
-    arch, overrides = ABI_MODELS[name]
+    arch, overrides = FUSED_MODELS[name]
     dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
     dec.launch.fused_step = True  # (off by default: REFLEX_FUSED_STEP=1)
     st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
@@ -1016,6 +1019,7 @@ def test_fused_step_program(ptx_params, name, tmp_path):
         assert dev.launches[-1] == ("reflex_fused_step", (dev.sm_count, 1, 1), fs.THREADS)
         ptr, n = step.programs[greedy]
         assert dev.owns(ptr, n * fs.OP_BYTES) and n <= dec.fused_max_ops
+        assert ptr % 256 == 0  # the kernel copies it to shared memory as 16-byte chunks from an aligned start
     # rebuild the op list to inspect it (the device copy is opaque here)
     b = fused._Builder(dec, step.grid, lay.buf_bytes)
     b.embed()

@@ -59,6 +59,8 @@ class _Builder:
         rb = min(fs.tile_rows(sum(w.rows for w in ws) if kind != fs.GLU else ws[0].rows,
                               max(w.row_bytes for w in ws), ranges, self.buf, self.grid),
                  RED_FLOATS // (ranges * wpr))
+        if rb < 1:
+            raise Unfusable(f"rows of {max(w.row_bytes for w in ws)} bytes do not fit a tile buffer")
         op = fs.FsOp(kind=kind)
         m = op.u.mv
         for i, w in enumerate(ws):  # FS_GLU: gate and up, one output
@@ -178,6 +180,8 @@ class FusedStep:
         if per_sm < 1:
             raise Unfusable("one block per SM does not fit")
         grid = dev.sm_count
+        if grid > model.arena.sizes["amax_v"] // 4:  # the fused pick's per-block partials
+            raise Unfusable(f"{grid} blocks' pick partials do not fit")
         programs, keep, ops = {}, [], {}
         base = model.p("fused_ops")
         for i, greedy in enumerate((True, False)):
@@ -188,7 +192,7 @@ class FusedStep:
             n = len(b.ops)
             assert n == n_ops <= model.fused_max_ops, (n, n_ops)
             arr = (fs.FsOp * n)(*b.ops)
-            ptr = base + i * model.fused_max_ops * fs.OP_BYTES
+            ptr = base + i * model.fused_program_bytes
             dev.htod(ptr, ctypes.addressof(arr), ctypes.sizeof(arr), L.stream)  # before the step's launches
             keep.append(arr)  # until the asynchronous copy has read it
             programs[greedy] = (ptr, n)

@@ -73,7 +73,8 @@ class GpuModel:
                                 ("steps", 2 * max_seqs + 1), ("row_start", max_seqs + 1), ("row_slot", max_seqs + 1)])
         # gpu/fused.py's two programs (the greedy and the sampled step) and its barrier's u64 counter (zeroed)
         self.fused_max_ops = 7 * c.n_layers + 2
-        self.arena.reserve("fused_ops", 2 * self.fused_max_ops * OP_BYTES)
+        self.fused_program_bytes = -(-self.fused_max_ops * OP_BYTES // 256) * 256  # each program 256-aligned
+        self.arena.reserve("fused_ops", 2 * self.fused_program_bytes)
         self.arena.reserve_f32([("fused_counters", 2)])
         self.arena.reserve("sampling", 64)
         # per decode row, then per first token of the prompts a step ends (gpu/batch.py)

@@ -101,9 +101,10 @@ def _up16(n: int) -> int:
 
 def tile_rows(rows: int, row_bytes: int, ranges: int, buf_bytes: int, grid: int) -> int:
     """Rows per tile: spread over the grid, each tile's `ranges` runs within the buffer (a run
-    in each half for two)."""
-    cap = max(1, (buf_bytes // ranges - 45) // row_bytes)  # stage_bytes(n) <= n + 45
-    assert stage_bytes(cap * row_bytes) <= buf_bytes // ranges, "a row longer than a tile buffer"
+    in each half for two); 0 when one row does not fit."""
+    cap = (buf_bytes // ranges - 45) // row_bytes  # stage_bytes(n) <= n + 45
+    if cap < 1:
+        return 0
     return min(-(-rows // grid), cap)
 
 
@@ -112,7 +113,7 @@ def attn_bytes(group: int, hd: int, hd_v: int) -> int:
 
 
 def launch(L, ops_ptr: int, n_ops: int, bar: int, lay: Layout, grid: int, stamps: int = 0) -> None:
-    """One step of the program at ops_ptr (device memory); stamps: 2 n_ops + 1 zeroed u64 for a profile."""
+    """One step of the program at ops_ptr (device memory); stamps: 4 n_ops zeroed u64 for a profile."""
     L.go("reflex_fused_step", grid, THREADS,
          [c_void_p(ops_ptr), c_int(n_ops), c_void_p(bar), c_int(lay.buf_bytes), c_int(lay.red_off),
           c_int(lay.attn_off), c_int(lay.prog_off), c_void_p(stamps or None)], lay.smem, cooperative=True)
