@@ -23,7 +23,8 @@ def splits(L, n_head_kv: int) -> int:
     return max(1, min(SPLITS_MAX, round(L.attn_blocks_per_sm * L.dev.sm_count / n_head_kv)))
 
 
-def _smem(group: int, hd: int, hd_v: int) -> int:
+def smem_bytes(group: int, hd: int, hd_v: int) -> int:
+    """Dynamic shared memory of one block (reflex_fused_step gives its attention the same)."""
     return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
 
 
@@ -32,7 +33,7 @@ def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
     if not L.attn_decode or n_head % n_head_kv or hd % 32 or hd_v % 32 or hd > 256 or hd_v > 256:
         return False
     group = n_head // n_head_kv
-    return group <= MAX_GROUP and _smem(group, hd, hd_v) <= L.dev.max_shared - 8 * 1024
+    return group <= MAX_GROUP and smem_bytes(group, hd, hd_v) <= L.dev.max_shared - 8 * 1024
 
 
 def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters, n_head, n_head_kv,
@@ -49,7 +50,7 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
         return False
     if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
         return False
-    smem = _smem(n_head // n_head_kv, hd, hd_v)
+    smem = smem_bytes(n_head // n_head_kv, hd, hd_v)
     # rows share the GPU: about the same number of blocks in all, so a row of a large batch walks
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
     L.go("reflex_attn_decode", (n_head_kv, splits(L, n_head_kv * rows), rows), 128,

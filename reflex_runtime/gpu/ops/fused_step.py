@@ -7,7 +7,7 @@ from __future__ import annotations
 from ctypes import Structure, Union, c_float, c_int, c_long, c_void_p, sizeof
 from dataclasses import dataclass
 
-from .attn_decode import _smem as attn_smem
+from .attn_decode import smem_bytes as attn_smem
 from .mvs import MVS_NX, stage_bytes
 
 KERNELS = ("reflex_fused_step",)
