@@ -2,6 +2,7 @@
 // that reflex_fused_step (fused_step.cu) runs too.
 #pragma once
 
+#include "attn_decode_args.cuh"
 #include "stage.cuh"
 
 #define ATD_THREADS 128
@@ -27,18 +28,6 @@ __device__ __forceinline__ void atd_stage(uint8_t* kt, uint8_t* vt, const half* 
         rx_cp16(vt + (j - t0) * vs + 16 * c, vbase + rx_kv_row(blocks, j) * hd_v + 8 * c);
     }
 }
-
-// The fused rope + cache store's inputs (kernels/rope.cu's, for one token); k == NULL: q is
-// already rotated and the cache already holds the new key (a separate rope launch ran).
-struct AtdRope {
-    const float* k;        // raw key heads (n_head_kv x hd), this step's
-    const float* v;        // raw value heads (n_head_kv x hd_v)
-    const float* q_norm;   // per-head RMSNorm weights (hd) or NULL
-    const float* k_norm;
-    const float* factors;  // rope_dim / 2 frequency divisors or NULL
-    float eps, base, freq_scale;
-    int rope_dim, mode;    // mode 0: NeoX, 1: pairwise
-};
 
 // cos / sin of the rope_dim / 2 angles at position pos, computed in double as rope.cu does.
 __device__ void atd_angles(const AtdRope& r, int pos, float2* cs) {
@@ -84,32 +73,11 @@ __device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
 // reflex_fused_step has more threads; they do not take part).
 __device__ __forceinline__ void atd_sync() { asm volatile("bar.sync 1, %0;" ::"n"(ATD_THREADS) : "memory"); }
 
-// The kernel's parameters, as one value (reflex_fused_step passes them from its program).
-struct AtdArgs {
-    const float* q;
-    half* k_cache;
-    half* v_cache;
-    int* kv_pos;
-    const int* q_pos;
-    const int* q_slot;
-    const int* seq_lo;
-    const int* n_kv_ptr;
-    float* out;
-    float* part_o;
-    float* part_ml;
-    int* counters;
-    int n_head, n_head_kv, hd, hd_v, n_rows, window;
-    float scale, softcap;
-    int min_keys, prefetch, window_slots;
-    AtdRope rope;
-    const int* kv_blocks;
-};
-
 // The work of block (kvh, split, row) of a grid of max_split slices per KV head; smem: the
 // dynamic shared memory (atd_smem_bytes). Every thread of the block calls it.
 __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row) {
     const float* q = a.q;
-    half *k_cache = a.k_cache, *v_cache = a.v_cache;
+    half *k_cache = static_cast<half*>(a.k_cache), *v_cache = static_cast<half*>(a.v_cache);
     int* kv_pos = a.kv_pos;
     const int *q_pos = a.q_pos, *q_slot = a.q_slot, *seq_lo = a.seq_lo, *n_kv_ptr = a.n_kv_ptr;
     float *out = a.out, *part_o = a.part_o, *part_ml = a.part_ml;

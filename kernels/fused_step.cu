@@ -1,5 +1,5 @@
 // fused_step.cu: a whole decode step of a dense model (embedding, every layer, the LM head and
-// the greedy pick) as ONE persistent kernel that runs a program of ops (fused_step.h) built by
+// the greedy pick) as ONE persistent kernel that runs a program of ops (fused_step.cuh) built by
 // gpu/fused.py, the phases separated by a grid-wide barrier instead of kernel boundaries.
 //
 // Why: a 28-layer model's step is ~140 kernels of 1-7 MB each. Even chained by PDL in a graph,
@@ -27,7 +27,7 @@
 // weights inside the model's arena (tiles are copied in whole 16-byte chunks: rx_stage_hull).
 #include "attn_decode.cuh"
 #include "embed.cuh"
-#include "fused_step.h"
+#include "fused_step.cuh"
 #include "mvs.cuh"
 #include "norm.cuh"
 
@@ -222,16 +222,11 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
             int t0 = 0, nt = FS_THREADS;
             if (kind == FS_ATTN) {
                 const FsAttn& f = op->u.attn;
-                if (blockIdx.x < f.n_head_kv * f.max_split) {
+                int items = f.a.n_head_kv * f.max_split;
+                if (blockIdx.x < items) {
                     if (threadIdx.x < ATD_THREADS) {
-                        AtdRope r{f.rope.k, f.rope.v, f.rope.q_norm, f.rope.k_norm, f.rope.factors, f.rope.eps,
-                                  f.rope.base, f.rope.freq_scale, f.rope.rope_dim, f.rope.mode};
-                        AtdArgs a{f.q, (half*)f.k_cache, (half*)f.v_cache, f.kv_pos, f.q_pos, f.q_slot, f.seq_lo,
-                                  f.n_kv_ptr, f.out, f.part_o, f.part_ml, f.counters, f.n_head, f.n_head_kv, f.hd,
-                                  f.hd_v, f.n_rows, f.window, f.scale, f.softcap, f.min_keys, f.prefetch,
-                                  f.window_slots, r, f.kv_blocks};
-                        for (int w = blockIdx.x; w < f.n_head_kv * f.max_split; w += gridDim.x)
-                            atd_body(a, smem + attn_off, w % f.n_head_kv, w / f.n_head_kv, f.max_split, 0);
+                        for (int w = blockIdx.x; w < items; w += gridDim.x)
+                            atd_body(f.a, smem + attn_off, w % f.a.n_head_kv, w / f.a.n_head_kv, f.max_split, 0);
                     }
                     t0 = ATD_THREADS, nt = FS_THREADS - ATD_THREADS;
                 }

@@ -1041,9 +1041,9 @@ def test_fused_step_program(ptx_params, name, tmp_path):
                     assert dev.owns(m.y[i], 4 * m.rows[i])
             assert bool(m.pick.part_v) == (op.kind == FUSED_OPS["head"])
         elif op.kind == FUSED_OPS["attn"]:
-            f = op.u.attn
-            assert 1 <= f.max_split <= attn_decode.SPLITS_MAX and f.n_head_kv * f.max_split <= step.grid
-            assert dev.owns(f.part_o, 4 * f.n_head * f.max_split * f.hd_v) and f.rope.k and not f.prefetch
+            f, max_split = op.u.attn.a, op.u.attn.max_split
+            assert 1 <= max_split <= attn_decode.SPLITS_MAX and f.n_head_kv * max_split <= step.grid
+            assert dev.owns(f.part_o, 4 * f.n_head * max_split * f.hd_v) and f.rope.k and not f.prefetch
     # off by default, and with the staged kernels off (the bench's legacy comparison)
     dec.launch.fused_step = False
     with pytest.raises(fused.Unfusable):
@@ -1051,7 +1051,7 @@ def test_fused_step_program(ptx_params, name, tmp_path):
 
 
 def test_fused_step_header_layout_matches_the_ctypes_mirror(tmp_path):
-    """kernels/fused_step.h compiled on the host: every field's offset and every struct's size
+    """kernels/fused_step.cuh compiled on the host: every field's offset and every struct's size
     equal the ctypes mirror's (gpu/ops/fused_step.py) that the program is written with."""
     import shutil
     from ctypes import sizeof
@@ -1061,8 +1061,8 @@ def test_fused_step_header_layout_matches_the_ctypes_mirror(tmp_path):
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.fail("a C compiler is needed (CI has gcc)")
-    structs = {"FsPick": fs.FsPick, "FsMv": fs.FsMv, "FsNorm": fs.FsNorm, "FsEmbed": fs.FsEmbed, "FsRope": fs.FsRope,
-               "FsAttn": fs.FsAttn, "FsOp": fs.FsOp}
+    structs = {"FsPick": fs.FsPick, "FsMv": fs.FsMv, "FsNorm": fs.FsNorm, "FsEmbed": fs.FsEmbed,
+               "AtdRope": attn_decode.AtdRope, "AtdArgs": attn_decode.AtdArgs, "FsAttn": fs.FsAttn, "FsOp": fs.FsOp}
     lines, expect = [], []
     for cname, cls in structs.items():
         lines.append(f'printf("%zu\\n", sizeof({cname}));')
@@ -1071,7 +1071,7 @@ def test_fused_step_header_layout_matches_the_ctypes_mirror(tmp_path):
             lines.append(f'printf("%zu\\n", offsetof({cname}, {field}));')
             expect.append(getattr(cls, field).offset)
     src = tmp_path / "layout.c"
-    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "fused_step.h"\nint main(void) {\n'
+    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "fused_step.cuh"\nint main(void) {\n'
                    + "\n".join(lines) + "\nreturn 0;\n}\n")
     exe = tmp_path / "layout"
     subprocess.run([cc, "-I", os.path.join(ROOT, "kernels"), "-o", str(exe), str(src)], check=True)

@@ -85,7 +85,7 @@ class _Builder:
             raise Unfusable("attention heads the decode kernel does not serve")
         self._mv(fs.MV, [w.q, w.k, w.v], [p("q"), p("k"), p("v")], inp, "qkv")
         op = fs.FsOp(kind=fs.ATTN)
-        f = op.u.attn
+        f = op.u.attn.a
         f.q, f.k_cache, f.v_cache, f.kv_pos = p("q"), a.k_cache, a.v_cache, p("kv_pos")
         f.q_pos, f.q_slot, f.seq_lo, f.n_kv_ptr = p("pos"), p("slot"), None, p("n_kv")
         f.out, f.part_o, f.part_ml, f.counters = p("att"), p("part_o"), p("part_ml"), p("attn_counters")
@@ -98,7 +98,7 @@ class _Builder:
         r.eps, r.base, r.freq_scale, r.rope_dim, r.mode = a.eps, a.rope_base, a.rope_freq_scale, c.rope_dim, \
             1 if a.rope_pairs else 0
         f.kv_blocks = self.m.kv_table(0) or None
-        f.max_split = max(1, min(attn_decode.SPLITS_MAX, self.grid // c.n_head_kv))
+        op.u.attn.max_split = max(1, min(attn_decode.SPLITS_MAX, self.grid // c.n_head_kv))
         self._add(op, "attention + qk-norm + rope + cache store")
         self.attn_bytes = max(self.attn_bytes, fs.attn_bytes(c.n_head // c.n_head_kv, c.head_dim, c.head_dim_v))
         self._mv(fs.MV, [w.o], [out], Input(p("att")), "attn output", accumulate)

@@ -11,11 +11,23 @@ MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
 
 
 class AtdRope(Structure):
-    """Mirror of kernels/attn_decode.cu's AtdRope: the rope + cache store fused into the decode
-    attention (k = None: not fused)."""
+    """Mirror of kernels/attn_decode_args.cuh's AtdRope: the rope + cache store fused into the
+    decode attention (k = None: not fused)."""
 
     _fields_ = [("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("factors", c_void_p),
                 ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int)]
+
+
+class AtdArgs(Structure):
+    """Mirror of kernels/attn_decode_args.cuh's AtdArgs: reflex_attn_decode's parameters as one value
+    (how kernels/fused_step.cu's program holds an attention op)."""
+
+    _fields_ = [("q", c_void_p), ("k_cache", c_void_p), ("v_cache", c_void_p), ("kv_pos", c_void_p),
+                ("q_pos", c_void_p), ("q_slot", c_void_p), ("seq_lo", c_void_p), ("n_kv_ptr", c_void_p),
+                ("out", c_void_p), ("part_o", c_void_p), ("part_ml", c_void_p), ("counters", c_void_p),
+                ("n_head", c_int), ("n_head_kv", c_int), ("hd", c_int), ("hd_v", c_int), ("n_rows", c_int),
+                ("window", c_int), ("scale", c_float), ("softcap", c_float), ("min_keys", c_int),
+                ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p)]
 
 
 def splits(L, n_head_kv: int) -> int:

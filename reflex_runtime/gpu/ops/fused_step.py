@@ -1,5 +1,5 @@
 """kernels/fused_step.cu: a dense model's whole decode step as one persistent kernel running a
-program of ops (kernels/fused_step.h, mirrored here); gpu/fused.py builds the program from the
+program of ops (kernels/fused_step.cuh, mirrored here); gpu/fused.py builds the program from the
 model's blocks. `layout()` sizes its shared memory, `launch()` enqueues it."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from ctypes import Structure, Union, c_float, c_int, c_long, c_void_p, sizeof
 from dataclasses import dataclass
 
+from .attn_decode import AtdArgs
 from .attn_decode import smem_bytes as attn_smem
 from .mvs import MVS_NX, stage_bytes
 
@@ -38,19 +39,8 @@ class FsEmbed(Structure):
                 ("n_embd", c_int), ("n_vocab", c_int), ("type", c_int), ("scale", c_float)]
 
 
-class FsRope(Structure):
-    _fields_ = [("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("factors", c_void_p),
-                ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int)]
-
-
 class FsAttn(Structure):
-    _fields_ = [("q", c_void_p), ("k_cache", c_void_p), ("v_cache", c_void_p), ("kv_pos", c_void_p),
-                ("q_pos", c_void_p), ("q_slot", c_void_p), ("seq_lo", c_void_p), ("n_kv_ptr", c_void_p),
-                ("out", c_void_p), ("part_o", c_void_p), ("part_ml", c_void_p), ("counters", c_void_p),
-                ("n_head", c_int), ("n_head_kv", c_int), ("hd", c_int), ("hd_v", c_int), ("n_rows", c_int),
-                ("window", c_int), ("scale", c_float), ("softcap", c_float), ("min_keys", c_int),
-                ("prefetch", c_int), ("window_slots", c_int), ("rope", FsRope), ("kv_blocks", c_void_p),
-                ("max_split", c_int)]
+    _fields_ = [("a", AtdArgs), ("max_split", c_int)]
 
 
 class FsU(Union):

@@ -1,9 +1,11 @@
-// fused_step.h: the program reflex_fused_step (fused_step.cu) runs, one op per phase of a decode
+// fused_step.cuh: the program reflex_fused_step (fused_step.cu) runs, one op per phase of a decode
 // step. Plain C layouts, mirrored by gpu/ops/fused_step.py (tests/test_fused_step.py compiles
 // this header on the host and compares every offset with the ctypes mirror).
 #pragma once
 
 #include <stdint.h>
+
+#include "attn_decode_args.cuh"
 
 
 #define FS_EMBED 0  // x = scale * embedding row of tokens[0]
@@ -57,35 +59,8 @@ typedef struct {
     float scale;
 } FsEmbed;
 
-// attn_decode.cuh's AtdRope and AtdArgs with plain pointers (the same layout)
 typedef struct {
-    const float* k;
-    const float* v;
-    const float* q_norm;
-    const float* k_norm;
-    const float* factors;
-    float eps, base, freq_scale;
-    int rope_dim, mode;
-} FsRope;
-
-typedef struct {
-    const float* q;
-    void* k_cache;
-    void* v_cache;
-    int* kv_pos;
-    const int* q_pos;
-    const int* q_slot;
-    const int* seq_lo;
-    const int* n_kv_ptr;
-    float* out;
-    float* part_o;
-    float* part_ml;
-    int* counters;
-    int n_head, n_head_kv, hd, hd_v, n_rows, window;
-    float scale, softcap;
-    int min_keys, prefetch, window_slots;
-    FsRope rope;
-    const int* kv_blocks;
+    AtdArgs a;      // attn_decode.cuh's inputs
     int max_split;  // slices per KV head: work items n_head_kv * max_split over the grid
 } FsAttn;
 
