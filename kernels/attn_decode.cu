@@ -12,9 +12,9 @@
 // an online softmax, and each thread accumulates 4 output dimensions of a head. Slices merge in
 // the last block of the KV head to finish (an atomic counter per KV head, left at zero).
 // With `prefetch` (the decode graph), the first tile's keys older than the newest are copied
-// before rx_pdl_begin(): they were written by earlier graph launches, and n_kv / slot by the
-// previous step's pick (an earlier launch too); only the newest key, which the predecessor
-// (rope + cache store) writes, is copied after the wait.
+// before rx_pdl_begin(): they were written by earlier graph launches, and n_kv / slot / pos by the
+// previous step's pick (an earlier launch too), so the rope angles are computed there as well; only
+// the newest key, which the predecessor (rope + cache store) writes, is copied after the wait.
 // Cache rows go through kv_blocks (the paged cache's table, common.cuh), which only the host
 // writes, between launches: it may be read before the wait too.
 // With rope.k set (AtdRope), the kernel also does what reflex_qk_rope_store (rope.cu) does for one
@@ -23,7 +23,8 @@
 // does the same for the new key, writes it and the new value to cache slot `slot` as f16 (and
 // kv_pos[slot] = pos, KV head 0), and uses them as the newest key. Rotation as in rope.cu: NeoX
 // pairs (i, i + rope_dim/2) or, with mode 1, pairwise (2i, 2i + 1); angle_i = pos * freq_scale *
-// base^(-2i/rope_dim) / factors[i] (factors optional), in double; dims from rope_dim pass through.
+// base^(-2i/rope_dim) / factors[i] (factors optional), in double from the host's table rope.theta
+// (attn_decode.py rope_theta), reduced to [-pi, pi] before a float sincos; dims from rope_dim pass through.
 // Visible keys: seq_lo[row] <= j < n_vis = min(n_kv, slot + 1), and pos - kv_pos[j] < window when window > 0.
 // With `window_slots` (the caller's promise that slot j holds position j + c, as in generate), a
 // sliding window also bounds the slots walked: only the last `window` slots can be visible, so a

@@ -12,31 +12,50 @@
 #define ATD_ITEMS 8  // (head, 4 dims) items per thread: G * hd_v / 4 <= 1024
 #define ATD_PAD 64    // bytes after each K / V row in shared memory
 
+// Which 16-byte chunk of which rows this thread copies (atd_stage): chunk c of every per-th row
+// from row r, for rows of 2 * hd bytes (hd / 8 chunks). Made once per kernel: no division per copy.
+struct AtdLane {
+    int r, c, per;
+    __device__ __forceinline__ AtdLane(int hd) {
+        int nc = hd / 8;
+        per = ATD_THREADS / nc, r = threadIdx.x / nc, c = threadIdx.x - r * nc;
+    }
+};
+
 // Start copying the K and V rows of keys [ja, jb) into tile slots j - t0. Rows are padded by 64
 // bytes in shared memory: a quarter warp then reads 4 chunks of each of 2 keys from 8 different
 // groups of banks.
-__device__ __forceinline__ void atd_stage(uint8_t* kt, uint8_t* vt, const half* kbase, const half* vbase, int ja,
-                                          int jb, int t0, int hd, int hd_v, const int* blocks) {
-    int kc = hd / 8, vc = hd_v / 8, n = jb - ja;
-    int ks = 2 * hd + ATD_PAD, vs = 2 * hd_v + ATD_PAD;
-    for (int i = threadIdx.x; i < n * kc; i += ATD_THREADS) {
-        int j = ja + i / kc, c = i % kc;
-        rx_cp16(kt + (j - t0) * ks + 16 * c, kbase + rx_kv_row(blocks, j) * hd + 8 * c);
-    }
-    for (int i = threadIdx.x; i < n * vc; i += ATD_THREADS) {
-        int j = ja + i / vc, c = i % vc;
-        rx_cp16(vt + (j - t0) * vs + 16 * c, vbase + rx_kv_row(blocks, j) * hd_v + 8 * c);
-    }
+__device__ __forceinline__ void atd_stage_rows(uint8_t* t, const half* base, int ja, int jb, int t0, int hd,
+                                               AtdLane l, const int* blocks) {
+    if (l.r >= l.per) return;
+    for (int j = ja + l.r; j < jb; j += l.per)
+        rx_cp16(t + (j - t0) * (2 * hd + ATD_PAD) + 16 * l.c, base + rx_kv_row(blocks, j) * hd + 8 * l.c);
 }
 
-// cos / sin of the rope_dim / 2 angles at position pos, computed in double as rope.cu does.
+struct AtdStager {
+    const half *kbase, *vbase;
+    int hd, hd_v;
+    AtdLane lk, lv;
+    const int* blocks;
+    __device__ __forceinline__ void operator()(uint8_t* kt, uint8_t* vt, int ja, int jb, int t0) const {
+        atd_stage_rows(kt, kbase, ja, jb, t0, hd, lk, blocks);
+        atd_stage_rows(vt, vbase, ja, jb, t0, hd_v, lv, blocks);
+    }
+};
+
+// cos / sin of the rope_dim / 2 angles at position pos: angle_i = pos * theta_i / factors_i in
+// double (theta: the host's table), reduced to [-pi, pi] in double, then sincosf. As exact as
+// rope.cu's double pow / sincos to float rounding, without their instructions and constants on
+// the kernel's path.
 __device__ void atd_angles(const AtdRope& r, int pos, float2* cs) {
-    double p = (double)pos * (double)r.freq_scale;
     for (int i = threadIdx.x; i < r.rope_dim / 2; i += ATD_THREADS) {
-        double a = p * pow((double)r.base, -2.0 * (double)i / (double)r.rope_dim), sn, cn;
+        double a = (double)pos * __ldg(r.theta + i);
         if (r.factors) a /= (double)r.factors[i];
-        sincos(a, &sn, &cn);
-        cs[i] = make_float2((float)cn, (float)sn);
+        double k = rint(a * 0.15915494309189535);                      // a / (2 pi)
+        double red = fma(-k, 2.4492935982947064e-16, fma(-k, 6.283185307179586, a));  // 2 pi = hi + lo
+        float sn, cn;
+        sincosf((float)red, &sn, &cn);
+        cs[i] = make_float2(cn, sn);
     }
 }
 
@@ -114,6 +133,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     half* kbase = k_cache + (long)kvh * n_rows * hd;
     half* vbase = v_cache + (long)kvh * n_rows * hd_v;
     bool fused = rope.k != nullptr;
+    const AtdStager atd_stage{kbase, vbase, hd, hd_v, AtdLane(hd), AtdLane(hd_v), kv_blocks};
 
     int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
     auto plan = [&]() {  // the same numbers in every block of the KV head
@@ -132,8 +152,9 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
         if (split >= n_split) return;
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
-        atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v, kv_blocks);
-        if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v, kv_blocks);
+        atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
+        if (jn + 1 < t_end) atd_stage(kt0, vt0, max(j0, jn + 1), t_end, j0);
+        if (fused) atd_angles(rope, *q_pos, cs);  // the position, like the slot, is the previous step's
     }
     rx_pdl_begin();
     if (!prefetch) {
@@ -142,13 +163,13 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
         if (fused) {  // every key of the tile but the one this kernel makes
-            atd_stage(kt0, vt0, kbase, vbase, j0, min(t_end, jn), j0, hd, hd_v, kv_blocks);
-            if (jn + 1 < t_end) atd_stage(kt0, vt0, kbase, vbase, max(j0, jn + 1), t_end, j0, hd, hd_v, kv_blocks);
+            atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
+            if (jn + 1 < t_end) atd_stage(kt0, vt0, max(j0, jn + 1), t_end, j0);
         } else {
-            atd_stage(kt0, vt0, kbase, vbase, j0, t_end, j0, hd, hd_v, kv_blocks);
+            atd_stage(kt0, vt0, j0, t_end, j0);
         }
     } else if (!fused && jn >= j0 && jn < min(j1, j0 + ATD_TILE)) {
-        atd_stage(kt0, vt0, kbase, vbase, jn, jn + 1, j0, hd, hd_v, kv_blocks);  // the newest key
+        atd_stage(kt0, vt0, jn, jn + 1, j0);  // the newest key
     }
     rx_cp_commit();
 
@@ -164,7 +185,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
         for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i];
         if (mine)
             for (int d = tid; d < hd; d += ATD_THREADS) knew[d] = rope.k[(long)kvh * hd + d];
-        atd_angles(rope, my_pos, cs);
+        if (!prefetch) atd_angles(rope, my_pos, cs);
         atd_sync();
         for (int g = warp; g < G + (mine ? 1 : 0); g += ATD_THREADS / 32)
             atd_rope_head(g < G ? qs + g * hd : knew, hd, g < G ? rope.q_norm : rope.k_norm, rope, cs);
@@ -213,10 +234,10 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
             uint8_t* kn = kt0 + (buf ^ 1) * ATD_TILE * ks;
             uint8_t* vn = vt0 + (buf ^ 1) * ATD_TILE * vs;
             if (fused && jn >= u0 && jn < u1) {  // all but the new key: it is not in the cache yet
-                atd_stage(kn, vn, kbase, vbase, u0, jn, u0, hd, hd_v, kv_blocks);
-                atd_stage(kn, vn, kbase, vbase, jn + 1, u1, u0, hd, hd_v, kv_blocks);
+                atd_stage(kn, vn, u0, jn, u0);
+                atd_stage(kn, vn, jn + 1, u1, u0);
             } else {
-                atd_stage(kn, vn, kbase, vbase, u0, u1, u0, hd, hd_v, kv_blocks);
+                atd_stage(kn, vn, u0, u1, u0);
             }
             rx_cp_commit();
         }
@@ -226,6 +247,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
         for (int g = 0; g < ATD_MAXG; g++) s[g] = 0.f;
         if (kk < nk) {
             const uint8_t* krow = kt + kk * ks;
+#pragma unroll 1
             for (int c = q4; c < hd / 8; c += 4) {
                 float kf[8];
                 atd_h8(*reinterpret_cast<const uint4*>(krow + 16 * c), kf);
@@ -252,9 +274,11 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
 #pragma unroll
             for (int g = 0; g < ATD_MAXG; g++) {
                 if (g >= G) break;
-                float v = s[g];
-                if (softcap > 0.f) v = softcap * tanhf(v / softcap);
-                S[g * ATD_TILE + kk] = ok ? v : -INFINITY;
+                S[g * ATD_TILE + kk] = ok ? s[g] : -INFINITY;
+            }
+            if (softcap > 0.f && ok) {  // a loop of its own: tanhf unrolled per head is code off the usual path
+#pragma unroll 1
+                for (int g = 0; g < G; g++) S[g * ATD_TILE + kk] = softcap * tanhf(S[g * ATD_TILE + kk] / softcap);
             }
         }
         atd_sync();
@@ -282,6 +306,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
             float a0 = acc[i][0] * cg, a1 = acc[i][1] * cg, a2 = acc[i][2] * cg, a3 = acc[i][3] * cg;
             const float* pg = S + g * ATD_TILE;
             const uint8_t* vp = vt + 8 * c4;
+#pragma unroll 2
             for (int j = 0; j < nk; j++) {
                 float p = pg[j];
                 uint2 raw = *reinterpret_cast<const uint2*>(vp + j * vs);

@@ -14,6 +14,7 @@ typedef struct {
     const float* factors;  // rope_dim / 2 frequency divisors or NULL
     float eps, base, freq_scale;
     int rope_dim, mode;    // mode 0: NeoX, 1: pairwise
+    const double* theta;   // rope_dim / 2 angles per position, freq_scale * base^(-2i/rope_dim) (the host's)
 } AtdRope;
 
 // reflex_attn_decode's parameters as one value; the caches are f16 (void here: plain C).

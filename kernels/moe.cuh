@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "state.cuh"  // rx_warp_argmax
 
 #define MOE_MAX_EXPERTS 1024
 
@@ -35,10 +36,55 @@ __device__ __forceinline__ void moe_block_argmax(const float* p, int n, float* b
     *best_v = bv, *best_i = bi;
 }
 
+#define MOE_WARP_PER_LANE 8  // moe_topk_warp: experts per lane (n_expert <= 256)
+
+// moe_topk_row's work in warp 0 alone, the probabilities in registers (lane l holds experts l,
+// l + 32, ...): no block barrier per pick. The same picks, weights and ties as the block version.
+__device__ void moe_topk_warp(const float* z, int n_expert, int k, int normalize, int* my_ids, float* my_w) {
+    int lane = threadIdx.x & 31;
+    float p[MOE_WARP_PER_LANE], m = -INFINITY, s = 0.f, total = 0.f;
+#pragma unroll
+    for (int j = 0; j < MOE_WARP_PER_LANE; j++) {
+        int e = lane + 32 * j;
+        p[j] = e < n_expert ? __ldcg(z + e) : -INFINITY;
+        m = fmaxf(m, p[j]);
+    }
+    m = warp_max(m);
+#pragma unroll
+    for (int j = 0; j < MOE_WARP_PER_LANE; j++) {
+        p[j] = lane + 32 * j < n_expert ? expf(p[j] - m) : 0.f;
+        s += p[j];
+    }
+    s = warp_sum(s);
+#pragma unroll
+    for (int j = 0; j < MOE_WARP_PER_LANE; j++) p[j] = lane + 32 * j < n_expert ? p[j] / s : -1.f;
+    for (int r = 0; r < k; r++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < MOE_WARP_PER_LANE; j++)
+            if (p[j] > bv) bv = p[j], bi = lane + 32 * j;  // j increases: ">" keeps the lower id
+        rx_warp_argmax(bv, bi);
+        if (bi >= n_expert) bi = 0, bv = 0.f;  // all scores NaN: keep the id in range (the output is NaN anyway)
+        total += bv;
+        if (lane == 0) my_ids[r] = bi, my_w[r] = bv;
+#pragma unroll
+        for (int j = 0; j < MOE_WARP_PER_LANE; j++)
+            if (lane + 32 * j == bi) p[j] = -1.f;  // probabilities are >= 0
+    }
+    __syncwarp();
+    if (normalize && lane < k) my_w[lane] = my_w[lane] / fmaxf(total, 6.103515625e-5f);
+}
+
 // p = softmax(z) in float32 over one token's n_expert router logits, the k largest p (equal p:
 // lower expert id first, like a stable sort), optionally divided by their sum clamped to >= 2^-14.
-// One whole block; z is read through L2 (another block may have just written it).
+// One whole block; z is read through L2 (another block may have just written it). Up to 256
+// experts and k <= 32 (every MoE file we know), warp 0 does it alone (moe_topk_warp).
 __device__ void moe_topk_row(const float* z, int n_expert, int k, int normalize, int* my_ids, float* my_w) {
+    if (n_expert <= 32 * MOE_WARP_PER_LANE && k <= 32) {
+        if (threadIdx.x < 32) moe_topk_warp(z, n_expert, k, normalize, my_ids, my_w);
+        return;
+    }
     __shared__ float p[MOE_MAX_EXPERTS];
     __shared__ float scratch[32];
     float m = -INFINITY;

@@ -13,7 +13,8 @@
 #   serve_ab   one client against reflex serve: this tree (--parallel 64) and .gpu/old, interleaved, 3 x 3 runs
 #   handler_cold  handlers/app.py's cold start (spawn -> one-token answer) with REFLEX_PARALLEL 1, 16, 64, RUNS each
 #   bench      reflex bench on the 0.6B files and the Gemma-shaped file (BENCH_FILES= to choose)
-#   peers      llama-bench on the same files (needs gpu_bundle.sh --peers)
+#   peers      llama-bench on the same files (needs gpu_bundle.sh --peers; PEER_DEPTHS=4096,... adds -d runs), and
+#              compare.json rows from both (scripts/compare_bench.py; BENCH_ARGS="--depths ..." for reflex's)
 #   coldstart  scripts/bench_coldstart.py: the 0.6B Q8_0 file and the Gemma-shaped file as the
 #              baked-in default model, variants in COLD_VARIANTS, llama-simple when carried
 #   smol       the real SmolLM2-135M-Instruct Q4_1 (needs .smolA + .smolB): reflex check, reflex bench,
@@ -36,6 +37,11 @@
 #              COLD_CACHE=warm|cold|warm,cold overrides the page-cache states for every file;
 #              COLD_MOE_OLD=1 adds .gpu/old (gpu_bundle.sh --old REV) as one more case, interleaved
 #              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm (carry .vocab; one big file on disk at a time)
+#   knobs      scripts/bench_knobs.py on BENCH_FILES: decode tok/s and the role breakdown per KNOBS setting
+#              (a ';' list of bench_knobs.py --set values, default "default"), one load per file
+#   profile    ncu on a few decode steps of PROFILE_FILES (default the 0.6B Q8_0): kernels matching
+#              PROFILE_KERNELS, PROFILE_COUNT launches after PROFILE_SKIP (or FILE:SKIP), ncu options
+#              added from PROFILE_NCU_ARGS (e.g. --metrics, --cache-control none); one line per launch (scripts/ncu_summary.py)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -95,7 +101,7 @@ fi
   --format=csv; nproc; } 2>&1 | tee "$W/machine.txt"
 
 make_files() {  # CPU only: runs beside the GPU tests
-  for t in q8_0 q4_k_m; do
+  for t in ${MAKE_06B-q8_0 q4_k_m}; do  # MAKE_06B="": none (a call that needs other files only)
     [ -f $R/qwen3-0.6b-$t.gguf ] || { python3 scripts/make_fixtures.py --preset qwen3-0.6b --outtype $t --out $R/$t \
       > "$W/make-$t.log" 2>&1 && cp $R/$t/qwen3-$t.gguf $R/qwen3-0.6b-$t.gguf; }
   done
@@ -140,6 +146,8 @@ if has check; then
     'max_rel', max(r['max_rel_err_prompt'], r['max_rel_err_decode']), 'mismatch', r['greedy_mismatches'])" \
     "$W/check-$t.json" $t 2>/dev/null | tee -a "$W/steps.txt" || tail -3 "$W/check-$t.err"; done
 fi
+# the old tree's fatbin, or this tree's when gpu_bundle.sh --old left it out (the same kernels)
+OLD_KERNELS=$PWD/.gpu/old/_kernels; [ -d $OLD_KERNELS ] || OLD_KERNELS=$PWD/reflex_runtime/_kernels
 if has decode_ab && [ -d .gpu/old ]; then
   step "decode_ab (old = $(cat .gpu/old/REV))"
   cat > /tmp/decode_rate.py <<'PY'
@@ -164,8 +172,6 @@ m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t) for t in ('
 print(f\"decode_ab Q8_0 0.6B: new {m['new']:.1f} tok/s, old {m['old']:.1f} tok/s, new/old {m['new'] / m['old']:.4f}\")" \
     | tee -a "$W/steps.txt"
 fi
-# the old tree's fatbin, or this tree's when gpu_bundle.sh --old left it out (the same kernels)
-OLD_KERNELS=$PWD/.gpu/old/_kernels; [ -d $OLD_KERNELS ] || OLD_KERNELS=$PWD/reflex_runtime/_kernels
 if has coldstart_ab && [ -d .gpu/old ]; then  # cold start of this tree and .gpu/old, interleaved, RUNS each
   step "coldstart_ab (old = $(cat .gpu/old/REV))"
   timeout ${COLD_TIMEOUT:-300} python3 scripts/bench_coldstart.py --model $Q8 --runs ${RUNS:-10} --cache warm \
@@ -200,17 +206,23 @@ BENCH_FILES=${BENCH_FILES:-"$R/qwen3-0.6b-q8_0.gguf $R/qwen3-0.6b-q4_k_m.gguf $(
 if has bench; then
   for f in $BENCH_FILES; do
     step "bench $(basename $f)"
-    timeout 240 python3 -m reflex_runtime.cli bench $f --prefill ${PREFILL:-16,128,512,2048} --out "$W/bench-$(basename $f .gguf).json" \
+    timeout ${BENCH_TIMEOUT:-240} python3 -m reflex_runtime.cli bench $f --prefill ${PREFILL:-16,128,512,2048} ${BENCH_ARGS:-} --out "$W/bench-$(basename $f .gguf).json" \
       > "$W/bench-$(basename $f .gguf).log" 2>&1; head -4 "$W/bench-$(basename $f .gguf).log" | tee -a "$W/steps.txt"
   done
 fi
 if has peers && [ -n "${PEER:-}" ]; then
   for f in $BENCH_FILES; do
     step "llama-bench $(basename $f)"
-    timeout 240 $PEER/llama-bench -m $f -p ${PEER_P:-16,128,512,2048} -n 128 -ngl 99 -o json > "$W/llama-bench-$(basename $f .gguf).json" \
-      2> "$W/llama-bench-$(basename $f .gguf).err"
-    python3 -c "import json,sys; [print(' ', 'pp' if r['n_prompt'] else 'tg', r['n_prompt'] or r['n_gen'], round(r['avg_ts'], 1)) \
-      for r in json.load(open(sys.argv[1]))]" "$W/llama-bench-$(basename $f .gguf).json" | tee -a "$W/steps.txt"
+    n=$(basename $f .gguf); lb=("$W/llama-bench-$n.json")
+    timeout 240 $PEER/llama-bench -m $f -p ${PEER_P:-16,128,512,2048} -n 128 -ngl 99 -o json > "$W/llama-bench-$n.json" \
+      2> "$W/llama-bench-$n.err"
+    if [ -n "${PEER_DEPTHS:-}" ]; then  # tg128 after N tokens of context (reflex bench --depths: BENCH_ARGS)
+      timeout 300 $PEER/llama-bench -m $f -p 0 -n 128 -d $PEER_DEPTHS -ngl 99 -o json > "$W/llama-bench-$n-depth.json" \
+        2> "$W/llama-bench-$n-depth.err" && lb+=("$W/llama-bench-$n-depth.json")
+    fi
+    # tg128 / ppN / tg128@dN rows of this file into compare.json, from this run's reflex bench (the bench step)
+    [ -f "$W/bench-$n.json" ] && python3 scripts/compare_bench.py --file $n --reflex "$W/bench-$n.json" \
+      $(printf -- "--llama %s " "${lb[@]}") --out "$W/compare.json" | tee -a "$W/steps.txt"
   done
 fi
 if has coldstart; then  # the 0.6B Q8_0 file with variants and system1; then the default (baked-in) model
@@ -306,6 +318,27 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
       "${variants[@]}" ${PEER:+--llama-simple $PEER/llama-simple} --out "$W/cold-$n" \
       --compare-out "$W/compare.json" 2>&1 | tee "$W/cold-$n.log" | grep -v "^  run \|^  untimed" | tee -a "$W/steps.txt"
     [ -n "${KEEP_FILES:-}" ] || rm -f $f  # 64 GB of disk: one big file at a time
+  done
+fi
+if has knobs; then
+  for f in $BENCH_FILES; do
+    n=$(basename $f .gguf); step "knobs $n"; sets=()
+    IFS=';' read -ra ks <<< "${KNOBS:-default}"; for k in "${ks[@]}"; do sets+=(--set "$k"); done
+    timeout ${KNOBS_TIMEOUT:-300} python3 scripts/bench_knobs.py $f "${sets[@]}" --out "$W/knobs-$n.json" \
+      > "$W/knobs-$n.log" 2>&1; tail -${#ks[@]} "$W/knobs-$n.log" | tee -a "$W/steps.txt"
+  done
+fi
+if has profile; then
+  for fs in ${PROFILE_FILES:-$Q8}; do  # FILE or FILE:SKIP (that file's launches to skip)
+    f=${fs%%:*}; skip=${PROFILE_SKIP:-0}; [ "$f" != "$fs" ] && skip=${fs##*:}
+    n=$(basename $f .gguf); step "profile $n"
+    timeout ${PROFILE_TIMEOUT:-300} ncu --clock-control none --graph-profiling node --csv --page details \
+      --kernel-name "regex:${PROFILE_KERNELS:-attn_decode|moe_|mvs_}" --launch-skip $skip \
+      --launch-count ${PROFILE_COUNT:-24} --section SpeedOfLight --section LaunchStats --section Occupancy \
+      --section WarpStateStats --section MemoryWorkloadAnalysis ${PROFILE_NCU_ARGS:-} \
+      python3 -m reflex_runtime.cli generate "The capital of France is" -n 4 --model $f --backend cuda \
+      > "$W/ncu-$n.csv" 2> "$W/ncu-$n.err"
+    python3 scripts/ncu_summary.py "$W/ncu-$n.csv" --json "$W/ncu-$n.json" | tee -a "$W/steps.txt" || tail -5 "$W/ncu-$n.err"
   done
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi

@@ -973,7 +973,9 @@ FUSED_ROPE_CASES = {
     "gemma_window_hd256": (4, 1, 256, 256, 700, 512, 0, False, True, True, 32, None),
     "first_token": (4, 2, 64, 64, 1, 0, 0, False, True, True, 32, None),
     "empty_last_slice": (4, 1, 64, 64, 9, 0, 1, True, True, False, 1, 4),  # slices 3,3,3,0: the 3rd stores
+    "far_position": (16, 8, 128, 128, 300, 0, 0, False, True, True, 32, None),  # positions from FAR_POSITION
 }
+FAR_POSITION = {"far_position": 250_000}  # angles of ~40,000 turns: the kernel's reduction to [-pi, pi]
 
 
 @pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
@@ -991,9 +993,10 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
     slot = n_vis - 1
     kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
     vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    kv_pos = (np.arange(n_ctx) + 5).astype(np.int32)
+    first = 5 + FAR_POSITION.get(case, 0)
+    kv_pos = (np.arange(n_ctx) + first).astype(np.int32)
     kv_pos[slot] = -1  # the kernel must write it
-    pos = slot + 5
+    pos = slot + first
     q = (rng.standard_normal((n_head, hd)) * 2).astype(np.float32)
     k_raw = (rng.standard_normal((n_kvh, hd)) * 2).astype(np.float32)
     v_raw = rng.standard_normal((n_kvh, hd)).astype(np.float32)
@@ -1005,7 +1008,8 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
         assert attn_decode.splits(gpu.launch, n_kvh) == splits
     d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
     rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
-                   gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode)
+                   gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode,
+                   gpu.put(np.array(attn_decode.rope_theta(base, 1.0, rope_dim))))
     scale = 1.0 / np.sqrt(hd)
     out = gpu.poisoned((1, n_head, hd))
     counters = gpu.put(np.zeros(n_head, np.int32))

@@ -172,7 +172,8 @@ def test_fused_rope_decode_paged(gpu, knobs, prefetch):
     got = []
     for k, v, rows, blocks in ((kc, vc, n_ctx, 0), (kp, vp, n_rows, gpu.put(table) + 4 * SKIP)):
         dk, dv = gpu.put(k), gpu.put(v)
-        r = AtdRope(gpu.put(k_raw), gpu.put(v_raw), None, None, None, 1e-6, 1e4, 1.0, hd, 0)
+        r = AtdRope(gpu.put(k_raw), gpu.put(v_raw), None, None, None, 1e-6, 1e4, 1.0, hd, 0,
+                    gpu.put(np.array(attn_decode.rope_theta(1e4, 1.0, hd))))
         out = gpu.poisoned((1, n_head, hd))
         assert attn_decode.attention(gpu.launch, gpu.put(q), dk, dv, gpu.put(kv_pos), gpu.put(np.array([pos], np.int32)),
                                      gpu.put(np.array([slot], np.int32)), gpu.put(np.array([n_vis], np.int32)), out,

@@ -164,6 +164,7 @@ class Attention:
         self.rope_base, self.window = rope_base, window
         self.rope_pairs, self.rope_freq_scale, self._rope_factors_name = rope_pairs, rope_freq_scale, rope_factors
         self.rope_factors = 0
+        self._theta_name = model.rope_table(rope_base, rope_freq_scale, c.rope_dim)  # the decode kernel's angles
         self.scale = 1.0 / math.sqrt(c.head_dim) if scale is None else scale
         self.eps = c.rms_eps
         k_bytes = c.n_head_kv * model.kv_rows * c.head_dim * 2
@@ -200,6 +201,7 @@ class Attention:
         self.w, self.p, self.launch = self.read(model.tensors, il), model.p, model.launch
         if self._rope_factors_name:
             self.rope_factors = model.tensors.vector(self._rope_factors_name)
+        self.rope_theta = model.p(self._theta_name)
         self.k_cache = model.p(f"kv{self.il}")
         self.v_cache = self.k_cache + self._k_bytes
         self.kv_table = model.kv_table
@@ -230,7 +232,8 @@ class Attention:
         fused = None
         if decode and L.fuse_rope:
             fused = AtdRope(k, v, w.q_norm or None, w.k_norm or None, self.rope_factors or None, self.eps,
-                            self.rope_base, self.rope_freq_scale, c.rope_dim, 1 if self.rope_pairs else 0)
+                            self.rope_base, self.rope_freq_scale, c.rope_dim, 1 if self.rope_pairs else 0,
+                            self.rope_theta)
         else:
             with L.role("qk-norm + rope + cache store"):
                 rope.qk_rope_store(L, q, k, v, w.q_norm, w.k_norm, b.pos, b.slot, kv_pos, k_cache,

@@ -97,6 +97,7 @@ class _Builder:
             a.rope_factors or None
         r.eps, r.base, r.freq_scale, r.rope_dim, r.mode = a.eps, a.rope_base, a.rope_freq_scale, c.rope_dim, \
             1 if a.rope_pairs else 0
+        r.theta = a.rope_theta
         f.kv_blocks = self.m.kv_table(0) or None
         op.u.attn.max_split = max(1, min(attn_decode.SPLITS_MAX, self.grid // c.n_head_kv))
         self._add(op, "attention + qk-norm + rope + cache store")

@@ -18,7 +18,7 @@ from .arena import Arena
 from .blocks import Attention, Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
 from .layer import DecoderLayer
-from .ops import embed
+from .ops import attn_decode, embed
 from .ops.fused_step import OP_BYTES
 from .ops.sample import ARGMAX_PARTS
 from .step import int_array
@@ -64,6 +64,7 @@ class GpuModel:
         # LM head with the pick fused; mvs_counters: [0] that head's, [1] the MoE router's (zeroed)
         self.need([("logits", max_seqs * c.vocab_size), ("amax_v", max(ARGMAX_PARTS, c.vocab_size)),
                    ("amax_i", max(ARGMAX_PARTS, c.vocab_size)), ("mvs_counters", 4)])
+        self._rope_tables: dict[tuple, str] = {}  # (base, freq_scale, rope_dim) -> its angle table's arena name
         self.plan()
         self.head = LmHead(self, self.softcap)
         self.arena.reserve_f32(self._needs.items())
@@ -138,6 +139,15 @@ class GpuModel:
     def p(self, name: str) -> int:
         return self.arena.ptr(name)
 
+    def rope_table(self, base: float, freq_scale: float, rope_dim: int) -> str:
+        """The arena name of the decode attention's angle table for this rope (ops/attn_decode.py
+        rope_theta), one per distinct rope, filled at bind."""
+        key = (float(base), float(freq_scale), int(rope_dim))
+        if key not in self._rope_tables:
+            self._rope_tables[key] = name = f"rope_theta{len(self._rope_tables)}"
+            self.arena.reserve(name, 8 * (rope_dim // 2))
+        return self._rope_tables[key]
+
     def bind(self, base: int, launch: Launcher) -> None:
         self.arena.base = base
         self.launch = launch
@@ -150,6 +160,10 @@ class GpuModel:
             self._ident = int_array(range(n0))  # kept: the copy is asynchronous (no numpy on the cold path)
             addr, _ = self._ident.buffer_info()
             launch.dev.htod(table, addr, 4 * n0, launch.stream)
+        self._theta = [attn_decode.rope_theta(*key) for key in self._rope_tables]  # kept: the copies are asynchronous
+        for name, table in zip(self._rope_tables.values(), self._theta):
+            addr, n = table.buffer_info()
+            launch.dev.htod(self.p(name), addr, 8 * n, launch.stream)
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
         self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)

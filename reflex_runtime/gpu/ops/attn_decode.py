@@ -3,6 +3,7 @@ the context split by its length; optionally with reflex_qk_rope_store's work fus
 
 from __future__ import annotations
 
+from array import array
 from ctypes import Structure, c_float, c_int, c_void_p
 
 KERNELS = ("reflex_attn_decode",)
@@ -15,7 +16,14 @@ class AtdRope(Structure):
     decode attention (k = None: not fused)."""
 
     _fields_ = [("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p), ("factors", c_void_p),
-                ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int)]
+                ("eps", c_float), ("base", c_float), ("freq_scale", c_float), ("rope_dim", c_int), ("mode", c_int),
+                ("theta", c_void_p)]
+
+
+def rope_theta(base: float, freq_scale: float, rope_dim: int) -> array:
+    """AtdRope.theta's table (device doubles): freq_scale * base^(-2i / rope_dim) for i < rope_dim / 2,
+    the per-position angles rope.cu computes in the kernel, here once per model."""
+    return array("d", (freq_scale * base ** (-2.0 * i / rope_dim) for i in range(rope_dim // 2)))
 
 
 class AtdArgs(Structure):
@@ -62,6 +70,7 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
         return False
     if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
         return False
+    assert rope is None or not rope.k or rope.theta, "a fused rope needs its angle table (rope_theta)"
     smem = smem_bytes(n_head // n_head_kv, hd, hd_v)
     # rows share the GPU: about the same number of blocks in all, so a row of a large batch walks
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
