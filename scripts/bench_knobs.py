@@ -41,14 +41,17 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--context", type=int, default=256, help="the breakdown's context (reflex bench: 256)")
+    p.add_argument("--depths", default="", help="also decode tok/s after this many tokens of context (reflex bench --depths)")
     p.add_argument("--out")
     args = p.parse_args(argv)
+    depths = [int(d) for d in args.depths.split(",") if d]
     settings = [(s, parse_setting(s)) for s in (args.settings or ["default"])]
 
-    from reflex_runtime.commands.bench import decode_rate, role_times
+    from reflex_runtime.commands.bench import decode_at_depths, decode_rate, role_times
     from reflex_runtime.loader import load_engine
 
-    engine = load_engine(args.model, "cuda")
+    ctx = max(depths) + args.tokens + 16 if depths else None
+    engine = load_engine(args.model, "cuda", max_context=max(ctx, 4096) if ctx else None)
     runner = engine.runner
     runner.wait_weights()
     launch = runner.launch
@@ -65,8 +68,10 @@ def main(argv=None) -> int:
         rate = decode_rate(engine, args.tokens, args.repeats)
         roles = role_times(runner, runner.decode_step_launches(args.context), 10,
                            max_replays=runner.model.max_new - args.context - 2)
-        rows.append({"setting": name, "decode": rate, "breakdown": roles})
-        print(f"{name:<40} {rate['tok_s_median']:>8.1f} tok/s   " + "  ".join(
+        deep = decode_at_depths(runner, depths, args.tokens, args.repeats) if depths else []
+        rows.append({"setting": name, "decode": rate, "breakdown": roles, "decode_at_depth": deep})
+        print(f"{name:<40} {rate['tok_s_median']:>8.1f} tok/s   "
+              + "".join(f"@d{d['depth']} {d.get('tok_s', d.get('skipped'))}   " for d in deep) + "  ".join(
             f"{r['role']}={min(r['us'], r.get('us_pdl', r['us'])):.0f}" for r in roles), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))

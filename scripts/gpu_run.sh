@@ -37,8 +37,9 @@
 #              COLD_CACHE=warm|cold|warm,cold overrides the page-cache states for every file;
 #              COLD_MOE_OLD=1 adds .gpu/old (gpu_bundle.sh --old REV) as one more case, interleaved
 #              The DeepSeek file needs gpu_bundle.sh --vocab deepseek-llm (carry .vocab; one big file on disk at a time)
-#   knobs      scripts/bench_knobs.py on BENCH_FILES: decode tok/s and the role breakdown per KNOBS setting
-#              (a ';' list of bench_knobs.py --set values, default "default"), one load per file
+#   knobs      scripts/bench_knobs.py on KNOBS_FILES (default BENCH_FILES): decode tok/s and the role breakdown per
+#              KNOBS setting (a ';' list of bench_knobs.py --set values, default "default"), one load per file;
+#              KNOBS_ARGS for more options (e.g. "--depths 16384")
 #   profile    ncu on a few decode steps of PROFILE_FILES (default the 0.6B Q8_0): kernels matching
 #              PROFILE_KERNELS, PROFILE_COUNT launches after PROFILE_SKIP (or FILE:SKIP), ncu options
 #              added from PROFILE_NCU_ARGS (e.g. --metrics, --cache-control none); one line per launch (scripts/ncu_summary.py)
@@ -321,10 +322,10 @@ if has cold_moe; then  # issue 28: the big MoE shapes' cold start, experts on de
   done
 fi
 if has knobs; then
-  for f in $BENCH_FILES; do
+  for f in ${KNOBS_FILES:-$BENCH_FILES}; do
     n=$(basename $f .gguf); step "knobs $n"; sets=()
     IFS=';' read -ra ks <<< "${KNOBS:-default}"; for k in "${ks[@]}"; do sets+=(--set "$k"); done
-    timeout ${KNOBS_TIMEOUT:-300} python3 scripts/bench_knobs.py $f "${sets[@]}" --out "$W/knobs-$n.json" \
+    timeout ${KNOBS_TIMEOUT:-300} python3 scripts/bench_knobs.py $f "${sets[@]}" ${KNOBS_ARGS:-} --out "$W/knobs-$n.json" \
       > "$W/knobs-$n.log" 2>&1; tail -${#ks[@]} "$W/knobs-$n.log" | tee -a "$W/steps.txt"
   done
 fi

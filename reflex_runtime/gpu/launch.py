@@ -58,7 +58,8 @@ class Launcher:
         # a dense model's decode step as one persistent kernel (gpu/fused.py): off until it beats the
         # kernel-per-op graph (issue 27's notes); the bench measures both
         self.fused_step = os.environ.get("REFLEX_FUSED_STEP", "0") == "1"
-        self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "2"))
+        # 4: the decode attention at 16,384 tokens of context 564 vs 430 tok/s with 2 (results/2026-12-03-h200-s14)
+        self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "4"))
         # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the
         # products then pick their kernels for decode rows (products.matvec_path, gemm.k_splits)
         self.decode_rows = False
