@@ -90,20 +90,19 @@ __device__ bool fs_stage(const FsOp* op, int t, uint8_t* buf, int buf_bytes, int
 
 // x' in registers for lane layout RL (see mvs.cuh), for the op's K and wpr.
 template <int RL>
-__device__ __forceinline__ void fs_load_x(const FsMv& m, float (&xr)[MVS_NX][8], float (&xs)[MVS_NX], float* scratch) {
+__device__ __forceinline__ void fs_load_x(const FsMv& m, MvsX& xin, float* scratch) {
     int part = (threadIdx.x >> 5) % m.wpr;
     float nw[MVS_NX][8];
     mvs_load_nw<RL>(m.norm_w, m.K, part, m.wpr, nw);
-    mvs_load_x<RL>(m.x, m.K, m.norm_w != nullptr, nw, m.eps, part, m.wpr, xr, xs, scratch);
+    mvs_load_x<RL>(m.x, m.K, m.norm_w != nullptr, nw, m.eps, part, m.wpr, xin, scratch);
 }
 
 // Partial sums of rows [0, n) of one staged run into red[(base + i) * wpr + part], by type.
 __device__ __forceinline__ void fs_rows(int type, const uint8_t* srow, long row_bytes, int n,
-                                        const float (&xr)[MVS_NX][8], const float (&xs)[MVS_NX], int K, int wpr,
-                                        float* red, int base) {
+                                        const MvsX& xin, int K, int wpr, float* red, int base) {
 #define FS_ROWS_CASE(name, T)                                                \
     case T:                                                                  \
-        mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, base);    \
+        mvs_range<T>(srow, row_bytes, n, xin, K >> 3, wpr, red, base);       \
         break;
     switch (type) { RX_FOR_EACH_TYPE(FS_ROWS_CASE) }
 #undef FS_ROWS_CASE
@@ -121,7 +120,7 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t
     uint8_t* buf[2] = {smem, smem + buf_bytes};
     float* red = reinterpret_cast<float*>(smem + red_off);
     if (!staged) fs_stage(op, blockIdx.x, buf[cur], buf_bytes, 0, FS_THREADS), rx_cp_commit();
-    float xr[MVS_NX][8], xs[MVS_NX];
+    MvsX xin;
     int rl = 0;  // the lane layout x' is loaded for (0: none yet)
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -139,8 +138,8 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t
         // the accumulated rows' old values, issued now and used last (no load left after the dots)
         float prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
         if (want != rl) {  // the x loads overlap the tile's copies
-            if (want == 4) fs_load_x<4>(m, xr, xs, scratch);
-            else fs_load_x<1>(m, xr, xs, scratch);
+            if (want == 4) fs_load_x<4>(m, xin, scratch);
+            else fs_load_x<1>(m, xin, scratch);
             rl = want;
         }
         rx_cp_wait_prior<1>();
@@ -150,10 +149,10 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t
         long rbytes = m.row_bytes[s];
         const uint8_t* w = m.w[s] + r0 * rbytes;
         const uint8_t* srow = buf[cur] + (reinterpret_cast<uintptr_t>(w) & 15);
-        fs_rows(type, srow, rbytes, n, xr, xs, m.K, m.wpr, red, 0);
+        fs_rows(type, srow, rbytes, n, xin, m.K, m.wpr, red, 0);
         if (kind == FS_GLU) {
             const uint8_t* su = buf[cur] + buf_bytes / 2 + (reinterpret_cast<uintptr_t>(m.w[1] + r0 * rbytes) & 15);
-            fs_rows(type, su, rbytes, n, xr, xs, m.K, m.wpr, red, m.rb);
+            fs_rows(type, su, rbytes, n, xin, m.K, m.wpr, red, m.rb);
         }
         __syncthreads();
         for (int i = threadIdx.x; i < n; i += FS_THREADS) {

@@ -31,14 +31,15 @@ __device__ void moe_router_body(const uint8_t* W, long row_bytes, const float* x
     rx_cp_commit();
     constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    float nw[MVS_NX][8];
+    MvsX xin;
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();
-    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
-    mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    mvs_range<T>(srow, row_bytes, n, xin, K >> 3, wpr, red, 0);
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += MVS_THREADS) logits[r0 + i] = mvs_total(red, i, wpr);
     __threadfence();  // our logits are visible before this block counts itself done
@@ -78,11 +79,11 @@ __device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert
     float* red = reinterpret_cast<float*>(rx_dyn_smem + k * span + rx_stage_bytes((long)k * K * 4));
     int part = (threadIdx.x >> 5) % wpr;
     for (int s = 0; s < k; s++) {
-        float xr[MVS_NX][8], xsum[MVS_NX];
-        mvs_load_x_plain<MvsRun<T>::RL>(acts + (long)s * K, K, part, wpr, xr, xsum);
+        MvsX xin;
+        mvs_load_x_plain<MvsRun<T>::RL>(acts + (long)s * K, K, part, wpr, xin);
         long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
         const uint8_t* srow = rx_dyn_smem + s * span + ((reinterpret_cast<uintptr_t>(Wd) + off) & 15);
-        mvs_range<T>(srow, row_bytes, n, xr, xsum, K >> 3, wpr, red, 0, s > 0, wts[s]);
+        mvs_range<T>(srow, row_bytes, n, xin, K >> 3, wpr, red, 0, s > 0, wts[s]);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += MVS_THREADS) x[r0 + i] = (i == (int)threadIdx.x ? prev : x[r0 + i]) + mvs_total(red, i, wpr);

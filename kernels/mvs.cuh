@@ -40,14 +40,22 @@ __device__ __forceinline__ void mvs_load_nw(const float* norm_w, int K, int part
     }
 }
 
+// One lane's x': MVS_NX groups of 8 floats and each group's sum, and for the integer-dot types
+// (RL == 4: the lane's groups are one 32-input unit) the same inputs as int16 (mvs_decode.cuh's
+// MvsQ). What a kernel's type does not use, the compiler drops.
+struct MvsX {
+    float r[MVS_NX][8];
+    float s[MVS_NX];
+    MvsQ q;
+};
+
 // x' for this lane's groups, in registers (zeros past K), and each group's sum (for K-quant
-// minimums). With `norm`, warps 0 .. wpr-1 (which together hold every group once) reduce sum(x^2)
+// minimums); with RL == 4 also quantized (mvs_quant32). With `norm`, warps 0 .. wpr-1 (which together hold every group once) reduce sum(x^2)
 // for the block and x' = x * rsqrt(mean + eps) * nw. Every thread must call it. x may point to
 // global or shared memory.
 template <int RL>
 __device__ __forceinline__ void mvs_load_x(const float* x, int K, bool norm, const float (&nw)[MVS_NX][8], float eps,
-                                           int part, int wpr, float (&xr)[MVS_NX][8], float (&xs)[MVS_NX],
-                                           float* scratch) {
+                                           int part, int wpr, MvsX& out, float* scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = K >> 3;
     float ss = 0.f;
 #pragma unroll
@@ -58,8 +66,9 @@ __device__ __forceinline__ void mvs_load_x(const float* x, int K, bool norm, con
             a = reinterpret_cast<const float4*>(x + 8 * g)[0];
             b = reinterpret_cast<const float4*>(x + 8 * g)[1];
         }
-        xr[i][0] = a.x, xr[i][1] = a.y, xr[i][2] = a.z, xr[i][3] = a.w;
-        xr[i][4] = b.x, xr[i][5] = b.y, xr[i][6] = b.z, xr[i][7] = b.w;
+        float* xr = out.r[i];
+        xr[0] = a.x, xr[1] = a.y, xr[2] = a.z, xr[3] = a.w;
+        xr[4] = b.x, xr[5] = b.y, xr[6] = b.z, xr[7] = b.w;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
     }
     float inv = 1.f;
@@ -73,22 +82,23 @@ __device__ __forceinline__ void mvs_load_x(const float* x, int K, bool norm, con
     }
 #pragma unroll
     for (int i = 0; i < MVS_NX; i++) {
+        float* xr = out.r[i];
 #pragma unroll
-        for (int j = 0; j < 8; j++) xr[i][j] *= inv * nw[i][j];
-        xs[i] = ((xr[i][0] + xr[i][1]) + (xr[i][2] + xr[i][3])) + ((xr[i][4] + xr[i][5]) + (xr[i][6] + xr[i][7]));
+        for (int j = 0; j < 8; j++) xr[j] *= inv * nw[i][j];
+        out.s[i] = ((xr[0] + xr[1]) + (xr[2] + xr[3])) + ((xr[4] + xr[5]) + (xr[6] + xr[7]));
     }
+    if constexpr (RL == 4) mvs_quant32(&out.r[0][0], (out.s[0] + out.s[1]) + (out.s[2] + out.s[3]), &out.q);
 }
 
 // x' with no norm (ones as norm weights).
 template <int RL>
-__device__ __forceinline__ void mvs_load_x_plain(const float* x, int K, int part, int wpr, float (&xr)[MVS_NX][8],
-                                                 float (&xs)[MVS_NX]) {
+__device__ __forceinline__ void mvs_load_x_plain(const float* x, int K, int part, int wpr, MvsX& out) {
     float ones[MVS_NX][8];
 #pragma unroll
     for (int i = 0; i < MVS_NX; i++)
 #pragma unroll
         for (int j = 0; j < 8; j++) ones[i][j] = 1.f;
-    mvs_load_x<RL>(x, K, false, ones, 0.f, part, wpr, xr, xs, nullptr);
+    mvs_load_x<RL>(x, K, false, ones, 0.f, part, wpr, out, nullptr);
 }
 
 // dequant8, with the hardware half conversion for F16 (quant.cuh's portable one is bit arithmetic).
@@ -109,15 +119,14 @@ __device__ __forceinline__ void mvs_dequant8(const uint8_t* row, int g, float* w
 
 // This lane's share of dot(row, x'), the row's bytes in shared memory.
 template <int T>
-__device__ __forceinline__ float mvs_dot(const uint8_t* row, const float (&xr)[MVS_NX][8], const float (&xs)[MVS_NX],
-                                         int lane, int part, int wpr, int ng) {
+__device__ __forceinline__ float mvs_dot(const uint8_t* row, const MvsX& x, int lane, int part, int wpr, int ng) {
     constexpr int RL = MvsRun<T>::RL;
     if constexpr (RL == 4) {  // MVS_NX == 4: one 32-weight unit per lane
         int u = lane + 32 * part;
         if (4 * u >= ng) return 0.f;
-        if constexpr (T == RX_Q8_0) return mvs_dot_q8_0(row, xr, u);
-        else if constexpr (T == RX_Q4_K) return mvs_dot_q4_k(row, xr, xs, u);
-        else return mvs_dot_q6_k(row, xr, u);
+        if constexpr (T == RX_Q8_0) return mvs_idot_q8_0(row, &x.q, u);
+        else if constexpr (T == RX_Q4_K) return mvs_idot_q4_k(row, &x.q, u);
+        else return mvs_idot_q6_k(row, &x.q, u);
     } else {
         float acc[MVS_NX];
 #pragma unroll
@@ -128,7 +137,7 @@ __device__ __forceinline__ float mvs_dot(const uint8_t* row, const float (&xr)[M
                 float w[8];
                 mvs_dequant8<T>(row, g, w);
 #pragma unroll
-                for (int j = 0; j < 8; j++) acc[i] = fmaf(w[j], xr[i][j], acc[i]);
+                for (int j = 0; j < 8; j++) acc[i] = fmaf(w[j], x.r[i][j], acc[i]);
             }
         }
         return (acc[0] + acc[1]) + (acc[2] + acc[3]);
@@ -138,13 +147,12 @@ __device__ __forceinline__ float mvs_dot(const uint8_t* row, const float (&xr)[M
 // Rows [0, n) of one staged range: part sums into red[(base + i) * wpr + part], or (add) scale *
 // the sum added to what is there (the warp that owns (i, part) is the same for every range).
 template <int T>
-__device__ __forceinline__ void mvs_range(const uint8_t* srow, long row_bytes, int n, const float (&xr)[MVS_NX][8],
-                                          const float (&xs)[MVS_NX], int ng, int wpr, float* red, int base,
-                                          bool add = false, float scale = 1.f) {
+__device__ __forceinline__ void mvs_range(const uint8_t* srow, long row_bytes, int n, const MvsX& x, int ng, int wpr,
+                                          float* red, int base, bool add = false, float scale = 1.f) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int slots = MVS_WARPS / wpr, slot = warp / wpr, part = warp - slot * wpr;
     for (int i = slot; i < n; i += slots) {
-        float a = warp_sum(mvs_dot<T>(srow + (long)i * row_bytes, xr, xs, lane, part, wpr, ng));
+        float a = warp_sum(mvs_dot<T>(srow + (long)i * row_bytes, x, lane, part, wpr, ng));
         if (lane == 0) {
             float* r = red + (base + i) * wpr + part;
             *r = add ? *r + scale * a : scale * a;
@@ -219,15 +227,16 @@ __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_byte
     rx_cp_commit();
     constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    float nw[MVS_NX][8];
+    MvsX xin;
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();  // weights are in flight; x comes from the predecessor
     float prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
-    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
-    mvs_range<T>(srow, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
+    mvs_range<T>(srow, row_bytes, n, xin, K >> 3, wpr, red, 0);
     __syncthreads();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -281,7 +290,8 @@ __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_byte
     }
     constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
-    float nw[MVS_NX][8], xr[MVS_NX][8], xs[MVS_NX];
+    float nw[MVS_NX][8];
+    MvsX xin;
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();
     if (ids) {
@@ -290,12 +300,12 @@ __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_byte
         su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);
     }
     rx_cp_commit();
-    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xr, xs, scratch);
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);
-    mvs_range<T>(sg, row_bytes, n, xr, xs, K >> 3, wpr, red, 0);
-    mvs_range<T>(su, row_bytes, n, xr, xs, K >> 3, wpr, red, rb);
+    mvs_range<T>(sg, row_bytes, n, xin, K >> 3, wpr, red, 0);
+    mvs_range<T>(su, row_bytes, n, xin, K >> 3, wpr, red, rb);
     __syncthreads();
     float* out = y + (long)s * n_rows + r0;
     for (int i = threadIdx.x; i < n; i += MVS_THREADS)

@@ -1,13 +1,16 @@
 // mvs_decode.cuh: the fast decoders of the staged matrix-vector kernels (mvs.cu): the dot product
 // of one 32-weight unit of a row (a Q8_0 block, a Q4_K sub-block, a quarter of a Q6_K half
 // super-block) with the 32 inputs a lane holds. Weights come from shared memory as aligned 32-bit
-// words (rows are only 2-byte aligned: a funnel shift realigns them), and bytes become floats by a
-// byte permute into the mantissa of 2^23 and one subtraction, not an int-to-float conversion
-// (a quarter of the FMA rate on sm_90).
+// words (rows are only 2-byte aligned: a funnel shift realigns them).
+// Two forms: mvs_idot_* (what the kernels use) take the inputs as int16 with one scale per unit
+// (MvsQ, made once per kernel) and multiply the weights' integer codes by them with dp2a;
+// mvs_dot_* take float inputs, bytes becoming floats by a byte permute into the mantissa of 2^23
+// and one subtraction (kept as the exact form the tests hold the integer one against).
 // Host-compilable like quant.cuh: tests/test_quant_decode.py builds it with gcc and compares it
 // with gguf-py on rows that start 2 bytes off a 4-byte boundary.
 #pragma once
 
+#include <math.h>
 #include <string.h>
 
 #ifdef __CUDACC__
@@ -65,6 +68,68 @@ RX_HD float mvs_dot4(uint32_t v, const float* x, float off) {
     return mvs_byte(v, 0, off) * x[0] + mvs_byte(v, 1, off) * x[1] + mvs_byte(v, 2, off) * x[2] +
            mvs_byte(v, 3, off) * x[3];
 }
+
+// -- Integer dots: a lane's 32 inputs as int16 (x ~ d * q, one scale per 32), products with the
+// weights' integer codes summed by dp2a (two int16 x two 8-bit codes + an int32, one instruction),
+// then one float multiply per unit. Per Q8_0 block that is 16 integer dot instructions where the
+// float path spends 32 byte-to-float conversions and 32 FMAs: the decode GEMVs were bound by
+// instructions, not bytes. int16 keeps x to ~1.5e-5 of the unit's largest |x| (int8, as
+// llama.cpp's q8_1, would be ~4e-3). No overflow: 32 * 32767 * 128 < 2^31.
+
+// The lane's inputs: q[m] holds inputs 2m (low half) and 2m + 1 (high half) of the unit.
+typedef struct {
+    uint32_t q[16];
+    float d;     // x ~ d * q; NaN when an input is NaN or infinite, so the dot is not finite either
+    float sum;   // sum of the float inputs (Q4_K's minimums)
+    int s16[2];  // sums of q over inputs 0..15 and 16..31 (Q6_K's codes are offset by 32)
+} MvsQ;
+
+RX_HD int mvs_rint(float v) {
+#ifdef __CUDA_ARCH__
+    return __float2int_rn(v);
+#else
+    return v == v && fabsf(v) < 2e9f ? (int)rintf(v) : 0;  // F2I's NaN -> 0 without C's undefined cast
+#endif
+}
+
+// x[0..32) -> MvsQ; `sum` is the caller's sum of the 32 floats.
+RX_HD void mvs_quant32(const float* x, float sum, MvsQ* out) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float id = amax > 1e-30f ? 32767.f / amax : 0.f;  // (below that, x's part of the dot is < 1e-30 |w|)
+    int s0 = 0, s1 = 0;
+    for (int m = 0; m < 16; m++) {
+        int a = mvs_rint(x[2 * m] * id), b = mvs_rint(x[2 * m + 1] * id);
+        out->q[m] = ((uint32_t)a & 0xFFFFu) | ((uint32_t)b << 16);
+        if (m < 8) s0 += a + b;
+        else s1 += a + b;
+    }
+    out->d = amax * (1.f / 32767.f) + 0.f * sum;  // 0 * (inf or NaN) = NaN: a non-finite input shows
+    out->sum = sum;
+    out->s16[0] = s0, out->s16[1] = s1;
+}
+
+// c + the two int16 of a times bytes 0, 1 (lo) or 2, 3 (hi) of b, as signed (s8) or unsigned (u8) bytes.
+#ifdef __CUDA_ARCH__
+#define RX_DP2A(name, mode, btype)                                               \
+    __device__ __forceinline__ int name(uint32_t a, uint32_t b, int c) {         \
+        int d;                                                                   \
+        asm("dp2a." mode ".s32." btype " %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); \
+        return d;                                                                \
+    }
+#else
+#define RX_DP2A(name, mode, btype)                                                                          \
+    static inline int name(uint32_t a, uint32_t b, int c) {                                                 \
+        int hi = mode[0] == 'h', sb = btype[0] == 's';                                                      \
+        int b0 = (b >> (16 * hi)) & 0xFF, b1 = (b >> (16 * hi + 8)) & 0xFF;                                 \
+        if (sb) b0 = (int8_t)b0, b1 = (int8_t)b1;                                                           \
+        return c + (int)(int16_t)(a & 0xFFFFu) * b0 + (int)(int16_t)(a >> 16) * b1;                         \
+    }
+#endif
+RX_DP2A(mvs_dp2a_lo_s8, "lo", "s32")
+RX_DP2A(mvs_dp2a_hi_s8, "hi", "s32")
+RX_DP2A(mvs_dp2a_lo_u8, "lo", "u32")
+RX_DP2A(mvs_dp2a_hi_u8, "hi", "u32")
 
 // Words 0..8 covering the 32 bytes at p (p even) and the shift that realigns them: word k of
 // the run is mvs_funnel(w[k], w[k + 1], sh). Reads up to 4 bytes past the run.
@@ -126,4 +191,57 @@ RX_HD float mvs_dot_q6_k(const uint8_t* row, const float (*xr)[8], int u) {
         acc[k >> 2] += mvs_dot4(v, &xr[k >> 1][(k & 1) * 4], 8388640.f);  // q - 32
     }
     return d * ((float)(int8_t)(scw & 0xFFu) * acc[0] + (float)(int8_t)((scw >> 8) & 0xFFu) * acc[1]);
+}
+
+// Q8_0 block `blk` times the lane's inputs, integer form: d * x->d * sum(q_w q_x).
+RX_HD float mvs_idot_q8_0(const uint8_t* row, const MvsQ* x, int blk) {
+    const uint8_t* b = row + 34 * blk;
+    uint32_t w[9];
+    unsigned sh = mvs_words9(b + 2, w);
+    int acc0 = 0, acc1 = 0;
+    for (int k = 0; k < 8; k++) {
+        uint32_t v = mvs_funnel(w[k], w[k + 1], sh);  // weights 4k .. 4k + 3
+        acc0 = mvs_dp2a_lo_s8(x->q[2 * k], v, acc0);
+        acc1 = mvs_dp2a_hi_s8(x->q[2 * k + 1], v, acc1);
+    }
+    return mvs_h2f(rx_u16(b)) * x->d * (float)(acc0 + acc1);
+}
+
+// Q4_K sub-block u, integer form: d * sc * x->d * sum(q x_q) - dmin * mn * sum(x).
+RX_HD float mvs_idot_q4_k(const uint8_t* row, const MvsQ* x, int u) {
+    const uint8_t* b = row + 144 * (u >> 3);
+    int sub = u & 7, shb = 8 * (sub & 3), nsh = 4 * (sub & 1);
+    uint32_t dd = mvs_ld32(b);
+    uint32_t a0 = (mvs_ld32(b + 4) >> shb) & 0xFFu, a1 = (mvs_ld32(b + 8) >> shb) & 0xFFu;
+    uint32_t a2 = (mvs_ld32(b + 12) >> shb) & 0xFFu;
+    uint32_t sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
+    uint32_t mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
+    const uint8_t* q = b + 16 + 32 * (sub >> 1);
+    int acc0 = 0, acc1 = 0;
+    for (int k = 0; k < 8; k++) {
+        uint32_t v = (mvs_ld32(q + 4 * k) >> nsh) & 0x0F0F0F0Fu;
+        acc0 = mvs_dp2a_lo_u8(x->q[2 * k], v, acc0);
+        acc1 = mvs_dp2a_hi_u8(x->q[2 * k + 1], v, acc1);
+    }
+    return mvs_h2f(dd) * (float)sc * x->d * (float)(acc0 + acc1) - mvs_h2f(dd >> 16) * (float)mn * x->sum;
+}
+
+// Q6_K unit u, integer form: the codes 0..63 against x_q, minus 32 * sum(x_q) per 16-weight half.
+RX_HD float mvs_idot_q6_k(const uint8_t* row, const MvsQ* x, int u) {
+    const uint8_t* b = row + 210 * (u >> 3);
+    int hf = (u >> 2) & 1, r = u & 3, nib = 4 * (r >> 1), hs = 2 * r;
+    uint32_t lw[9], hw[9];
+    unsigned sh = mvs_words9(b + 64 * hf + 32 * (r & 1), lw);
+    mvs_words9(b + 128 + 32 * hf, hw);
+    uint32_t scw = rx_u16(b + 192 + 8 * hf + 2 * r);
+    int acc[2] = {0, 0};
+    for (int k = 0; k < 8; k++) {
+        uint32_t lo = mvs_funnel(lw[k], lw[k + 1], sh), hi = mvs_funnel(hw[k], hw[k + 1], sh);
+        uint32_t v = ((lo >> nib) & 0x0F0F0F0Fu) | (((hi >> hs) & 0x03030303u) << 4);
+        acc[k >> 2] = mvs_dp2a_lo_u8(x->q[2 * k], v, acc[k >> 2]);
+        acc[k >> 2] = mvs_dp2a_hi_u8(x->q[2 * k + 1], v, acc[k >> 2]);
+    }
+    float d = mvs_h2f(rx_u16(b + 208)) * x->d;
+    return d * ((float)(int8_t)(scw & 0xFFu) * (float)(acc[0] - 32 * x->s16[0]) +
+                (float)(int8_t)((scw >> 8) & 0xFFu) * (float)(acc[1] - 32 * x->s16[1]));
 }

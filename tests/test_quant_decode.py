@@ -107,6 +107,19 @@ float dot_unit(int type, const uint8_t* row, const float* x32, int u) {
     }
     return -1e30f;
 }
+/* the same with the lane's inputs quantized to int16 first (the kernels' integer dots) */
+float idot_unit(int type, const uint8_t* row, const float* x32, int u) {
+    float sum = 0.f;
+    for (int i = 0; i < 32; i++) sum += x32[i];
+    MvsQ q;
+    mvs_quant32(x32, sum, &q);
+    switch (type) {
+        case RX_Q8_0: return mvs_idot_q8_0(row, &q, u);
+        case RX_Q4_K: return mvs_idot_q4_k(row, &q, u);
+        case RX_Q6_K: return mvs_idot_q6_k(row, &q, u);
+    }
+    return -1e30f;
+}
 """
 
 
@@ -124,6 +137,8 @@ def mvs_lib(tmp_path_factory):
     lib = ctypes.CDLL(str(so))
     lib.dot_unit.restype = ctypes.c_float
     lib.dot_unit.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.idot_unit.restype = ctypes.c_float
+    lib.idot_unit.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -147,3 +162,53 @@ def test_fast_unit_dots_match_gguf(mvs_lib, qtype, k, shift):
             want = float(dense[32 * u:32 * u + 32] @ xu)
             bound = 2e-6 * float(np.abs(dense[32 * u:32 * u + 32]) @ np.abs(xu)) + 1e-30
             assert abs(got - want) <= bound, (u, got, want)
+
+
+def _inputs(rng, k, trial):
+    x = rng.standard_normal(k).astype(np.float32)
+    if trial == 1:
+        x[:] = 1.0  # the minimum terms of Q4_K see sum(x) at its largest
+    elif trial == 2:
+        x[::29] *= 300.0  # an outlier in most units: the rest of the unit gets few int16 levels
+    elif trial == 3:
+        x *= np.float32(1e-30)  # tiny inputs: the scale must not underflow to zero
+    return x
+
+
+@pytest.mark.parametrize("qtype,k,shift", [(Q.Q8_0, 416, 0), (Q.Q8_0, 416, 2), (Q.Q8_0, 1024, 2),
+                                           (Q.Q4_K, 768, 0), (Q.Q6_K, 768, 0), (Q.Q6_K, 768, 2)])
+def test_integer_unit_dots_match_gguf(mvs_lib, qtype, k, shift):
+    """The integer dots (inputs as int16 with one scale per 32, dp2a products) against gguf-py's
+    weights times the float inputs: within the rounding of x to its int16 grid (half a step per
+    input times |w|) plus float rounding."""
+    rng = np.random.default_rng([int(qtype), k, shift, 16])
+    for trial in range(5):
+        raw = random_row(qtype, k, rng)
+        buf = np.zeros(raw.nbytes + 16, dtype=np.uint8)
+        buf[shift:shift + raw.nbytes] = raw
+        x = _inputs(rng, k, trial)
+        dense = dequantize(raw, qtype).astype(np.float64).reshape(-1)
+        for u in range(k // 32):
+            xu = np.ascontiguousarray(x[32 * u:32 * u + 32])
+            wu = dense[32 * u:32 * u + 32]
+            got = mvs_lib.idot_unit(int(qtype), buf.ctypes.data + shift, xu.ctypes.data, u)
+            want = float(wu @ xu)
+            step = float(np.abs(xu).max()) / 32767.0
+            bound = 0.5 * step * float(np.abs(wu).sum()) * 1.001 + 2e-6 * float(np.abs(wu) @ np.abs(xu)) + 1e-37
+            assert abs(got - want) <= bound, (trial, u, got, want, bound)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_integer_unit_dots_keep_non_finite_inputs_visible(mvs_lib, qtype):
+    """A NaN or infinite input makes the unit's dot NaN, as the float path's would be non-finite:
+    quantizing must not turn it into a finite number."""
+    rng = np.random.default_rng(int(qtype))
+    raw = random_row(qtype, 256, rng)
+    buf = np.zeros(raw.nbytes + 16, dtype=np.uint8)
+    buf[:raw.nbytes] = raw
+    for bad in (np.nan, np.inf, -np.inf):
+        x = rng.standard_normal(32).astype(np.float32)
+        x[7] = bad
+        assert not np.isfinite(mvs_lib.idot_unit(int(qtype), buf.ctypes.data, x.ctypes.data, 0)), bad
+    zeros = np.zeros(32, dtype=np.float32)
+    assert mvs_lib.idot_unit(int(qtype), buf.ctypes.data, zeros.ctypes.data, 0) == 0.0
