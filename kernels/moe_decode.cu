@@ -6,7 +6,9 @@
 //   reflex_mvs_glu_* (mvs.cu) with ids: act[s] = act(gate_e x') * (up_e x') for slot s, e = ids[s],
 //                         grid (ceil(n_ff / rb), k): each routed expert's rows are read once
 //   reflex_moe_mvs_down_* x[r] += sum_s w[s] * down_e act[s]  (slot order: deterministic)
-//                         grid ceil(n_embd / rb): a block holds rows r0.. of all k experts
+//                         grid ceil(n_embd / rb): a block holds rows r0.. of all k experts; its
+//                         warps split the (slot, row) dots slot-major, each slot's inputs loaded
+//                         once per warp
 //
 // Early reads (common.cuh, rx_pdl_weights_first): the router stages its weights before it waits.
 // The down kernel, with `early`, reads ids / weights and stages the routed experts' rows before it
@@ -77,16 +79,30 @@ __device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + k * span + rx_stage_bytes((long)k * K * 4));
-    int part = (threadIdx.x >> 5) % wpr;
-    for (int s = 0; s < k; s++) {
-        MvsX xin;
-        mvs_load_x_plain<MvsRun<T>::RL>(acts + (long)s * K, K, part, wpr, xin);
-        long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
-        const uint8_t* srow = rx_dyn_smem + s * span + ((reinterpret_cast<uintptr_t>(Wd) + off) & 15);
-        mvs_range<T>(srow, row_bytes, n, xin, K >> 3, wpr, red, 0, s > 0, wts[s]);
+    // The k * n (slot, row) dots in slot-major order, a contiguous share per row group (wpr warps):
+    // a group mostly stays on one slot, so it loads (and quantizes) that slot's activations once.
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, groups = MVS_WARPS / wpr;
+    int g = warp / wpr, part = warp - g * wpr, items = k * n, per = (items + groups - 1) / groups;
+    int cur = -1;
+    MvsX xin;
+    const uint8_t* srow = nullptr;
+    for (int j = g * per; j < min(items, (g + 1) * per); j++) {
+        int s = j / n, i = j - s * n;
+        if (s != cur) {
+            mvs_load_x_plain<MvsRun<T>::RL>(acts + (long)s * K, K, part, wpr, xin);
+            long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
+            srow = rx_dyn_smem + s * span + ((reinterpret_cast<uintptr_t>(Wd) + off) & 15);
+            cur = s;
+        }
+        float a = warp_sum(mvs_dot<T>(srow + (long)i * row_bytes, xin, lane, part, wpr, K >> 3));
+        if (lane == 0) red[j * wpr + part] = a;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += MVS_THREADS) x[r0 + i] = (i == (int)threadIdx.x ? prev : x[r0 + i]) + mvs_total(red, i, wpr);
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
+        float v = 0.f;
+        for (int s = 0; s < k; s++) v += wts[s] * mvs_total(red, s * n + i, wpr);  // slot order: deterministic
+        x[r0 + i] = (i == (int)threadIdx.x ? prev : x[r0 + i]) + v;
+    }
 }
 
 #define RX_MOE_ROUTER(name, T)                                                                                      \

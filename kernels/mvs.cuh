@@ -144,19 +144,15 @@ __device__ __forceinline__ float mvs_dot(const uint8_t* row, const MvsX& x, int 
     }
 }
 
-// Rows [0, n) of one staged range: part sums into red[(base + i) * wpr + part], or (add) scale *
-// the sum added to what is there (the warp that owns (i, part) is the same for every range).
+// Rows [0, n) of one staged range: part sums into red[(base + i) * wpr + part].
 template <int T>
 __device__ __forceinline__ void mvs_range(const uint8_t* srow, long row_bytes, int n, const MvsX& x, int ng, int wpr,
-                                          float* red, int base, bool add = false, float scale = 1.f) {
+                                          float* red, int base) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int slots = MVS_WARPS / wpr, slot = warp / wpr, part = warp - slot * wpr;
     for (int i = slot; i < n; i += slots) {
         float a = warp_sum(mvs_dot<T>(srow + (long)i * row_bytes, x, lane, part, wpr, ng));
-        if (lane == 0) {
-            float* r = red + (base + i) * wpr + part;
-            *r = add ? *r + scale * a : scale * a;
-        }
+        if (lane == 0) red[(base + i) * wpr + part] = a;
     }
 }
 

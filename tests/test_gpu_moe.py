@@ -301,7 +301,25 @@ def test_fused_router_topk_one_token(gpu, n_expert, k, budget_rows, normalize):
 @pytest.mark.parametrize("early", [False, True])
 def test_staged_experts_one_token(gpu, qtype, n_expert, k, budget_rows, early):
     rng = np.random.default_rng([int(qtype), n_expert, k, budget_rows, early])
-    E, F = k_for(qtype, False), _ff_for(qtype, False)
+    _staged_experts_one_token(gpu, rng, qtype, n_expert, k, budget_rows, early, k_for(qtype, False),
+                              _ff_for(qtype, False))
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("wide", ["ff2", "embd4"])
+def test_staged_experts_one_token_wide_rows(gpu, qtype, wide):
+    """Rows longer than one warp's 1,024 weights: the down kernel's (slot, row) split with 2 warps
+    per row (an expert FFN as wide as DeepSeek-V2-Lite's 1,408), and gate/up with 4 (E > 2,048)."""
+    rng = np.random.default_rng([int(qtype), len(wide)])
+    blocks = 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32
+    if wide == "ff2":  # down: K = F in (1024, 2048]
+        E, F = k_for(qtype, False), (1280 if blocks == 256 else 1376)
+    else:  # gate / up: K = E in (2048, 4096]
+        E, F = (2304 if blocks == 256 else 2080), _ff_for(qtype, False)
+    _staged_experts_one_token(gpu, rng, qtype, 12, 8, 3, True, E, F)
+
+
+def _staged_experts_one_token(gpu, rng, qtype, n_expert, k, budget_rows, early, E, F):
     (wg, wu, wd), (dg, du, dd) = _experts(gpu, qtype, n_expert, E, F, rng)
     x = (rng.standard_normal((1, E)) * 0.5).astype(np.float32)
     nw = (rng.random(E) + 0.5).astype(np.float32)
