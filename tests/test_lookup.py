@@ -6,7 +6,7 @@ import random
 import pytest
 
 from reflex_runtime.modelfile.gguf_file import GGUFFile
-from reflex_runtime.text.lookup import SLICE, SortedLookup, first_wins, last_wins, sliced_dict, sorted_order
+from reflex_runtime.text.lookup import SLICE, OrderError, SortedLookup, first_wins, last_wins, sliced_dict, sorted_order
 
 
 def _agree(keys, absent):
@@ -65,5 +65,16 @@ def test_an_order_that_does_not_fit_raises(bad):
         order[997] = 5000
     else:
         order.reverse()
-    with pytest.raises(ValueError):
+    with pytest.raises(OrderError):
         SortedLookup(keys, order.tobytes())
+
+
+def test_an_entry_out_of_range_that_the_sample_missed_raises_order_error():
+    import array
+
+    keys = [f"t{i:05d}" for i in range(5000)]
+    order = array.array("i", range(5000))
+    order[2500] = 9999  # not a sampled entry (multiples of 997), in the first bisection probe
+    lookup = SortedLookup(keys, order.tobytes())
+    with pytest.raises(OrderError):
+        lookup.get("t02500")

@@ -215,6 +215,31 @@ def test_llama_cpp_vocab_vectors(llama_models, name, tables, monkeypatch):
             assert type(tokenizer._token_ids) is SortedLookup  # never switched to dicts here
 
 
+def test_a_damaged_saved_order_falls_back_to_dicts(llama_models, monkeypatch):
+    """An index whose order passes SortedLookup's sampled check but has entries out of range
+    elsewhere: encode (and stop_ids) switch to dicts and give the same ids as without an index,
+    instead of raising IndexError from a bisection probe."""
+    import array
+
+    monkeypatch.setattr(tokenizer_module, "DICTS_AFTER_CHARS", 1 << 40)
+    with GGUFFile(llama_models / "ggml-vocab-qwen2.gguf") as gguf_file:
+        plain = Tokenizer.from_gguf(gguf_file)
+        tables = plain.export_tables()
+        for name in ("ids_order", "ranks_order"):
+            order = array.array("i")
+            order.frombytes(tables[name])
+            n = len(order)
+            for j in range(n):
+                if j % 997:  # every entry but the sampled ones points past the end
+                    order[j] = n + 7
+            tables[name] = order.tobytes()
+        damaged = Tokenizer.from_gguf(gguf_file).adopt_tables(tables)
+        assert damaged.stop_ids == plain.stop_ids
+        for text, expected in _read_vectors(llama_models, "qwen2")[:20]:
+            assert damaged.encode(text, add_special=False, parse_special=False) == expected
+        assert type(damaged._token_ids) is dict
+
+
 def test_sorted_tables_become_dicts_after_enough_text(llama_models, monkeypatch):
     monkeypatch.setattr(tokenizer_module, "DICTS_AFTER_CHARS", 300)
     with GGUFFile(llama_models / "ggml-vocab-qwen2.gguf") as gguf_file:

@@ -47,6 +47,10 @@ def sorted_order(keys: Sequence[str], last: bool) -> bytes:
     return array.array("i", sorted(range(len(keys)), key=lambda i: (keys[i], sign * i))).tobytes()
 
 
+class OrderError(ValueError):
+    """A saved order that is not a sorted order of these keys (a damaged or foreign index)."""
+
+
 class SortedLookup:
     """A read-only str -> index map over `keys` by bisection over `order` (sorted_order's), each
     probe reading keys[order[i]]: nothing is built, so it is ready as soon as the order is loaded."""
@@ -58,18 +62,22 @@ class SortedLookup:
         idx.frombytes(order)
         n = len(keys)
         # A cheap check, not a proof (the index is written whole and keyed by the file): the length,
-        # and a sample in bounds and in order.
+        # and a sample in bounds and in order. An entry past the end that the sample missed raises
+        # OrderError from get() when a probe reaches it (the tokenizer then falls back to dicts).
         sample = [idx[j] for j in range(0, len(idx), 997)]
         if len(idx) != n or any(not 0 <= i < n for i in sample) or \
                 any(keys[a] > keys[b] for a, b in zip(sample, sample[1:])):
-            raise ValueError(f"not a sorted order of these {n} keys")
+            raise OrderError(f"not a sorted order of these {n} keys")
         self._keys, self._order, self._key = keys, idx, keys.__getitem__
 
     def get(self, key: str, default=None):
         order = self._order
-        i = bisect_left(order, key, key=self._key)
-        if i < len(order) and self._keys[order[i]] == key:
-            return order[i]
+        try:
+            i = bisect_left(order, key, key=self._key)
+            if i < len(order) and self._keys[order[i]] == key:
+                return order[i]
+        except IndexError:
+            raise OrderError(f"the saved order of these {len(order)} keys has an entry out of range") from None
         return default
 
     def __contains__(self, key: str) -> bool:

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import ModelFileError, RequestError, UnsupportedModelError
 from ..modelfile.gguf_file import printable
-from .lookup import SortedLookup, first_wins, last_wins, sorted_order
+from .lookup import OrderError, SortedLookup, first_wins, last_wins, sorted_order
 from .merges import bpe_merge, spm_merge
 from .pretokenize import (ADD_BOS_DEFAULT, FROM_BYTE_CHARS, IGNORE_MERGES, PATTERNS, TO_BYTE_CHARS, SpecialTokens,
                           ids_of_types, splitter)
@@ -196,10 +196,17 @@ class Tokenizer:
         """EOS, EOT, EOM and every token whose text marks the end of a turn or of the text."""
         if self._stop_ids is None:
             ids = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
-            token_ids = self._ids()
-            ids.update(token_ids[t] for t in END_TEXTS if t in token_ids)
+            try:
+                ids.update(self._end_text_ids())
+            except OrderError:  # a damaged saved order (see encode)
+                self._drop_orders()
+                ids.update(self._end_text_ids())
             self._stop_ids = frozenset(ids)
         return self._stop_ids
+
+    def _end_text_ids(self) -> list[int]:
+        token_ids = self._ids()
+        return [token_ids[t] for t in END_TEXTS if t in token_ids]
 
     def token_type(self, token_id: int) -> int:
         return NORMAL if self._types is None else self._types[token_id]
@@ -227,6 +234,13 @@ class Tokenizer:
             self._sorted_chars += len(text)
             if self._sorted_chars > DICTS_AFTER_CHARS:
                 self._drop_orders()
+            try:
+                return self._encode(text, add_special, parse_special)
+            except OrderError:  # a damaged saved order: dicts from now on, as without an index
+                self._drop_orders()
+        return self._encode(text, add_special, parse_special)
+
+    def _encode(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
@@ -409,7 +423,7 @@ class Tokenizer:
         if orders is not None and isinstance(orders.get(order_name), bytes):
             try:
                 table = SortedLookup(keys, orders[order_name])
-            except ValueError:  # not this vocabulary's order: dicts for both tables, as without an index
+            except OrderError:  # not this vocabulary's order: dicts for both tables, as without an index
                 self._drop_orders()
         if table is None:
             table = build(keys)
