@@ -8,7 +8,8 @@
 #              timed, and the kernel files it launched (scripts/kernel_coverage.py)
 #   tests      pytest -m gpu tests -n 14, REPEAT times in a row (default 1); TESTS= to narrow it
 #   check      reflex check on the Qwen3-0.6B-shaped Q8_0 and Q4_K_M files (made here)
-#   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved
+#   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved, on the 0.6B Q8_0
+#              file or the files in AB_FILES (e.g. the 0.6B Q4_K_M and a $MAKE_MORE file)
 #   coldstart_ab  spawn -> first token of this tree and of .gpu/old, interleaved (bench_coldstart.py --tree)
 #   serve_ab   one client against reflex serve: this tree (--parallel 64) and .gpu/old, interleaved, 3 x 3 runs
 #   handler_cold  handlers/app.py's cold start (spawn -> one-token answer) with REFLEX_PARALLEL 1, 16, 64, RUNS each
@@ -161,17 +162,20 @@ from reflex_runtime.loader import load_engine
 e = load_engine(sys.argv[1], "cuda")
 print(json.dumps({"tree": sys.argv[2], **decode_rate(e, 128, 5)}), flush=True)
 PY
-  for r in 1 2 3; do
-    timeout 90 python3 /tmp/decode_rate.py $Q8 new >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
-    PYTHONPATH=$PWD/.gpu/old:/tmp/site REFLEX_KERNELS_DIR=$OLD_KERNELS timeout 90 python3 /tmp/decode_rate.py $Q8 old \
-      >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
-  done
-  python3 -c "
+  for f in ${AB_FILES:-$Q8}; do
+    for r in 1 2 3; do
+      timeout 120 python3 /tmp/decode_rate.py $f new:$(basename $f) >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
+      PYTHONPATH=$PWD/.gpu/old:/tmp/site REFLEX_KERNELS_DIR=$OLD_KERNELS timeout 120 python3 /tmp/decode_rate.py $f \
+        old:$(basename $f) >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
+    done
+    python3 -c "
 import json, statistics as st
 rows = [json.loads(l) for l in open('$W/decode_ab.jsonl')]
-m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t) for t in ('new', 'old')}
-print(f\"decode_ab Q8_0 0.6B: new {m['new']:.1f} tok/s, old {m['old']:.1f} tok/s, new/old {m['new'] / m['old']:.4f}\")" \
-    | tee -a "$W/steps.txt"
+f = '$(basename $f)'
+m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t + ':' + f) for t in ('new', 'old')}
+print(f\"decode_ab {f}: new {m['new']:.1f} tok/s, old {m['old']:.1f} tok/s, new/old {m['new'] / m['old']:.4f}\")" \
+      | tee -a "$W/steps.txt"
+  done
 fi
 if has coldstart_ab && [ -d .gpu/old ]; then  # cold start of this tree and .gpu/old, interleaved, RUNS each
   step "coldstart_ab (old = $(cat .gpu/old/REV))"
