@@ -867,6 +867,20 @@ def test_staged_lm_head_without_pick_writes_logits_only(gpu, knobs, qtype):
     assert_matmul_close(gpu.get(y, (1, 4099)), x, dense, rtol=2e-4)
 
 
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_staged_products_keep_a_non_finite_input_visible(gpu, qtype, bad):
+    """The integer dots quantize x per 32 inputs: a NaN or infinite input must still make every
+    output non-finite (as float products would), never a finite number from a saturated code."""
+    rng = np.random.default_rng(int(qtype))
+    w, dense = weight(gpu, qtype, 300, 768, rng)
+    x = rng.standard_normal((1, 768)).astype(np.float32)
+    x[0, 517] = bad
+    y = gpu.poisoned((1, 300))
+    assert mvs.head(gpu.launch, w, gpu.put(x), y, 0, 0.0)
+    assert not np.isfinite(gpu.get(y, (1, 300))).any()
+
+
 DECODE_ATTN_CASES = {
     # name: (n_head, n_kv_heads, hd, n_vis, window, softcap, min_keys, prefetch)
     "qwen3_0.6b_ctx256": (16, 8, 128, 256, 0, 0.0, 32, True),
