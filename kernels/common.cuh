@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "mvs_decode.cuh"  // dequant8_fast_*
 #include "quant.cuh"
 
 #define RX_WARP 32
@@ -77,12 +78,12 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int g, float* w) {
     if (T == RX_F32) dequant8_f32(row, g, w);
     else if (T == RX_F16) dequant8_f16(row, g, w);
     else if (T == RX_BF16) dequant8_bf16(row, g, w);
-    else if (T == RX_Q8_0) dequant8_q8_0(row, g, w);
+    else if (T == RX_Q8_0) dequant8_fast_q8_0(row, g, w);  // mvs_decode.cuh: no int-to-float conversions
     else if (T == RX_Q4_0) dequant8_q4_0(row, g, w);
     else if (T == RX_Q5_0) dequant8_q5_0(row, g, w);
     else if (T == RX_Q4_1) dequant8_q4_1(row, g, w);
     else if (T == RX_Q5_1) dequant8_q5_1(row, g, w);
-    else if (T == RX_Q4_K) dequant8_q4_k(row, g, w);
+    else if (T == RX_Q4_K) dequant8_fast_q4_k(row, g, w);
     else if (T == RX_Q5_K) dequant8_q5_k(row, g, w);
     else if (T == RX_Q6_K) dequant8_q6_k(row, g, w);
 }

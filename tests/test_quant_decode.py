@@ -107,6 +107,20 @@ float dot_unit(int type, const uint8_t* row, const float* x32, int u) {
     }
     return -1e30f;
 }
+/* 8 weights of group g through the tensor-core kernels' decoders (-1: no such decoder) */
+int fast8(int type, const uint8_t* row, int g, float* out) {
+    switch (type) {
+        case RX_Q8_0: dequant8_fast_q8_0(row, g, out); return 0;
+        case RX_Q4_K: dequant8_fast_q4_k(row, g, out); return 0;
+        case RX_Q6_K: dequant8_fast_q6_k(row, g, out); return 0;
+    }
+    return -1;
+}
+void plain8(int type, const uint8_t* row, int g, float* out) {
+    if (type == RX_Q8_0) dequant8_q8_0(row, g, out);
+    else if (type == RX_Q4_K) dequant8_q4_k(row, g, out);
+    else dequant8_q6_k(row, g, out);
+}
 /* the same with the lane's inputs quantized to int16 first (the kernels' integer dots) */
 float idot_unit(int type, const uint8_t* row, const float* x32, int u) {
     float sum = 0.f;
@@ -137,6 +151,8 @@ def mvs_lib(tmp_path_factory):
     lib = ctypes.CDLL(str(so))
     lib.dot_unit.restype = ctypes.c_float
     lib.dot_unit.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.fast8.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    lib.plain8.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.idot_unit.restype = ctypes.c_float
     lib.idot_unit.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return lib
@@ -212,3 +228,21 @@ def test_integer_unit_dots_keep_non_finite_inputs_visible(mvs_lib, qtype):
         assert not np.isfinite(mvs_lib.idot_unit(int(qtype), buf.ctypes.data, x.ctypes.data, 0)), bad
     zeros = np.zeros(32, dtype=np.float32)
     assert mvs_lib.idot_unit(int(qtype), buf.ctypes.data, zeros.ctypes.data, 0) == 0.0
+
+
+@pytest.mark.parametrize("qtype,shift", [(Q.Q8_0, 0), (Q.Q8_0, 2), (Q.Q4_K, 0), (Q.Q6_K, 0), (Q.Q6_K, 2)], ids=str)
+def test_fast_float_decoders_are_bit_identical(mvs_lib, qtype, shift):
+    """The kernels' float decoders (mantissa-trick bytes, 32-bit loads) give quant.cuh's weights bit
+    for bit, on every group of random rows (rows 2 bytes off a 4-byte boundary too), and gguf-py's."""
+    rng = np.random.default_rng([int(qtype), shift, 8])
+    k = 5 * 256
+    for trial in range(4):
+        raw = random_row(qtype, k, rng)
+        buf = np.zeros(raw.nbytes + 16, dtype=np.uint8)
+        buf[shift:shift + raw.nbytes] = raw
+        fast, plain = np.full(k, np.nan, np.float32), np.full(k, np.nan, np.float32)
+        for g in range(k // 8):
+            assert mvs_lib.fast8(int(qtype), buf.ctypes.data + shift, g, fast.ctypes.data + 32 * g) == 0
+            mvs_lib.plain8(int(qtype), buf.ctypes.data + shift, g, plain.ctypes.data + 32 * g)
+        assert np.array_equal(fast.view(np.uint32), plain.view(np.uint32))
+        np.testing.assert_allclose(fast, dequantize(raw, qtype).reshape(-1), rtol=1e-6, atol=1e-6 * float(np.abs(plain).max()))
