@@ -85,7 +85,7 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int g, float* w) {
     else if (T == RX_Q5_1) dequant8_q5_1(row, g, w);
     else if (T == RX_Q4_K) dequant8_fast_q4_k(row, g, w);
     else if (T == RX_Q5_K) dequant8_q5_k(row, g, w);
-    else if (T == RX_Q6_K) dequant8_q6_k(row, g, w);
+    else if (T == RX_Q6_K) dequant8_fast_q6_k(row, g, w);
 }
 
 // Instantiate `MACRO(suffix, type_id)` for every weight type the kernels read.

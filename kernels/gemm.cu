@@ -131,8 +131,7 @@ __device__ __forceinline__ void gemm_dequant8(const uint8_t* p, int g, uint32_t*
         }
     } else {
         float w[8];
-        if constexpr (T == RX_Q6_K) dequant8_fast_q6_k(p, g, w);  // reads past the run: smem slack only
-        else dequant8<T>(p, g, w);
+        dequant8<T>(p, g, w);
 #pragma unroll
         for (int i = 0; i < 4; i++) h[i] = rx_pack_h2(w[2 * i], w[2 * i + 1]);
     }

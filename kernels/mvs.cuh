@@ -151,15 +151,18 @@ __device__ __forceinline__ void mvs_range(const uint8_t* srow, long row_bytes, i
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int slots = MVS_WARPS / wpr, slot = warp / wpr, part = warp - slot * wpr;
     int i = slot;
-    // two rows at a time: their loads, dots and shuffle reductions are independent chains that
-    // interleave (one row's reduction is ~5 dependent shuffles, as long as its integer dot)
-    for (; i + slots < n; i += 2 * slots) {
-        float a = mvs_dot<T>(srow + (long)i * row_bytes, x, lane, part, wpr, ng);
-        float b = mvs_dot<T>(srow + (long)(i + slots) * row_bytes, x, lane, part, wpr, ng);
-        a = warp_sum(a), b = warp_sum(b);
-        if (lane == 0) red[(base + i) * wpr + part] = a, red[(base + i + slots) * wpr + part] = b;
+    // integer dots: two rows at a time, so their loads, dots and shuffle reductions are independent
+    // chains that interleave (one row's reduction, ~5 dependent shuffles, is as long as its dot);
+    // the float decoders' dots are long enough alone (and twice their code would be large)
+    if constexpr (MvsRun<T>::RL == 4) {
+        for (; i + slots < n; i += 2 * slots) {
+            float a = mvs_dot<T>(srow + (long)i * row_bytes, x, lane, part, wpr, ng);
+            float b = mvs_dot<T>(srow + (long)(i + slots) * row_bytes, x, lane, part, wpr, ng);
+            a = warp_sum(a), b = warp_sum(b);
+            if (lane == 0) red[(base + i) * wpr + part] = a, red[(base + i + slots) * wpr + part] = b;
+        }
     }
-    if (i < n) {
+    for (; i < n; i += slots) {
         float a = warp_sum(mvs_dot<T>(srow + (long)i * row_bytes, x, lane, part, wpr, ng));
         if (lane == 0) red[(base + i) * wpr + part] = a;
     }

@@ -258,9 +258,8 @@ RX_HD float mvs_idot_q6_k(const uint8_t* row, const MvsQ* x, int u) {
 
 // -- 8 weights as floats: the same values as quant.cuh's dequant8_q8_0 / _q4_k / _q6_k, bit for
 // bit, with bytes becoming floats through the mantissa of 2^23 (mvs_byte) instead of int-to-float
-// conversions (a quarter of the FMA rate or less), and 32-bit loads. common.cuh's dequant8 uses the
-// Q8_0 and Q4_K ones everywhere; the Q6_K one reads up to 4 bytes past its run, so only gemm.cu
-// (shared memory with slack after each row) uses it.
+// conversions (a quarter of the FMA rate or less), and 32-bit loads where the blocks allow; they
+// read only their blocks' bytes. common.cuh's dequant8 uses them for every kernel.
 
 // Q8_0 weights 8g .. 8g + 7 (rows 2-byte aligned; reads only the block's bytes).
 RX_HD void dequant8_fast_q8_0(const uint8_t* row, int g, float* out) {
@@ -286,20 +285,16 @@ RX_HD void dequant8_fast_q4_k(const uint8_t* row, int g, float* out) {
     for (int i = 0; i < 8; i++) out[i] = d * mvs_byte(v[i >> 2], i & 3, 8388608.f) - m;
 }
 
-// Q6_K weights 8g .. 8g + 7 (rows 2-byte aligned).
+// Q6_K weights 8g .. 8g + 7 (rows 2-byte aligned; reads only the block's bytes).
 RX_HD void dequant8_fast_q6_k(const uint8_t* row, int g, float* out) {
     const uint8_t* b = row + 210 * (g >> 5);
     int e = 8 * (g & 31);
     int half = e >> 7, r = (e >> 5) & 3, l0 = e & 31, nib = (r >> 1) * 4, hs = 2 * r;
-    const uint8_t* pl = b + 64 * half + 32 * (r & 1) + l0;
-    const uint8_t* ph = b + 128 + 32 * half + l0;  // the same alignment as pl
-    unsigned odd = (unsigned)((uintptr_t)pl & 2), sh = odd * 8;
-    pl -= odd, ph -= odd;
-    uint32_t l[2] = {mvs_funnel(mvs_ld32(pl), mvs_ld32(pl + 4), sh), mvs_funnel(mvs_ld32(pl + 4), mvs_ld32(pl + 8), sh)};
-    uint32_t h[2] = {mvs_funnel(mvs_ld32(ph), mvs_ld32(ph + 4), sh), mvs_funnel(mvs_ld32(ph + 4), mvs_ld32(ph + 8), sh)};
+    uint64_t ql = rx_ld8_a2(b + 64 * half + 32 * (r & 1) + l0), qh = rx_ld8_a2(b + 128 + 32 * half + l0);
     float sc = mvs_h2f(rx_u16(b + 208)) * (float)(int8_t)b[192 + 8 * half + (l0 >> 4) + 2 * r];
     for (int k = 0; k < 2; k++) {
-        uint32_t v = ((l[k] >> nib) & 0x0F0F0F0Fu) | (((h[k] >> hs) & 0x03030303u) << 4);
+        uint32_t l = (uint32_t)(ql >> (32 * k)), h = (uint32_t)(qh >> (32 * k));
+        uint32_t v = ((l >> nib) & 0x0F0F0F0Fu) | (((h >> hs) & 0x03030303u) << 4);
         for (int i = 0; i < 4; i++) out[4 * k + i] = sc * mvs_byte(v, i, 8388640.f);  // q - 32
     }
 }
