@@ -214,7 +214,7 @@ RX_HD float mvs_idot_q8_0(const uint8_t* row, const MvsQ* x, int blk) {
         acc0 = mvs_dp2a_lo_s8(x->q[2 * k], v, acc0);
         acc1 = mvs_dp2a_hi_s8(x->q[2 * k + 1], v, acc1);
     }
-    return mvs_h2f(rx_u16(b)) * x->d * (float)(acc0 + acc1);
+    return mvs_h2f(rx_u16(b)) * (x->d * (float)(acc0 + acc1));  // x's scale first: no subnormal scale product
 }
 
 // Q4_K sub-block u, integer form: d * sc * x->d * sum(q x_q) - dmin * mn * sum(x).
@@ -233,7 +233,7 @@ RX_HD float mvs_idot_q4_k(const uint8_t* row, const MvsQ* x, int u) {
         acc0 = mvs_dp2a_lo_u8(x->q[2 * k], v, acc0);
         acc1 = mvs_dp2a_hi_u8(x->q[2 * k + 1], v, acc1);
     }
-    return mvs_h2f(dd) * (float)sc * x->d * (float)(acc0 + acc1) - mvs_h2f(dd >> 16) * (float)mn * x->sum;
+    return mvs_h2f(dd) * (float)sc * (x->d * (float)(acc0 + acc1)) - mvs_h2f(dd >> 16) * (float)mn * x->sum;
 }
 
 // Q6_K unit u, integer form: the codes 0..63 against x_q, minus 32 * sum(x_q) per 16-weight half.
@@ -251,9 +251,8 @@ RX_HD float mvs_idot_q6_k(const uint8_t* row, const MvsQ* x, int u) {
         acc[k >> 2] = mvs_dp2a_lo_u8(x->q[2 * k], v, acc[k >> 2]);
         acc[k >> 2] = mvs_dp2a_hi_u8(x->q[2 * k + 1], v, acc[k >> 2]);
     }
-    float d = mvs_h2f(rx_u16(b + 208)) * x->d;
-    return d * ((float)(int8_t)(scw & 0xFFu) * (float)(acc[0] - 32 * x->s16[0]) +
-                (float)(int8_t)((scw >> 8) & 0xFFu) * (float)(acc[1] - 32 * x->s16[1]));
+    return mvs_h2f(rx_u16(b + 208)) * (x->d * ((float)(int8_t)(scw & 0xFFu) * (float)(acc[0] - 32 * x->s16[0]) +
+                                               (float)(int8_t)((scw >> 8) & 0xFFu) * (float)(acc[1] - 32 * x->s16[1])));
 }
 
 // -- 8 weights as floats: the same values as quant.cuh's dequant8_q8_0 / _q4_k / _q6_k, bit for
