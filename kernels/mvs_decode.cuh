@@ -164,16 +164,24 @@ RX_HD float mvs_dot_q8_0(const uint8_t* row, const float (*xr)[8], int blk) {
     return mvs_h2f(rx_u16(b)) * (acc0 + acc1);
 }
 
+// Sub-block sub's 6-bit scale and min in the Q4_K super-block at b (4-byte aligned), from the 12
+// scale bytes read as three words (quant.cuh's rx_k4_scale_min reads them byte by byte).
+RX_HD void mvs_q4k_scale_min(const uint8_t* b, int sub, uint32_t* sc, uint32_t* mn) {
+    int shb = 8 * (sub & 3);
+    uint32_t a0 = (mvs_ld32(b + 4) >> shb) & 0xFFu, a1 = (mvs_ld32(b + 8) >> shb) & 0xFFu;
+    uint32_t a2 = (mvs_ld32(b + 12) >> shb) & 0xFFu;
+    *sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
+    *mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
+}
+
 // Q4_K sub-block u (32 weights; super-block u / 8, 16-byte aligned): d * sc * sum(q x) - dmin * mn *
 // sum(x); xs[i] = sum of xr[i].
 RX_HD float mvs_dot_q4_k(const uint8_t* row, const float (*xr)[8], const float* xs, int u) {
     const uint8_t* b = row + 144 * (u >> 3);
-    int sub = u & 7, shb = 8 * (sub & 3), nsh = 4 * (sub & 1);
+    int sub = u & 7, nsh = 4 * (sub & 1);
     uint32_t dd = mvs_ld32(b);
-    uint32_t a0 = (mvs_ld32(b + 4) >> shb) & 0xFFu, a1 = (mvs_ld32(b + 8) >> shb) & 0xFFu;
-    uint32_t a2 = (mvs_ld32(b + 12) >> shb) & 0xFFu;
-    uint32_t sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
-    uint32_t mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
+    uint32_t sc, mn;
+    mvs_q4k_scale_min(b, sub, &sc, &mn);
     const uint8_t* q = b + 16 + 32 * (sub >> 1);  // low nibbles: even sub-blocks, high: odd
     float acc0 = 0.f, acc1 = 0.f;
     for (int k = 0; k < 8; k += 2) {
@@ -220,12 +228,10 @@ RX_HD float mvs_idot_q8_0(const uint8_t* row, const MvsQ* x, int blk) {
 // Q4_K sub-block u, integer form: d * sc * x->d * sum(q x_q) - dmin * mn * sum(x).
 RX_HD float mvs_idot_q4_k(const uint8_t* row, const MvsQ* x, int u) {
     const uint8_t* b = row + 144 * (u >> 3);
-    int sub = u & 7, shb = 8 * (sub & 3), nsh = 4 * (sub & 1);
+    int sub = u & 7, nsh = 4 * (sub & 1);
     uint32_t dd = mvs_ld32(b);
-    uint32_t a0 = (mvs_ld32(b + 4) >> shb) & 0xFFu, a1 = (mvs_ld32(b + 8) >> shb) & 0xFFu;
-    uint32_t a2 = (mvs_ld32(b + 12) >> shb) & 0xFFu;
-    uint32_t sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
-    uint32_t mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
+    uint32_t sc, mn;
+    mvs_q4k_scale_min(b, sub, &sc, &mn);
     const uint8_t* q = b + 16 + 32 * (sub >> 1);
     int acc0 = 0, acc1 = 0;
     for (int k = 0; k < 8; k++) {
@@ -272,12 +278,10 @@ RX_HD void dequant8_fast_q8_0(const uint8_t* row, int g, float* out) {
 // Q4_K weights 8g .. 8g + 7 (super-blocks 16-byte aligned, as every kernel reads them).
 RX_HD void dequant8_fast_q4_k(const uint8_t* row, int g, float* out) {
     const uint8_t* b = row + 144 * (g >> 5);
-    int e = 8 * (g & 31), sub = e >> 5, shb = 8 * (sub & 3), nsh = 4 * (sub & 1);
+    int e = 8 * (g & 31), sub = e >> 5, nsh = 4 * (sub & 1);
     uint32_t dd = mvs_ld32(b);
-    uint32_t a0 = (mvs_ld32(b + 4) >> shb) & 0xFFu, a1 = (mvs_ld32(b + 8) >> shb) & 0xFFu;
-    uint32_t a2 = (mvs_ld32(b + 12) >> shb) & 0xFFu;
-    uint32_t sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
-    uint32_t mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
+    uint32_t sc, mn;
+    mvs_q4k_scale_min(b, sub, &sc, &mn);
     float d = mvs_h2f(dd & 0xFFFFu) * (float)sc, m = mvs_h2f(dd >> 16) * (float)mn;
     const uint8_t* q = b + 16 + 32 * (sub >> 1) + (e & 31);
     uint32_t v[2] = {(mvs_ld32(q) >> nsh) & 0x0F0F0F0Fu, (mvs_ld32(q + 4) >> nsh) & 0x0F0F0F0Fu};
