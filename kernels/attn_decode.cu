@@ -31,7 +31,7 @@
 // local layer reads window keys, not the whole context (the per-key test still applies).
 // Output rows, partials and counters as reflex_attn (attention.cu) with n_split = gridDim.y.
 // Dynamic smem: 4 G (hd + 32) + 2 * 32 * (2 hd + 64) + 2 * 32 * (2 hd_v + 64) bytes.
-// Requirements (host-checked): hd and hd_v multiples of 32 up to 256, G <= 16, gridDim.y <= 64.
+// Requirements (host-checked): hd and hd_v multiples of 32 up to 256, G <= 16, gridDim.y <= 128.
 // Bound by reading K and V once per KV head: n_vis * (hd + hd_v) * 2 bytes.
 #include "attn_decode.cuh"
 

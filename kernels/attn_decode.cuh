@@ -8,7 +8,7 @@
 #define ATD_THREADS 128
 #define ATD_TILE 32
 #define ATD_MAXG 16
-#define ATD_MAXSPLIT 64
+#define ATD_MAXSPLIT 128  // a multiple of 32
 #define ATD_ITEMS 8  // (head, 4 dims) items per thread: G * hd_v / 4 <= 1024
 #define ATD_PAD 64    // bytes after each K / V row in shared memory
 
@@ -108,7 +108,6 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     const int* kv_blocks = a.kv_blocks;
 rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
-    __shared__ float mw[ATD_MAXG * ATD_MAXSPLIT];
     __shared__ float2 cs[128];            // rope: cos / sin per pair (rope_dim <= 256)
     __shared__ float knew[256];           // rope: the new key, normalized and rotated
     __shared__ __align__(16) half kv16[512];  // rope: the new key and value as stored (f16)
@@ -351,28 +350,74 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     if (!is_last) return;
     __threadfence();
     // Merge: per head, weights e_s / sum(l_s e_s) with e_s = exp(m_s - max m), then the weighted sum.
+    // The tiles' shared memory is free now: mw (G x ATD_MAXSPLIT weights, <= 8 KB) in the V tiles'
+    // (>= 8 KB), the partial sums below in the K tiles'.
+    rx_cp_wait_all();  // no copy may still land there
+    float* mw = reinterpret_cast<float*>(vt0);
     for (int g = warp; g < G; g += ATD_THREADS / 32) {
         const float* ml = part_ml + (h0 + g) * max_split * 2;
-        float m0 = lane < n_split ? __ldcg(ml + 2 * lane) : -INFINITY;
-        float l0 = lane < n_split ? __ldcg(ml + 2 * lane + 1) : 0.f;
-        float m1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32)) : -INFINITY;
-        float l1 = lane + 32 < n_split ? __ldcg(ml + 2 * (lane + 32) + 1) : 0.f;
-        float M = warp_max(fmaxf(m0, m1));
-        float e0 = m0 == -INFINITY ? 0.f : __expf(m0 - M), e1 = m1 == -INFINITY ? 0.f : __expf(m1 - M);
-        float den = warp_sum(l0 * e0 + l1 * e1);
+        float m[ATD_MAXSPLIT / 32], l[ATD_MAXSPLIT / 32], M = -INFINITY, den = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATD_MAXSPLIT / 32; i++) {
+            int s2 = lane + 32 * i;
+            m[i] = s2 < n_split ? __ldcg(ml + 2 * s2) : -INFINITY;
+            l[i] = s2 < n_split ? __ldcg(ml + 2 * s2 + 1) : 0.f;
+            M = fmaxf(M, m[i]);
+        }
+        M = warp_max(M);
+#pragma unroll
+        for (int i = 0; i < ATD_MAXSPLIT / 32; i++) {
+            m[i] = m[i] == -INFINITY ? 0.f : __expf(m[i] - M);  // now the slice's weight e_s
+            den += l[i] * m[i];
+        }
+        den = warp_sum(den);
         float inv = den > 0.f ? 1.f / den : 0.f;
-        mw[g * ATD_MAXSPLIT + lane] = e0 * inv;
-        mw[g * ATD_MAXSPLIT + lane + 32] = e1 * inv;
+#pragma unroll
+        for (int i = 0; i < ATD_MAXSPLIT / 32; i++) mw[g * ATD_MAXSPLIT + lane + 32 * i] = m[i] * inv;
     }
-    atd_sync();
-    for (int idx = tid; idx < G * hd_v; idx += ATD_THREADS) {
-        int g = idx / hd_v, d = idx - g * hd_v;
-        const float* po = part_o + (h0 + g) * max_split * hd_v + d;
+    // The weighted sums, 4 dimensions per item, 8 slices' loads in flight per thread: this block
+    // runs alone at the end of the launch, so its L2 round trips are the kernel's tail (one load
+    // in flight per output was ~10 us at G = 8 and 64 slices). Fewer items than threads (small G):
+    // `parts` threads share an item's slices and add their sums in order in shared memory.
+    int parts = 1;
+    while (2 * parts * n_items <= ATD_THREADS) parts *= 2;
+    float4* red = reinterpret_cast<float4*>(kt0);
+    atd_sync();  // mw written
+    for (int idx = tid; idx < n_items * parts; idx += ATD_THREADS) {
+        int it = idx % n_items, part = idx / n_items;
+        int g = it / n_c4, c4 = it - g * n_c4;
+        const float4* po = reinterpret_cast<const float4*>(part_o + (h0 + g) * max_split * hd_v) + c4;
         const float* wg = mw + g * ATD_MAXSPLIT;
-        float o = 0.f;
-#pragma unroll 8
-        for (int s2 = 0; s2 < n_split; s2++) o += __ldcg(po + (long)s2 * hd_v) * wg[s2];
-        out[(h0 + g) * hd_v + d] = o;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = part; s0 < n_split; s0 += 8 * parts) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int s2 = s0 + u * parts;
+                v[u] = s2 < n_split ? __ldcg(po + (long)s2 * n_c4) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int s2 = s0 + u * parts;
+                if (s2 >= n_split) break;
+                float w = wg[s2];
+                o.x += v[u].x * w, o.y += v[u].y * w, o.z += v[u].z * w, o.w += v[u].w * w;
+            }
+        }
+        if (parts == 1) reinterpret_cast<float4*>(out + (h0 + g) * hd_v)[c4] = o;
+        else red[idx] = o;
+    }
+    if (parts > 1) {
+        atd_sync();
+        for (int it = tid; it < n_items; it += ATD_THREADS) {
+            float4 o = red[it];
+            for (int p = 1; p < parts; p++) {
+                float4 r = red[p * n_items + it];
+                o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
+            }
+            int g = it / n_c4, c4 = it - g * n_c4;
+            reinterpret_cast<float4*>(out + (h0 + g) * hd_v)[c4] = o;
+        }
     }
     if (tid == 0) counters[kvh] = 0;  // ready for the next replay
 }

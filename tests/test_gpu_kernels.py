@@ -888,6 +888,8 @@ DECODE_ATTN_CASES = {
     "qwen3_ctx33_one_slice": (16, 8, 128, 33, 0, 0.0, 64, True),
     "qwen3_ctx5000": (16, 8, 128, 5000, 0, 0.0, 32, True),
     "moe_gqa8_ctx1500": (32, 4, 128, 1500, 0, 0.0, 16, False),
+    "moe_gqa8_ctx9000_128_slices": (32, 4, 128, 9000, 0, 0.0, 32, True),  # the slice cap; 2 merge items a thread
+    "gqa16_hd32_ctx5000_128_slices": (16, 1, 32, 5000, 0, 0.0, 32, False),  # merge weights fill the V tiles' 8 KB
     "gemma_hd256_window": (4, 1, 256, 700, 512, 0.0, 32, True),
     "gemma_window_longer_than_context": (4, 1, 256, 300, 512, 0.0, 32, False),
     "gqa16_hd32_softcap": (16, 1, 32, 333, 0, 30.0, 7, True),

@@ -7,7 +7,7 @@ from array import array
 from ctypes import Structure, c_float, c_int, c_void_p
 
 KERNELS = ("reflex_attn_decode",)
-SPLITS_MAX = 64  # most slices per KV head (ATD_MAXSPLIT)
+SPLITS_MAX = 128  # most slices per KV head (ATD_MAXSPLIT)
 MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
 
 

@@ -13,7 +13,7 @@ from .mvs import MVS_NX, stage_bytes
 
 KERNELS = ("reflex_fused_step",)
 THREADS = 256  # FS_THREADS
-STATIC_SMEM = 8 * 1024  # the kernel's static shared memory (7.6 KB on sm_90) and headroom
+STATIC_SMEM = 8 * 1024  # the kernel's static shared memory (4.4 KB on sm_90) and headroom
 EMBED, MV, GLU, ATTN, NORM, HEAD = range(6)  # FS_* op kinds
 
 
