@@ -1,11 +1,10 @@
 // mvs_decode.cuh: the fast decoders of the staged matrix-vector kernels (mvs.cu): the dot product
 // of one 32-weight unit of a row (a Q8_0 block, a Q4_K sub-block, a quarter of a Q6_K half
-// super-block) with the 32 inputs a lane holds. Weights come from shared memory as aligned 32-bit
-// words (rows are only 2-byte aligned: a funnel shift realigns them).
-// Two forms: mvs_idot_* (what the kernels use) take the inputs as int16 with one scale per unit
-// (MvsQ, made once per kernel) and multiply the weights' integer codes by them with dp2a;
-// mvs_dot_* take float inputs, bytes becoming floats by a byte permute into the mantissa of 2^23
-// and one subtraction (kept as the exact form the tests hold the integer one against).
+// super-block) with the 32 inputs a lane holds, as integers: the inputs as int16 with one scale
+// per unit (MvsQ, made once per kernel) times the weights' integer codes by dp2a (mvs_idot_*).
+// Weights come from shared memory as aligned 32-bit words (rows are only 2-byte aligned: a funnel
+// shift realigns them). Also the float decoders of 8 weights every other kernel uses (bytes
+// become floats by a byte permute into the mantissa of 2^23 and one subtraction).
 // Host-compilable like quant.cuh: tests/test_quant_decode.py builds it with gcc and compares it
 // with gguf-py on rows that start 2 bytes off a 4-byte boundary.
 #pragma once
@@ -62,11 +61,6 @@ RX_HD float mvs_h2f(uint32_t h) {
 // as its low mantissa bits.
 RX_HD float mvs_byte(uint32_t v, int i, float off) {
     return rx_bits_to_f32(mvs_perm(v, 0x4B000000u, 0x7440u + i)) - off;
-}
-
-RX_HD float mvs_dot4(uint32_t v, const float* x, float off) {
-    return mvs_byte(v, 0, off) * x[0] + mvs_byte(v, 1, off) * x[1] + mvs_byte(v, 2, off) * x[2] +
-           mvs_byte(v, 3, off) * x[3];
 }
 
 // -- Integer dots: a lane's 32 inputs as int16 (x ~ d * q, one scale per 32), products with the
@@ -150,20 +144,6 @@ RX_HD unsigned mvs_words9(const uint8_t* p, uint32_t* w) {
     return odd * 8;
 }
 
-// Q8_0 block `blk` (34 bytes: f16 d, 32 int8): d * sum(q x). Signed bytes: flip the sign bits,
-// then subtract 2^23 + 128.
-RX_HD float mvs_dot_q8_0(const uint8_t* row, const float (*xr)[8], int blk) {
-    const uint8_t* b = row + 34 * blk;
-    uint32_t w[9];
-    unsigned sh = mvs_words9(b + 2, w);
-    float acc0 = 0.f, acc1 = 0.f;
-    for (int k = 0; k < 8; k += 2) {
-        acc0 += mvs_dot4(mvs_funnel(w[k], w[k + 1], sh) ^ 0x80808080u, &xr[k >> 1][0], 8388736.f);
-        acc1 += mvs_dot4(mvs_funnel(w[k + 1], w[k + 2], sh) ^ 0x80808080u, &xr[k >> 1][4], 8388736.f);
-    }
-    return mvs_h2f(rx_u16(b)) * (acc0 + acc1);
-}
-
 // Sub-block sub's 6-bit scale and min in the Q4_K super-block at b (4-byte aligned), from the 12
 // scale bytes read as three words (quant.cuh's rx_k4_scale_min reads them byte by byte).
 RX_HD void mvs_q4k_scale_min(const uint8_t* b, int sub, uint32_t* sc, uint32_t* mn) {
@@ -172,43 +152,6 @@ RX_HD void mvs_q4k_scale_min(const uint8_t* b, int sub, uint32_t* sc, uint32_t* 
     uint32_t a2 = (mvs_ld32(b + 12) >> shb) & 0xFFu;
     *sc = sub < 4 ? (a0 & 63u) : ((a2 & 15u) | ((a0 >> 6) << 4));
     *mn = sub < 4 ? (a1 & 63u) : ((a2 >> 4) | ((a1 >> 6) << 4));
-}
-
-// Q4_K sub-block u (32 weights; super-block u / 8, 16-byte aligned): d * sc * sum(q x) - dmin * mn *
-// sum(x); xs[i] = sum of xr[i].
-RX_HD float mvs_dot_q4_k(const uint8_t* row, const float (*xr)[8], const float* xs, int u) {
-    const uint8_t* b = row + 144 * (u >> 3);
-    int sub = u & 7, nsh = 4 * (sub & 1);
-    uint32_t dd = mvs_ld32(b);
-    uint32_t sc, mn;
-    mvs_q4k_scale_min(b, sub, &sc, &mn);
-    const uint8_t* q = b + 16 + 32 * (sub >> 1);  // low nibbles: even sub-blocks, high: odd
-    float acc0 = 0.f, acc1 = 0.f;
-    for (int k = 0; k < 8; k += 2) {
-        acc0 += mvs_dot4((mvs_ld32(q + 4 * k) >> nsh) & 0x0F0F0F0Fu, &xr[k >> 1][0], 8388608.f);
-        acc1 += mvs_dot4((mvs_ld32(q + 4 * k + 4) >> nsh) & 0x0F0F0F0Fu, &xr[k >> 1][4], 8388608.f);
-    }
-    float xsum = (xs[0] + xs[1]) + (xs[2] + xs[3]);
-    return mvs_h2f(dd) * (float)sc * (acc0 + acc1) - mvs_h2f(dd >> 16) * (float)mn * xsum;
-}
-
-// Q6_K unit u: super-block u / 8, half (u / 4) % 2, quarter r = u % 4 of that half (32 weights):
-// d * (sc_a * sum over the first 16 of (q - 32) x + sc_b * the same over the last 16).
-RX_HD float mvs_dot_q6_k(const uint8_t* row, const float (*xr)[8], int u) {
-    const uint8_t* b = row + 210 * (u >> 3);
-    int hf = (u >> 2) & 1, r = u & 3, nib = 4 * (r >> 1), hs = 2 * r;
-    uint32_t lw[9], hw[9];
-    unsigned sh = mvs_words9(b + 64 * hf + 32 * (r & 1), lw);
-    mvs_words9(b + 128 + 32 * hf, hw);  // the same alignment: b + multiples of 4
-    uint32_t scw = rx_u16(b + 192 + 8 * hf + 2 * r);  // the two int8 scales of the unit's halves
-    float d = mvs_h2f(rx_u16(b + 208));
-    float acc[2] = {0.f, 0.f};
-    for (int k = 0; k < 8; k++) {
-        uint32_t lo = mvs_funnel(lw[k], lw[k + 1], sh), hi = mvs_funnel(hw[k], hw[k + 1], sh);
-        uint32_t v = ((lo >> nib) & 0x0F0F0F0Fu) | (((hi >> hs) & 0x03030303u) << 4);
-        acc[k >> 2] += mvs_dot4(v, &xr[k >> 1][(k & 1) * 4], 8388640.f);  // q - 32
-    }
-    return d * ((float)(int8_t)(scw & 0xFFu) * acc[0] + (float)(int8_t)((scw >> 8) & 0xFFu) * acc[1]);
 }
 
 // Q8_0 block `blk` times the lane's inputs, integer form: d * x->d * sum(q_w q_x).

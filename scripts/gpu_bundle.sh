@@ -15,6 +15,9 @@
 #                     leaves no room (gpu_run.sh puts it beside the converter either way)
 #     --kernels-xz    the fatbin also as .gpu/kernels.tar.xz (2.8 MB): with --peers, carry .gpu alone (the
 #                     peers and the 10 MB fatbin do not fit in one call together)
+#     --lean          leave out what only some steps need (the llguidance and powertools wheels: the
+#                     constrained-decoding and handler tests; the llama-server addon: `serve`), so that
+#                     --peers --kernels-xz and the tree fit the 64 MiB a call carries (4.5 MB less)
 # Always: the sm_90 fatbin of this tree, the wheels the GPU machine lacks, the pinned converter
 # (without its test vocabularies) and the real Qwen3 tokenizer (xz).
 set -euo pipefail
@@ -57,9 +60,13 @@ while [ $# -gt 0 ]; do
     --skeleton)
       python3 scripts/gguf_skeleton.py take "$2" "$B/$(basename "$2" .gguf).skel" && xz -f -9 "$B/$(basename "$2" .gguf).skel"
       shift ;;
+    --lean) lean=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
+[ -z "${lean:-}" ] || rm -f $B/whl/llguidance-* $B/whl/aws_lambda_powertools-* $B/whl/.with-llguidance \
+  $B/peers/llama-server-sm90-addon.tar.xz
 du -sh $B reflex_runtime/_kernels
-echo "tracked + untracked tree: $(git ls-files -co --exclude-standard | xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1) bytes"
+tree=$(git ls-files -co --exclude-standard | xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1)
+echo "tracked + untracked tree: $tree bytes; with $B: $(( tree + $(du -sb $B | cut -f1) )) of the 67108864 a call carries (plus what else carry names)"
