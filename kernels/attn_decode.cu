@@ -2,7 +2,7 @@
 // serves all G = n_head / n_head_kv query heads of one KV head, so K and V are read once per KV
 // head, and the context is split across blocks by its length.
 //
-// Grid (n_head_kv, max_split, rows), 128 threads. Each z is one row: the decode token of one
+// Grid (n_head_kv * n_hg, max_split, rows), 128 threads. Each z is one row: the decode token of one
 // sequence of a batch (rows > 1: continuous batching), whose keys are the cache slots
 // seq_lo[row] .. its slot (seq_lo NULL: from 0); rows share nothing but the weights of the launch. n_split = clamp(ceil(n_vis / min_keys), 1, max_split)
 // slices of the n_vis visible keys; blocks past n_split leave at once, so a short context runs few
@@ -29,6 +29,10 @@
 // With `window_slots` (the caller's promise that slot j holds position j + c, as in generate), a
 // sliding window also bounds the slots walked: only the last `window` slots can be visible, so a
 // local layer reads window keys, not the whole context (the per-key test still applies).
+// n_hg > 1 (x = KV head * n_hg + group): at a short context, while n_split * n_hg <= max_split,
+// the G query heads are shared by n_hg blocks of G / n_hg heads each, over the same keys (the few
+// KV heads of a big GQA model would otherwise run a handful of blocks, each through all G heads);
+// past that group 0 of each KV head takes all G heads. Counters: rows * n_head_kv * n_hg.
 // Output rows, partials and counters as reflex_attn (attention.cu) with n_split = gridDim.y.
 // Dynamic smem: 4 G (hd + 32) + 2 * 32 * (2 hd + 64) + 2 * 32 * (2 hd_v + 64) bytes.
 // Requirements (host-checked): hd and hd_v multiples of 32 up to 256, G <= 16, gridDim.y <= 128.
@@ -39,9 +43,9 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
     const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
     int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
-    AtdRope rope, const int* kv_blocks) {
+    AtdRope rope, int n_hg, const int* kv_blocks) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
     AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml, counters, n_head,
               n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, prefetch, window_slots, rope, kv_blocks};
-    atd_body(a, rx_dyn_smem, blockIdx.x, blockIdx.y, gridDim.y, blockIdx.z);
+    atd_body(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z, blockIdx.x % n_hg, n_hg);
 }

@@ -94,7 +94,11 @@ __device__ __forceinline__ void atd_sync() { asm volatile("bar.sync 1, %0;" ::"n
 
 // The work of block (kvh, split, row) of a grid of max_split slices per KV head; smem: the
 // dynamic shared memory (atd_smem_bytes). Every thread of the block calls it.
-__device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row) {
+// n_hg > 1: the KV head's G query heads may be shared by n_hg blocks (this one is group hg), each
+// taking G / n_hg heads over the same keys: when n_split * n_hg <= max_split (a short context,
+// whose few slices would leave most SMs idle), else group 0 takes all G heads and the rest leave.
+__device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row,
+                                         int hg = 0, int n_hg = 1) {
     const float* q = a.q;
     half *k_cache = static_cast<half*>(a.k_cache), *v_cache = static_cast<half*>(a.v_cache);
     int* kv_pos = a.kv_pos;
@@ -112,7 +116,8 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     __shared__ float knew[256];           // rope: the new key, normalized and rotated
     __shared__ __align__(16) half kv16[512];  // rope: the new key and value as stored (f16)
     __shared__ int is_last;
-    int G = n_head / n_head_kv;
+    const int G_kv = n_head / n_head_kv;
+    int G = G_kv;  // this block's query heads (G_kv / n_hg when the heads are shared; set by plan)
     // Row `row` is its own sequence's decode token (a batch of sequences, one token each): its
     // inputs, outputs, partials and counters are the row's own, its keys start at seq_lo[row].
     q += (long)row * n_head * hd;
@@ -120,14 +125,14 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     out += (long)row * n_head * hd_v;
     part_o += (long)row * n_head * max_split * hd_v;
     part_ml += (long)row * n_head * max_split * 2;
-    counters += (long)row * n_head_kv;
+    counters += (long)row * n_head_kv * n_hg;
     int first = seq_lo ? seq_lo[row] : 0;
     if (rope.k) rope.k += (long)row * n_head_kv * hd, rope.v += (long)row * n_head_kv * hd_v;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int ks = 2 * hd + ATD_PAD, vs = 2 * hd_v + ATD_PAD;
-    float* qs = reinterpret_cast<float*>(smem);  // G x hd, pre-scaled
-    float* S = qs + G * hd;                             // G x 32 scores, then probabilities
-    uint8_t* kt0 = reinterpret_cast<uint8_t*>(S + G * ATD_TILE);  // 2 K tiles, then 2 V tiles
+    float* qs = reinterpret_cast<float*>(smem);  // G x hd, pre-scaled (room for G_kv)
+    float* S = qs + G_kv * hd;                          // G x 32 scores, then probabilities
+    uint8_t* kt0 = reinterpret_cast<uint8_t*>(S + G_kv * ATD_TILE);  // 2 K tiles, then 2 V tiles
     uint8_t* vt0 = kt0 + 2 * ATD_TILE * ks;
     half* kbase = k_cache + (long)kvh * n_rows * hd;
     half* vbase = v_cache + (long)kvh * n_rows * hd_v;
@@ -142,13 +147,15 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
         chunk = (n_vis - lo + n_split - 1) / n_split;
         j0 = min(n_vis, lo + split * chunk);
         j1 = min(n_vis, j0 + chunk);
+        int ng = n_hg > 1 && n_split * n_hg <= max_split ? n_hg : 1;
+        G = G_kv / ng;
+        return split >= n_split || hg >= ng;  // true: nothing for this block
     };
     // Keys staged before the wait: slots older than the newest (written by earlier launches). The
     // newest is staged after it, or, fused, made here from this step's raw key and value.
     int jn = -1;  // the newest key's slot (fused: the one this kernel writes)
     if (prefetch) {
-        plan();
-        if (split >= n_split) return;
+        if (plan()) return;
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
         atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
@@ -157,8 +164,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     }
     rx_pdl_begin();
     if (!prefetch) {
-        plan();
-        if (split >= n_split) return;
+        if (plan()) return;
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
         if (fused) {  // every key of the tile but the one this kernel makes
@@ -173,7 +179,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     rx_cp_commit();
 
     int my_pos = *q_pos;
-    const float* qh = q + (long)kvh * G * hd;
+    const float* qh = q + ((long)kvh * G_kv + hg * G) * hd;
     if (!fused) {
         for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i] * scale;
     } else {
@@ -190,19 +196,19 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
             atd_rope_head(g < G ? qs + g * hd : knew, hd, g < G ? rope.q_norm : rope.k_norm, rope, cs);
         atd_sync();
         for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] *= scale;
-        if (mine) {
+        if (mine) {  // with shared heads every group makes the key; group 0 stores it
             long at = rx_kv_row(kv_blocks, jn);
             for (int d = tid; d < hd; d += ATD_THREADS) {
                 half h = __float2half(knew[d]);
                 kv16[d] = h;
-                kbase[at * hd + d] = h;
+                if (hg == 0) kbase[at * hd + d] = h;
             }
             for (int d = tid; d < hd_v; d += ATD_THREADS) {
                 half h = __float2half(rope.v[(long)kvh * hd_v + d]);
                 kv16[256 + d] = h;
-                vbase[at * hd_v + d] = h;
+                if (hg == 0) vbase[at * hd_v + d] = h;
             }
-            if (kvh == 0 && tid == 0) kv_pos[jn] = my_pos;  // for sliding windows
+            if (kvh == 0 && hg == 0 && tid == 0) kv_pos[jn] = my_pos;  // for sliding windows
         }
     }
     if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.f;
@@ -318,7 +324,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     }
     atd_sync();  // m_run / l_run visible even when the slice was empty
 
-    long h0 = (long)kvh * G;  // the block's first query head
+    long h0 = (long)kvh * G_kv + hg * G;  // the block's first query head
     if (n_split == 1) {
 #pragma unroll
         for (int i = 0; i < ATD_ITEMS; i++) {
@@ -345,7 +351,8 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     }
     __threadfence();  // our partials are visible before this block counts itself done
     atd_sync();
-    if (tid == 0) is_last = atomicAdd(&counters[kvh], 1) == n_split - 1;
+    int* counter = counters + kvh * n_hg + hg;
+    if (tid == 0) is_last = atomicAdd(counter, 1) == n_split - 1;
     atd_sync();
     if (!is_last) return;
     __threadfence();
@@ -419,5 +426,5 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
             reinterpret_cast<float4*>(out + (h0 + g) * hd_v)[c4] = o;
         }
     }
-    if (tid == 0) counters[kvh] = 0;  // ready for the next replay
+    if (tid == 0) *counter = 0;  // ready for the next replay
 }

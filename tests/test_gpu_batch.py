@@ -51,12 +51,14 @@ def _rows_problem(case):
 
 
 @pytest.mark.parametrize("case", list(ROW_CASES))
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_decode_attention_rows(gpu, knobs, case, prefetch):
-    """Row r sees its own range only (keys seq_lo[r] .. its slot), whatever the other rows hold."""
+@pytest.mark.parametrize("prefetch,head_groups", [(False, 1), (True, 1), (True, 2)])
+def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups):
+    """Row r sees its own range only (keys seq_lo[r] .. its slot), whatever the other rows hold
+    (head_groups 2: each row's counters are n_head_kv * 2 of its n_head)."""
     (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, expect = _rows_problem(case)
     q, kc, vc, kv_pos, q_pos, q_slot, seq_lo = (gpu.put(a) for a in arrays)
     knobs.attn_min_keys = 16
+    knobs.attn_head_groups = head_groups
     part_o = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * hd,))
     part_ml = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(R * n_head, np.int32))

@@ -721,7 +721,7 @@ def knobs(gpu):
     L = gpu.launch
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
-                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope)
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -899,7 +899,10 @@ DECODE_ATTN_CASES = {
 
 
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
-def test_attention_decode(gpu, knobs, case):
+@pytest.mark.parametrize("head_groups", [1, 4])
+def test_attention_decode(gpu, knobs, case, head_groups):
+    """head_groups 4: a KV head's query heads shared by up to 4 blocks while the slices leave room
+    (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all."""
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
@@ -913,6 +916,7 @@ def test_attention_decode(gpu, knobs, case):
     scale = 1.0 / np.sqrt(hd)
     expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, None, 0, n_vis, window, scale, softcap)
     knobs.attn_min_keys = min_keys
+    knobs.attn_head_groups = head_groups
     part_o = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,))
     part_ml = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(n_head, np.int32))
@@ -995,11 +999,12 @@ FAR_POSITION = {"far_position": 250_000}  # angles of ~40,000 turns: the kernel'
 
 
 @pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
-def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
+@pytest.mark.parametrize("head_groups", [1, 2])
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups):
     """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
     normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
     value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
-    cache with them."""
+    cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it."""
     from reflex_runtime.gpu.ops.attn_decode import AtdRope
 
     n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
@@ -1019,6 +1024,7 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case):
     qn, kn = (rng.random(hd) + 0.5).astype(np.float32), (rng.random(hd) + 0.5).astype(np.float32)
     factors = (rng.random(rope_dim // 2) * 3 + 0.5).astype(np.float32) if use_factors else None
     knobs.attn_min_keys = min_keys
+    knobs.attn_head_groups = head_groups
     if splits:
         knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
         assert attn_decode.splits(gpu.launch, n_kvh) == splits

@@ -565,6 +565,15 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
         fits = not (hd == 256 and smem[0] < 80 * 1024)  # sm_75: 256-wide heads (78 KB of tiles) stay legacy
         assert attn_decode.attention(L, *([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
         assert attn_decode.splits(L, n_kv) <= attn_decode.SPLITS_MAX
+    # blocks sharing a KV head's query heads: whole divisors of the group, the grid's x times them
+    for want, group in ((1, 1), (2, 2), (4, 8), (3, 3), (3, 6)):
+        L.attn_head_groups = 4
+        assert attn_decode.head_groups(L, group) == want
+        n_before = len(dev.launches)
+        assert attn_decode.attention(L, *([buf] * 11), 4 * group, 4, 128, 128, 8192, 0, 0.1, 0.0, True)
+        name, grid, _ = dev.launches[n_before]
+        assert name == "reflex_attn_decode" and grid[0] == 4 * want
+    L.attn_head_groups = 1
     names = {n for n, _, _ in dev.launches}
     assert not any(n.startswith(("reflex_mv_", "reflex_moe_mv_", "reflex_attn_")) or n == "reflex_attn" for n in names
                    if n != "reflex_attn_decode"), names

@@ -186,6 +186,7 @@ def main(args) -> int:
     res["decode_kernels"] = {"staged": launch.staged, "attn_decode": launch.attn_decode,
                              "mvs_budget": launch.mvs_budget, "mvs_blocks_per_sm": launch.mvs_blocks_per_sm,
                              "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
+                             "attn_head_groups": launch.attn_head_groups,
                              "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step}
     if depths:
         res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))

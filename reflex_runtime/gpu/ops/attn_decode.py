@@ -43,6 +43,15 @@ def splits(L, n_head_kv: int) -> int:
     return max(1, min(SPLITS_MAX, round(L.attn_blocks_per_sm * L.dev.sm_count / n_head_kv)))
 
 
+def head_groups(L, group: int) -> int:
+    """Blocks that share a KV head's query heads at short contexts (L.attn_head_groups, whole
+    divisors of the group only; 1: one block per KV head and slice)."""
+    n = max(1, min(L.attn_head_groups, group))
+    while group % n:
+        n -= 1
+    return n
+
+
 def smem_bytes(group: int, hd: int, hd_v: int) -> int:
     """Dynamic shared memory of one block (reflex_fused_step gives its attention the same)."""
     return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
@@ -61,7 +70,7 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
               rope: AtdRope | None = None, rows: int = 1, seq_lo: int = 0, blocks: int = 0) -> bool:
     """One query token per row (see the module doc): rows > 1 is a batch of sequences, row r's
     keys from slot seq_lo[r] (device ints; 0: every row from slot 0). part_o / part_ml hold
-    rows * n_head * SPLITS_MAX slices; counters rows * n_head_kv zeroed ints. prefetch: the cache rows before the newest were written two
+    rows * n_head * SPLITS_MAX slices; counters rows * n_head zeroed ints. prefetch: the cache rows before the newest were written two
     or more launches back (the decode graph). window_slots: slot j holds position j + c, so a
     sliding window bounds the slots read. rope: q is raw and the new key / value are rope.k /
     rope.v: the kernel normalizes, rotates and stores them. n_rows: cache rows per KV head; blocks:
@@ -71,13 +80,15 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
     if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
         return False
     assert rope is None or not rope.k or rope.theta, "a fused rope needs its angle table (rope_theta)"
-    smem = smem_bytes(n_head // n_head_kv, hd, hd_v)
+    group = n_head // n_head_kv
+    smem = smem_bytes(group, hd, hd_v)
+    n_hg = head_groups(L, group)
     # rows share the GPU: about the same number of blocks in all, so a row of a large batch walks
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
-    L.go("reflex_attn_decode", (n_head_kv, splits(L, n_head_kv * rows), rows), 128,
+    L.go("reflex_attn_decode", (n_head_kv * n_hg, splits(L, n_head_kv * rows), rows), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
           c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
-          rope if rope is not None else AtdRope(), c_void_p(blocks or None)], smem)
+          rope if rope is not None else AtdRope(), c_int(n_hg), c_void_p(blocks or None)], smem)
     return True
