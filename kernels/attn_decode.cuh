@@ -426,5 +426,6 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
             reinterpret_cast<float4*>(out + (h0 + g) * hd_v)[c4] = o;
         }
     }
+    atd_sync();  // the tiles' memory (mw, red) is read: a caller may stage its next work item there
     if (tid == 0) *counter = 0;  // ready for the next replay
 }
