@@ -196,13 +196,18 @@ class Tokenizer:
         """EOS, EOT, EOM and every token whose text marks the end of a turn or of the text."""
         if self._stop_ids is None:
             ids = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
-            try:
-                ids.update(self._end_text_ids())
-            except OrderError:  # a damaged saved order (see encode)
-                self._drop_orders()
-                ids.update(self._end_text_ids())
+            ids.update(self._over_lookups(self._end_text_ids))
             self._stop_ids = frozenset(ids)
         return self._stop_ids
+
+    def _over_lookups(self, fn, *args):
+        """fn(*args) over the token tables; if a saved sorted order turns out damaged (OrderError
+        from a probe the load-time sample missed), again over dicts, as without an index."""
+        try:
+            return fn(*args)
+        except OrderError:
+            self._drop_orders()
+            return fn(*args)
 
     def _end_text_ids(self) -> list[int]:
         token_ids = self._ids()
@@ -234,11 +239,7 @@ class Tokenizer:
             self._sorted_chars += len(text)
             if self._sorted_chars > DICTS_AFTER_CHARS:
                 self._drop_orders()
-            try:
-                return self._encode(text, add_special, parse_special)
-            except OrderError:  # a damaged saved order: dicts from now on, as without an index
-                self._drop_orders()
-        return self._encode(text, add_special, parse_special)
+        return self._over_lookups(self._encode, text, add_special, parse_special)
 
     def _encode(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         out: list[int] = []
