@@ -10,7 +10,9 @@
 // cp.async copies the next tile's K and V rows into shared memory while the current one is
 // computed; 4 threads per key score it against the G heads, one warp per head folds the tile into
 // an online softmax, and each thread accumulates 4 output dimensions of a head. Slices merge in
-// the last block of the KV head to finish (an atomic counter per KV head, left at zero).
+// two levels: the last block to finish of each run of 16 slices merges the run into its first
+// slot, the last run's merger merges the runs (atomic counters, left at zero: ATD_COUNTERS per KV
+// head and head group, the top one and one per run).
 // With `prefetch` (the decode graph), the first tile's keys older than the newest are copied
 // before rx_pdl_begin(): they were written by earlier graph launches, and n_kv / slot / pos by the
 // previous step's pick (an earlier launch too), so the rope angles are computed there as well; only
@@ -32,8 +34,8 @@
 // n_hg > 1 (x = KV head * n_hg + group): at a short context, while n_split * n_hg <= max_split,
 // the G query heads are shared by n_hg blocks of G / n_hg heads each, over the same keys (the few
 // KV heads of a big GQA model would otherwise run a handful of blocks, each through all G heads);
-// past that group 0 of each KV head takes all G heads. Counters: rows * n_head_kv * n_hg.
-// Output rows, partials and counters as reflex_attn (attention.cu) with n_split = gridDim.y.
+// past that group 0 of each KV head takes all G heads. Counters: rows * n_head_kv * n_hg * ATD_COUNTERS.
+// Output rows and partials as reflex_attn (attention.cu) with n_split = gridDim.y.
 // Dynamic smem: 4 G (hd + 32) + 2 * 32 * (2 hd + 64) + 2 * 32 * (2 hd_v + 64) bytes.
 // Requirements (host-checked): hd and hd_v multiples of 32 up to 256, G <= 16, gridDim.y <= 128.
 // Bound by reading K and V once per KV head: n_vis * (hd + hd_v) * 2 bytes.

@@ -301,8 +301,8 @@ def bench_attention(b: Bench, kv_pool: int, kv_bytes: int, copy: float, contexts
         att = b.dev.alloc(4 * n_head * hd)
         part_o = b.dev.alloc(4 * n_head * attn_decode.SPLITS_MAX * hd)
         part_ml = b.dev.alloc(4 * n_head * attn_decode.SPLITS_MAX * 2)
-        counters = b.dev.alloc(4 * n_head)
-        b.dev.memset32(counters, 0, n_head, b.s)
+        counters = b.dev.alloc(4 * attn_decode.counters(n_head))
+        b.dev.memset32(counters, 0, attn_decode.counters(n_head), b.s)
         for n_ctx in contexts:
             ints = np.array(list(range(n_ctx)) + [n_ctx - 1, n_ctx - 1, n_ctx], dtype=np.int32)
             dints = b.dev.alloc(ints.nbytes)

@@ -61,14 +61,14 @@ def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups):
     knobs.attn_head_groups = head_groups
     part_o = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * hd,))
     part_ml = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * 2,))
-    counters = gpu.put(np.zeros(R * n_head, np.int32))
+    counters = gpu.put(np.zeros(attn_decode.counters(n_head, R), np.int32))
     for window_slots in [False, window > 0]:
         out = gpu.poisoned((R, n_head, hd))
         assert attn_decode.attention(gpu.launch, q, kc, vc, kv_pos, q_pos, q_slot, gpu.put(np.array([n_ctx], np.int32)),
                                      out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
                                      prefetch, window_slots, rows=R, seq_lo=seq_lo)
         np.testing.assert_allclose(gpu.get(out, (R, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
-    assert not gpu.get(counters, (R * n_head,), np.int32).any()
+    assert not gpu.get(counters, (attn_decode.counters(n_head, R),), np.int32).any()
 
 
 @pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2", "short_after_long"])

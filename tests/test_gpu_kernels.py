@@ -886,9 +886,10 @@ DECODE_ATTN_CASES = {
     "qwen3_0.6b_ctx256": (16, 8, 128, 256, 0, 0.0, 32, True),
     "qwen3_ctx1": (16, 8, 128, 1, 0, 0.0, 32, False),
     "qwen3_ctx33_one_slice": (16, 8, 128, 33, 0, 0.0, 64, True),
-    "qwen3_ctx5000": (16, 8, 128, 5000, 0, 0.0, 32, True),
+    "qwen3_ctx5000": (16, 8, 128, 5000, 0, 0.0, 32, True),  # 66 slices: runs of 16, 16, 16, 16, 2
     "moe_gqa8_ctx1500": (32, 4, 128, 1500, 0, 0.0, 16, False),
     "moe_gqa8_ctx9000_128_slices": (32, 4, 128, 9000, 0, 0.0, 32, True),  # the slice cap; 2 merge items a thread
+    "moe_gqa8_empty_runs": (32, 4, 128, 130, 0, 0.0, 1, False),  # 128 slices of 2 keys: slices 65-127 empty
     "gqa16_hd32_ctx5000_128_slices": (16, 1, 32, 5000, 0, 0.0, 32, False),  # merge weights fill the V tiles' 8 KB
     "gemma_hd256_window": (4, 1, 256, 700, 512, 0.0, 32, True),
     "gemma_window_longer_than_context": (4, 1, 256, 300, 512, 0.0, 32, False),
@@ -919,7 +920,7 @@ def test_attention_decode(gpu, knobs, case, head_groups):
     knobs.attn_head_groups = head_groups
     part_o = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,))
     part_ml = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,))
-    counters = gpu.put(np.zeros(n_head, np.int32))
+    counters = gpu.put(np.zeros(attn_decode.counters(n_head), np.int32))
     args = [gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
             gpu.put(np.array([n_vis], np.int32))]
     # the merge must leave its counters ready for the next replay; with a window, also walk only
@@ -930,7 +931,7 @@ def test_attention_decode(gpu, knobs, case, head_groups):
                                    window, scale, softcap, prefetch, window_slots)
         assert ok
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
-    assert not gpu.get(counters, (n_head,), np.int32).any()
+    assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
 
 
 def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
@@ -1034,7 +1035,7 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
                    gpu.put(np.array(attn_decode.rope_theta(base, 1.0, rope_dim))))
     scale = 1.0 / np.sqrt(hd)
     out = gpu.poisoned((1, n_head, hd))
-    counters = gpu.put(np.zeros(n_head, np.int32))
+    counters = gpu.put(np.zeros(attn_decode.counters(n_head), np.int32))
     assert attn_decode.attention(gpu.launch, 
         gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)), gpu.put(np.array([slot], np.int32)),
         gpu.put(np.array([n_vis], np.int32)), out, gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,)),
@@ -1057,4 +1058,4 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
     expect = _attention_ref(qe, kc_after, vc_after, kv_pos_after, np.array([pos]), np.array([slot]), None, 0, n_vis,
                             window, scale, 0.0)
     np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=5e-4, atol=5e-4)
-    assert not gpu.get(counters, (n_head,), np.int32).any()
+    assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()

@@ -107,7 +107,7 @@ def test_decode_rows_paged(gpu, knobs, case, kernel):
         d = [gpu.put(x) for x in (q, k, v, kv_pos, q_pos, q_slot)]
         out = gpu.poisoned((R, n_head, hd))
         n_kv = gpu.put(np.array([n], np.int32))
-        counters = gpu.put(np.zeros(R * n_head, np.int32))
+        counters = gpu.put(np.zeros(attn_decode.counters(n_head, R), np.int32))
         if kernel == "scalar":
             attention.attention(gpu.launch, *d, gpu.put(seq_lo), 0, n_kv, out,
                                 gpu.poisoned((R * n_head * attention.SPLITS_DECODE * hd,)),
@@ -179,7 +179,7 @@ def test_fused_rope_decode_paged(gpu, knobs, prefetch):
                                      gpu.put(np.array([slot], np.int32)), gpu.put(np.array([n_vis], np.int32)), out,
                                      gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,)),
                                      gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,)),
-                                     gpu.put(np.zeros(n_head, np.int32)), n_head, n_kvh, hd, hd, rows, 0,
+                                     gpu.put(np.zeros(attn_decode.counters(n_head), np.int32)), n_head, n_kvh, hd, hd, rows, 0,
                                      1 / np.sqrt(hd), 0.0, prefetch, False, r, blocks=blocks)
         got.append((gpu.get(out, (1, n_head, hd)), gpu.get(dk, (n_kvh, rows, hd), np.float16)))
     np.testing.assert_array_equal(got[1][0], got[0][0])

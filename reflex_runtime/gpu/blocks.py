@@ -191,7 +191,7 @@ class Attention:
         return [("q", t * c.n_head * c.head_dim), ("k", t * c.n_head_kv * c.head_dim),
                 ("v", t * c.n_head_kv * c.head_dim_v), ("att", t * c.n_head * c.head_dim_v),
                 ("part_o", rows * c.n_head * splits * c.head_dim_v), ("part_ml", rows * c.n_head * splits * 2),
-                ("attn_counters", rows * c.n_head)]
+                ("attn_counters", attn_decode.counters(c.n_head, rows))]  # >= the legacy kernel's rows * n_head
 
     def read(self, r: TensorReader, il: int) -> AttnWeights:
         """This layer's q/k/v/o weights and q/k norms (a family with another layout overrides it)."""

@@ -9,6 +9,13 @@ from ctypes import Structure, c_float, c_int, c_void_p
 KERNELS = ("reflex_attn_decode",)
 SPLITS_MAX = 128  # most slices per KV head (ATD_MAXSPLIT)
 MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
+MERGE_RUN = 16  # slices one block merges (ATD_MERGE)
+COUNTERS_PER_HEAD = 1 + SPLITS_MAX // MERGE_RUN  # ATD_COUNTERS: the top merge's and one per run
+
+
+def counters(n_head: int, rows: int = 1) -> int:
+    """The zeroed ints reflex_attn_decode's merges count on (rows x KV heads x head groups <= n_head)."""
+    return rows * n_head * COUNTERS_PER_HEAD
 
 
 class AtdRope(Structure):
@@ -70,7 +77,7 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
               rope: AtdRope | None = None, rows: int = 1, seq_lo: int = 0, blocks: int = 0) -> bool:
     """One query token per row (see the module doc): rows > 1 is a batch of sequences, row r's
     keys from slot seq_lo[r] (device ints; 0: every row from slot 0). part_o / part_ml hold
-    rows * n_head * SPLITS_MAX slices; counters rows * n_head zeroed ints. prefetch: the cache rows before the newest were written two
+    rows * n_head * SPLITS_MAX slices; counters: counters(n_head, rows) zeroed ints. prefetch: the cache rows before the newest were written two
     or more launches back (the decode graph). window_slots: slot j holds position j + c, so a
     sliding window bounds the slots read. rope: q is raw and the new key / value are rope.k /
     rope.v: the kernel normalizes, rotates and stores them. n_rows: cache rows per KV head; blocks:
