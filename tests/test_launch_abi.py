@@ -116,6 +116,33 @@ class FakeKernel:
         return min(2048 // block, (self.dev.smem_per_sm - 1024) // max(shmem + 1024, 1))
 
 
+def test_staged_launches_take_no_partly_empty_last_wave(ptx_params):
+    """mvs.plan on sm_90: the Qwen3-30B-A3B shape's expert gate/up (8 slots x 768 rows of 2,176
+    bytes, two ranges) takes 24 rows a block, 256 blocks in the 264 places of one wave, not 22
+    rows in 280 blocks (two waves: measured 1.5x slower); launches already in one wave keep
+    their blocks; bigger blocks only while two fit an SM; REFLEX_MVS_WAVES=0 keeps the old rule."""
+    from reflex_runtime.gpu.launch import Launcher
+
+    L = Launcher(FakeDevice(ptx_params), stream=None)
+    per_sm, sm = L.dev.smem_per_sm, L.dev.sm_count
+
+    def blocks(p, rows, groups=1):
+        return groups * -(-(rows // groups) // p.rb)
+
+    def per_sm_fit(p):
+        return per_sm // (p.smem + mvs.STATIC_SMEM_RESERVE + 1024)
+
+    glu = mvs.plan(L, 768 * 8, 2176, 2048, ranges=2, groups=8)
+    assert glu.rb == 24 and blocks(glu, 768 * 8, 8) <= sm * per_sm_fit(glu) and per_sm_fit(glu) == 2
+    for rows, rb_bytes, k, ranges in ((4096, 1088, 1024, 1), (3072, 1088, 1024, 2), (1024, 3264, 3072, 1)):
+        assert mvs.plan(L, rows, rb_bytes, k, ranges).rb == -(-rows // sm)  # Qwen3-0.6B's: one wave already
+    head = mvs.plan(L, 151936, 1088, 1024)  # LM head: 7 waves of 90 rows -> 6 of 96
+    assert head.rb == 96 and -(-blocks(head, 151936) // (sm * per_sm_fit(head))) == 6
+    L.mvs_waves = False
+    assert mvs.plan(L, 768 * 8, 2176, 2048, ranges=2, groups=8).rb == 22
+    assert mvs.plan(L, 151936, 1088, 1024).rb == 90
+
+
 class FakeDevice:
     """gpu.driver.Device's whole interface with no GPU behind it: memory is address ranges,
     copies and memsets check their ranges, launches check their argument packs (FakeKernel)."""

@@ -53,10 +53,13 @@ class Launcher:
         per_sm, per_block = device.smem_per_sm, device.max_shared
         self.mvs_budget = int(os.environ.get("REFLEX_MVS_BUDGET", "0")) or max(
             8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
+        # staged launches' blocks made larger when that saves a wave (mvs.plan); 0 turns it off
+        self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
         self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
-        # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): 1 until
-        # a same-run measurement says more is faster (issue 31's notes)
-        self.attn_head_groups = int(os.environ.get("REFLEX_ATTN_HEAD_GROUPS", "1"))
+        # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
+        # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;
+        # results/2026-12-03-h200-s17)
+        self.attn_head_groups = int(os.environ.get("REFLEX_ATTN_HEAD_GROUPS", "4"))
         self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
         # a dense model's decode step as one persistent kernel (gpu/fused.py): off until it beats the
         # kernel-per-op graph (issue 27's notes); the bench measures both

@@ -47,22 +47,54 @@ def stage_bytes(n: int) -> int:
     return (n + 30 + 15) & ~15
 
 
-def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0) -> MvsPlan | None:
+def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, groups: int = 1) -> MvsPlan | None:
     """Rows per block for `rows` rows of `row_bytes` (each block stages `ranges` runs of rb rows
-    plus `extra` bytes): about one block per SM (L.mvs_blocks_per_sm) while the weights fit the
+    plus `extra` bytes; groups: the rows are that many equal runs, each in its own blocks, as the
+    routed experts' slots): about one block per SM (L.mvs_blocks_per_sm) while the weights fit the
     budget (L.mvs_budget), else budget-sized blocks in waves (at least one row each, past the
-    budget if the device has room). None when that does not fit the device."""
+    budget if the device has room), larger where that saves a partly empty last wave (_whole_waves). None
+    when that does not fit the device."""
     wpr = 1
     while k > 8 * 32 * MVS_NX * wpr:
         wpr *= 2
     if wpr > 8 or k % 8:
         return None
+
+    def smem_of(r: int) -> int:
+        return ranges * stage_bytes(r * row_bytes) + ranges * r * wpr * 4 + extra
+
     cap = max(1, (L.mvs_budget - extra) // (ranges * row_bytes))
     rb = min(-(-rows // (L.dev.sm_count * L.mvs_blocks_per_sm)), cap)
-    smem = ranges * stage_bytes(rb * row_bytes) + ranges * rb * wpr * 4 + extra
+    if L.mvs_waves:
+        rb = _whole_waves(L, rb, rows // groups, groups, smem_of)
+    smem = smem_of(rb)
     if smem > L.dev.max_shared - STATIC_SMEM_RESERVE:
         return None
     return MvsPlan(rb, wpr, smem)
+
+
+def _whole_waves(L, rb: int, rows: int, groups: int, smem_of) -> int:
+    """rb, or the block size that takes the launch in fewer rows per SM when rb leaves a last wave
+    mostly empty: the time of a bandwidth-bound launch is about its waves x the rows of a block.
+    (The Qwen3-30B-A3B shape's expert gate/up: 22 rows a block made 280 blocks for 264 places, two
+    waves; 24 rows make 256, one wave: 1,005 -> 673 us a token, results/2026-12-03-h200-s17.)
+    Larger blocks only, while two still fit an SM (the next launch's copies overlap this one's
+    work): smaller ones in more blocks an SM measured slower (12 rows, 512 blocks: 901 us)."""
+    per_sm, sm = L.dev.smem_per_sm, L.dev.sm_count
+
+    def fits(r: int) -> int:  # blocks an SM holds (8 at most: 256 threads each)
+        return min(8, per_sm // (smem_of(r) + STATIC_SMEM_RESERVE + 1024))
+
+    def cost(r: int) -> int:
+        blocks = groups * -(-rows // r)
+        return -(-blocks // (sm * fits(r))) * r if fits(r) else 1 << 60
+
+    if -(-groups * -(-rows // rb) // (sm * max(1, fits(rb)))) <= 1:
+        return rb  # one wave already
+    top = rb
+    while top < rows and fits(top + 1) >= 2 and smem_of(top + 1) <= L.dev.max_shared - STATIC_SMEM_RESERVE:
+        top += 1
+    return min(range(rb, top + 1), key=lambda r: (cost(r), r))
 
 
 def stageable(L, ws, *ptrs) -> bool:
@@ -144,7 +176,7 @@ def expert_glu(L, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x
     routed rows staged after the wait. False: not applicable."""
     if not stageable(L, [wg, wu], x, norm_w, expert_bytes):
         return False
-    p = plan(L, n_ff * k, wg.row_bytes, wg.k, ranges=2)
+    p = plan(L, n_ff * k, wg.row_bytes, wg.k, ranges=2, groups=k)
     if p is None:
         return False
     L.go(f"reflex_mvs_glu_{wg.suffix}", (-(-n_ff // p.rb), k, 1), 256,
