@@ -230,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", default="16,128,512", help="prompt lengths to time")
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--depths", default="", help="decode tok/s after this many tokens of context, e.g. 128,1024,4096,8192")
+    p.add_argument("--prefill-breakdown", type=int, default=512, metavar="N",
+                   help="GPU time of an N-token prefill by role (0: skip)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--json", action="store_true")

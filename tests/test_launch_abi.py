@@ -917,6 +917,10 @@ def test_step_breakdown_times_every_role_on_the_fake_device(ptx_params):
     launches = runner.decode_step_launches(8)
     assert any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 100))
     assert not any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 1))
+    # the prompt's roles (bench --prefill-breakdown): the prefill's own kernels, the pick left out
+    prompt = role_times(runner, runner.prefill_launches(24), 2, max_replays=0)
+    assert {"qkv", "attn output"} <= {r["role"] for r in prompt}
+    assert not any("argmax" in r["role"] or r["role"].startswith("pick") for r in prompt)
 
 
 def _route_to_1_and_3(runner, dev, monkeypatch):

@@ -596,6 +596,16 @@ class CudaRunner:
         self.dev.sync(self.stream)
         return launches
 
+    def prefill_launches(self, n: int) -> list:
+        """The launches of one n-token prefill and its pick, recorded as decode_step_launches'
+        (the bench replays the prompt's roles one by one)."""
+        ids = [(7 * i + 11) % min(self.config.vocab_size, 1000) + 1 for i in range(n)]
+        self.prefill_greedy(ids)  # warm
+        with self.launch.record() as launches:
+            self.prefill_greedy(ids)
+        self.dev.sync(self.stream)
+        return launches
+
     def graph_of(self, launches, pdl: bool = False):
         """A CUDA graph replaying recorded launches in order (no Python in the timed path); pdl:
         chained as programmatic dependent launches, as in the decode graph."""
