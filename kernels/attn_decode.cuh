@@ -2,6 +2,7 @@
 // that reflex_fused_step (fused_step.cu) runs too.
 #pragma once
 
+#include "attention.cuh"  // split_merge_done
 #include "attn_decode_args.cuh"
 #include "stage.cuh"
 
@@ -94,90 +95,9 @@ __device__ __forceinline__ void atd_h8(uint4 raw, float* f) {
 // reflex_fused_step has more threads; they do not take part).
 __device__ __forceinline__ void atd_sync() { asm volatile("bar.sync 1, %0;" ::"n"(ATD_THREADS) : "memory"); }
 
-// Whether this block is the last of n to count itself done at *counter (our partials visible
-// first); the block's threads agree through `flag` (shared).
-__device__ __forceinline__ bool atd_last(int* counter, int n, int& flag) {
-    __threadfence();
-    atd_sync();
-    if (threadIdx.x == 0) flag = atomicAdd(counter, 1) == n - 1;
-    atd_sync();
-    if (!flag) return false;
-    __threadfence();
-    return true;
-}
-
-struct AtdMerge {
-    float *part_o, *part_ml, *out;
-    long h0;  // the block's first query head
-    int G, hd_v, max_split;
+struct AtdSync {  // split_merge's barrier: atd_sync
+    __device__ __forceinline__ void operator()() const { atd_sync(); }
 };
-
-// Merge partials (m, l, o) of slots first + i * stride, i < n <= 32, for heads h0 .. h0 + G:
-// weights e_i = exp(m_i - M), M = max m_i. final: out = sum e_i o_i / sum e_i l_i; else slot
-// `first` becomes the merged partial (M, sum e_i l_i, sum e_i o_i). Shared memory: the weights in
-// wbuf (G x 32 floats), partial sums in rbuf (<= 2 KB); both free again when it returns.
-__device__ __forceinline__ void atd_merge(const AtdMerge& a, uint8_t* wbuf, uint8_t* rbuf, int first, int n, int stride, bool final) {
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n_c4 = a.hd_v / 4, n_items = a.G * n_c4;
-    float* mw = reinterpret_cast<float*>(wbuf);
-    for (int g = warp; g < a.G; g += ATD_THREADS / 32) {
-        float* ml = a.part_ml + (a.h0 + g) * a.max_split * 2;
-        int s = first + lane * stride;
-        float m = lane < n ? __ldcg(ml + 2 * s) : -INFINITY, l = lane < n ? __ldcg(ml + 2 * s + 1) : 0.f;
-        float M = warp_max(m);
-        float e = m == -INFINITY ? 0.f : __expf(m - M);  // the slot's weight
-        float den = warp_sum(l * e);
-        mw[g * 32 + lane] = final ? e * (den > 0.f ? 1.f / den : 0.f) : e;
-        __syncwarp();
-        if (!final && lane == 0) ml[2 * first] = M, ml[2 * first + 1] = den;  // lane 0 read slot `first` above
-    }
-    // 4 dimensions per item, 8 slots' loads in flight per thread (the merging block runs alone at
-    // the end of the launch: its L2 round trips are the tail). Fewer items than threads (small G):
-    // `parts` threads share an item's slots and add their sums in order in shared memory.
-    int parts = 1;
-    while (2 * parts * n_items <= ATD_THREADS) parts *= 2;
-    float4* red = reinterpret_cast<float4*>(rbuf);
-    atd_sync();  // mw written
-    for (int idx = tid; idx < n_items * parts; idx += ATD_THREADS) {
-        int it = idx % n_items, part = idx / n_items;
-        int g = it / n_c4, c4 = it - g * n_c4;
-        float4* po = reinterpret_cast<float4*>(a.part_o + (a.h0 + g) * a.max_split * a.hd_v) + c4;
-        const float* wg = mw + g * 32;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int i0 = part; i0 < n; i0 += 8 * parts) {
-            float4 v[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = i0 + u * parts;
-                v[u] = i < n ? __ldcg(po + (long)(first + i * stride) * n_c4) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = i0 + u * parts;
-                if (i >= n) break;
-                float w = wg[i];
-                o.x += v[u].x * w, o.y += v[u].y * w, o.z += v[u].z * w, o.w += v[u].w * w;
-            }
-        }
-        float4* dst = final ? reinterpret_cast<float4*>(a.out + (a.h0 + g) * a.hd_v) + c4 : po + (long)first * n_c4;
-        if (parts == 1) *dst = o;  // (not final: this thread alone read the item's slot `first`)
-        else red[idx] = o;
-    }
-    if (parts > 1) {
-        atd_sync();  // every part read its slots (slot `first` included) before any write
-        for (int it = tid; it < n_items; it += ATD_THREADS) {
-            float4 o = red[it];
-            for (int p = 1; p < parts; p++) {
-                float4 r = red[p * n_items + it];
-                o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
-            }
-            int g = it / n_c4, c4 = it - g * n_c4;
-            float4* po = reinterpret_cast<float4*>(a.part_o + (a.h0 + g) * a.max_split * a.hd_v) + c4;
-            *(final ? reinterpret_cast<float4*>(a.out + (a.h0 + g) * a.hd_v) + c4 : po + (long)first * n_c4) = o;
-        }
-    }
-    atd_sync();  // mw / red read: the caller may stage its next work item there
-}
 
 // The work of block (kvh, split, row) of a grid of max_split slices per KV head; smem: the
 // dynamic shared memory (atd_smem_bytes). Every thread of the block calls it.
@@ -436,21 +356,10 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
         part_ml[((h0 + tid) * max_split + split) * 2] = m_run[tid];
         part_ml[((h0 + tid) * max_split + split) * 2 + 1] = l_run[tid];
     }
-    // Merge in two levels: the last block of each run of ATD_MERGE slices merges theirs into the
-    // run's first slot, the last of those merges the runs into `out`. One block reading every
-    // slice was the long-context tail (128 slices x 8 heads = 512 KB through one SM's L2 round
-    // trips: ~30 us a layer on the 30B-A3B shape at 16k); now no block reads more than 16 slices.
-    rx_cp_wait_all();  // the merges use the tiles' memory: no copy may still land there
-    int* top = counters + (kvh * n_hg + hg) * ATD_COUNTERS;
-    int n_run = (n_split + ATD_MERGE - 1) / ATD_MERGE;
-    const AtdMerge mg{part_o, part_ml, out, h0, G, hd_v, max_split};
-    if (n_run > 1) {
-        int run = split / ATD_MERGE, r0 = run * ATD_MERGE;
-        if (!atd_last(top + 1 + run, min(ATD_MERGE, n_split - r0), is_last)) return;
-        atd_merge(mg, vt0, kt0, r0, min(ATD_MERGE, n_split - r0), 1, false);
-        if (tid == 0) top[1 + run] = 0;  // ready for the next replay
-    }
-    if (!atd_last(top, n_run > 1 ? n_run : n_split, is_last)) return;
-    atd_merge(mg, vt0, kt0, 0, n_run > 1 ? n_run : n_split, n_run > 1 ? ATD_MERGE : 1, true);
-    if (tid == 0) *top = 0;
+    // Merge in two levels (attention.cuh split_merge_done): runs of ATD_MERGE slices, then the
+    // runs; the tiles' memory holds the weights (V tiles) and the partial sums (K tiles).
+    rx_cp_wait_all();  // no copy may still land there
+    const SplitMerge mg{part_o, part_ml, out, h0, G, hd_v, max_split};
+    split_merge_done<ATD_THREADS, ATD_MERGE>(mg, counters + (kvh * n_hg + hg) * ATD_COUNTERS, split, n_split, is_last,
+                                             reinterpret_cast<float*>(vt0), reinterpret_cast<float4*>(kt0), AtdSync{});
 }

@@ -160,6 +160,7 @@ MLA_CASES = {
     # name: (n_head, kv_lora_rank, rope, n_tok, first_slot, tree)
     "decode_v2lite": (16, 512, 64, 1, 700, False),  # 701 keys over 32 slices
     "decode_short": (16, 512, 64, 1, 9, False),  # 10 keys: one slice, no merge
+    "decode_two_runs": (16, 512, 64, 1, 150, False),  # 10 slices: merged in runs of 8 and 2, then the runs
     "decode_v3_heads_long": (128, 512, 64, 1, 2500, False),  # 16 head groups
     "decode_partial_group": (20, 96, 8, 1, 40, False),  # 8 + 8 + 4 heads, r < 512
     "decode_first_token": (4, 128, 16, 1, 0, False),
@@ -193,10 +194,9 @@ def test_mla_attention(gpu, case):
     n_kv = first + n_tok
     n_split = mla.SPLITS_DECODE if n_tok == 1 else 1
     scale = 1.0 / np.sqrt(192.0) * 1.3
-    groups = -(-n_head // mla.HEADS)
     part_o = gpu.poisoned((n_head * mla.SPLITS_DECODE * r,))
     part_ml = gpu.poisoned((n_head * mla.SPLITS_DECODE * 2,))
-    counters = gpu.put(np.zeros(n_tok * groups, np.int32))
+    counters = gpu.put(np.zeros(mla.counters(n_tok, n_head), np.int32))
     expect = _mla_ref(q, cache, q_slot, seg_lo, prefix_len, n_kv, r, scale)
     q_d, cache_d, slot_d = gpu.put(q), gpu.put(cache), gpu.put(q_slot)
     for replay in range(2):  # the split path must leave its counters ready for the next replay
@@ -205,7 +205,7 @@ def test_mla_attention(gpu, case):
                       gpu.put(np.array([n_kv], np.int32)), out, part_o, part_ml, counters, n_tok, n_head, r,
                       d, scale, n_split)
         np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, r)), expect, rtol=2e-4, atol=2e-4)
-    assert not gpu.get(counters, (n_tok * groups,), np.int32).any()
+    assert not gpu.get(counters, (mla.counters(n_tok, n_head),), np.int32).any()
 
 
 # -- routing -----------------------------------------------------------------------------------------

@@ -212,7 +212,6 @@ def test_mla_paged(gpu, case):
     tab = MlaRope.of(rope_frequencies(e, 10_000.0))
     (cp,), table, n_rows, perm = _scatter(rng, [cache], 0)
     n_split = mla.SPLITS_DECODE if n_tok == 1 else 1
-    groups = -(-n_head // mla.HEADS)
     got = []
     for c, blocks in ((cache, 0), (cp, gpu.put(table) + 4 * SKIP)):
         dc, dqm, slot = gpu.put(c), gpu.put(qm), gpu.put(q_slot)
@@ -222,7 +221,8 @@ def test_mla_paged(gpu, case):
         mla.attention(gpu.launch, dqm, dc, slot, gpu.put(seg_lo) if tree else 0, prefix_len,
                       gpu.put(np.array([first + n_tok], np.int32)), out,
                       gpu.poisoned((n_head * mla.SPLITS_DECODE * r,)), gpu.poisoned((n_head * mla.SPLITS_DECODE * 2,)),
-                      gpu.put(np.zeros(n_tok * groups, np.int32)), n_tok, n_head, r, d, 0.1, n_split, blocks=blocks)
+                      gpu.put(np.zeros(mla.counters(n_tok, n_head), np.int32)), n_tok, n_head, r, d, 0.1, n_split,
+                      blocks=blocks)
         got.append((gpu.get(out, (n_tok, n_head, r)), gpu.get(dc, (len(c), d), np.float16)))
     assert not np.isnan(got[0][0]).any()
     np.testing.assert_array_equal(got[1][0], got[0][0])

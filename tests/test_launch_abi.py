@@ -81,9 +81,11 @@ def test_ops_constants_match_the_kernels():
     assert delta_net.MAX_HEAD == define("delta_net.cu", "DN_MAX_HD") and delta_net.MAX_CONV == define("delta_net.cu", "DN_MAX_K")
     assert attn_decode.SPLITS_MAX == define("attn_decode.cuh", "ATD_MAXSPLIT")
     assert attn_decode.MAX_GROUP == define("attn_decode.cuh", "ATD_MAXG")
+    assert attn_decode.MERGE_RUN == define("attn_decode.cuh", "ATD_MERGE")
     from reflex_runtime.gpu.ops import mla, moe_route
 
     assert mla.HEADS == define("mla.cu", "MLA_HEADS") and mla.MAX_PAIRS == define("mla.cu", "MLA_MAX_PAIRS")
+    assert mla.MERGE_RUN == define("mla.cu", "MLA_RUN")
     assert moe_route.MAX_GROUPS == define("moe_route.cu", "ROUTE_MAX_GROUPS")
     assert mvs.MVS_NX == define("mvs.cuh", "MVS_NX")
 

@@ -116,13 +116,12 @@ class LatentAttention:
         splits(rows) slices, rows x splits(rows) <= max(SPLITS_DECODE, rows) partials per head."""
         e, H = c.extra, c.n_head
         r, rope, nope, v = e["kv_lora_rank"], e["qk_rope"], e["qk_nope"], e["v_head_dim"]
-        groups = -(-H // mla.HEADS)
         parts = max(mla.SPLITS_DECODE, rows)
         return [("q", t * H * (nope + rope)), ("mla_qa", t * max(e["q_lora_rank"], 1)), ("mla_kv", t * (r + rope)),
                 ("mla_q", t * H * (r + rope)), ("mla_att", t * H * r), ("mla_o", t * H * v),
                 ("mla_part_o", parts * H * r), ("mla_part_ml", parts * H * 2),
-                # named like Attention's so GpuModel.bind zeroes them (n_head ints >= the head groups)
-                ("attn_counters", rows * max(H, groups))]
+                # named like Attention's so GpuModel.bind zeroes them (the merges' per head group)
+                ("attn_counters", max(rows * H, mla.counters(rows, H)))]
 
     @staticmethod
     def splits(rows: int) -> int:

@@ -12,7 +12,13 @@ from .matvec import warps_per_row
 KERNELS = per_type("reflex_mla_mv_{}", "reflex_mla_mm_{}", "reflex_mla_mv_t_{}") + (
     "reflex_mla_rope_store", "reflex_mla_attn")
 HEADS = 8  # query heads per attention block
-SPLITS_DECODE = 32  # key slices of a decode step (<= 32, attn_merge's limit)
+SPLITS_DECODE = 32  # key slices of a decode step (<= 32: split_merge_done's runs fit a warp)
+MERGE_RUN = 8  # slices one block merges (MLA_RUN)
+
+
+def counters(n_tok: int, n_head: int) -> int:
+    """The zeroed ints reflex_mla_attn's merges count on: MLA_COUNTERS per (token, head group)."""
+    return n_tok * -(-n_head // HEADS) * (1 + SPLITS_DECODE // MERGE_RUN)
 MAX_PAIRS = 64  # rope pairs in the frequency table
 
 
@@ -65,7 +71,7 @@ def heads_t(L, w: Weight, head_bytes: int, x: int, x_tok: int, x_head: int, y: i
 
 def attention(L, q, cache, q_slot, seg_lo, prefix_len, n_kv, out, part_o, part_ml, counters, n_tok, n_head, r, d, scale,
               n_split, blocks: int = 0) -> None:
-    """counters: n_tok * ceil(n_head / HEADS) zeroed ints (n_split > 1 only); left zeroed.
+    """counters: counters(n_tok, n_head) zeroed ints (n_split > 1 only); left zeroed.
     blocks: the paged cache's block table (0: slot = row)."""
     groups = (n_head + HEADS - 1) // HEADS
     L.go("reflex_mla_attn", (n_tok, n_split, groups), 256,
