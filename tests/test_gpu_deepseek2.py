@@ -350,6 +350,19 @@ def test_long_prompt_in_chunks_on_tensor_cores(name):
     assert res["prompt_tokens"] > 512 and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
+def test_prompt_of_4096_tokens_matches_the_reference():
+    """Issue 31: a 4,096-token prompt (eight 512-token chunks, the latent attention over up to
+    3,584 cached keys in each) checked against the numpy reference, greedy tokens included."""
+    from reflex_runtime.commands.check import run_check
+
+    eng, ref = _engine("v2lite", "q8_0", max_context=4200)
+    prompt = " ".join(["Once upon a time there was a small village by the sea, and"] * 292)
+    n = len(eng.prompt_ids(prompt))
+    assert 3800 <= n <= 4190, n  # about 4,096 tokens, with room for the 4 generated ones
+    res = run_check(eng, ref, prompt, 4)
+    assert res["prompt_tokens"] == n and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
 def test_context_is_not_capped_at_one_prompt_chunk():
     """A request longer than one 512-token prompt chunk is served (the 512-token cap is gone)."""
     from reflex_runtime.engine import GenerateRequest
