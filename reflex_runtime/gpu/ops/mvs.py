@@ -75,26 +75,25 @@ def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, 
 
 def _whole_waves(L, rb: int, rows: int, groups: int, smem_of) -> int:
     """rb, or the block size that takes the launch in fewer rows per SM when rb leaves a last wave
-    mostly empty: the time of a bandwidth-bound launch is about its waves x the rows of a block.
+    partly empty: the time of a bandwidth-bound launch is about its waves x the rows of a block.
     (The Qwen3-30B-A3B shape's expert gate/up: 22 rows a block made 280 blocks for 264 places, two
     waves; 24 rows make 256, one wave: 1,005 -> 673 us a token, results/2026-12-03-h200-s17.)
     Larger blocks only, while two still fit an SM (the next launch's copies overlap this one's
     work): smaller ones in more blocks an SM measured slower (12 rows, 512 blocks: 901 us)."""
-    per_sm, sm = L.dev.smem_per_sm, L.dev.sm_count
+    sm, room = L.dev.sm_count, L.dev.max_shared - STATIC_SMEM_RESERVE
 
-    def fits(r: int) -> int:  # blocks an SM holds (8 at most: 256 threads each)
-        return min(8, per_sm // (smem_of(r) + STATIC_SMEM_RESERVE + 1024))
+    def per_sm(r: int) -> int:  # blocks an SM holds (8 at most: 256 threads each)
+        return min(8, L.dev.smem_per_sm // (smem_of(r) + STATIC_SMEM_RESERVE + 1024))
 
-    def cost(r: int) -> int:
-        blocks = groups * -(-rows // r)
-        return -(-blocks // (sm * fits(r))) * r if fits(r) else 1 << 60
+    def waves(r: int) -> int:
+        return -(-groups * -(-rows // r) // (sm * max(1, per_sm(r))))
 
-    if -(-groups * -(-rows // rb) // (sm * max(1, fits(rb)))) <= 1:
-        return rb  # one wave already
+    if waves(rb) <= 1:
+        return rb
     top = rb
-    while top < rows and fits(top + 1) >= 2 and smem_of(top + 1) <= L.dev.max_shared - STATIC_SMEM_RESERVE:
+    while top < rows and per_sm(top + 1) >= 2 and smem_of(top + 1) <= room:
         top += 1
-    return min(range(rb, top + 1), key=lambda r: (cost(r), r))
+    return min(range(rb, top + 1), key=lambda r: (waves(r) * r, r))
 
 
 def stageable(L, ws, *ptrs) -> bool:
