@@ -81,6 +81,19 @@ def _int_in(range_name: str):
 _context = _int_in("CONTEXT_RANGE")
 
 
+def _tokens_or_zero(value: str) -> int:
+    """0, or a token count the context range allows (bench --prefill-breakdown)."""
+    if value.strip() == "0":
+        return 0
+    try:
+        return _context(value)
+    except argparse.ArgumentTypeError:
+        from .engine import CONTEXT_RANGE
+
+        raise argparse.ArgumentTypeError(f"must be 0 (skip) or an integer in [{CONTEXT_RANGE[0]}, {CONTEXT_RANGE[1]}], "
+                                         f"got {value!r}") from None
+
+
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=_int_in("PARALLEL_RANGE"), default=None, metavar="N",
                    help="requests generated at once, batched into each step (default 16)")
@@ -230,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", default="16,128,512", help="prompt lengths to time")
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--depths", default="", help="decode tok/s after this many tokens of context, e.g. 128,1024,4096,8192")
-    p.add_argument("--prefill-breakdown", type=int, default=512, metavar="N",
+    p.add_argument("--prefill-breakdown", type=_tokens_or_zero, default=512, metavar="N",
                    help="GPU time of an N-token prefill by role (0: skip)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="write the results as JSON here")

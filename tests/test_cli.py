@@ -213,6 +213,9 @@ def test_early_device_start_reads_backend_like_argparse(monkeypatch):
     (["stdio", "-m", " "], "argument --model/-m: must not be empty"),
     (["serve", "--request-timeout", "-1"], "argument --request-timeout: must be a number of seconds in [0, 86400]"),
     (["uds", "/tmp/x.sock", "--idle-timeout", "nan"], "argument --idle-timeout: must be a number of seconds"),
+    (["bench", "m.gguf", "--prefill-breakdown", "-3"], "argument --prefill-breakdown: must be 0 (skip) or an integer "
+                                                        "in [16, 1048576], got '-3'"),
+    (["bench", "m.gguf", "--prefill-breakdown", "5"], "argument --prefill-breakdown: must be 0 (skip)"),
 ])
 def test_bad_option_values_are_usage_errors(argv, needle, capsys):
     from reflex_runtime.cli import build_parser

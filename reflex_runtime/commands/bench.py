@@ -193,9 +193,12 @@ def main(args) -> int:
         res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]
     res["decode_step_breakdown"] = step_breakdown(runner)
-    if args.prefill_breakdown:  # the prompt's roles (prefill_launches), replayed one by one as the step's
-        res["prefill_breakdown"] = {"tokens": args.prefill_breakdown, "roles": role_times(
-            runner, runner.prefill_launches(args.prefill_breakdown), max(1, min(args.repeats, 5)), max_replays=0)}
+    n_pb = args.prefill_breakdown
+    if n_pb and n_pb + 2 > runner.max_context:  # as decode_at_depths skips a depth past the context
+        res["prefill_breakdown"] = {"tokens": n_pb, "skipped": f"context {runner.max_context}", "roles": []}
+    elif n_pb:  # the prompt's roles (prefill_launches), replayed one by one as the step's
+        res["prefill_breakdown"] = {"tokens": n_pb, "roles": role_times(
+            runner, runner.prefill_launches(n_pb), max(1, min(args.repeats, 5)), max_replays=0)}
     t = time.perf_counter()
     for _ in range(args.repeats):
         engine.system1(prompt="The capital of France is", candidates=[" Paris", " London", " Berlin"])
@@ -242,7 +245,8 @@ def main(args) -> int:
               f"{r['gb_s'] if r['gb_s'] is not None else '':>8}")
     if "prefill_breakdown" in res:
         pb = res["prefill_breakdown"]
-        print(f"one {pb['tokens']}-token prefill by role (the pick left out):")
+        print(f"one {pb['tokens']}-token prefill by role (the pick left out)"
+              + (f": skipped ({pb['skipped']})" if "skipped" in pb else ":"))
         for r in pb["roles"]:
             print(f"  {r['role']:<34} {r['launches']:>8} {r['us']:>9} {r.get('us_pdl', ''):>9}")
     if res.get("fused_step_profile"):
