@@ -96,13 +96,15 @@ def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tok", [17, 301])
+@pytest.mark.parametrize("n_tok,long_rows", [(17, False), (301, False), (301, True)])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_matvec_few_rows_many_tokens(gpu, qtype, n_tok, accumulate):
+def test_matvec_few_rows_many_tokens(gpu, qtype, n_tok, long_rows, accumulate):
     """A prompt through a few rows (a router, Qwen3.5's gates): the tokens spread over the grid's
-    y (matvec.token_blocks), each block an even run of whole 4-token steps, the last one short."""
-    rng = np.random.default_rng([int(qtype), n_tok, accumulate])
-    k, eps = k_for(qtype, False), 1e-6
+    y (matvec.token_blocks), each block an even run of whole 4-token steps, the last one short.
+    Rows of 2,048: two warps share each row (their reduction's barriers) and the last y blocks
+    get no token at all (301 tokens over 43 blocks of 8)."""
+    rng = np.random.default_rng([int(qtype), n_tok, long_rows, accumulate])
+    k, eps = 2048 if long_rows else k_for(qtype, False), 1e-6
     mats = [weight(gpu, qtype, rows, k, rng) for rows in (64, 33)]
     x = (rng.standard_normal((n_tok, k)) * 4).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)

@@ -264,6 +264,8 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
         expect[t] += w.flat[p] * (got_act[i].astype(np.float64) @ dd[e].T)
         tol[t] += 2e-3 * w.flat[p] * _bound(got_act[i:i + 1], dd[e])[0]
     assert (np.abs(results[0] - expect) <= tol).all(), np.abs(results[0] - expect).max()
+
+
 # -- a prompt's float32 router: tiled GEMM ---------------------------------------------------------
 
 @pytest.mark.parametrize("rows,n_tok,k", [((128,), 512, 2048), ((64,), 17, 1024), ((256, 1), 301, 2048),

@@ -44,7 +44,8 @@ def router_mm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, norm_w: in
     batch, other weight types, a row length off RM_KT; L.router_mm off), nothing launched."""
     w0 = ws[0]
     if (not L.router_mm or n_tok < ROUTER_MM_MIN_TOKENS or len(ws) > 3 or w0.k % ROUTER_MM_KT
-            or any(w.type_name != "F32" or w.k != w0.k or w.ptr % 16 for w in ws) or x % 16 or norm_w % 16):
+            or any(w.type_name != "F32" or w.k != w0.k or w.row_bytes != 4 * w.k or w.ptr % 16 for w in ws)
+            or x % 16 or norm_w % 16):
         return False
     segs = MvSegs()
     for i, (w, y) in enumerate(zip(ws, ys)):
