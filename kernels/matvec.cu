@@ -9,7 +9,9 @@
 // RMS-normalized on the fly, x' = x * rsqrt(mean(x^2) + eps) * norm_w, which folds the
 // pre-attention and pre-FFN norms into the matrix kernels (each warp recomputes the row's
 // scale from x: K floats from L1/L2, small next to the weights).
-// Bound by weight bytes: row_bytes * rows per 4 tokens.
+// Grid (row blocks, token blocks): blockIdx.y takes an even run of the tokens (whole steps of 4),
+// so a few rows and many tokens (a router, Qwen3.5's gates over a prompt) still fill the GPU.
+// Bound by weight bytes: row_bytes * rows per 4 tokens of a block.
 // Requirements (checked on the host): K % 32 == 0, x rows 16-byte aligned (stride % 4 == 0).
 #include "matvec.cuh"
 

@@ -135,8 +135,13 @@ __device__ void mv_body(MvSegs segs, long row_bytes, const float* x, int x_strid
     const uint8_t* rows[R];
 #pragma unroll
     for (int rr = 0; rr < R; rr++) rows[rr] = w + (long)(live ? r0 + rr : 0) * row_bytes;
-    for (int t0 = 0; t0 < n_tok; t0 += NT) {
-        int nt = min(NT, n_tok - t0);
+    // Tokens: blockIdx.y's share of them in whole steps of NT (a launch of few rows and many
+    // tokens spreads its tokens over gridDim.y blocks instead of looping through all of them).
+    int per = (n_tok + gridDim.y - 1) / gridDim.y;
+    per = (per + NT - 1) / NT * NT;
+    int t_lo = blockIdx.y * per, t_hi = min(n_tok, t_lo + per);
+    for (int t0 = t_lo; t0 < t_hi; t0 += NT) {
+        int nt = min(NT, t_hi - t0);
         float inv[NT], acc[R][NT];
 #pragma unroll
         for (int rr = 0; rr < R; rr++)

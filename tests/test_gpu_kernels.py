@@ -95,6 +95,30 @@ def test_matvec_segments_with_fused_norm(gpu, qtype, n_tok):
         assert_matmul_close(gpu.get(y, (n_tok, w.rows)), xn, dense, rtol=2e-4)
 
 
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,long_rows", [(17, False), (301, False), (301, True)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_matvec_few_rows_many_tokens(gpu, qtype, n_tok, long_rows, accumulate):
+    """A prompt through a few rows (a router, Qwen3.5's gates): the tokens spread over the grid's
+    y (matvec.token_blocks), each block an even run of whole 4-token steps, the last one short.
+    Rows of 2,048: two warps share each row (their reduction's barriers) and the last y blocks
+    get no token at all (301 tokens over 43 blocks of 8)."""
+    rng = np.random.default_rng([int(qtype), n_tok, long_rows, accumulate])
+    k, eps = 2048 if long_rows else k_for(qtype, False), 1e-6
+    mats = [weight(gpu, qtype, rows, k, rng) for rows in (64, 33)]
+    x = (rng.standard_normal((n_tok, k)) * 4).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    bases = [rng.standard_normal((n_tok, w.rows)).astype(np.float32) for w, _ in mats]
+    ys = [gpu.put(b) if accumulate else gpu.poisoned((n_tok, w.rows)) for b, (w, _) in zip(bases, mats)]
+    with gpu.launch.record() as rec:
+        products.segments(gpu.launch, [w for w, _ in mats], gpu.put(x), ys, n_tok, accumulate, norm_w=gpu.put(nw),
+                          eps=eps)
+    assert [ln.kernel.name for ln in rec] == [f"reflex_mv_{mats[0][0].suffix}"] and rec[0].grid[1] > 1
+    xn = _rms(x, nw, eps).astype(np.float32)
+    for (w, dense), y, base in zip(mats, ys, bases):
+        assert_matmul_close(gpu.get(y, (n_tok, w.rows)), xn, dense, base if accumulate else None, rtol=2e-4)
+
+
 @pytest.fixture(params=["sm80", "wmma"])
 def tc_generation(request, gpu):
     """Run a test through the sm_80+ prompt kernels (gemm.cu, flash_attn.cu) and again through

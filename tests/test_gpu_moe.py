@@ -264,6 +264,42 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
         expect[t] += w.flat[p] * (got_act[i].astype(np.float64) @ dd[e].T)
         tol[t] += 2e-3 * w.flat[p] * _bound(got_act[i:i + 1], dd[e])[0]
     assert (np.abs(results[0] - expect) <= tol).all(), np.abs(results[0] - expect).max()
+
+
+# -- a prompt's float32 router: tiled GEMM ---------------------------------------------------------
+
+@pytest.mark.parametrize("rows,n_tok,k", [((128,), 512, 2048), ((64,), 17, 1024), ((256, 1), 301, 2048),
+                                          ((100, 7, 3), 45, 576)])
+@pytest.mark.parametrize("fused_norm", [True, False])
+def test_router_logits_of_a_prompt(gpu, rows, n_tok, k, fused_norm):
+    """moe.router_mm: float32 rows in up to three segments (a router and a shared expert's gate),
+    tiles of 32 tokens x 32 rows cut short at both edges, the RMS norm applied to the sums; float64
+    reference, outputs NaN-poisoned first. Fewer than 16 tokens, or REFLEX_ROUTER_MM=0, leave it
+    to the matrix-vector kernel."""
+    rng = np.random.default_rng([sum(rows), n_tok, k, fused_norm])
+    mats = [random_weight(gpu, Q.F32, r, k, rng) for r in rows]
+    x = (rng.standard_normal((n_tok, k)) * 3).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
+    L = gpu.launch
+    with L.record() as rec:
+        assert moe.router_mm(L, [w for w, _ in mats], gpu.put(x), ys, n_tok, gpu.put(nw) if fused_norm else 0, 1e-6)
+    assert [ln.kernel.name for ln in rec] == ["reflex_moe_router_mm"]
+    xn = rms_ref(x, nw, 1e-6) if fused_norm else x.astype(np.float64)
+    for (w, dense), y in zip(mats, ys):
+        got = gpu.get(y, (n_tok, w.rows))
+        assert not np.isnan(got).any(), "the kernel left poisoned outputs"
+        expect = xn @ dense.T.astype(np.float64)
+        bound = 3e-5 * (np.abs(xn) @ np.abs(dense).T.astype(np.float64)) + 1e-6
+        assert (np.abs(got - expect) <= bound).all(), np.abs(got - expect).max()
+    assert not moe.router_mm(L, [w for w, _ in mats], gpu.put(x), ys, 15, 0, 1e-6)
+    saved, L.router_mm = L.router_mm, False
+    try:
+        assert not moe.router_mm(L, [w for w, _ in mats], gpu.put(x), ys, n_tok, 0, 1e-6)
+    finally:
+        L.router_mm = saved
+
+
 # -- one token (decode): router + top-k fused, routed rows staged in shared memory --------------
 
 @pytest.mark.parametrize("n_expert,k,budget_rows", [(128, 8, 4), (60, 5, 1), (8, 8, 100), (257, 3, 9)])

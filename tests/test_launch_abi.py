@@ -78,6 +78,7 @@ def test_ops_constants_match_the_kernels():
 
     assert constrain.STATS_TOPK == define("constrain.cu", "RX_TOPK_MAX") == MAX_TOP_LOGPROBS
     assert moe.MAX_EXPERTS == define("moe.cuh", "MOE_MAX_EXPERTS")
+    assert (moe.ROUTER_MM_T, moe.ROUTER_MM_KT) == (define("moe.cu", "RM_T"), define("moe.cu", "RM_KT"))
     assert delta_net.MAX_HEAD == define("delta_net.cu", "DN_MAX_HD") and delta_net.MAX_CONV == define("delta_net.cu", "DN_MAX_K")
     assert attn_decode.SPLITS_MAX == define("attn_decode.cuh", "ATD_MAXSPLIT")
     assert attn_decode.MAX_GROUP == define("attn_decode.cuh", "ATD_MAXG")

@@ -55,6 +55,8 @@ class Launcher:
             8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
         # staged launches' blocks made larger when that saves a wave (mvs.plan); 0 turns it off
         self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
+        # a prompt's float32 router logits through a tiled GEMM (moe.router_mm), not the matrix-vector kernel
+        self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
         self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;

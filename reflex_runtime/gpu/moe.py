@@ -82,6 +82,14 @@ def moe_unsupported(config, gguf=None) -> str | None:
     return None
 
 
+def router_logits(L, ws, x: int, ys: list[int], n: int, norm_w: int, eps: float) -> None:
+    """ys[i] = ws[i] x' for n tokens, in float32 at every batch size (the tensor-core kernels round
+    inputs to f16, which could flip a close top-k choice): a prompt's float32 router through
+    moe_ops.router_mm (a tiled GEMM), anything else through the matrix-vector kernel."""
+    if not moe_ops.router_mm(L, ws, x, ys, n, norm_w, eps):
+        products.segments(L, ws, x, ys, n, norm_w=norm_w, eps=eps)
+
+
 class MoeFFN:
     """x += sum over the token's k routed experts of weight * expert(norm(x)), for one layer."""
 
@@ -137,11 +145,9 @@ class MoeFFN:
         if n == 1 and not also and moe_decode.router_topk(L, m.router, inp.ptr, inp.norm_w, self.eps, logits, self.k,
                                                           self.normalize, ids, wts, self.p("mvs_counters") + 4):
             return
-        # float32 router through the matrix-vector kernel at every batch size: the tensor-core
-        # kernel rounds inputs to f16, which could flip a close top-k choice
         same = [(w, y) for w, y in also if (w.type_name, w.k) == (m.router.type_name, m.router.k)]
-        products.segments(L, [m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,
-                          norm_w=inp.norm_w, eps=self.eps)
+        router_logits(L, [m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,
+                      inp.norm_w, self.eps)
         for w, y in also:
             if (w, y) not in same:
                 products.segments(L, [w], inp.ptr, [y], n, norm_w=inp.norm_w, eps=self.eps)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from ...modelfile import tensor_names as T
 from ...gpu import products
 from ...gpu.blocks import Batch, FfnWeights, GatedFFN, Input, TensorReader
-from ...gpu.moe import MoeFFN
+from ...gpu.moe import MoeFFN, router_logits
 from ...gpu.ops import mla, moe_route, norm
 from ...gpu.ops.common import Weight
 from ...gpu.ops.mla import MlaRope
@@ -207,7 +207,7 @@ class DeepSeekMoE(MoeFFN):
     def route(self, b: Batch, inp: Input, ids: int, wts: int, also=()) -> None:
         assert not also, "DeepSeek's shared experts are not gated"
         logits = self.p("moe_logits")
-        products.segments(self.launch, [self.w.router], inp.ptr, [logits], b.n, norm_w=inp.norm_w, eps=self.eps)
+        router_logits(self.launch, [self.w.router], inp.ptr, [logits], b.n, inp.norm_w, self.eps)
         moe_route.route(self.launch, logits, self.bias, b.n, self.n_expert, self.k, self.sigmoid, self.n_group,
                         self.n_group_used, self.top2, self.normalize, self.scale, ids, wts)
 

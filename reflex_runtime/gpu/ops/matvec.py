@@ -1,4 +1,5 @@
-"""kernels/matvec.cu: matrix-vector products of a few tokens (weights read once per 4 tokens),
+"""kernels/matvec.cu: matrix-vector products of a few tokens (weights read once per 4 tokens of
+a block; few rows and many tokens: the tokens spread over the grid's y, token_blocks),
 up to three matrices of one type and row length per launch, an RMS norm of the input fused in;
 and the gated form (act(gate x) * up x). The kernels of every batch size below the tensor-core
 crossover (gpu/products.py)."""
@@ -40,6 +41,14 @@ def rows_per_warp(rows_per_segment: list[int], n_tok: int, wpr: int) -> int:
     return 1
 
 
+def token_blocks(L, blocks: int, n_tok: int) -> int:
+    """The grid's y for n_tok tokens over `blocks` blocks of rows: enough blocks to fill the GPU
+    (8 an SM) in all, each taking a run of whole 4-token steps. A 128 x 2,048 float32 router took
+    32 blocks of 4 rows, each looping through 512 prompt tokens: 369 us a layer on the 30B shape."""
+    steps = -(-n_tok // 4)  # MV_TOK
+    return max(1, min(steps, -(-8 * L.dev.sm_count // blocks)))
+
+
 def segments(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
              norm_w: int = 0, eps: float = 0.0) -> None:
     """ys[i] (+)= ws[i] x' for up to three matrices of one type and row length, one launch."""
@@ -52,7 +61,8 @@ def segments(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate:
     wpr = warps_per_row(L, total, w0.k)
     rpw = rows_per_warp([w.rows for w in ws], n_tok, wpr)
     per_block = 8 // wpr * rpw
-    L.go(f"reflex_mv_{w0.suffix}", (total + per_block - 1) // per_block, 256,
+    blocks = (total + per_block - 1) // per_block
+    L.go(f"reflex_mv_{w0.suffix}", (blocks, token_blocks(L, blocks, n_tok), 1), 256,
          [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride or w0.k), c_int(w0.k), c_int(n_tok),
           c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), c_int(wpr), c_int(rpw)])
 

@@ -9,12 +9,14 @@ from ctypes import c_float, c_int, c_long, c_void_p
 from dataclasses import dataclass
 
 from .common import Weight, per_type
-from .matvec import warps_per_row
+from .matvec import MvSegs, warps_per_row
 
 KERNELS = per_type("reflex_moe_mv_glu_{}", "reflex_moe_mv_down_{}", "reflex_moe_mm_{}") + (
-    "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine")
+    "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine", "reflex_moe_router_mm")
 MAX_EXPERTS = 1024  # MOE_MAX_EXPERTS (router probabilities live in shared memory)
 TILE = 64  # pairs per tile of the grouped expert kernels (gemm.cu GemmMoe = GemmS)
+ROUTER_MM_T, ROUTER_MM_KT = 32, 64  # reflex_moe_router_mm's tile (RM_T) and K step (RM_KT)
+ROUTER_MM_MIN_TOKENS = 16  # fewer: the matrix-vector kernel reads the router fewer times
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,24 @@ class MoeGroups:
 def max_tiles(n_pairs: int, n_expert: int) -> int:
     """Tiles of TILE pairs over all experts, at most: one partial tile per expert used."""
     return -(-n_pairs // TILE) + min(n_expert, n_pairs)
+
+
+def router_mm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, norm_w: int = 0, eps: float = 0.0) -> bool:
+    """ys[i] = ws[i] x' for a prompt's n_tok tokens: float32 matrices of one row length (the
+    router, a shared expert's gate) in a float32 tiled GEMM. False: not applicable (a short
+    batch, other weight types, a row length off RM_KT; L.router_mm off), nothing launched."""
+    w0 = ws[0]
+    if (not L.router_mm or n_tok < ROUTER_MM_MIN_TOKENS or len(ws) > 3 or w0.k % ROUTER_MM_KT
+            or any(w.type_name != "F32" or w.k != w0.k or w.row_bytes != 4 * w.k or w.ptr % 16 for w in ws)
+            or x % 16 or norm_w % 16):
+        return False
+    segs = MvSegs()
+    for i, (w, y) in enumerate(zip(ws, ys)):
+        segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
+    rows = sum(w.rows for w in ws)
+    L.go("reflex_moe_router_mm", (-(-rows // ROUTER_MM_T), -(-n_tok // ROUTER_MM_T), 1), 128,
+         [segs, c_void_p(x), c_int(w0.k), c_int(w0.k), c_int(n_tok), c_void_p(norm_w or None), c_float(eps)])
+    return True
 
 
 def topk(L, logits: int, n_tok: int, n_expert: int, k: int, normalize: bool, ids: int, weights: int) -> None:
