@@ -158,13 +158,14 @@ def _mla_ref(q, cache, q_slot, seg_lo, prefix_len, n_kv, r, scale):
 
 MLA_CASES = {
     # name: (n_head, kv_lora_rank, rope, n_tok, first_slot, tree)
-    "decode_v2lite": (16, 512, 64, 1, 700, False),  # 701 keys over 32 slices
+    "decode_v2lite": (16, 512, 64, 1, 700, False),  # 701 keys over 44 slices: runs of 16, 16, 12
     "decode_short": (16, 512, 64, 1, 9, False),  # 10 keys: one slice, no merge
-    "decode_two_runs": (16, 512, 64, 1, 150, False),  # 10 slices: merged in runs of 8 and 2, then the runs
+    "decode_two_runs": (16, 512, 64, 1, 300, False),  # 19 slices: merged in runs of 16 and 3, then the runs
+    "decode_all_slices": (16, 512, 64, 1, 4100, False),  # 128 slices of 33 keys, the last short or empty: 8 runs
     "decode_v3_heads_long": (128, 512, 64, 1, 2500, False),  # 16 head groups
     "decode_partial_group": (20, 96, 8, 1, 40, False),  # 8 + 8 + 4 heads, r < 512
     "decode_first_token": (4, 128, 16, 1, 0, False),
-    "decode_splits_uneven": (6, 160, 32, 1, 520, False),  # 33 tiles over 32 slices
+    "decode_splits_uneven": (6, 160, 32, 1, 520, False),  # 33 tiles over 33 slices
     "prefill_causal": (16, 512, 64, 37, 100, False),
     "prefill_odd": (5, 160, 32, 70, 3, False),
     "tree": (4, 128, 16, 12, 30, True),
