@@ -165,7 +165,7 @@ MLA_CASES = {
     "decode_v3_heads_long": (128, 512, 64, 1, 2500, False),  # 16 head groups
     "decode_partial_group": (20, 96, 8, 1, 40, False),  # 8 + 8 + 4 heads, r < 512
     "decode_first_token": (4, 128, 16, 1, 0, False),
-    "decode_splits_uneven": (6, 160, 32, 1, 520, False),  # 33 tiles over 33 slices
+    "decode_splits_uneven": (6, 160, 32, 1, 2100, False),  # 132 tiles over 128 slices of 17 keys, the last empty
     "prefill_causal": (16, 512, 64, 37, 100, False),
     "prefill_odd": (5, 160, 32, 70, 3, False),
     "tree": (4, 128, 16, 12, 30, True),
