@@ -209,6 +209,34 @@ def test_mla_attention(gpu, case):
     assert not gpu.get(counters, (mla.counters(n_tok, n_head),), np.int32).any()
 
 
+@pytest.mark.parametrize("rows", [3, 2])
+def test_mla_decode_rows(gpu, rows):
+    """Decode rows of continuous batching: row t reads only its own keys seg_lo[t] .. slot[t], in
+    LatentAttention.splits(rows) slices (3 rows: 42, a stride off the runs of 16; 2 rows: 64),
+    merged in two levels per row and head group; counters left zeroed for the next replay."""
+    from reflex_runtime.families.deepseek2.blocks import LatentAttention
+
+    n_head, r, rope = 16, 512, 64
+    rng = np.random.default_rng([rows, 5])
+    d, n_split = r + rope, LatentAttention.splits(rows)
+    lo = np.array([0, 1000, 2600][:rows], dtype=np.int32)
+    q_slot = np.array([999, 2599, 3400][:rows], dtype=np.int32)
+    n_kv = int(q_slot.max()) + 1
+    cache = rng.standard_normal((n_kv + 7, d)).astype(np.float16)
+    q = rng.standard_normal((rows, n_head, d)).astype(np.float32)
+    scale = 1.0 / np.sqrt(192.0)
+    expect = _mla_ref(q, cache, q_slot, lo, 0, n_kv, r, scale)
+    part_o = gpu.poisoned((rows * n_head * n_split * r,))
+    part_ml = gpu.poisoned((rows * n_head * n_split * 2,))
+    counters = gpu.put(np.zeros(mla.counters(rows, n_head), np.int32))
+    args = (gpu.put(q), gpu.put(cache), gpu.put(q_slot), gpu.put(lo), 0, gpu.put(np.array([n_kv], np.int32)))
+    for replay in range(2):
+        out = gpu.poisoned((rows, n_head, r))
+        mla.attention(gpu.launch, *args, out, part_o, part_ml, counters, rows, n_head, r, d, scale, n_split)
+        np.testing.assert_allclose(gpu.get(out, (rows, n_head, r)), expect, rtol=2e-4, atol=2e-4)
+    assert not gpu.get(counters, (mla.counters(rows, n_head),), np.int32).any()
+
+
 # -- routing -----------------------------------------------------------------------------------------
 
 ROUTE_CASES = {
