@@ -25,8 +25,9 @@
 //                            keys, so each cache row it stages (16 rows per tile in shared memory)
 //                            serves 8 heads; warps score 2 keys x 8 heads each, an online softmax
 //                            per head, then each thread accumulates 2 latent columns of all 8
-//                            heads. Decode splits the keys over n_split blocks, merged in two
-//                            levels (attention.cuh split_merge_done: runs of 8 slices, then the runs).
+//                            heads. Decode splits the keys over up to 128 blocks (16 keys each at
+//                            least), merged in two levels (attention.cuh split_merge_done: runs of
+//                            16 slices, then the runs).
 //                            Visible slots as in attention.cu (system1's tree): j <= slot[t] and
 //                            (j < prefix_len or j >= seg_lo[t]); without a prefix the keys start
 //                            at seg_lo[t] (a decode row of continuous batching: its own range).
@@ -39,8 +40,8 @@
 
 #define MLA_MAX_PAIRS 64  // rope dims <= 128
 #define MLA_HEADS 8       // query heads per attention block (one per warp in the softmax step)
-#define MLA_RUN 8         // decode slices merged by one block (split_merge_done's runs)
-#define MLA_COUNTERS (1 + 32 / MLA_RUN)  // per (token, head group): the top merge's, one per run (<= 32 slices)
+#define MLA_RUN 16        // decode slices merged by one block (split_merge_done's runs)
+#define MLA_COUNTERS (1 + 128 / MLA_RUN)  // per (token, head group): the top merge's, one per run (<= 128 slices)
 #define MLA_KT 16         // keys per shared-memory tile (2 per warp in the score step)
 #define MLA_MAXD 640      // r + rope
 #define MLA_MAXR 512      // 2 latent columns per thread, 256 threads
@@ -192,7 +193,7 @@ __device__ void mla_mv_t_body(const uint8_t* W, long row_bytes, long head_bytes,
 RX_FOR_EACH_TYPE(RX_MLA)
 
 // q: (n_tok, n_head, d) absorbed queries; cache: (n_ctx, d) halves; out: (n_tok, n_head, r).
-// n_split > 1 (decode, one token or a row per sequence; <= 32): part_o (n_tok, n_head, n_split, r),
+// n_split > 1 (decode, one token or a row per sequence; <= 128): part_o (n_tok, n_head, n_split, r),
 // part_ml (n_tok, n_head, n_split, 2) and MLA_COUNTERS zeroed counters per (token, head group),
 // left zeroed for the next replay.
 extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
@@ -323,7 +324,6 @@ extern "C" __global__ void __launch_bounds__(256) reflex_mla_attn(
     }
     // Merge in two levels (attention.cuh split_merge_done): runs of MLA_RUN slices, then the runs,
     // all heads of the group at once; the key tile's memory holds the weights and partial sums.
-    // (One block merging head after head read up to 32 slices x 8 heads x 2 KB: ~24 L2 round trips.)
     const SplitMerge mg{part_o, part_ml, out, row0, nh, r, stride};
     float* mw = reinterpret_cast<float*>(&ks[0][0]);
     split_merge_done<256, MLA_RUN>(mg, counters + ((long)t * gridDim.z + blockIdx.z) * MLA_COUNTERS, split, n_split,

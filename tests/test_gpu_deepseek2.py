@@ -158,13 +158,14 @@ def _mla_ref(q, cache, q_slot, seg_lo, prefix_len, n_kv, r, scale):
 
 MLA_CASES = {
     # name: (n_head, kv_lora_rank, rope, n_tok, first_slot, tree)
-    "decode_v2lite": (16, 512, 64, 1, 700, False),  # 701 keys over 32 slices
+    "decode_v2lite": (16, 512, 64, 1, 700, False),  # 701 keys over 44 slices: runs of 16, 16, 12
     "decode_short": (16, 512, 64, 1, 9, False),  # 10 keys: one slice, no merge
-    "decode_two_runs": (16, 512, 64, 1, 150, False),  # 10 slices: merged in runs of 8 and 2, then the runs
+    "decode_two_runs": (16, 512, 64, 1, 300, False),  # 19 slices: merged in runs of 16 and 3, then the runs
+    "decode_all_slices": (16, 512, 64, 1, 4100, False),  # 128 slices of 33 keys, the last short or empty: 8 runs
     "decode_v3_heads_long": (128, 512, 64, 1, 2500, False),  # 16 head groups
     "decode_partial_group": (20, 96, 8, 1, 40, False),  # 8 + 8 + 4 heads, r < 512
     "decode_first_token": (4, 128, 16, 1, 0, False),
-    "decode_splits_uneven": (6, 160, 32, 1, 520, False),  # 33 tiles over 32 slices
+    "decode_splits_uneven": (6, 160, 32, 1, 2100, False),  # 132 tiles over 128 slices of 17 keys, the last empty
     "prefill_causal": (16, 512, 64, 37, 100, False),
     "prefill_odd": (5, 160, 32, 70, 3, False),
     "tree": (4, 128, 16, 12, 30, True),
@@ -206,6 +207,34 @@ def test_mla_attention(gpu, case):
                       d, scale, n_split)
         np.testing.assert_allclose(gpu.get(out, (n_tok, n_head, r)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (mla.counters(n_tok, n_head),), np.int32).any()
+
+
+@pytest.mark.parametrize("rows", [3, 2])
+def test_mla_decode_rows(gpu, rows):
+    """Decode rows of continuous batching: row t reads only its own keys seg_lo[t] .. slot[t], in
+    LatentAttention.splits(rows) slices (3 rows: 42, a stride off the runs of 16; 2 rows: 64),
+    merged in two levels per row and head group; counters left zeroed for the next replay."""
+    from reflex_runtime.families.deepseek2.blocks import LatentAttention
+
+    n_head, r, rope = 16, 512, 64
+    rng = np.random.default_rng([rows, 5])
+    d, n_split = r + rope, LatentAttention.splits(rows)
+    lo = np.array([0, 1000, 2600][:rows], dtype=np.int32)
+    q_slot = np.array([999, 2599, 3400][:rows], dtype=np.int32)
+    n_kv = int(q_slot.max()) + 1
+    cache = rng.standard_normal((n_kv + 7, d)).astype(np.float16)
+    q = rng.standard_normal((rows, n_head, d)).astype(np.float32)
+    scale = 1.0 / np.sqrt(192.0)
+    expect = _mla_ref(q, cache, q_slot, lo, 0, n_kv, r, scale)
+    part_o = gpu.poisoned((rows * n_head * n_split * r,))
+    part_ml = gpu.poisoned((rows * n_head * n_split * 2,))
+    counters = gpu.put(np.zeros(mla.counters(rows, n_head), np.int32))
+    args = (gpu.put(q), gpu.put(cache), gpu.put(q_slot), gpu.put(lo), 0, gpu.put(np.array([n_kv], np.int32)))
+    for replay in range(2):
+        out = gpu.poisoned((rows, n_head, r))
+        mla.attention(gpu.launch, *args, out, part_o, part_ml, counters, rows, n_head, r, d, scale, n_split)
+        np.testing.assert_allclose(gpu.get(out, (rows, n_head, r)), expect, rtol=2e-4, atol=2e-4)
+    assert not gpu.get(counters, (mla.counters(rows, n_head),), np.int32).any()
 
 
 # -- routing -----------------------------------------------------------------------------------------

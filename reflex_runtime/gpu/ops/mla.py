@@ -12,8 +12,8 @@ from .matvec import warps_per_row
 KERNELS = per_type("reflex_mla_mv_{}", "reflex_mla_mm_{}", "reflex_mla_mv_t_{}") + (
     "reflex_mla_rope_store", "reflex_mla_attn")
 HEADS = 8  # query heads per attention block
-SPLITS_DECODE = 32  # key slices of a decode step (<= 32: split_merge_done's runs fit a warp)
-MERGE_RUN = 8  # slices one block merges (MLA_RUN)
+SPLITS_DECODE = 128  # key slices of a decode step (<= MERGE_RUN * 32: split_merge_done's runs fit a warp)
+MERGE_RUN = 16  # slices one block merges (MLA_RUN)
 
 
 def counters(n_tok: int, n_head: int) -> int:
