@@ -2,7 +2,9 @@
 // weights staged into shared memory (stage.cuh) and applied from there (mvs.cu's pieces):
 //
 //   reflex_moe_router_*   logits = W_router x' (x' = RMS-normalized x), then the last block to
-//                         finish takes the softmax top-k (moe_topk_row) and writes ids, weights
+//                         finish takes the softmax top-k (moe_topk_row) and writes ids, weights;
+//                         optionally one more block for a few more rows of the same input
+//                         (Qwen3.5's shared-expert gate), outside the top-k
 //   reflex_mvs_glu_* (mvs.cu) with ids: act[s] = act(gate_e x') * (up_e x') for slot s, e = ids[s],
 //                         grid (ceil(n_ff / rb), k): each routed expert's rows are read once
 //   reflex_moe_mvs_down_* x[r] += sum_s w[s] * down_e act[s]  (slot order: deterministic)
@@ -20,16 +22,20 @@
 #include "moe.cuh"  // moe_topk_row
 #include "mvs.cuh"
 
-// Router logits for the block's rb experts; the last block to finish picks the top k.
+// Router logits for the block's rb experts; the last block to finish picks the top k. W2 (n2 <=
+// rb rows like the router's, e.g. a shared expert's gate): one more block computes y2 = W2 x' and
+// takes no part in the top-k, so that product needs no launch of its own.
 template <int T>
 __device__ void moe_router_body(const uint8_t* W, long row_bytes, const float* x, const float* norm_w, float eps,
                                 float* logits, int n_expert, int K, int rb, int wpr, int k, int normalize, int* ids,
-                                float* weights, int* counter) {
+                                float* weights, int* counter, const uint8_t* W2, float* y2, int n2) {
     __shared__ float scratch[MVS_WARPS];
     __shared__ int is_last;
-    int r0 = blockIdx.x * rb, n = min(rb, n_expert - r0);
+    int n_router = (n_expert + rb - 1) / rb;
+    bool extra = (int)blockIdx.x >= n_router;
+    int r0 = blockIdx.x * rb, n = extra ? n2 : min(rb, n_expert - r0);
     long span = rx_stage_bytes((long)rb * row_bytes);
-    const uint8_t* srow = rx_stage(rx_dyn_smem, W + (long)r0 * row_bytes, (long)n * row_bytes);
+    const uint8_t* srow = rx_stage(rx_dyn_smem, extra ? W2 : W + (long)r0 * row_bytes, (long)n * row_bytes);
     rx_cp_commit();
     constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
@@ -43,10 +49,12 @@ __device__ void moe_router_body(const uint8_t* W, long row_bytes, const float* x
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
     mvs_range<T>(srow, row_bytes, n, xin, K >> 3, wpr, red, 0);
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += MVS_THREADS) logits[r0 + i] = mvs_total(red, i, wpr);
+    float* out = extra ? y2 : logits + r0;
+    for (int i = threadIdx.x; i < n; i += MVS_THREADS) out[i] = mvs_total(red, i, wpr);
+    if (extra) return;
     __threadfence();  // our logits are visible before this block counts itself done
     __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == n_router - 1;
     __syncthreads();
     if (!is_last) return;
     __threadfence();
@@ -108,10 +116,11 @@ __device__ void moe_mvs_down_body(const uint8_t* Wd, long row_bytes, long expert
 #define RX_MOE_ROUTER(name, T)                                                                                      \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_moe_router_##name(                         \
         const uint8_t* W, long row_bytes, const float* x, const float* norm_w, float eps, float* logits,            \
-        int n_expert, int K, int rb, int wpr, int k, int normalize, int* ids, float* weights, int* counter) {       \
+        int n_expert, int K, int rb, int wpr, int k, int normalize, int* ids, float* weights, int* counter,        \
+        const uint8_t* W2, float* y2, int n2) {                                                                     \
         rx_pdl_weights_first();                                                                                     \
         moe_router_body<T>(W, row_bytes, x, norm_w, eps, logits, n_expert, K, rb, wpr, k, normalize, ids, weights,  \
-                           counter);                                                                                \
+                           counter, W2, y2, n2);                                                                    \
     }
 
 // Routers are stored as floats (ffn_gate_inp stays F32 in quantized files): no quantized copies.

@@ -303,11 +303,16 @@ def test_router_logits_of_a_prompt(gpu, rows, n_tok, k, fused_norm):
 # -- one token (decode): router + top-k fused, routed rows staged in shared memory --------------
 
 @pytest.mark.parametrize("n_expert,k,budget_rows", [(128, 8, 4), (60, 5, 1), (8, 8, 100), (257, 3, 9)])
-@pytest.mark.parametrize("normalize", [True, False])
-def test_fused_router_topk_one_token(gpu, n_expert, k, budget_rows, normalize):
-    rng = np.random.default_rng([n_expert, k, budget_rows, normalize])
+@pytest.mark.parametrize("normalize,shared_gate", [(True, False), (False, False), (True, True)])
+def test_fused_router_topk_one_token(gpu, n_expert, k, budget_rows, normalize, shared_gate):
+    """shared_gate: a 1-row product of the same input (Qwen3.5's shared-expert gate) in one more
+    block of the launch, outside the top-k."""
+    rng = np.random.default_rng([n_expert, k, budget_rows, normalize, shared_gate])
     E = 640
     w, dense = random_weight(gpu, Q.F32, n_expert, E, rng)
+    g, g_dense = random_weight(gpu, Q.F32, 1, E, rng)
+    y2 = gpu.poisoned((1, 1))
+    also = [(g, y2)] if shared_gate else []
     x = rng.standard_normal((1, E)).astype(np.float32)
     nw = (rng.random(E) + 0.5).astype(np.float32)
     L = gpu.launch
@@ -318,11 +323,14 @@ def test_fused_router_topk_one_token(gpu, n_expert, k, budget_rows, normalize):
         counter = gpu.put(np.zeros(1, np.int32))
         for replay in range(2):  # the counter is left at zero for the next layer and step
             with L.record() as rec:
-                assert moe_decode.router_topk(L, w, gpu.put(x), gpu.put(nw), 1e-6, logits, k, normalize, ids, wts, counter)
+                assert moe_decode.router_topk(L, w, gpu.put(x), gpu.put(nw), 1e-6, logits, k, normalize, ids, wts, counter,
+                                              also=also)
             assert [ln.kernel.name for ln in rec] == ["reflex_moe_router_f32"]
             got_logits = gpu.get(logits, (1, n_expert))
             xn = rms_ref(x, nw, 1e-6)
             np.testing.assert_allclose(got_logits, xn @ dense.T.astype(np.float64), rtol=1e-4, atol=1e-4)
+            if shared_gate:
+                np.testing.assert_allclose(gpu.get(y2, (1, 1)), xn @ g_dense.T.astype(np.float64), rtol=1e-4, atol=1e-4)
             want_ids, want_w = _route(got_logits, k, normalize)  # routing of the logits the GPU computed
             assert (gpu.get(ids, (1, k), np.int32) == want_ids).all()
             np.testing.assert_allclose(gpu.get(wts, (1, k)), want_w, rtol=2e-6, atol=1e-7)

@@ -589,6 +589,10 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
             assert mvs.head(L, w(t, 151936, e), buf, buf, buf, 1e-6, (buf, buf, buf, st, 0))
         gate, up, down = w(t, 128 * 768, 2048), w(t, 128 * 768, 2048), w(t, 128 * 2048, 768)
         assert moe_decode.router_topk(L, w("F32", 128, 2048), buf, buf, 1e-6, buf, 8, True, buf, buf, buf)
+        assert moe_decode.router_topk(L, w("F32", 256, 2048), buf, buf, 1e-6, buf, 8, True, buf, buf, buf,
+                                      also=[(w("F32", 1, 2048), buf)])  # Qwen3.5's shared-expert gate
+        assert not moe_decode.router_topk(L, w("F32", 128, 2048), buf, buf, 1e-6, buf, 8, True, buf, buf, buf,
+                                          also=[(w("F16", 1, 2048), buf)])  # another type: two launches
         assert mvs.expert_glu(L, gate, up, 768 * gate.row_bytes, buf, 8, buf, buf, 768, 0, buf, 1e-6)
         assert moe_decode.down(L, down, 2048 * down.row_bytes, buf, buf, 8, buf, buf, 2048, early=True)
     for n_head, n_kv, hd in ((16, 8, 128), (4, 1, 256), (32, 4, 128), (8, 1, 64)):

@@ -141,9 +141,10 @@ class MoeFFN:
         run in the router's launch when their type and row length match it."""
         L, m, n = self.launch, self.w, b.n
         logits = self.p("moe_logits")
-        # One token: router and top-k in one launch (kernels/moe_decode.cu, float routers).
-        if n == 1 and not also and moe_decode.router_topk(L, m.router, inp.ptr, inp.norm_w, self.eps, logits, self.k,
-                                                          self.normalize, ids, wts, self.p("mvs_counters") + 4):
+        # One token: router and top-k in one launch (kernels/moe_decode.cu, float routers), a
+        # shared expert's gate in one more block of it
+        if n == 1 and moe_decode.router_topk(L, m.router, inp.ptr, inp.norm_w, self.eps, logits, self.k,
+                                             self.normalize, ids, wts, self.p("mvs_counters") + 4, also=also):
             return
         same = [(w, y) for w, y in also if (w.type_name, w.k) == (m.router.type_name, m.router.k)]
         router_logits(L, [m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,

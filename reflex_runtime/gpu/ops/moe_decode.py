@@ -13,18 +13,23 @@ KERNELS = per_type("reflex_moe_mvs_down_{}") + tuple(f"reflex_moe_router_{t}" fo
 
 
 def router_topk(L, w: Weight, x: int, norm_w: int, eps: float, logits: int, k: int, normalize: bool, ids: int,
-                weights: int, counter: int) -> bool:
+                weights: int, counter: int, also=()) -> bool:
     """One token: router logits (weights staged early) and the top-k in one launch; counter: a
-    zeroed int. False: not applicable (a quantized router), nothing launched."""
-    if w.type_name not in ("F32", "F16", "BF16") or not stageable(L, [w], x, norm_w):
+    zeroed int. also: at most one more (Weight, y) product of the same input, type and row length
+    (a shared expert's gate), in one more block of the launch. False: not applicable (a quantized
+    router, another `also`), nothing launched."""
+    if w.type_name not in ("F32", "F16", "BF16") or not stageable(L, [w] + [a for a, _ in also], x, norm_w):
         return False
     p = plan(L, w.rows, w.row_bytes, w.k)
-    if p is None:
+    if p is None or len(also) > 1 or any((a.type_name, a.row_bytes, a.k) != (w.type_name, w.row_bytes, w.k)
+                                         or a.rows > p.rb for a, _ in also):
         return False
-    L.go(f"reflex_moe_router_{w.suffix}", -(-w.rows // p.rb), 256,
+    w2, y2 = also[0] if also else (None, 0)
+    L.go(f"reflex_moe_router_{w.suffix}", -(-w.rows // p.rb) + len(also), 256,
          [c_void_p(w.ptr), c_long(w.row_bytes), c_void_p(x), c_void_p(norm_w or None), c_float(eps),
           c_void_p(logits), c_int(w.rows), c_int(w.k), c_int(p.rb), c_int(p.wpr), c_int(k),
-          c_int(int(normalize)), c_void_p(ids), c_void_p(weights), c_void_p(counter)], p.smem)
+          c_int(int(normalize)), c_void_p(ids), c_void_p(weights), c_void_p(counter),
+          c_void_p(w2.ptr if w2 else None), c_void_p(y2 or None), c_int(w2.rows if w2 else 0)], p.smem)
     return True
 
 
