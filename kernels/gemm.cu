@@ -27,8 +27,11 @@
 //                                 outputs, optionally added to them (residual)
 //   reflex_gemm_glu_<type>_<cfg>  gate and up in one pass: out = act(gate x) * (up x); the
 //                                 tile's 8-row mma tiles alternate gate and up rows
-// MoE (config S): (token, expert) pairs grouped by expert (reflex_moe_group, with a list of
-// 64-pair tiles), then one launch each, every expert at once:
+// MoE: (token, expert) pairs grouped by expert (reflex_moe_group, with a list of tiles of the
+// kernel's BM pairs), then one launch each, every expert at once. Two configurations: S (64 pairs
+// x 64 rows, 2 x 2 warps) and N (32 pairs x 128 rows, 1 x 4 warps; name suffix _n) for prompts
+// that give an expert few pairs: a 512-token prompt routes ~32 pairs to each of 128 experts, and
+// in a half-full 64-pair tile the warps of its empty half only copy:
 //   reflex_moe_gemm_glu_<type>    act[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]), pairs i in
 //                                 expert order
 //   reflex_moe_gemm_down_<type>   x[t] += sum over t's k slots s of w[t,s] * down_e act[t,s]:
@@ -402,15 +405,14 @@ RX_FOR_EACH_TYPE(RX_GEMM)
 
 // -- routed experts --------------------------------------------------------------------------------
 
-using GemmMoe = GemmS;  // 64-pair tiles: reflex_moe_group is given the same size by the host
+using GemmMoeN = GemmCfg<1, 4, 2, 4, 4>;  // 32-pair tiles (GemmS for 64): the host gives reflex_moe_group the BM
 
-template <int T>
+template <int T, class C>
 __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes,
                                              const int* counts, const int* offsets, const int* tile_e,
                                              const int* tile_m0, const int* n_tiles, const int* pair_tok,
                                              const float* x, int x_stride, float* out, int n_ff, int K, int act) {
 #if RX_SM80
-    using C = GemmMoe;
     extern __shared__ __align__(16) unsigned char rx_smem[];
     int tile = blockIdx.y;
     if (tile >= *n_tiles) return;
@@ -427,14 +429,13 @@ __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* W
 #endif
 }
 
-template <int T>
+template <int T, class C>
 __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes, long expert_bytes, const int* counts,
                                               const int* offsets, const int* tile_e, const int* tile_m0,
                                               const int* n_tiles, const int* pair_id, const float* act, int K,
                                               const float* wts, int k, float* ybuf, float* x, int n_embd,
                                               int* counters) {
 #if RX_SM80
-    using C = GemmMoe;
     extern __shared__ __align__(16) unsigned char rx_smem[];
     __shared__ int done_tok[C::BM];
     __shared__ int n_done;
@@ -479,22 +480,23 @@ __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes,
 #endif
 }
 
-#define RX_MOE_GEMM(name, T)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(GemmMoe::THREADS, GemmMoe::MIN_BLOCKS) reflex_moe_gemm_glu_##name( \
+#define RX_MOE_GEMM_CFG(name, T, C, sfx)                                                                           \
+    extern "C" __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) reflex_moe_gemm_glu_##name##sfx(        \
         const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* counts,                \
         const int* offsets, const int* tile_e, const int* tile_m0, const int* n_tiles, const int* pair_tok,       \
         const float* x, int x_stride, float* out, int n_ff, int K, int act) {                                      \
         rx_pdl_begin();                                                                                            \
-        moe_gemm_glu<T>(Wg, Wu, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_tok, x,   \
-                        x_stride, out, n_ff, K, act);                                                              \
+        moe_gemm_glu<T, C>(Wg, Wu, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_tok,   \
+                           x, x_stride, out, n_ff, K, act);                                                        \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GemmMoe::THREADS, GemmMoe::MIN_BLOCKS) reflex_moe_gemm_down_##name( \
+    extern "C" __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) reflex_moe_gemm_down_##name##sfx(       \
         const uint8_t* Wd, long row_bytes, long expert_bytes, const int* counts, const int* offsets,               \
         const int* tile_e, const int* tile_m0, const int* n_tiles, const int* pair_id, const float* act, int K,     \
         const float* wts, int k, float* ybuf, float* x, int n_embd, int* counters) {                               \
         rx_pdl_begin();                                                                                            \
-        moe_gemm_down<T>(Wd, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_id, act, K,  \
-                         wts, k, ybuf, x, n_embd, counters);                                                       \
+        moe_gemm_down<T, C>(Wd, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_id, act,  \
+                            K, wts, k, ybuf, x, n_embd, counters);                                                 \
     }
+#define RX_MOE_GEMM(name, T) RX_MOE_GEMM_CFG(name, T, GemmS, ) RX_MOE_GEMM_CFG(name, T, GemmMoeN, _n)
 
 RX_FOR_EACH_TYPE(RX_MOE_GEMM)

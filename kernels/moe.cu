@@ -74,50 +74,74 @@ __device__ void moe_down_body(const uint8_t* Wd, long row_bytes, long expert_byt
 
 RX_FOR_EACH_TYPE(RX_MOE)
 
-// One block: counts per expert, their exclusive prefix sums, then each warp lists the pairs of
-// experts warp, warp + n_warps, ... in pair order (ballot + popc), so every list is in token
-// order and the result does not depend on scheduling. pair_tok[i] = the pair's token.
+// One block: counts per expert (shared atomics), their exclusive prefix sums (one warp's scan),
+// then the pairs in chunks of up to 1,024: a pair's place is its expert's running position plus
+// the same expert's pairs before it in the chunk (earlier warps: a per-warp count table scanned
+// per expert; the same warp: __match_any_sync), so every list is in pair (token) order and the
+// result does not depend on scheduling. pair_tok[i] = the pair's token. (It was one warp per
+// expert scanning every pair: 74 us a layer for 4,096 pairs on the 30B-A3B shape.)
 // With tile_e != NULL also the tiles of bm pairs, expert by expert: tile i covers pairs
 // [offsets[tile_e[i]] + tile_m0[i], + bm) of its expert's list; *n_tiles of them.
+#define GROUP_SLOTS 8192  // ints of the per-warp count table: 32 warps x 256 experts, 8 x 1,024
 extern "C" __global__ void __launch_bounds__(1024) reflex_moe_group(const int* ids, int n_pairs, int n_expert, int k,
                                                                     int* counts, int* offsets, int* pair_tok,
                                                                     int* pair_id, int bm, int* tile_e, int* tile_m0,
                                                                     int* n_tiles) {
     rx_pdl_begin();
-    __shared__ int cnt[MOE_MAX_EXPERTS], off[MOE_MAX_EXPERTS], tile0[MOE_MAX_EXPERTS];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    __shared__ int cnt[MOE_MAX_EXPERTS], pos[MOE_MAX_EXPERTS], wbase[GROUP_SLOTS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int s = 0, ts = 0;
-        for (int e = 0; e < n_expert; e++) {
-            off[e] = s, s += cnt[e];
-            tile0[e] = ts, ts += tile_e ? (cnt[e] + bm - 1) / bm : 0;
+    if (warp == 0) {  // exclusive prefix sums of the counts and of the tile counts, 32 experts a step
+        int at = 0, tiles = 0;
+        for (int e0 = 0; e0 < n_expert; e0 += RX_WARP) {
+            int e = e0 + lane, c = e < n_expert ? cnt[e] : 0, nt = tile_e ? (c + bm - 1) / bm : 0;
+            int ic = c, it = nt;
+#pragma unroll
+            for (int d = 1; d < RX_WARP; d <<= 1) {
+                int u = __shfl_up_sync(0xffffffffu, ic, d), v = __shfl_up_sync(0xffffffffu, it, d);
+                if (lane >= d) ic += u, it += v;
+            }
+            if (e < n_expert) {
+                int o = at + ic - c;
+                counts[e] = c, offsets[e] = o, pos[e] = o;
+                for (int m0 = 0, i = tiles + it - nt; m0 < c && tile_e; m0 += bm, i++) tile_e[i] = e, tile_m0[i] = m0;
+            }
+            at += __shfl_sync(0xffffffffu, ic, RX_WARP - 1), tiles += __shfl_sync(0xffffffffu, it, RX_WARP - 1);
         }
-        if (tile_e) *n_tiles = ts;
+        if (tile_e && lane == 0) *n_tiles = tiles;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-        counts[e] = cnt[e], offsets[e] = off[e];
-        if (tile_e)
-            for (int m0 = 0, i = tile0[e]; m0 < cnt[e]; m0 += bm, i++) tile_e[i] = e, tile_m0[i] = m0;
-    }
-    for (int e = warp; e < n_expert; e += n_warps) {
-        if (cnt[e] == 0) continue;
-        int at = off[e];
-        for (int i0 = 0; i0 < n_pairs; i0 += RX_WARP) {
-            int i = i0 + lane;
-            bool hit = i < n_pairs && ids[i] == e;
-            unsigned m = __ballot_sync(0xffffffffu, hit);
-            if (hit) {
-                int dst = at + __popc(m & ((1u << lane) - 1));
-                pair_id[dst] = i;
-                pair_tok[dst] = i / k;
+    const int rw = min((int)(blockDim.x >> 5), GROUP_SLOTS / n_expert);  // warps that rank a chunk
+    int* mine = wbase + warp * n_expert;
+    for (int c0 = 0; c0 < n_pairs; c0 += rw * RX_WARP) {
+        int i = c0 + threadIdx.x;
+        bool in = warp < rw && i < n_pairs;
+        int e = in ? ids[i] : -1;
+        if (warp < rw)
+            for (int j = lane; j < n_expert; j += RX_WARP) mine[j] = 0;
+        __syncwarp();
+        unsigned peers = __match_any_sync(0xffffffffu, e);
+        int rank = __popc(peers & ((1u << lane) - 1));
+        if (in && rank == 0) mine[e] = __popc(peers);
+        __syncthreads();
+        for (int j = threadIdx.x; j < n_expert; j += blockDim.x) {  // counts -> each warp's first place
+            int s = pos[j];
+            for (int w = 0; w < rw; w++) {
+                int c = wbase[w * n_expert + j];
+                wbase[w * n_expert + j] = s, s += c;
             }
-            at += __popc(m);
+            pos[j] = s;
         }
+        __syncthreads();
+        if (in) {
+            int dst = mine[e] + rank;
+            pair_id[dst] = i;
+            pair_tok[dst] = i / k;
+        }
+        __syncthreads();  // the table is rewritten by the next chunk
     }
 }
 
@@ -139,7 +163,9 @@ extern "C" __global__ void reflex_moe_combine(const float* y, const float* wts, 
 // kernel ran these 512 tokens 4 at a time through blocks of 2 rows: 369 us a layer on the
 // 30B-A3B shape, a quarter of its prefill. Tiles of RM_T tokens x RM_T rows, 128 threads of 2
 // tokens x 4 rows each, K in steps of RM_KT through shared memory with the next step's loads in
-// registers while this one is summed; the RMS scale applied to the sums at the end. Grid
+// registers while this one is summed; the RMS scale (its sum of squares gathered from the same
+// loads: a pass of its own over the block's 32 rows of x first was half the kernel's time) applied
+// to the sums at the end. Grid
 // (ceil(rows / RM_T), ceil(n_tok / RM_T)). K % RM_KT == 0, x_stride % 4 == 0 (host-checked).
 #define RM_T 32
 #define RM_KT 64
@@ -152,15 +178,6 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int r0 = blockIdx.x * RM_T, t0 = blockIdx.y * RM_T;
     int n0 = segs.rows[0], n1 = n0 + segs.rows[1], total = n1 + segs.rows[2];
-    for (int t = warp; t < RM_T; t += 4) {  // each token's inverse RMS, a warp per token
-        float ss = 0.f;
-        if (norm_w && t0 + t < n_tok) {
-            const float* xr = x + (long)(t0 + t) * x_stride;
-            for (int k = lane; k < K; k += 32) ss += xr[k] * xr[k];
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) inv[t] = norm_w ? rsqrtf(ss / K + eps) : 1.f;
-    }
     // Loads: thread tid brings 16 consecutive k of row (and token) tid / 4.
     int lr = tid >> 2, lk = (tid & 3) * 16;
     int wr = r0 + lr, xt = t0 + lr;
@@ -172,6 +189,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
     }
     const float* xrow = xt < n_tok ? x + (long)xt * x_stride : nullptr;
     float4 wv[4], xv[4];
+    float ss = 0.f;  // this thread's share of its token's sum of squares (the 4 threads of a token cover K)
     auto fetch = [&](int k0) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -179,6 +197,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
             wv[i] = wrow ? *reinterpret_cast<const float4*>(wrow + k) : make_float4(0.f, 0.f, 0.f, 0.f);
             xv[i] = xrow ? *reinterpret_cast<const float4*>(xrow + k) : make_float4(0.f, 0.f, 0.f, 0.f);
             if (norm_w) {
+                ss += xv[i].x * xv[i].x + xv[i].y * xv[i].y + xv[i].z * xv[i].z + xv[i].w * xv[i].w;
                 float4 n = *reinterpret_cast<const float4*>(norm_w + k);
                 xv[i].x *= n.x, xv[i].y *= n.y, xv[i].z *= n.z, xv[i].w *= n.w;
             }
@@ -188,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
     float acc[2][4] = {};
     fetch(0);
     for (int k0 = 0; k0 < K; k0 += RM_KT) {
-        __syncthreads();  // the previous step's tiles are read (and inv is written)
+        __syncthreads();  // the previous step's tiles are read
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int k = lk + 4 * i;
@@ -205,6 +224,10 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
             acc[1][0] += a.y * b.x, acc[1][1] += a.y * b.y, acc[1][2] += a.y * b.z, acc[1][3] += a.y * b.w;
         }
     }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    if ((tid & 3) == 0) inv[lr] = norm_w ? rsqrtf(ss / K + eps) : 1.f;
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         int t = t0 + 2 * ty + i;

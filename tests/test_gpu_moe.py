@@ -196,15 +196,49 @@ def test_qwen3moe_long_prompt_grouped_prefill_and_greedy_32():
     assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect  # replayed warm
 
 
+# -- grouping the (token, slot) pairs by expert --------------------------------------------------
+
+@pytest.mark.parametrize("n_pairs,n_expert,skew", [(4096, 128, 0.0), (4099, 37, 0.3), (1500, 1024, 0.0),
+                                                    (2600, 256, 0.9), (31, 3, 0.0)])
+def test_group_sorts_pairs_stably(gpu, n_pairs, n_expert, skew):
+    """reflex_moe_group at prompt sizes: several chunks of pairs (a count table per warp; 8 warps a
+    chunk at 1,024 experts), expert counts off 32, one expert taking most pairs (many tiles):
+    the stable order, counts, offsets and the tile list equal numpy's, whatever the poison."""
+    rng = np.random.default_rng([n_pairs, n_expert, int(10 * skew)])
+    ids = rng.integers(0, n_expert, n_pairs).astype(np.int32)
+    ids[rng.random(n_pairs) < skew] = n_expert // 2
+    k = 8 if n_pairs % 8 == 0 else 1
+    max_tiles = moe.max_tiles(n_pairs, n_expert)
+    counts, offsets = gpu.poisoned((n_expert,), np.int32), gpu.poisoned((n_expert,), np.int32)
+    pair_tok, pair_id = gpu.poisoned((n_pairs,), np.int32), gpu.poisoned((n_pairs,), np.int32)
+    tile_e, tile_m0, n_tiles = (gpu.poisoned((max_tiles,), np.int32), gpu.poisoned((max_tiles,), np.int32),
+                                gpu.poisoned((1,), np.int32))
+    moe.group(gpu.launch, gpu.put(ids), n_pairs, n_expert, k, counts, offsets, pair_tok, pair_id, tile_e, tile_m0,
+              n_tiles)
+    want = np.argsort(ids, kind="stable")
+    want_counts = np.bincount(ids, minlength=n_expert)
+    assert (gpu.get(counts, (n_expert,), np.int32) == want_counts).all()
+    assert (gpu.get(offsets, (n_expert,), np.int32) == np.concatenate([[0], np.cumsum(want_counts)[:-1]])).all()
+    assert (gpu.get(pair_id, (n_pairs,), np.int32) == want).all()
+    assert (gpu.get(pair_tok, (n_pairs,), np.int32) == want // k).all()
+    want_tiles = [(e, m0) for e in range(n_expert) for m0 in range(0, want_counts[e], moe.TILE)]
+    got_n = int(gpu.get(n_tiles, (1,), np.int32)[0])
+    assert got_n == len(want_tiles) <= max_tiles
+    assert list(zip(gpu.get(tile_e, (max_tiles,), np.int32)[:got_n],
+                    gpu.get(tile_m0, (max_tiles,), np.int32)[:got_n])) == want_tiles
+
+
 # -- experts, grouped prefill on sm_80+ (gemm.cu): two launches for all experts ------------------
 
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok,n_expert,k,skewed", [(1, 8, 2, False), (70, 8, 3, False), (130, 5, 2, True),
                                                       (300, 64, 8, False)])
-def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
+@pytest.mark.parametrize("tile", [moe.TILE, moe.SMALL_TILE])
+def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed, tile):
     """reflex_moe_group's tile list, then gate+up+act for every expert in one launch and down with
-    the weighted sum into the residual in another, against numpy; the sum is deterministic (two
-    runs agree bit for bit) and the completion counters are left at zero."""
+    the weighted sum into the residual in another, against numpy, with 64-pair tiles and 32-pair
+    ones (their own kernels); the sum is deterministic (two runs agree bit for bit) and the
+    completion counters are left at zero."""
 
     if tuple(gpu.dev.cc) < (8, 0):
         pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
@@ -216,15 +250,15 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed):
         logits[:, 3] = 10
     ids, w = _route(logits, k, True)
     ids = ids.astype(np.int32)
-    pairs, max_tiles = n_tok * k, moe.max_tiles(n_tok * k, n_expert)
+    pairs, max_tiles = n_tok * k, moe.max_tiles(n_tok * k, n_expert, tile)
     grp = MoeGroups(gpu.poisoned((n_expert,), np.int32), gpu.poisoned((n_expert,), np.int32),
                     gpu.poisoned((pairs,), np.int32), gpu.poisoned((pairs,), np.int32),
                     gpu.poisoned((max_tiles,), np.int32), gpu.poisoned((max_tiles,), np.int32),
-                    gpu.poisoned((1,), np.int32), max_tiles)
+                    gpu.poisoned((1,), np.int32), max_tiles, tile)
     moe.group(gpu.launch, gpu.put(ids), pairs, n_expert, k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id,
-              grp.tile_e, grp.tile_m0, grp.n_tiles)
+              grp.tile_e, grp.tile_m0, grp.n_tiles, tile)
     counts = np.bincount(ids.reshape(-1), minlength=n_expert)
-    want_tiles = [(e, m0) for e in range(n_expert) for m0 in range(0, counts[e], moe.TILE)]
+    want_tiles = [(e, m0) for e in range(n_expert) for m0 in range(0, counts[e], tile)]
     n_tiles = int(gpu.get(grp.n_tiles, (1,), np.int32)[0])
     assert n_tiles == len(want_tiles) <= max_tiles
     got_tiles = list(zip(gpu.get(grp.tile_e, (max_tiles,), np.int32)[:n_tiles],

@@ -421,15 +421,17 @@ def test_every_prompt_kernel_launch_matches_abi(ptx_params):
             gemm.gemm(L, [wq], x, [buf(n_tok * 2048)], n_tok, accumulate=True, cfg=cfg)
             gemm.glu(L, wq, wq, x, buf(n_tok * 2048), n_tok, 1, cfg=cfg)
         pairs = n_tok * top_k
-        tiles = moe.max_tiles(pairs, n_expert)
-        grp = MoeGroups(*[buf(n) for n in (n_expert, n_expert, pairs, pairs)], buf(tiles), buf(tiles), buf(1), tiles)
-        moe.group(L, buf(pairs), pairs, n_expert, top_k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id, grp.tile_e,
-                  grp.tile_m0, grp.n_tiles)
-        wg, wd = weight(tn, n_expert * n_ff, k_embd), weight(tn, n_expert * k_embd, n_ff)
-        act = buf(pairs * n_ff)
-        gemm.moe_glu(L, wg, wg, n_ff * wg.row_bytes, n_ff, grp, x, act, 0)
-        gemm.moe_down(L, wd, k_embd * wd.row_bytes, k_embd, grp, act, buf(pairs), top_k, buf(pairs * k_embd), x,
-                      buf(n_tok * gemm.down_col_tiles(k_embd)))
+        for tile in (moe.TILE, moe.SMALL_TILE):
+            tiles = moe.max_tiles(pairs, n_expert, tile)
+            grp = MoeGroups(*[buf(n) for n in (n_expert, n_expert, pairs, pairs)], buf(tiles), buf(tiles), buf(1), tiles,
+                            tile)
+            moe.group(L, buf(pairs), pairs, n_expert, top_k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id,
+                      grp.tile_e, grp.tile_m0, grp.n_tiles, tile)
+            wg, wd = weight(tn, n_expert * n_ff, k_embd), weight(tn, n_expert * k_embd, n_ff)
+            act = buf(pairs * n_ff)
+            gemm.moe_glu(L, wg, wg, n_ff * wg.row_bytes, n_ff, grp, x, act, 0)
+            gemm.moe_down(L, wd, k_embd * wd.row_bytes, k_embd, grp, act, buf(pairs), top_k, buf(pairs * k_embd), x,
+                          buf(n_tok * gemm.down_col_tiles(k_embd)))
     for hd in flash_attn.HEAD_DIMS:
         n_head, n_kv, n_ctx = 16, 2, 4096
         assert flash_attn.ok(L, n_tok, hd, hd, n_head, n_kv)
@@ -492,8 +494,8 @@ def test_fused_qwen35_files_read_row_views_of_the_fused_tensors(ptx_params, arch
         f = c.extra["n_ff_exp"][0]
         assert m.up.ptr == m.gate.ptr + f * m.gate.row_bytes and m.gate_up_stride == 2 * f * m.gate.row_bytes
         names = {n for n, _, _ in dev.launches}
-        assert names & {"reflex_moe_mv_glu_f32", "reflex_mvs_glu_f32"} and names & {"reflex_moe_mm_f32",
-                                                                               "reflex_moe_gemm_glu_f32"}
+        assert names & {"reflex_moe_mv_glu_f32", "reflex_mvs_glu_f32"} and names & {
+            "reflex_moe_mm_f32", "reflex_moe_gemm_glu_f32", "reflex_moe_gemm_glu_f32_n"}
 
 
 def test_moe_shapes_the_cuda_engine_refuses():

@@ -57,6 +57,8 @@ class Launcher:
         self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
         # a prompt's float32 router logits through a tiled GEMM (moe.router_mm), not the matrix-vector kernel
         self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
+        # pairs per tile of a prompt's grouped expert kernels: 0 picks per launch (moe.tile_for), 32 or 64 forces it
+        self.moe_tile = int(os.environ.get("REFLEX_MOE_TILE", "0"))
         self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;

@@ -112,8 +112,8 @@ class MoeFFN:
                 ("moe_counts", n_expert), ("moe_offsets", n_expert), ("moe_pair_tok", pairs),
                 ("moe_pair_id", pairs), ("moe_gate", pairs * n_ff), ("moe_up", pairs * n_ff),
                 ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd),
-                ("moe_tile_e", moe_ops.max_tiles(pairs, n_expert)),
-                ("moe_tile_m0", moe_ops.max_tiles(pairs, n_expert)),
+                ("moe_tile_e", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
+                ("moe_tile_m0", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
                 ("moe_n_tiles", 1), ("moe_counters", t * gemm.down_col_tiles(c.n_embd))]
 
     def bind(self, model, il: int, weights: MoeWeights | None = None) -> None:
@@ -187,10 +187,11 @@ class MoeFFN:
             return
         counts, offsets, pair_tok, pair_id = p("moe_counts"), p("moe_offsets"), p("moe_pair_tok"), p("moe_pair_id")
         if path == "gemm":  # two grouped launches
+            tile = moe_ops.tile_for(L, n * k, self.n_expert)
             grp = MoeGroups(counts, offsets, pair_tok, pair_id, p("moe_tile_e"), p("moe_tile_m0"), p("moe_n_tiles"),
-                            moe_ops.max_tiles(n * k, self.n_expert))
+                            moe_ops.max_tiles(n * k, self.n_expert, tile), tile)
             moe_ops.group(L, ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id, grp.tile_e,
-                          grp.tile_m0, grp.n_tiles)
+                          grp.tile_m0, grp.n_tiles, tile)
             with L.role("moe experts gate/up + act", 2 * self.n_expert * m.gate_up_stride):
                 gemm.moe_glu(L, m.gate, m.up, m.gate_up_stride, self.n_ff, grp, inp.ptr, p("moe_act"), self.act)
             with L.role("moe experts down (+residual)", self.n_expert * m.down_stride):

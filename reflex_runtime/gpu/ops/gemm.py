@@ -8,12 +8,15 @@ from ctypes import Structure, c_int, c_long, c_void_p
 
 from ...modelfile.ggml_types import GGML_TYPES_BY_NAME
 from .common import Weight, per_type
-from .moe import TILE, MoeGroups
+from .moe import SMALL_TILE, TILE, MoeGroups
 
 KERNELS = per_type("reflex_gemm_{}_l", "reflex_gemm_{}_s", "reflex_gemm_glu_{}_l", "reflex_gemm_glu_{}_s",
-                   "reflex_moe_gemm_glu_{}", "reflex_moe_gemm_down_{}")
-CFGS = {"l": (128, 128), "s": (64, 64)}  # GemmL / GemmS: (tokens, weight rows) per tile
-THREADS = {"l": 256, "s": 128}
+                   "reflex_moe_gemm_glu_{}", "reflex_moe_gemm_down_{}", "reflex_moe_gemm_glu_{}_n",
+                   "reflex_moe_gemm_down_{}_n")
+CFGS = {"l": (128, 128), "s": (64, 64)}  # the dense kernels' GemmL / GemmS: (tokens, weight rows) per tile
+SHAPES = {**CFGS, "n": (32, 128)}  # and the grouped experts' GemmMoeN (32-pair tiles)
+THREADS = {"l": 256, "s": 128, "n": 128}
+MOE_CFG = {TILE: ("s", ""), SMALL_TILE: ("n", "_n")}  # pairs per tile -> (configuration, kernel name suffix)
 
 
 class GemmSegs(Structure):
@@ -34,19 +37,20 @@ def shared_bytes(type_name: str, cfg: str) -> int:
     t = GGML_TYPES_BY_NAME[type_name]
     sb = stage_weights(type_name) // t.block_size * t.type_size
     slot = (sb + 15) // 16 * 16 + 16
-    bm, bn = CFGS[cfg]
+    bm, bn = SHAPES[cfg]
     return 2 * bn * slot + 2 * bm * 32 * 2
 
 
 def down_col_tiles(n_embd: int) -> int:
-    """Column tiles of the grouped down kernel: one completion counter per (token, tile)."""
-    return -(-n_embd // TILE)
+    """Column tiles of the grouped down kernel, at most (its 64 weight rows per tile; 128 for
+    32-pair tiles): one completion counter per (token, tile)."""
+    return -(-n_embd // CFGS["s"][1])
 
 
 def ok(L, w: Weight) -> bool:
     """These kernels read w: an sm_80+ GPU, the tensor 16-byte aligned (GGUF aligns to 32), its
     shared-memory tiles within the device's limit."""
-    return L.tc and w.ptr % 16 == 0 and shared_bytes(w.type_name, "l") <= L.max_dyn_shared
+    return L.tc and w.ptr % 16 == 0 and max(shared_bytes(w.type_name, c) for c in SHAPES) <= L.max_dyn_shared
 
 
 def cfg_for(L, n_tok: int, rows: int) -> str:
@@ -108,20 +112,22 @@ def moe_glu(L, wg: Weight, wu: Weight, expert_bytes: int, n_ff: int, grp: MoeGro
             act: int) -> None:
     """out[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]) for every pair i in expert order."""
     assert wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
-    L.go(f"reflex_moe_gemm_glu_{wg.suffix}", (-(-n_ff // (TILE // 2)), grp.max_tiles, 1), THREADS["s"],
+    cfg, sfx = MOE_CFG[grp.tile]
+    L.go(f"reflex_moe_gemm_glu_{wg.suffix}{sfx}", (-(-n_ff // (SHAPES[cfg][1] // 2)), grp.max_tiles, 1), THREADS[cfg],
          [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(grp.counts),
           c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
           c_void_p(grp.pair_tok), c_void_p(x), c_int(wg.k), c_void_p(out), c_int(n_ff), c_int(wg.k), c_int(act)],
-         shared_bytes(wg.type_name, "s"))
+         shared_bytes(wg.type_name, cfg))
 
 
 def moe_down(L, wd: Weight, expert_bytes: int, n_embd: int, grp: MoeGroups, act: int, weights: int, k: int, ybuf: int,
              x: int, counters: int) -> None:
     """x[t] += sum over t's k slots, in slot order, of weight * down_e act[pair]. ybuf: n_pairs x
     n_embd floats of scratch; counters: n_tok * down_col_tiles(n_embd) zeroed ints, left zeroed."""
-    L.go(f"reflex_moe_gemm_down_{wd.suffix}", (down_col_tiles(n_embd), grp.max_tiles, 1), THREADS["s"],
+    cfg, sfx = MOE_CFG[grp.tile]
+    L.go(f"reflex_moe_gemm_down_{wd.suffix}{sfx}", (-(-n_embd // SHAPES[cfg][1]), grp.max_tiles, 1), THREADS[cfg],
          [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(grp.counts),
           c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
           c_void_p(grp.pair_id), c_void_p(act), c_int(wd.k), c_void_p(weights), c_int(k), c_void_p(ybuf),
           c_void_p(x), c_int(n_embd), c_void_p(counters)],
-         shared_bytes(wd.type_name, "s"))
+         shared_bytes(wd.type_name, cfg))

@@ -14,7 +14,8 @@ from .matvec import MvSegs, warps_per_row
 KERNELS = per_type("reflex_moe_mv_glu_{}", "reflex_moe_mv_down_{}", "reflex_moe_mm_{}") + (
     "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine", "reflex_moe_router_mm")
 MAX_EXPERTS = 1024  # MOE_MAX_EXPERTS (router probabilities live in shared memory)
-TILE = 64  # pairs per tile of the grouped expert kernels (gemm.cu GemmMoe = GemmS)
+TILE = 64  # pairs per tile of the grouped expert kernels (gemm.cu GemmS; SMALL_TILE: GemmMoeN, the "_n" kernels)
+SMALL_TILE = 32
 ROUTER_MM_T, ROUTER_MM_KT = 32, 64  # reflex_moe_router_mm's tile (RM_T) and K step (RM_KT)
 ROUTER_MM_MIN_TOKENS = 16  # fewer: the matrix-vector kernel reads the router fewer times
 
@@ -31,11 +32,21 @@ class MoeGroups:
     tile_m0: int
     n_tiles: int  # one int
     max_tiles: int  # host bound on *n_tiles: the grouped kernels' grid
+    tile: int = TILE  # pairs per tile: TILE or SMALL_TILE (which kernels gemm.moe_glu / moe_down launch)
 
 
-def max_tiles(n_pairs: int, n_expert: int) -> int:
-    """Tiles of TILE pairs over all experts, at most: one partial tile per expert used."""
-    return -(-n_pairs // TILE) + min(n_expert, n_pairs)
+def max_tiles(n_pairs: int, n_expert: int, tile: int = TILE) -> int:
+    """Tiles of `tile` pairs over all experts, at most: one partial tile per expert used."""
+    return -(-n_pairs // tile) + min(n_expert, n_pairs)
+
+
+def tile_for(L, n_pairs: int, n_expert: int) -> int:
+    """Pairs per grouped tile: SMALL_TILE while the experts average at most 48 pairs (a 512-token
+    prompt over 128 experts of 8: 32), where most 64-pair tiles would be half empty; L.moe_tile
+    (REFLEX_MOE_TILE) forces one."""
+    if L.moe_tile:
+        return L.moe_tile
+    return SMALL_TILE if n_pairs <= 48 * n_expert else TILE
 
 
 def router_mm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, norm_w: int = 0, eps: float = 0.0) -> bool:
@@ -83,11 +94,11 @@ def down_mv(L, wd: Weight, expert_bytes: int, ids: int, weights: int, k: int, ac
 
 
 def group(L, ids: int, n_pairs: int, n_expert: int, k: int, counts: int, offsets: int, pair_tok: int, pair_id: int,
-          tile_e: int = 0, tile_m0: int = 0, n_tiles: int = 0) -> None:
-    """Sort the n_pairs (token, slot) pairs by expert; with tile_e, also list the TILE-pair tiles
-    the grouped sm_80+ kernels run (at most max_tiles)."""
+          tile_e: int = 0, tile_m0: int = 0, n_tiles: int = 0, tile: int = TILE) -> None:
+    """Sort the n_pairs (token, slot) pairs by expert; with tile_e, also list the tiles of `tile`
+    pairs the grouped sm_80+ kernels run (at most max_tiles(n_pairs, n_expert, tile))."""
     L.go("reflex_moe_group", 1, 1024, [c_void_p(ids), c_int(n_pairs), c_int(n_expert), c_int(k), c_void_p(counts),
-                                       c_void_p(offsets), c_void_p(pair_tok), c_void_p(pair_id), c_int(TILE),
+                                       c_void_p(offsets), c_void_p(pair_tok), c_void_p(pair_id), c_int(tile),
                                        c_void_p(tile_e or None), c_void_p(tile_m0 or None), c_void_p(n_tiles or None)])
 
 
