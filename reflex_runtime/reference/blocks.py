@@ -63,6 +63,19 @@ def softmax_topk(logits: np.ndarray, k: int, normalize: bool = True) -> tuple[np
     return ids, wts.astype(_F32, copy=False)
 
 
+def topk_margin(logits: np.ndarray, k: int) -> np.ndarray:
+    """Per row (n,): softmax_topk's last chosen probability minus the best unchosen one, over the
+    largest probability (inf when every expert is chosen): the rows whose expert choice any
+    rounding of the router's input may flip (`reflex check` excuses them, see check.py)."""
+    z = logits.astype(_F32, copy=False)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    p = (e / e.sum(axis=-1, keepdims=True)).astype(np.float64)
+    if k >= p.shape[-1]:
+        return np.full(p.shape[0], np.inf)
+    ranked = -np.sort(-p, axis=-1)
+    return (ranked[:, k - 1] - ranked[:, k]) / np.maximum(ranked[:, 0], 1e-30)
+
+
 def normalize_weights(wts: np.ndarray) -> np.ndarray:
     return wts / np.maximum(wts.sum(axis=-1, keepdims=True), MIN_WEIGHT_SUM)
 

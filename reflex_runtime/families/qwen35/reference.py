@@ -166,7 +166,9 @@ class Qwen35(ReferenceModel):
         def w(name):
             return self.w.get(T.blk(il, name))
 
-        ids, weights = blocks.softmax_topk(layers.linear(h, w(T.FFN_ROUTER)), e["n_expert_used"][il])
+        logits = layers.linear(h, w(T.FFN_ROUTER))
+        ids, weights = blocks.softmax_topk(logits, e["n_expert_used"][il])
+        self.note_route_margin(blocks.topk_margin(logits, e["n_expert_used"][il]))
         if T.blk(il, T.FFN_GATE_UP_EXPS) in self.w:  # converted with --fuse-gate-up-exps: [gate | up] rows
             gate_up = w(T.FFN_GATE_UP_EXPS)  # (E, 2F, D)
             f = gate_up.shape[1] // 2

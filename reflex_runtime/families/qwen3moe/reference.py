@@ -13,6 +13,7 @@ from ..qwen3.reference import Qwen3
 class Qwen3Moe(Qwen3):
     def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
         e = self.config.extra
-        ids, weights = blocks.softmax_topk(layers.linear(h, self.w.get(T.blk(il, T.FFN_ROUTER))), e["n_expert_used"],
-                                           e["norm_topk_prob"])
+        logits = layers.linear(h, self.w.get(T.blk(il, T.FFN_ROUTER)))
+        ids, weights = blocks.softmax_topk(logits, e["n_expert_used"], e["norm_topk_prob"])
+        self.note_route_margin(blocks.topk_margin(logits, e["n_expert_used"]))
         return blocks.routed_experts(h, ids, weights, blocks.swiglu_expert(self, il))
