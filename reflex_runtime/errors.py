@@ -54,6 +54,13 @@ class DoesNotFit(DeviceError):
     code = "gpu_memory"
 
 
+class BadSetting(DeviceError):
+    """A REFLEX_* tuning variable that does not parse or is out of range: the message names it and
+    what it takes. Not a reason to fall back to the CPU either."""
+
+    code = "bad_setting"
+
+
 class RequestError(ReflexError):
     """The request is malformed or exceeds a limit. `field` names the culprit when known."""
 

@@ -11,7 +11,7 @@ import os
 import sys
 
 from .measure.coldstart import Timeline
-from .errors import DeviceError, DoesNotFit, ReflexError
+from .errors import BadSetting, DeviceError, DoesNotFit, ReflexError
 
 BACKENDS = ("auto", "cuda", "cpu")
 
@@ -186,7 +186,7 @@ def _load(model_ref, backend, tl, max_context, log, device, limits, max_seqs, kv
         try:
             runner.wait_ready()
         except DeviceError as e:
-            if backend == "cuda" or isinstance(e, DoesNotFit):
+            if backend == "cuda" or isinstance(e, (DoesNotFit, BadSetting)):
                 raise
             fallback_reason, runner = str(e), None
         if runner is not None and runner.fit_note:

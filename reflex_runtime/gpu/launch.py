@@ -12,6 +12,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..errors import BadSetting
 from .ops.mvs import STATIC_SMEM_RESERVE
 
 TC_MIN_CC = (8, 0)  # gemm.cu and flash_attn.cu (mma.sync with cp.async)
@@ -19,6 +20,24 @@ STATIC_SHARED = 1024  # headroom for the kernels' static shared memory (< 300 by
 # The decode step's kernels (one token): "staged" = kernels/mvs.cu, moe_decode.cu and
 # attn_decode.cu; "legacy" = the matrix-vector and attention kernels every batch size can use.
 DECODE_KERNELS = os.environ.get("REFLEX_DECODE_KERNELS", "staged")
+
+
+def knob(name: str, default, kind=int, minimum=None, maximum=None, choices=None):
+    """The tuning variable `name` (unset or empty: default) as a number of `kind` in [minimum,
+    maximum] or one of `choices`; anything else is a one-line BadSetting naming it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        v = kind(raw)
+    except ValueError:
+        raise BadSetting(f"{name}={raw!r}: expected {'an integer' if kind is int else 'a number'}") from None
+    if choices is not None and v not in choices:
+        raise BadSetting(f"{name}={raw!r}: expected one of {', '.join(str(c) for c in choices)}")
+    if (minimum is not None and not v >= minimum) or (maximum is not None and not v <= maximum):
+        raise BadSetting(f"{name}={raw!r}: expected a value from {minimum} to {maximum}" if maximum is not None
+                         else f"{name}={raw!r}: expected at least {minimum}")
+    return v
 
 
 @dataclass
@@ -47,29 +66,29 @@ class Launcher:
         self.max_dyn_shared = device.max_shared - STATIC_SHARED
         # Decode-step kernels and their knobs (kernels/mvs.cu, attn_decode.cu; the bench varies them).
         self.staged = self.attn_decode = DECODE_KERNELS != "legacy"
-        self.mvs_blocks_per_sm = int(os.environ.get("REFLEX_MVS_BLOCKS_PER_SM", "1"))
+        self.mvs_blocks_per_sm = knob("REFLEX_MVS_BLOCKS_PER_SM", 1, minimum=1)
         # Weight bytes one block stages: two blocks of consecutive kernels must fit on an SM together,
         # so the next kernel's copies can run while this one computes.
         per_sm, per_block = device.smem_per_sm, device.max_shared
-        self.mvs_budget = int(os.environ.get("REFLEX_MVS_BUDGET", "0")) or max(
+        self.mvs_budget = knob("REFLEX_MVS_BUDGET", 0, minimum=0) or max(
             8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
         # staged launches' blocks made larger when that saves a wave (mvs.plan); 0 turns it off
         self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
         # a prompt's float32 router logits through a tiled GEMM (moe.router_mm), not the matrix-vector kernel
         self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
         # pairs per tile of a prompt's grouped expert kernels: 0 picks per launch (moe.tile_for), 32 or 64 forces it
-        self.moe_tile = int(os.environ.get("REFLEX_MOE_TILE", "0"))
-        self.attn_min_keys = int(os.environ.get("REFLEX_ATTN_MIN_KEYS", "32"))
+        self.moe_tile = knob("REFLEX_MOE_TILE", 0, choices=(0, 32, 64))
+        self.attn_min_keys = knob("REFLEX_ATTN_MIN_KEYS", 32, minimum=1)
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;
         # results/2026-12-03-h200-s17)
-        self.attn_head_groups = int(os.environ.get("REFLEX_ATTN_HEAD_GROUPS", "4"))
+        self.attn_head_groups = knob("REFLEX_ATTN_HEAD_GROUPS", 4, minimum=1, maximum=64)
         self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
         # a dense model's decode step as one persistent kernel (gpu/fused.py): off until it beats the
         # kernel-per-op graph (issue 27's notes); the bench measures both
         self.fused_step = os.environ.get("REFLEX_FUSED_STEP", "0") == "1"
         # 4: the decode attention at 16,384 tokens of context 564 vs 430 tok/s with 2 (results/2026-12-03-h200-s14)
-        self.attn_blocks_per_sm = float(os.environ.get("REFLEX_ATTN_BLOCKS_PER_SM", "4"))
+        self.attn_blocks_per_sm = knob("REFLEX_ATTN_BLOCKS_PER_SM", 4.0, float, minimum=0.25, maximum=64)
         # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the
         # products then pick their kernels for decode rows (products.matvec_path, gemm.k_splits)
         self.decode_rows = False
