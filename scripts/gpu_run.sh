@@ -44,6 +44,8 @@
 #   profile    ncu on a few decode steps of PROFILE_FILES (default the 0.6B Q8_0): kernels matching
 #              PROFILE_KERNELS, PROFILE_COUNT launches after PROFILE_SKIP (or FILE:SKIP), ncu options
 #              added from PROFILE_NCU_ARGS (e.g. --metrics, --cache-control none); one line per launch (scripts/ncu_summary.py)
+#   fidelity   reflex check on CHECK_FILES (e.g. a big shape made with --layers 2-4) and the greedy text of GREEDY_N
+#              (32) tokens against llama-simple's on GREEDY_FILES (scripts/greedy_vs_llama.py; needs --peers)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -344,6 +346,22 @@ if has profile; then
       python3 -m reflex_runtime.cli generate "The capital of France is" -n 4 --model $f --backend cuda \
       > "$W/ncu-$n.csv" 2> "$W/ncu-$n.err"
     python3 scripts/ncu_summary.py "$W/ncu-$n.csv" --json "$W/ncu-$n.json" | tee -a "$W/steps.txt" || tail -5 "$W/ncu-$n.err"
+  done
+fi
+if has fidelity; then  # issue 31: reflex check on CHECK_FILES (same-shaped files with fewer layers), and the greedy
+  # text against llama-simple's on GREEDY_FILES (the full-size files), GREEDY_N tokens (default 32)
+  for f in ${CHECK_FILES:-}; do
+    n=$(basename $f .gguf); step "check $n"
+    timeout ${CHECK_TIMEOUT:-400} python3 -m reflex_runtime.cli check $f --steps 8 --json > "$W/check-$n.json" 2> "$W/check-$n.err"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], r['result'], 'max_rel', \
+      r['max_rel_err_checked'], 'tol', r['tolerance'], 'tie rows', r['routing_tie_rows'])" "$W/check-$n.json" $n \
+      2>/dev/null | tee -a "$W/steps.txt" || tail -3 "$W/check-$n.err"
+  done
+  for f in ${GREEDY_FILES:-}; do
+    n=$(basename $f .gguf); step "greedy $n"
+    if [ -z "${PEER:-}" ]; then echo "no llama-simple: carry gpu_bundle.sh --peers" | tee -a "$W/steps.txt"; break; fi
+    python3 scripts/greedy_vs_llama.py $f --llama-simple $PEER/llama-simple -n ${GREEDY_N:-32} --out "$W/greedy-$n.json" \
+      2> "$W/greedy-$n.err" | tee -a "$W/steps.txt" || tail -3 "$W/greedy-$n.err"
   done
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi
