@@ -196,6 +196,47 @@ def test_v3_q5_k_decode_row_is_a_routing_tie():
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
+def test_topk_margin_is_the_last_choice_over_the_first_unchosen():
+    """blocks.topk_margin (Qwen3-MoE, Qwen3.5-MoE): (p_k - p_k+1) / p_1 of the softmax, per row."""
+    from reflex_runtime.reference.blocks import softmax_topk, topk_margin
+
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((40, 8)).astype(np.float32)
+    logits[:2] = np.clip(logits[:2], -2.0, 2.0)
+    logits[0, 2] = logits[0, 5] = 3.0  # the 1st and 2nd choices tied: not a decision at k = 2 ...
+    logits[1, 2] = logits[1, 5] = 3.0
+    logits[1, 6] = 4.0  # ... but the 2nd and 3rd are at k = 2 here: margin 0
+    m = topk_margin(logits, 2)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    for t in range(40):
+        r = np.sort(p[t])[::-1]
+        assert m[t] == pytest.approx((r[1] - r[2]) / r[0], rel=1e-5, abs=1e-7)
+        assert set(softmax_topk(logits[t:t + 1], 2)[0][0]) == set(np.argsort(-p[t], kind="stable")[:2])
+    assert m[0] > 0.01 and m[1] == 0.0
+    assert np.isinf(topk_margin(logits, 8)).all()
+
+
+def test_long_qwen35moe_prompt_fails_only_at_routing_ties():
+    """The H200's one failure of 2026-12-03 (s18 call 5: test_long_prompt_crosses_batches_and_chunks
+    [qwen35moe], max relative error 0.40 in a prompt row): the same emulation on the Qwen3.5-MoE
+    fixture (softmax top-2 of 8) gives 0.41, only at rows whose expert choice was a near-tie, which
+    the check now excuses because the Qwen3.5-MoE reference reports its routing margins too."""
+    from fixtures import make_fixture
+
+    from reflex_runtime.commands.check import run_check
+    from reflex_runtime.families import load_reference
+    from reflex_runtime.loader import load_engine
+
+    path = str(make_fixture("qwen35moe", "q8_0").gguf)
+    cpu, ref, emu = load_engine(path, "cpu"), load_reference(path), load_reference(path)
+    res = run_check(EmulatedEngine(cpu, EmulatedRunner(emu)), ref, LONG_PROMPT, 4)
+    assert res["prompt_tokens"] > 512
+    assert res["max_rel_err_prompt"] > 0.1 and res["routing_tie_rows"]["prompt"], res["routing_tie_rows"]
+    assert res["max_rel_err_checked"] <= res["tolerance"]
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
 @pytest.mark.parametrize("kind", ["prompt", "decode"])
 def test_an_error_away_from_a_tie_still_fails(kind):
     """A row whose routing had room (margin above the tolerance) is held to the tolerance."""
