@@ -40,6 +40,7 @@ from reflex_runtime.api.json_wire import MAX_BODY_BYTES, dumps  # noqa: E402
 from reflex_runtime.api.model_state import ModelState  # noqa: E402
 from reflex_runtime.api.responses import Response, error_response, sse_lines  # noqa: E402
 from reflex_runtime.engine import CONTEXT_RANGE, DEFAULT_PARALLEL, KV_TOKENS_RANGE, PARALLEL_RANGE, QUEUE_RANGE, serving_limits  # noqa: E402
+from reflex_runtime.envvars import env_number  # noqa: E402
 from reflex_runtime.errors import ReflexError, RequestError  # noqa: E402
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "reflex")
@@ -51,16 +52,8 @@ API_KEY = os.environ.get("REFLEX_API_KEY") or None
 
 
 def _number_env(name: str, kind, lo, hi, default):
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = kind(raw)
-    except ValueError:
-        v = None
-    if v is None or not lo <= v <= hi:
-        raise ReflexError(f"{name} must be a number in [{lo}, {hi}], got {raw[:32]!r}")
-    return v
+    return env_number(name, kind, default,
+                      lambda raw, _: ReflexError(f"{name} must be a number in [{lo}, {hi}], got {raw[:32]!r}"), lo, hi)
 
 
 def _load() -> ModelState:

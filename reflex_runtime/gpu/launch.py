@@ -12,6 +12,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..envvars import env_number
 from ..errors import BadSetting
 from .ops.mvs import STATIC_SMEM_RESERVE
 
@@ -25,19 +26,8 @@ DECODE_KERNELS = os.environ.get("REFLEX_DECODE_KERNELS", "staged")
 def knob(name: str, default, kind=int, minimum=None, maximum=None, choices=None):
     """The tuning variable `name` (unset or empty: default) as a number of `kind` in [minimum,
     maximum] or one of `choices`; anything else is a one-line BadSetting naming it."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = kind(raw)
-    except ValueError:
-        raise BadSetting(f"{name}={raw!r}: expected {'an integer' if kind is int else 'a number'}") from None
-    if choices is not None and v not in choices:
-        raise BadSetting(f"{name}={raw!r}: expected one of {', '.join(str(c) for c in choices)}")
-    if (minimum is not None and not v >= minimum) or (maximum is not None and not v <= maximum):
-        raise BadSetting(f"{name}={raw!r}: expected a value from {minimum} to {maximum}" if maximum is not None
-                         else f"{name}={raw!r}: expected at least {minimum}")
-    return v
+    return env_number(name, kind, default, lambda raw, why: BadSetting(f"{name}={raw!r}: {why}"), minimum, maximum,
+                      choices)
 
 
 @dataclass
