@@ -16,6 +16,10 @@
 //                           beta = sigmoid(beta), g = ssm_a * softplus(alpha + dt_bias),
 //                           S <- exp(g) S;  d = beta (v - S^T k);  S <- S + k d^T;  o = S^T q,
 //                           out = rmsnorm(o) * norm_w * silu(z)    (rmsnorm over the head's dv)
+//   reflex_dn_prep        what of a chunk does not depend on the state, for every chunk and head
+//                         at once (prompts): T = (I + A)^-1, P and the gates below, into a scratch
+//                         slot per (chunk, head); the chunked kernel then reads them instead of
+//                         computing them serially chunk after chunk (prep NULL: it still can).
 //   reflex_dn_chunked     the same rule DN_CHUNK tokens at a time with matrix products (prompts),
 //                         per (value head, 32 state columns, sequence) block; its unnormalized o
 //                         then goes through reflex_dn_gated_norm. Within a chunk with cumulative
@@ -40,6 +44,17 @@
 #define DN_MAX_HD 128
 #define DN_CHUNK 32  // tokens per chunk: one per lane of a warp (the decay scan)
 #define DN_CV 32     // state columns per block of the chunked kernel
+// One (chunk, head) slot of reflex_dn_prep's scratch: T[32][32] | P[32][32] | beta | e^c | e^(c_L - c) | 0
+#define DN_PREP_T 0
+#define DN_PREP_P (DN_CHUNK * DN_CHUNK)
+#define DN_PREP_G (2 * DN_CHUNK * DN_CHUNK)
+#define DN_PREP_FLOATS (2 * DN_CHUNK * DN_CHUNK + 4 * DN_CHUNK)
+// A chunk's slot: its sequence plus its first token / DN_CHUNK, distinct over the batch's chunks
+// (a sequence's next chunk starts DN_CHUNK tokens later; the next sequence one index further on)
+// and below n_seq + ceil(n_tok / DN_CHUNK), the host's bound on the scratch.
+__device__ __forceinline__ long dn_prep_slot(int s, int c0, int h, int nv) {
+    return ((long)(s + c0 / DN_CHUNK) * nv + h) * DN_PREP_FLOATS;
+}
 
 __device__ __forceinline__ float dn_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
@@ -241,10 +256,89 @@ __device__ __forceinline__ float dn_dot_rows(const float (&a)[DN_MAX_HD / 32], c
     return acc;
 }
 
+// Grid (nv, ceil(n_tok / DN_CHUNK), n_seq), 256 threads: chunk blockIdx.y of sequence blockIdx.z
+// (blocks past their sequence's end return). The gates, A and P as reflex_dn_chunked computes
+// them, then warp 0 solves (I + A) T = I, a column per lane: the forward substitution's serial
+// chain, which the chunked kernel ran once per chunk in turn, now runs beside every other chunk's.
+extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qkv, const float* alpha,
+                                                                  const float* beta, const float* ssm_a,
+                                                                  const float* dt_bias, const int* seq_start, int n_seq,
+                                                                  float* prep, int n_tok, int nk, int nv, int dk,
+                                                                  int dv) {
+    rx_pdl_begin();
+    __shared__ float Ks[DN_CHUNK][DN_MAX_HD + 1];
+    __shared__ float A[DN_CHUNK][DN_CHUNK + 1];
+    __shared__ float Ts[DN_CHUNK][DN_CHUNK + 1];
+    __shared__ float bet[DN_CHUNK], cum[DN_CHUNK];
+    int h = blockIdx.x, s = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
+    int c0 = lo + blockIdx.y * DN_CHUNK;
+    if (c0 >= hi) return;
+    int L = min(DN_CHUNK, hi - c0);
+    int kh = h % nk, C = 2 * nk * dk + nv * dv, qoff = kh * dk, koff = nk * dk + kh * dk;
+    float* out = prep + dn_prep_slot(s, c0, h, nv);
+    for (int idx = threadIdx.x; idx < DN_CHUNK * DN_MAX_HD; idx += blockDim.x) {
+        int t = idx / DN_MAX_HD, i = idx % DN_MAX_HD;
+        Ks[t][i] = (t < L && i < dk) ? qkv[(long)(c0 + t) * C + koff + i] : 0.f;
+    }
+    if (warp == 0) {  // gates; cumulative log-decay by a shuffle scan (one token per lane)
+        float g = 0.f, b = 0.f;
+        if (lane < L) {
+            g = ssm_a[h] * dn_softplus(alpha[(long)(c0 + lane) * nv + h] + dt_bias[h]);
+            b = dn_sigmoid(beta[(long)(c0 + lane) * nv + h]);
+        }
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            float y = __shfl_up_sync(0xffffffffu, g, o);
+            if (lane >= o) g += y;
+        }
+        float last = __shfl_sync(0xffffffffu, g, L - 1);
+        bet[lane] = b, cum[lane] = g;
+        out[DN_PREP_G + lane] = b;
+        out[DN_PREP_G + DN_CHUNK + lane] = lane < L ? expf(g) : 0.f;
+        out[DN_PREP_G + 2 * DN_CHUNK + lane] = lane < L ? expf(last - g) : 0.f;
+        out[DN_PREP_G + 3 * DN_CHUNK + lane] = 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < DN_CHUNK / 8; m++) {
+        int i = warp + 8 * m;
+        float qr[DN_MAX_HD / 32], kr[DN_MAX_HD / 32];
+#pragma unroll
+        for (int u = 0; u < DN_MAX_HD / 32; u++) {
+            int d = lane + 32 * u;
+            qr[u] = (i < L && d < dk) ? qkv[(long)(c0 + i) * C + qoff + d] : 0.f;
+            kr[u] = Ks[i][d];
+        }
+        float kk = dn_dot_rows(kr, Ks, dk), qk = dn_dot_rows(qr, Ks, dk);
+        int j = lane;
+        float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
+        A[i][j] = j < i ? bet[i] * e * kk : 0.f;
+        out[DN_PREP_P + i * DN_CHUNK + j] = e * qk;
+    }
+    __syncthreads();
+    if (warp == 0)  // column `lane` of T: T_i = [i == lane] - sum_{j<i} A_ij T_j (rows past L: identity)
+        for (int i = 0; i < DN_CHUNK; i++) {
+            float a0 = i == lane ? 1.f : 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+            int j = 0;
+            for (; j + 4 <= i; j += 4) {
+                a0 -= A[i][j] * Ts[j][lane];
+                a1 -= A[i][j + 1] * Ts[j + 1][lane];
+                a2 -= A[i][j + 2] * Ts[j + 2][lane];
+                a3 -= A[i][j + 3] * Ts[j + 3][lane];
+            }
+            for (; j < i; j++) a0 -= A[i][j] * Ts[j][lane];
+            Ts[i][lane] = (a0 + a1) + (a2 + a3);
+        }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < DN_CHUNK * DN_CHUNK; idx += blockDim.x)
+        out[DN_PREP_T + idx] = Ts[idx / DN_CHUNK][idx % DN_CHUNK];
+}
+
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
     const float* qkv, const float* alpha, const float* beta, const float* ssm_a, const float* dt_bias, float* state,
     long state_stride, const int* slots, const int* seq_start, int n_seq, const int* pos, float* out, int n_tok, int nk,
-    int nv, int dk, int dv) {
+    int nv, int dk, int dv, const float* prep) {
     rx_pdl_begin();
     __shared__ float Ks[DN_CHUNK][DN_MAX_HD + 1];  // the chunk's keys (padded: column reads hit distinct banks)
     __shared__ float Ss[DN_MAX_HD][DN_CV];         // this block's 32 columns of the state
@@ -271,7 +365,21 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
             int t = idx / DN_MAX_HD, i = idx % DN_MAX_HD;
             Ks[t][i] = (t < L && i < dk) ? qkv[(long)(c0 + t) * C + koff + i] : 0.f;
         }
-        if (warp == 0) {  // gates; cumulative log-decay by a shuffle scan (one token per lane)
+        if (prep) {  // T (in A's place), P and the gates from reflex_dn_prep
+            const float* pc = prep + dn_prep_slot(s, c0, h, nv);
+            for (int idx = threadIdx.x; idx < DN_CHUNK * DN_CHUNK; idx += blockDim.x) {
+                int i = idx / DN_CHUNK, j = idx % DN_CHUNK;
+                A[i][j] = pc[DN_PREP_T + idx];
+                P[i][j] = pc[DN_PREP_P + idx];
+            }
+            if (warp == 0) {
+                bet[lane] = pc[DN_PREP_G + lane];
+                ecum[lane] = pc[DN_PREP_G + DN_CHUNK + lane];
+                tail[lane] = pc[DN_PREP_G + 2 * DN_CHUNK + lane];
+            }
+            __syncthreads();
+        }
+        if (!prep && warp == 0) {  // gates; cumulative log-decay by a shuffle scan (one token per lane)
             float g = 0.f, b = 0.f;
             if (lane < L) {
                 g = a * dn_softplus(alpha[(long)(c0 + lane) * nv + h] + bias);
@@ -288,24 +396,26 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
             ecum[lane] = lane < L ? expf(g) : 0.f;
             tail[lane] = lane < L ? expf(last - g) : 0.f;
         }
-        __syncthreads();
+        if (!prep) __syncthreads();
         // A and P: warp w fills rows i = w + 8 m, lane j the column. The row's q and k vectors are
         // held in registers (one element per lane) and shuffled to every lane.
+        if (!prep) {
 #pragma unroll
-        for (int m = 0; m < DN_CHUNK / 8; m++) {
-            int i = warp + 8 * m;
-            float qr[DN_MAX_HD / 32], kr[DN_MAX_HD / 32];
+            for (int m = 0; m < DN_CHUNK / 8; m++) {
+                int i = warp + 8 * m;
+                float qr[DN_MAX_HD / 32], kr[DN_MAX_HD / 32];
 #pragma unroll
-            for (int u = 0; u < DN_MAX_HD / 32; u++) {
-                int d = lane + 32 * u;
-                qr[u] = (i < L && d < dk) ? qkv[(long)(c0 + i) * C + qoff + d] : 0.f;
-                kr[u] = Ks[i][d];
+                for (int u = 0; u < DN_MAX_HD / 32; u++) {
+                    int d = lane + 32 * u;
+                    qr[u] = (i < L && d < dk) ? qkv[(long)(c0 + i) * C + qoff + d] : 0.f;
+                    kr[u] = Ks[i][d];
+                }
+                float kk = dn_dot_rows(kr, Ks, dk), qk = dn_dot_rows(qr, Ks, dk);
+                int j = lane;
+                float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
+                A[i][j] = j < i ? bet[i] * e * kk : 0.f;
+                P[i][j] = e * qk;
             }
-            float kk = dn_dot_rows(kr, Ks, dk), qk = dn_dot_rows(qr, Ks, dk);
-            int j = lane;
-            float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
-            A[i][j] = j < i ? bet[i] * e * kk : 0.f;
-            P[i][j] = e * qk;
         }
         // right-hand side and the S0 part of the output: thread (warp, lane) takes tokens
         // t = warp + 8 m of column j0 + lane
@@ -335,7 +445,19 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
             o[m] = ecum[t] * qs0;
         }
         __syncthreads();
-        if (warp == 0)  // forward substitution, one column per lane: D_i -= sum_{j<i} A_ij D_j
+        if (prep) {  // D = T R: token t's row of T against every column's right-hand side
+            float d[DN_CHUNK / 8];
+#pragma unroll
+            for (int m = 0; m < DN_CHUNK / 8; m++) {
+                int t = warp + 8 * m;
+                float acc = 0.f;
+                for (int j = 0; j <= t; j++) acc += A[t][j] * D[j][lane];
+                d[m] = acc;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int m = 0; m < DN_CHUNK / 8; m++) D[warp + 8 * m][lane] = d[m];
+        } else if (warp == 0)  // forward substitution, one column per lane: D_i -= sum_{j<i} A_ij D_j
             for (int i = 1; i < L; i++) {  // (four partial sums: the chain of dependent adds is this kernel's serial part)
                 float a0 = D[i][lane], a1 = 0.f, a2 = 0.f, a3 = 0.f;
                 int j = 0;

@@ -39,9 +39,12 @@ def test_recurrent(host, shape, lengths, first_pos, slotted):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
-def test_chunked(host, shape, lengths, first_pos):
-    G.test_delta_rule_chunked_matches_both_reference_forms(host, shape, lengths, first_pos, slotted=len(lengths) > 1)
+@pytest.mark.parametrize("prep", [False, True], ids=["", "prep"])
+def test_chunked(host, shape, lengths, first_pos, prep):
+    G.test_delta_rule_chunked_matches_both_reference_forms(host, shape, lengths, first_pos, slotted=len(lengths) > 1,
+                                                           prep=prep)
 
 
-def test_two_passes_then_decode(host):
-    G.test_prompt_in_two_passes_equals_one_and_decode_continues_it(host, 45, nk=1, nv=1)
+@pytest.mark.parametrize("prep", [False, True], ids=["", "prep"])
+def test_two_passes_then_decode(host, prep):
+    G.test_prompt_in_two_passes_equals_one_and_decode_continues_it(host, 45, prep, nk=1, nv=1)

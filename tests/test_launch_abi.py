@@ -388,8 +388,8 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
         dec.forward(9, tree=True, prefix_len=4, logit_row=0, logit_rows=9, logits=dev.alloc(4 * 9 * cfg.vocab_size),
                     seqs=3, seq_max=4)
         names = {n for n, _, _ in dev.launches}
-        for kind in ("reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_chunked",
-                     "reflex_dn_gated_norm", "reflex_gate_split", "reflex_sigmoid_mul"):
+        for kind in ("reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_prep",
+                     "reflex_dn_chunked", "reflex_dn_gated_norm", "reflex_gate_split", "reflex_sigmoid_mul"):
             assert kind in names, kind
         assert sum(1 for what, _, _ in dev.copies if what == "dtod") == 2 * 3, "one state copy (dst, src) per sequence"
 

@@ -68,6 +68,8 @@ class Launcher:
         self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
         # pairs per tile of a prompt's grouped expert kernels: 0 picks per launch (moe.tile_for), 32 or 64 forces it
         self.moe_tile = knob("REFLEX_MOE_TILE", 0, choices=(0, 32, 64))
+        # a prompt's delta rule with every chunk's state-free part first, in parallel (delta_net.chunked prep)
+        self.dn_prep = os.environ.get("REFLEX_DN_PREP", "1") != "0"
         self.attn_min_keys = knob("REFLEX_ATTN_MIN_KEYS", 32, minimum=1)
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;

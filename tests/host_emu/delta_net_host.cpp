@@ -22,10 +22,14 @@ EMU_ENTRY(dn_recurrent,
             const float* norm_w, float* state, long stride, const int* slots, const int* seq, int n_seq,
             const int* pos, float* out, int n_tok, int nk, int nv, int dk, int dv, float eps),
           P(qkv, alpha, beta, z, a, dt, norm_w, state, stride, slots, seq, n_seq, pos, out, n_tok, nk, nv, dk, dv, eps))
+EMU_ENTRY(dn_prep,
+          P(const float* qkv, const float* alpha, const float* beta, const float* a, const float* dt, const int* seq,
+            int n_seq, float* prep, int n_tok, int nk, int nv, int dk, int dv),
+          P(qkv, alpha, beta, a, dt, seq, n_seq, prep, n_tok, nk, nv, dk, dv))
 EMU_ENTRY(dn_chunked,
           P(const float* qkv, const float* alpha, const float* beta, const float* a, const float* dt, float* state,
             long stride, const int* slots, const int* seq, int n_seq, const int* pos, float* out, int n_tok, int nk,
-            int nv, int dk, int dv),
-          P(qkv, alpha, beta, a, dt, state, stride, slots, seq, n_seq, pos, out, n_tok, nk, nv, dk, dv))
+            int nv, int dk, int dv, const float* prep),
+          P(qkv, alpha, beta, a, dt, state, stride, slots, seq, n_seq, pos, out, n_tok, nk, nv, dk, dv, prep))
 EMU_ENTRY(dn_gated_norm, P(const float* o, const float* z, const float* w, float* out, int rows, int dv, float eps),
           P(o, z, w, out, rows, dv, eps))

@@ -25,6 +25,7 @@ from ...gpu.ops.delta_net import MAX_CONV, MAX_HEAD
 # Sequences of at most this many tokens run the delta rule token by token (one launch, the norm
 # fused); longer ones the chunked kernel (32 tokens per step) and a separate norm.
 RECURRENT_MAX_TOKENS = 8
+PREP_MAX_SEQS = 8  # batches of more sequences run the chunked delta rule without reflex_dn_prep's scratch
 
 
 def rows_of(w: Weight, first: int, count: int) -> Weight:
@@ -99,7 +100,8 @@ class DeltaNet:
         channels = 2 * e["n_k_heads"] * e["head_k_dim"] + e["n_v_heads"] * e["head_v_dim"]
         vd = e["n_v_heads"] * e["head_v_dim"]
         return [("dn_qkv", t * channels), ("dn_conv", t * channels), ("dn_z", t * vd), ("dn_alpha", t * e["n_v_heads"]),
-                ("dn_beta", t * e["n_v_heads"]), ("dn_o", t * vd)]
+                ("dn_beta", t * e["n_v_heads"]), ("dn_o", t * vd),
+                ("dn_prep", delta_net.prep_floats(PREP_MAX_SEQS, t, e["n_v_heads"]))]
 
     def bind(self, model, il: int) -> None:
         self.w, self.p, self.launch = DeltaNetWeights.read(model.tensors, il), model.p, model.launch
@@ -124,8 +126,9 @@ class DeltaNet:
                 delta_net.recurrent(L, conv, alpha, beta, z, w.a, w.dt_bias, w.norm, ssm_state, stride, slots,
                                     b.seq_start, b.n_seq, b.pos, o, b.n, nk, nv, dk, dv, self.eps)
             else:
+                prep = p("dn_prep") if L.dn_prep and b.n_seq <= PREP_MAX_SEQS else 0
                 delta_net.chunked(L, conv, alpha, beta, w.a, w.dt_bias, ssm_state, stride, slots, b.seq_start, b.n_seq,
-                                  b.pos, o, b.n, nk, nv, dk, dv)
+                                  b.pos, o, b.n, nk, nv, dk, dv, prep)
                 delta_net.gated_norm(L, o, z, w.norm, o, b.n * nv, dv, self.eps)
         with L.role("linear-attn output", w.out.nbytes):
             products.matmul(L, w.out, o, out, b.n, accumulate=accumulate)

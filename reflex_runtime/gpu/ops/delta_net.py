@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from ctypes import c_float, c_int, c_long, c_void_p
 
-KERNELS = ("reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_chunked", "reflex_dn_gated_norm")
+KERNELS = ("reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "reflex_dn_prep", "reflex_dn_chunked",
+           "reflex_dn_gated_norm")
+CHUNK = 32  # DN_CHUNK
+PREP_FLOATS = 2 * CHUNK * CHUNK + 4 * CHUNK  # DN_PREP_FLOATS: one (chunk, head) slot of reflex_dn_prep's scratch
+
+
+def prep_floats(n_seq: int, n_tok: int, nv: int) -> int:
+    """Scratch reflex_dn_prep needs for a batch: a slot per (chunk, head), chunk slots numbered
+    below n_seq + ceil(n_tok / CHUNK) (dn_prep_slot)."""
+    return (n_seq + -(-n_tok // CHUNK)) * nv * PREP_FLOATS
 MAX_HEAD = 128  # DN_MAX_HD: linear-attention head sizes (register / shared tiles)
 MAX_CONV = 8  # DN_MAX_K: conv taps
 
@@ -39,13 +48,20 @@ def recurrent(L, qkv, alpha, beta, z, ssm_a, dt_bias, norm_w, state, state_strid
 
 
 def chunked(L, qkv, alpha, beta, ssm_a, dt_bias, state, state_stride, slots, seq_start, n_seq, pos, out, n_tok, nk,
-            nv, dk, dv) -> None:
-    """The delta rule DN_CHUNK tokens at a time; `out` gets the unnormalized output (gated_norm next)."""
+            nv, dk, dv, prep: int = 0) -> None:
+    """The delta rule DN_CHUNK tokens at a time; `out` gets the unnormalized output (gated_norm next).
+    prep: prep_floats(n_seq, n_tok, nv) floats of scratch: every chunk's state-free part first, in
+    parallel (reflex_dn_prep); 0: the chunked kernel computes it chunk after chunk."""
+    if prep:
+        L.go("reflex_dn_prep", (nv, -(-n_tok // CHUNK), n_seq), 256,
+             [c_void_p(qkv), c_void_p(alpha), c_void_p(beta), c_void_p(ssm_a), c_void_p(dt_bias),
+              c_void_p(seq_start or None), c_int(n_seq), c_void_p(prep), c_int(n_tok), c_int(nk), c_int(nv), c_int(dk),
+              c_int(dv)])
     L.go("reflex_dn_chunked", (nv, (dv + 31) // 32, n_seq), 256,
          [c_void_p(qkv), c_void_p(alpha), c_void_p(beta), c_void_p(ssm_a), c_void_p(dt_bias), c_void_p(state),
           c_long(state_stride), c_void_p(slots or None), c_void_p(seq_start or None), c_int(n_seq), c_void_p(pos),
           c_void_p(out),
-          c_int(n_tok), c_int(nk), c_int(nv), c_int(dk), c_int(dv)])
+          c_int(n_tok), c_int(nk), c_int(nv), c_int(dk), c_int(dv), c_void_p(prep or None)])
 
 
 def gated_norm(L, o, z, w, out, rows, dv, eps) -> None:
