@@ -16,8 +16,8 @@
 #     --kernels-xz    the fatbin also as .gpu/kernels.tar.xz (2.8 MB): with --peers, carry .gpu alone (the
 #                     peers and the 10 MB fatbin do not fit in one call together)
 #     --lean          leave out what only some steps need (the llguidance and powertools wheels: the
-#                     constrained-decoding and handler tests; the llama-server addon: `serve`), so that
-#                     --peers --kernels-xz and the tree fit the 64 MiB a call carries (4.5 MB less)
+#                     constrained-decoding and handler tests) and xz the converter (1.9 -> 0.25 MB), so that
+#                     --peers (with llama-server) --kernels-xz and the tree fit the 64 MiB a call carries
 # Always: the sm_90 fatbin of this tree, the wheels the GPU machine lacks, the pinned converter
 # (without its test vocabularies) and the real Qwen3 tokenizer (xz).
 set -euo pipefail
@@ -30,7 +30,7 @@ grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info 2>/dev/n
 python3 scripts/build_kernels.py --archs 90 | tail -1
 [ -f $B/whl/.with-llguidance ] || { bash $SHARED/tools/gpu-wheels.sh $B/whl llguidance >/dev/null && touch $B/whl/.with-llguidance; }
 conv=$(python3 scripts/llama_cpp_sdist.py)
-rm -rf $B/converter && mkdir -p $B/converter
+rm -rf $B/converter $B/converter.tar.xz && mkdir -p $B/converter
 (cd "$conv" && cp -r LICENSE convert_hf_to_gguf.py conversion gguf-py .complete "$OLDPWD/$B/converter/")
 [ -f $B/qwen3-tokenizer.tar.xz ] || tar cJf $B/qwen3-tokenizer.tar.xz -C $SHARED/data qwen3-tokenizer
 
@@ -65,8 +65,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ -z "${lean:-}" ] || rm -f $B/whl/llguidance-* $B/whl/aws_lambda_powertools-* $B/whl/.with-llguidance \
-  $B/peers/llama-server-sm90-addon.tar.xz
+if [ -n "${lean:-}" ]; then
+  rm -f $B/whl/llguidance-* $B/whl/aws_lambda_powertools-* $B/whl/.with-llguidance
+  tar cJf $B/converter.tar.xz -C $B converter && rm -rf $B/converter  # gpu_run.sh unpacks it
+fi
 du -sh $B reflex_runtime/_kernels
 tree=$(git ls-files -co --exclude-standard | xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1)
 echo "tracked + untracked tree: $tree bytes; with $B: $(( tree + $(du -sb $B | cut -f1) )) of the 67108864 a call carries (plus what else carry names)"

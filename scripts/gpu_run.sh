@@ -44,8 +44,9 @@
 #   profile    ncu on a few decode steps of PROFILE_FILES (default the 0.6B Q8_0): kernels matching
 #              PROFILE_KERNELS, PROFILE_COUNT launches after PROFILE_SKIP (or FILE:SKIP), ncu options
 #              added from PROFILE_NCU_ARGS (e.g. --metrics, --cache-control none); one line per launch (scripts/ncu_summary.py)
-#   fidelity   reflex check on CHECK_FILES (e.g. a big shape made with --layers 2-4) and the greedy text of GREEDY_N
-#              (32) tokens against llama-simple's on GREEDY_FILES (scripts/greedy_vs_llama.py; needs --peers)
+#   fidelity   reflex check on CHECK_FILES (e.g. a big shape made with --layers 2-4) and GREEDY_N (32) greedy tokens
+#              against llama-server's on GREEDY_FILES, teacher-forced near-ties told apart (scripts/greedy_vs_llama.py;
+#              needs --peers)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -66,6 +67,8 @@ mkdir -p $R
 # /tmp, so a later call on the same warm machine may carry something else instead (.smolB/).
 # the kernels may come xz'd inside .gpu (gpu_bundle.sh --kernels-xz), when the peers leave no room for them
 [ -d reflex_runtime/_kernels ] || [ ! -f .gpu/kernels.tar.xz ] || tar xJf .gpu/kernels.tar.xz
+# and the converter xz'd (gpu_bundle.sh --lean)
+[ -d .gpu/converter ] || [ ! -f .gpu/converter.tar.xz ] || tar xJf .gpu/converter.tar.xz -C .gpu
 for d in .gpu reflex_runtime/_kernels; do
   if [ -d $d ]; then mkdir -p /tmp/keep/$(dirname $d) && rm -rf /tmp/keep/$d && cp -r $d /tmp/keep/$d
   elif [ -d /tmp/keep/$d ]; then cp -r /tmp/keep/$d $d; fi
@@ -349,7 +352,7 @@ if has profile; then
   done
 fi
 if has fidelity; then  # issue 31: reflex check on CHECK_FILES (same-shaped files with fewer layers), and the greedy
-  # text against llama-simple's on GREEDY_FILES (the full-size files), GREEDY_N tokens (default 32)
+  # tokens against llama-server's on GREEDY_FILES (the full-size files), GREEDY_N tokens (default 32)
   for f in ${CHECK_FILES:-}; do
     n=$(basename $f .gguf); step "check $n"
     timeout ${CHECK_TIMEOUT:-400} python3 -m reflex_runtime.cli check $f --steps 8 --json > "$W/check-$n.json" 2> "$W/check-$n.err"
@@ -359,9 +362,9 @@ if has fidelity; then  # issue 31: reflex check on CHECK_FILES (same-shaped file
   done
   for f in ${GREEDY_FILES:-}; do
     n=$(basename $f .gguf); step "greedy $n"
-    if [ -z "${PEER:-}" ]; then echo "no llama-simple: carry gpu_bundle.sh --peers" | tee -a "$W/steps.txt"; break; fi
-    python3 scripts/greedy_vs_llama.py $f --llama-simple $PEER/llama-simple -n ${GREEDY_N:-32} --out "$W/greedy-$n.json" \
-      2> "$W/greedy-$n.err" | tee -a "$W/steps.txt" || tail -3 "$W/greedy-$n.err"
+    if [ ! -x "${PEER:-/nonexistent}/llama-server" ]; then echo "no llama-server: carry gpu_bundle.sh --peers" | tee -a "$W/steps.txt"; break; fi
+    timeout ${GREEDY_TIMEOUT:-400} python3 scripts/greedy_vs_llama.py $f --llama-server $PEER/llama-server -n ${GREEDY_N:-32} \
+      --out "$W/greedy-$n.json" 2> "$W/greedy-$n.err" | tee -a "$W/steps.txt" || tail -3 "$W/greedy-$n.err"
   done
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi

@@ -1,10 +1,13 @@
-"""scripts/greedy_vs_llama.py without a GPU: llama-simple's echoed prompt is cut off, and the
-comparison reports the common prefix (the reflex side needs the GPU: gpu_run.sh step fidelity)."""
+"""scripts/greedy_vs_llama.py without a GPU: the position-by-position verdicts (same, near-tie,
+differ), and the llama-server client against a stand-in server on 127.0.0.1 (the reflex side needs
+the GPU: gpu_run.sh step fidelity)."""
 
 import importlib.util
-import os
+import json
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "greedy_vs_llama.py"
@@ -13,25 +16,82 @@ g = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(g)
 
 
-def _fake_llama(tmp_path, body):
-    exe = tmp_path / "llama-simple"
-    exe.write_text("#!/bin/sh\n" + body)
-    exe.chmod(0o755)
-    return str(exe)
+def _row(vocab, top, second=None, gap=0.0):
+    r = np.linspace(-1.0, 0.0, vocab)  # max|logit| 1: gaps read as fractions of it
+    r[top] = 5.0
+    if second is not None:
+        r[second] = 5.0 - gap
+    return r / 5.0
 
 
-def test_llama_simple_continuation_without_the_echoed_prompt(tmp_path):
-    exe = _fake_llama(tmp_path, 'printf "%s, and then it rained" "$7"\necho "timings..." >&2\n')
-    assert g.llama_simple(exe, "m.gguf", "Once upon a time", 32) == ", and then it rained"
+def test_identical_greedy_is_equal():
+    rows = [_row(16, t) for t in (3, 7, 1)]
+    steps = [{3: -0.1}, {7: -0.2}, {1: -0.1}]
+    res = g.compare([3, 7, 1], steps, rows, [3, 7, 1])
+    assert res["result"] == "EQUAL" and res["same"] == 3 and res["free_running_common_tokens"] == 3
 
 
-def test_a_failing_llama_simple_is_one_line(tmp_path):
-    exe = _fake_llama(tmp_path, 'echo "failed to load model" >&2\nexit 1\n')
+def test_a_close_second_in_both_engines_is_a_near_tie_and_later_positions_still_count():
+    # position 1: we prefer 7 over their 9 by 0.5% of max|logit|; they prefer 9 over our 7 by 0.4%
+    rows = [_row(16, 3), _row(16, 7, 9, gap=0.025), _row(16, 2)]
+    steps = [{3: -0.1}, {9: -0.690, 7: -0.692}, {2: -0.1}]
+    res = g.compare([3, 9, 2], steps, rows, [3, 7, 5])
+    assert res["result"] == "EQUAL UP TO NEAR-TIES"
+    assert res["near_ties"] == [1] and res["differ"] == [] and res["free_running_common_tokens"] == 1
+    p = res["positions"][1]
+    assert p["reflex_gap"] == pytest.approx(0.005) and p["llama_gap"] == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("gap,their_lp,why", [
+    (0.5, {9: -0.1, 7: -0.11}, "we rank their token far below ours"),
+    (0.025, {9: -0.1, 7: -3.0}, "they rank ours far below theirs"),
+    (0.025, {9: -0.1}, "ours is not among their top log-probs"),
+])
+def test_a_real_disagreement_is_different(gap, their_lp, why):
+    rows = [_row(16, 7, 9, gap=gap)]
+    res = g.compare([9], [their_lp], rows, [7])
+    assert res["result"] == "DIFFERENT" and res["differ"] == [0], why
+
+
+def test_llama_server_client_sends_the_ids_and_reads_its_log_probs(tmp_path):
+    """A stand-in llama-server (python, 127.0.0.1): /health, /tokenize, /completion as llama.cpp's
+    server answers them (completion_probabilities with top_logprobs); the request it got is checked."""
+    seen = tmp_path / "request.json"
+    server = tmp_path / "llama-server"
+    server.write_text(f"""#!{sys.executable}
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1])
+assert sys.argv[sys.argv.index("--host") + 1] == "127.0.0.1"
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _send(self, obj):
+        b = json.dumps(obj).encode(); self.send_response(200); self.send_header("Content-Length", str(len(b)))
+        self.end_headers(); self.wfile.write(b)
+    def do_GET(self): self._send({{"status": "ok"}})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize": return self._send({{"tokens": [11, 12]}})
+        open({str(seen)!r}, "w").write(json.dumps(body))
+        probs = [{{"id": t, "logprob": -0.1, "top_logprobs": [{{"id": t, "logprob": -0.1}}, {{"id": 0, "logprob": -2.5}}]}}
+                 for t in (5, 6, 7)[:body["n_predict"]]]
+        self._send({{"content": "x", "completion_probabilities": probs}})
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+    server.chmod(0o755)
+    out = g.llama_server_greedy(str(server), "m.gguf", "Hi there", [11, 12], 3, log=str(tmp_path / "s.log"),
+                                start_timeout=30)
+    assert out["tokens"] == [5, 6, 7] and out["prompt_ids"] == [11, 12]
+    assert out["steps"][0] == {5: -0.1, 0: -2.5}
+    req = json.loads(seen.read_text())
+    assert req["prompt"] == [11, 12] and req["temperature"] == 0 and req["n_probs"] >= 2 and req["ignore_eos"]
+
+
+def test_a_llama_server_that_dies_is_one_line(tmp_path):
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 1\n")
+    server.chmod(0o755)
     with pytest.raises(SystemExit) as e:
-        g.llama_simple(exe, "m.gguf", "p", 4)
-    assert "llama-simple failed (1)" in str(e.value) and "failed to load model" in str(e.value)
-
-
-@pytest.mark.parametrize("a,b,n", [("abc", "abc", 3), ("abcd", "abxd", 2), ("", "x", 0), ("ab", "abc", 2)])
-def test_common_prefix(a, b, n):
-    assert g.common_prefix(a, b) == n
+        g.llama_server_greedy(str(server), "m.gguf", "p", [1], 2, log=str(tmp_path / "s.log"), start_timeout=30)
+    assert "llama-server exited (1)" in str(e.value)
+    assert "failed to load model" in (tmp_path / "s.log").read_text()
