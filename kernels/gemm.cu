@@ -15,12 +15,12 @@
 // decoders then read shared memory exactly as they read global memory. Chunk reads are clipped
 // at the stage's end (cp.async src-size), so nothing outside the tensor is ever read provided
 // the tensor starts 16-byte aligned (the host checks; GGUF aligns tensors to 32).
-// Activations: f32 rows, 32 k at a time, loaded into registers one step ahead, rounded to f16
-// and stored to shared memory (double buffer), so the global loads overlap the math.
+// Activations: f32 rows, 32 k at a time, copied with cp.async too, DA steps ahead into a ring of
+// NA slots (no global load waits in registers), and rounded to f16 as fragments are formed.
 // Fragments: each thread decodes 8 consecutive weights (dequant8) straight into its B
 // registers for two k16 steps. That is legal because the mma sums over k: thread t (lane % 4)
 // holds physical k 8t..8t+7 of a 32-wide step in place of the logical 2t.., 2t+8.., 16+2t..,
-// 24+2t.., for A and B alike, so A is one 16-byte shared load per row and B needs no shuffle.
+// 24+2t.., for A and B alike, so A is two 16-byte shared loads per row and B needs no shuffle.
 //
 // Kernels (per weight type, L and S):
 //   reflex_gemm_<type>_<cfg>      up to 3 matrices of one type and K (q, k, v) into their own
@@ -82,10 +82,17 @@ struct GemmCfg {
 using GemmL = GemmCfg<2, 4, 4, 4, 2>;
 using GemmS = GemmCfg<2, 2, 2, 4, 4>;
 
+// Activations: 32-k steps of f32 rows in a ring of NA slots, copied DA = NA - 1 steps ahead
+// (at most one stage: the weights are copied one stage ahead and share the copy groups).
 template <int T, class C>
 struct GemmSmem {
+    // 4 for 64-token tiles, 3 where shared memory is tighter (128 tokens: 2 blocks an SM; 32 pairs x
+    // 128 rows: 4), never more than a stage's steps + 1
+    static constexpr int NA_WANT = C::BM == 64 ? 4 : 3;
+    static constexpr int NA = NA_WANT < GemmRaw<T>::KB / 32 + 1 ? NA_WANT : GemmRaw<T>::KB / 32 + 1;
+    static constexpr int DA = NA - 1;
     static constexpr int B_BYTES = 2 * C::BN * GemmRaw<T>::SLOT;
-    static constexpr int A_BYTES = 2 * C::BM * 32 * 2;
+    static constexpr int A_BYTES = NA * C::BM * 32 * 4;
     static constexpr int BYTES = B_BYTES + A_BYTES;
 };
 
@@ -165,14 +172,22 @@ struct GemmB {  // weight rows of the tile; glu: 8-row groups alternate w0 (gate
 };
 
 // acc[mt][j] = the warp's 16 x 8 tile (mt, j) of X W^T over all of K.
+// Copy groups: the prologue commits one per 32-k step 0..DA-1 (the first also holds stage 0's
+// weights); step u commits one holding step u + DA's activations (and, at a stage's first step,
+// the next stage's weights). Group i thus holds step i's activations, and waiting until at most
+// DA - 1 groups are in flight at step u lands them, and this stage's weights (committed a whole
+// stage, >= DA steps, earlier). One barrier per step: after it every warp is past step u - 1, so
+// its activation slot, which step u + DA reuses, and at a stage's start the previous stage's
+// weight buffer are free.
 template <int T, class C>
 __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, int K, unsigned char* smem,
                                               float (&acc)[C::MT][C::NT][4]) {
     using R = GemmRaw<T>;
+    using S = GemmSmem<T, C>;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / C::WN, wn = warp % C::WN, g = lane >> 2, t = lane & 3;
     unsigned char* Bs = smem;
-    half* As = reinterpret_cast<half*>(smem + GemmSmem<T, C>::B_BYTES);
+    float* As = reinterpret_cast<float*>(smem + S::B_BYTES);
 
 #pragma unroll
     for (int i = 0; i < C::MT; i++)
@@ -181,28 +196,22 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    // x: each thread loads the same APT (row, 4-float column) pieces of every 32-k step
-    // (as float offsets from x, -1 for rows past the tile's end: half the registers of pointers)
+    // x: each thread copies the same APT (row, 16-byte chunk) pieces of every 32-k step, as float
+    // offsets from x (-1: a row past the tile's end, zero-filled). A row's chunk c lands at chunk
+    // c ^ (row & 7): the fragment loads below (rows g and g + 8 of a quarter warp) then hit distinct banks.
     int aoff[C::APT];
+    uint32_t adst[C::APT];
 #pragma unroll
     for (int i = 0; i < C::APT; i++) {
-        int idx = tid + C::THREADS * i, m = A.m0 + (idx >> 3);
-        aoff[i] = m < A.m_end ? (A.idx ? A.idx[m] : m) * A.stride + (idx & 7) * 4 : -1;
+        int idx = tid + C::THREADS * i, r = idx >> 3, c = idx & 7, m = A.m0 + r;
+        aoff[i] = m < A.m_end ? (A.idx ? A.idx[m] : m) * A.stride + c * 4 : -1;
+        adst[i] = r * 32 + ((c ^ (r & 7)) * 4);
     }
-    float4 areg[C::APT];
-    auto load_a = [&](int u) {
+    auto copy_a = [&](int u, int slot) {
+        float* dst = As + slot * C::BM * 32;
 #pragma unroll
         for (int i = 0; i < C::APT; i++)
-            areg[i] = aoff[i] >= 0 ? *reinterpret_cast<const float4*>(A.x + aoff[i] + 32 * u)
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-    };
-    auto store_a = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < C::APT; i++) {
-            int idx = tid + C::THREADS * i;
-            uint2 v = make_uint2(rx_pack_h2(areg[i].x, areg[i].y), rx_pack_h2(areg[i].z, areg[i].w));
-            *reinterpret_cast<uint2*>(As + (buf * C::BM + (idx >> 3)) * 32 + (idx & 7) * 4) = v;
-        }
+            rx_cp16(dst + adst[i], aoff[i] >= 0 ? A.x + aoff[i] + 32 * u : A.x, aoff[i] >= 0 ? 16 : 0);
     };
     // weights: the rows this thread decodes (one per 8-row tile), by their address modulo 16
     uint32_t boff[C::NT];
@@ -223,47 +232,57 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
     };
 
     // a warp whose 16-row tiles all lie past the tile's last token (a half-full expert tile, the
-    // prompt's last tile) skips its decoding and math; it still loads and stores its share of x
+    // prompt's last tile) skips its decoding and math; it still copies its share
     const bool live = A.m0 + wm * C::MT * 16 < A.m_end;
     const int n_stage = (K + R::KB - 1) / R::KB, n_u = K / 32;
     copy_b(0, 0);
-    rx_cp_commit();
-    load_a(0);
-    store_a(0);
-    int u = 0;
-    for (int s = 0; s < n_stage; s++) {
-        rx_cp_wait<0>();  // this thread's copies of stage s landed
-        __syncthreads();  // everyone's did; stage s - 1's buffers are no longer read
-        if (s + 1 < n_stage) copy_b(s + 1, (s + 1) & 1);
+#pragma unroll
+    for (int d = 0; d < S::DA; d++) {
+        if (d < n_u) copy_a(d, d);
         rx_cp_commit();
+    }
+    int u = 0, slot = 0;  // slot = u % NA
+    for (int s = 0; s < n_stage; s++) {
         const int nq = min(R::KB, K - s * R::KB) / 32;
         const unsigned char* bstage = Bs + (s & 1) * C::BN * R::SLOT;
         for (int q = 0; q < nq; q++, u++) {
-            if (u + 1 < n_u) load_a(u + 1);
-            const half* a_s = As + (u & 1) * C::BM * 32;
+            rx_cp_wait<S::DA - 1>();  // this thread's copies of step u (and stage s) landed
+            __syncthreads();          // everyone's did; every warp is past step u - 1
+            if (q == 0 && s + 1 < n_stage) copy_b(s + 1, (s + 1) & 1);
+            if (u + S::DA < n_u) copy_a(u + S::DA, slot == 0 ? S::NA - 1 : slot - 1);
+            rx_cp_commit();
+            const float* a_s = As + slot * C::BM * 32;
+            slot = slot + 1 == S::NA ? 0 : slot + 1;
+            if (!live) continue;
             uint32_t b[C::NT][4];
 #pragma unroll
             for (int j = 0; j < C::NT; j++) {
                 const unsigned char* rowp = bstage + (wn * C::NT * 8 + j * 8 + g) * R::SLOT;
-                if (live) gemm_dequant8<T>(rowp + ((boff[j] + (uint32_t)(s * R::SB)) & 15u), q * 4 + t, b[j]);
+                gemm_dequant8<T>(rowp + ((boff[j] + (uint32_t)(s * R::SB)) & 15u), q * 4 + t, b[j]);
             }
 #pragma unroll
-            for (int i = 0; i < C::MT && live; i++) {
-                int row = wm * C::MT * 16 + i * 16 + g;
-                uint4 lo = *reinterpret_cast<const uint4*>(a_s + row * 32 + t * 8);
-                uint4 hi = *reinterpret_cast<const uint4*>(a_s + (row + 8) * 32 + t * 8);
+            for (int i = 0; i < C::MT; i++) {
+                // k 8t..8t+7 of rows g and g + 8 (chunks 2t, 2t + 1, swizzled), rounded to f16
+                int row = wm * C::MT * 16 + i * 16 + g, sw = row & 7;
+                const float* r0 = a_s + row * 32;
+                const float* r1 = r0 + 8 * 32;
+                float4 l0 = *reinterpret_cast<const float4*>(r0 + ((2 * t) ^ sw) * 4);
+                float4 l1 = *reinterpret_cast<const float4*>(r0 + ((2 * t + 1) ^ sw) * 4);
+                float4 h0 = *reinterpret_cast<const float4*>(r1 + ((2 * t) ^ sw) * 4);
+                float4 h1 = *reinterpret_cast<const float4*>(r1 + ((2 * t + 1) ^ sw) * 4);
+                uint32_t lo0 = rx_pack_h2(l0.x, l0.y), lo1 = rx_pack_h2(l0.z, l0.w);
+                uint32_t lo2 = rx_pack_h2(l1.x, l1.y), lo3 = rx_pack_h2(l1.z, l1.w);
+                uint32_t hi0 = rx_pack_h2(h0.x, h0.y), hi1 = rx_pack_h2(h0.z, h0.w);
+                uint32_t hi2 = rx_pack_h2(h1.x, h1.y), hi3 = rx_pack_h2(h1.z, h1.w);
 #pragma unroll
                 for (int j = 0; j < C::NT; j++) {
-                    rx_mma(acc[i][j], lo.x, hi.x, lo.y, hi.y, b[j][0], b[j][1]);
-                    rx_mma(acc[i][j], lo.z, hi.z, lo.w, hi.w, b[j][2], b[j][3]);
+                    rx_mma(acc[i][j], lo0, hi0, lo1, hi1, b[j][0], b[j][1]);
+                    rx_mma(acc[i][j], lo2, hi2, lo3, hi3, b[j][2], b[j][3]);
                 }
             }
-            // into the buffer step u - 1 read: every warp finished that step before the barrier
-            // ahead of this one (here, or at the stage start)
-            if (u + 1 < n_u) store_a((u + 1) & 1);
-            if (q + 1 < nq) __syncthreads();
         }
     }
+    rx_cp_wait<0>();  // no copy outlives the block (the last groups are empty, but keep it exact)
 }
 
 // Visit the warp's accumulators: f(m, n, v0, v1) for tile row m and tile columns n, n + 1.

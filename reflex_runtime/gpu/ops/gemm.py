@@ -33,12 +33,14 @@ def stage_weights(type_name: str) -> int:
 
 def shared_bytes(type_name: str, cfg: str) -> int:
     """Dynamic shared memory of a kernel (GemmSmem<T, C>::BYTES): two stages of raw weight rows
-    (each the 16-byte chunks covering the stage's bytes) and two f16 x tiles of 32 k."""
+    (each the 16-byte chunks covering the stage's bytes) and a ring of NA f32 x tiles of 32 k."""
     t = GGML_TYPES_BY_NAME[type_name]
-    sb = stage_weights(type_name) // t.block_size * t.type_size
+    kb = stage_weights(type_name)
+    sb = kb // t.block_size * t.type_size
     slot = (sb + 15) // 16 * 16 + 16
     bm, bn = SHAPES[cfg]
-    return 2 * bn * slot + 2 * bm * 32 * 2
+    na = min(4 if bm == 64 else 3, kb // 32 + 1)
+    return 2 * bn * slot + na * bm * 32 * 4
 
 
 def down_col_tiles(n_embd: int) -> int:
