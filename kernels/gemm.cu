@@ -28,10 +28,11 @@
 //   reflex_gemm_glu_<type>_<cfg>  gate and up in one pass: out = act(gate x) * (up x); the
 //                                 tile's 8-row mma tiles alternate gate and up rows
 // MoE: (token, expert) pairs grouped by expert (reflex_moe_group, with a list of tiles of the
-// kernel's BM pairs), then one launch each, every expert at once. Two configurations: S (64 pairs
-// x 64 rows, 2 x 2 warps) and N (32 pairs x 128 rows, 1 x 4 warps; name suffix _n) for prompts
-// that give an expert few pairs: a 512-token prompt routes ~32 pairs to each of 128 experts, and
-// in a half-full 64-pair tile the warps of its empty half only copy:
+// kernel's BM pairs), then one launch each, every expert at once. Two configurations, both one
+// row of 4 warps so that a tile decodes each weight once: W (64 pairs x 128 rows; its warps skip
+// the 16-pair parts past the expert's last pair) and N (32 x 128, name suffix _n). A 512-token
+// prompt routes ~32 pairs to each of 128 experts, up to ~60: one W tile each, where 32-pair
+// tiles take ~1.5 an expert, each decoding the expert's weights again:
 //   reflex_moe_gemm_glu_<type>    act[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]), pairs i in
 //                                 expert order
 //   reflex_moe_gemm_down_<type>   x[t] += sum over t's k slots s of w[t,s] * down_e act[t,s]:
@@ -86,9 +87,9 @@ using GemmS = GemmCfg<2, 2, 2, 4, 4>;
 // (at most one stage: the weights are copied one stage ahead and share the copy groups).
 template <int T, class C>
 struct GemmSmem {
-    // 4 for 64-token tiles, 3 where shared memory is tighter (128 tokens: 2 blocks an SM; 32 pairs x
-    // 128 rows: 4), never more than a stage's steps + 1
-    static constexpr int NA_WANT = C::BM == 64 ? 4 : 3;
+    // 4 for 64 x 64 tiles, 3 where shared memory is tighter (128 tokens: 2 blocks an SM; 128-row
+    // expert tiles: 3 or 4), never more than a stage's steps + 1
+    static constexpr int NA_WANT = C::BM == 64 && C::BN == 64 ? 4 : 3;
     static constexpr int NA = NA_WANT < GemmRaw<T>::KB / 32 + 1 ? NA_WANT : GemmRaw<T>::KB / 32 + 1;
     static constexpr int DA = NA - 1;
     static constexpr int B_BYTES = 2 * C::BN * GemmRaw<T>::SLOT;
@@ -197,43 +198,58 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
     // x: each thread copies the same APT (row, 16-byte chunk) pieces of every 32-k step, as float
-    // offsets from x (-1: a row past the tile's end, zero-filled). A row's chunk c lands at chunk
-    // c ^ (row & 7): the fragment loads below (rows g and g + 8 of a quarter warp) then hit distinct banks.
+    // offsets from x (-1: a row past the tile's end, not copied: its garbage reaches only its own
+    // output rows, which are never stored). A row's chunk c lands at chunk c ^ (row & 7): the
+    // fragment loads below (rows g and g + 8 of a quarter warp) then hit distinct banks.
     int aoff[C::APT];
     uint32_t adst[C::APT];
+    const uint32_t as0 = rx_saddr(As);
 #pragma unroll
     for (int i = 0; i < C::APT; i++) {
         int idx = tid + C::THREADS * i, r = idx >> 3, c = idx & 7, m = A.m0 + r;
         aoff[i] = m < A.m_end ? (A.idx ? A.idx[m] : m) * A.stride + c * 4 : -1;
-        adst[i] = r * 32 + ((c ^ (r & 7)) * 4);
+        adst[i] = as0 + 4 * (r * 32 + ((c ^ (r & 7)) * 4));
     }
     auto copy_a = [&](int u, int slot) {
-        float* dst = As + slot * C::BM * 32;
 #pragma unroll
         for (int i = 0; i < C::APT; i++)
-            rx_cp16(dst + adst[i], aoff[i] >= 0 ? A.x + aoff[i] + 32 * u : A.x, aoff[i] >= 0 ? 16 : 0);
+            rx_cp16s_if(adst[i] + slot * (C::BM * 32 * 4), A.x + max(aoff[i], 0) + 32 * u, aoff[i] >= 0);
     };
     // weights: the rows this thread decodes (one per 8-row tile), by their address modulo 16
     uint32_t boff[C::NT];
 #pragma unroll
     for (int j = 0; j < C::NT; j++) boff[j] = (uint32_t)(uintptr_t)B.row(wn * C::NT * 8 + j * 8 + g) & 15u;
+    // Copies: two threads per row (even and odd 16-byte chunks: a pair reads whole 32-byte
+    // sectors), THREADS / 2 rows a pass; each thread's row pointers found once, not per chunk.
+    constexpr int RPP = C::THREADS / 2, PASSES = (C::BN + RPP - 1) / RPP, CPT = (R::CPR + 1) / 2;
+    const uint8_t* brow[PASSES];
+#pragma unroll
+    for (int p = 0; p < PASSES; p++) brow[p] = (tid >> 1) + p * RPP < C::BN ? B.row((tid >> 1) + p * RPP) : nullptr;
+    const uint32_t bs0 = rx_saddr(Bs) + (tid >> 1) * R::SLOT;  // this thread's row in pass 0
     auto copy_b = [&](int s, int buf) {
-        int kv = min(R::KB, K - s * R::KB);
-        int sbytes = kv / R::QK * rx_qbytes(T);
-        for (int c = tid; c < C::BN * R::CPR; c += C::THREADS) {
-            int v = c / R::CPR, ch = c % R::CPR;
-            const uint8_t* rp = B.row(v);
-            if (!rp) continue;
-            const uint8_t* lo = rp + (long)s * R::SB;
-            const uint8_t* src = reinterpret_cast<const uint8_t*>((uintptr_t)lo & ~(uintptr_t)15) + 16 * ch;
-            long left = lo + sbytes - src;
-            if (left > 0) rx_cp16(Bs + (buf * C::BN + v) * R::SLOT + 16 * ch, src, left < 16 ? (int)left : 16);
+        const int sbytes = min(R::KB, K - s * R::KB) / R::QK * rx_qbytes(T);
+#pragma unroll
+        for (int p = 0; p < PASSES; p++) {
+            if (!brow[p]) continue;
+            const uint8_t* lo = brow[p] + (long)s * R::SB;
+            const uint8_t* src = reinterpret_cast<const uint8_t*>((uintptr_t)lo & ~(uintptr_t)15);
+            // the stage's bytes end `end` bytes from src: nf whole chunks, then rem bytes
+            const int end = (int)((uintptr_t)lo & 15u) + sbytes, nf = end >> 4, rem = end & 15, par = tid & 1;
+            const uint32_t dst = bs0 + (buf * C::BN + p * RPP) * R::SLOT;
+#pragma unroll
+            for (int i = 0; i < CPT; i++) {
+                const int ch = 2 * i + par;
+                rx_cp16s_if(dst + 16 * ch, src + 16 * ch, ch < nf);
+            }
+            if (rem && (nf & 1) == par) rx_cp16s_part(dst + 16 * nf, src + 16 * nf, rem);
         }
     };
 
     // a warp whose 16-row tiles all lie past the tile's last token (a half-full expert tile, the
-    // prompt's last tile) skips its decoding and math; it still copies its share
-    const bool live = A.m0 + wm * C::MT * 16 < A.m_end;
+    // prompt's last tile) skips its decoding and math; it still copies its share. A live warp
+    // skips the math of its 16-row tiles past the end (mt_live of MT).
+    const int mt_live = min(C::MT, (A.m_end - A.m0 - wm * C::MT * 16 + 15) / 16);
+    const bool live = mt_live > 0;
     const int n_stage = (K + R::KB - 1) / R::KB, n_u = K / 32;
     copy_b(0, 0);
 #pragma unroll
@@ -262,6 +278,7 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
             }
 #pragma unroll
             for (int i = 0; i < C::MT; i++) {
+                if (i >= mt_live) break;
                 // k 8t..8t+7 of rows g and g + 8 (chunks 2t, 2t + 1, swizzled), rounded to f16
                 int row = wm * C::MT * 16 + i * 16 + g, sw = row & 7;
                 const float* r0 = a_s + row * 32;
@@ -424,7 +441,10 @@ RX_FOR_EACH_TYPE(RX_GEMM)
 
 // -- routed experts --------------------------------------------------------------------------------
 
-using GemmMoeN = GemmCfg<1, 4, 2, 4, 4>;  // 32-pair tiles (GemmS for 64): the host gives reflex_moe_group the BM
+// One warp row, so each weight is decoded once per tile: 64 pairs (W) or 32 (N) x 128 rows. The
+// host gives reflex_moe_group the BM; W's warps skip the 16-pair parts past an expert's last pair.
+using GemmMoeW = GemmCfg<1, 4, 4, 4, 3>;
+using GemmMoeN = GemmCfg<1, 4, 2, 4, 4>;
 
 template <int T, class C>
 __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes,
@@ -516,6 +536,6 @@ __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes,
         moe_gemm_down<T, C>(Wd, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_id, act,  \
                             K, wts, k, ybuf, x, n_embd, counters);                                                 \
     }
-#define RX_MOE_GEMM(name, T) RX_MOE_GEMM_CFG(name, T, GemmS, ) RX_MOE_GEMM_CFG(name, T, GemmMoeN, _n)
+#define RX_MOE_GEMM(name, T) RX_MOE_GEMM_CFG(name, T, GemmMoeW, ) RX_MOE_GEMM_CFG(name, T, GemmMoeN, _n)
 
 RX_FOR_EACH_TYPE(RX_MOE_GEMM)

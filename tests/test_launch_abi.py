@@ -451,7 +451,7 @@ def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
     nvcc = find_nvcc()
     src = tmp_path / "sizes.cu"
     src.write_text('#include "gemm.cu"\n#include "flash_attn.cu"\n#include <cstdio>\n'
-                   '#define P(name, T) printf("%s %d %d %d\\n", #name, GemmSmem<T, GemmL>::BYTES, GemmSmem<T, GemmS>::BYTES, GemmSmem<T, GemmMoeN>::BYTES);\n'
+                   '#define P(name, T) printf("%s %d %d %d %d\\n", #name, GemmSmem<T, GemmL>::BYTES, GemmSmem<T, GemmS>::BYTES, GemmSmem<T, GemmMoeW>::BYTES, GemmSmem<T, GemmMoeN>::BYTES);\n'
                    'int main() { RX_FOR_EACH_TYPE(P) '
                    + " ".join(f'printf("fa {hd} %d\\n", FaCfg<{hd}>::BYTES);' for hd in flash_attn.HEAD_DIMS) + " }\n")
     exe = tmp_path / "sizes"
@@ -466,7 +466,7 @@ def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
             assert int(f[2]) == flash_attn.shared_bytes(int(f[1])), line
         else:
             tn = suffix_to_type[f[0]]
-            assert tuple(map(int, f[1:4])) == tuple(gemm.shared_bytes(tn, c) for c in ("l", "s", "n")), line
+            assert tuple(map(int, f[1:5])) == tuple(gemm.shared_bytes(tn, c) for c in ("l", "s", "w", "n")), line
         seen += 1
     assert seen == len(WEIGHT_TYPES) + len(flash_attn.HEAD_DIMS)
 

@@ -14,9 +14,9 @@ KERNELS = per_type("reflex_gemm_{}_l", "reflex_gemm_{}_s", "reflex_gemm_glu_{}_l
                    "reflex_moe_gemm_glu_{}", "reflex_moe_gemm_down_{}", "reflex_moe_gemm_glu_{}_n",
                    "reflex_moe_gemm_down_{}_n")
 CFGS = {"l": (128, 128), "s": (64, 64)}  # the dense kernels' GemmL / GemmS: (tokens, weight rows) per tile
-SHAPES = {**CFGS, "n": (32, 128)}  # and the grouped experts' GemmMoeN (32-pair tiles)
-THREADS = {"l": 256, "s": 128, "n": 128}
-MOE_CFG = {TILE: ("s", ""), SMALL_TILE: ("n", "_n")}  # pairs per tile -> (configuration, kernel name suffix)
+SHAPES = {**CFGS, "w": (64, 128), "n": (32, 128)}  # and the grouped experts' GemmMoeW / GemmMoeN
+THREADS = {"l": 256, "s": 128, "w": 128, "n": 128}
+MOE_CFG = {TILE: ("w", ""), SMALL_TILE: ("n", "_n")}  # pairs per tile -> (configuration, kernel name suffix)
 
 
 class GemmSegs(Structure):
@@ -39,14 +39,14 @@ def shared_bytes(type_name: str, cfg: str) -> int:
     sb = kb // t.block_size * t.type_size
     slot = (sb + 15) // 16 * 16 + 16
     bm, bn = SHAPES[cfg]
-    na = min(4 if bm == 64 else 3, kb // 32 + 1)
+    na = min(4 if (bm, bn) == (64, 64) else 3, kb // 32 + 1)
     return 2 * bn * slot + na * bm * 32 * 4
 
 
 def down_col_tiles(n_embd: int) -> int:
-    """Column tiles of the grouped down kernel, at most (its 64 weight rows per tile; 128 for
-    32-pair tiles): one completion counter per (token, tile)."""
-    return -(-n_embd // CFGS["s"][1])
+    """Column tiles of the grouped down kernel, at most (the fewest weight rows a tile of either
+    configuration takes): one completion counter per (token, tile)."""
+    return -(-n_embd // min(SHAPES[cfg][1] for cfg, _ in MOE_CFG.values()))
 
 
 def ok(L, w: Weight) -> bool:

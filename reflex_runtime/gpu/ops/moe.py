@@ -14,7 +14,7 @@ from .matvec import MvSegs, warps_per_row
 KERNELS = per_type("reflex_moe_mv_glu_{}", "reflex_moe_mv_down_{}", "reflex_moe_mm_{}") + (
     "reflex_moe_topk", "reflex_moe_group", "reflex_moe_combine", "reflex_moe_router_mm")
 MAX_EXPERTS = 1024  # MOE_MAX_EXPERTS (router probabilities live in shared memory)
-TILE = 64  # pairs per tile of the grouped expert kernels (gemm.cu GemmS; SMALL_TILE: GemmMoeN, the "_n" kernels)
+TILE = 64  # pairs per tile of the grouped expert kernels (gemm.cu GemmMoeW; SMALL_TILE: GemmMoeN, the "_n" kernels)
 SMALL_TILE = 32
 ROUTER_MM_T, ROUTER_MM_KT = 32, 64  # reflex_moe_router_mm's tile (RM_T) and K step (RM_KT)
 ROUTER_MM_MIN_TOKENS = 16  # fewer: the matrix-vector kernel reads the router fewer times
@@ -41,12 +41,10 @@ def max_tiles(n_pairs: int, n_expert: int, tile: int = TILE) -> int:
 
 
 def tile_for(L, n_pairs: int, n_expert: int) -> int:
-    """Pairs per grouped tile: SMALL_TILE while the experts average at most 48 pairs (a 512-token
-    prompt over 128 experts of 8: 32), where most 64-pair tiles would be half empty; L.moe_tile
-    (REFLEX_MOE_TILE) forces one."""
-    if L.moe_tile:
-        return L.moe_tile
-    return SMALL_TILE if n_pairs <= 48 * n_expert else TILE
+    """Pairs per grouped tile: TILE (gemm.cu's W tiles: one per expert of up to 64 pairs, its
+    empty 16-pair parts skipped; the 32-pair tiles they replace took ~1.5 per expert at 512
+    tokens, each decoding the expert's weights again), unless L.moe_tile (REFLEX_MOE_TILE) forces one."""
+    return L.moe_tile or TILE
 
 
 def router_mm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, norm_w: int = 0, eps: float = 0.0) -> bool:
