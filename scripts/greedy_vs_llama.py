@@ -11,7 +11,10 @@ its decode path (teacher-forced), so every position is compared on the same cont
 - near-tie: they differ, but reflex ranks llama.cpp's token within `tie` x max|logit| of its own top
   and llama.cpp ranks reflex's top within the same distance of its own (two engines that round
   differently may each pick either: llama.cpp quantizes activations to 8 bits in its products);
-- differ: anything else: a real disagreement.
+- tie: they differ, but the two tokens' LM-head rows are the same bytes (random-weight files tile
+  one pool of blocks, so rows repeat: equal logits in any engine; llama.cpp then picks the later id);
+- differ: anything else: a real disagreement. With --reference, the numpy reference (CPU) runs the
+  same teacher-forced positions and says which engine's pick it shares at each differing one.
 Random-weight files have flat logits, so free-running greedy text parts at the first near-tie and
 never meets again; the teacher-forced positions are the comparison that still means something after it.
 Prints one line: EQUAL (free-running tokens identical), EQUAL UP TO NEAR-TIES (no `differ`
@@ -83,9 +86,23 @@ def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int
     return {"tokens": [int(p["id"]) for p in probs], "steps": steps, "prompt_ids": theirs}
 
 
-def compare(llama_tokens, llama_steps, rows, free_tokens, tie: float = TIE) -> dict:
+def lm_head_rows_equal(path: str):
+    """same(a, b): whether tokens a and b have byte-identical LM-head rows in the file at `path`."""
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
+
+    g = GGUFFile(path)
+    t = g.tensors.get("output.weight") or g.tensors["token_embd.weight"]
+    row = t.nbytes // t.shape[1]
+
+    def same(a: int, b: int) -> bool:
+        return bytes(g.read_tensor(t.name, a * row, row)) == bytes(g.read_tensor(t.name, b * row, row))
+    return same
+
+
+def compare(llama_tokens, llama_steps, rows, free_tokens, tie: float = TIE, same_rows=None) -> dict:
     """Position by position: reflex's logits `rows[i]` (teacher-forced on llama.cpp's tokens) against
-    llama.cpp's token and its top log-probs there; and the two free-running sequences."""
+    llama.cpp's token and its top log-probs there; and the two free-running sequences.
+    same_rows(a, b): whether two tokens' LM-head rows are identical (lm_head_rows_equal)."""
     import numpy as np
 
     positions, verdicts = [], []
@@ -96,6 +113,8 @@ def compare(llama_tokens, llama_steps, rows, free_tokens, tie: float = TIE) -> d
         p = {"pos": i, "llama": tok, "reflex": ours}
         if ours == tok:
             kind = "same"
+        elif row[ours] == row[tok] and same_rows is not None and same_rows(ours, tok):
+            kind = "tie"
         else:
             p["reflex_gap"] = float(row[ours] - row[tok]) / scale  # how far below our top their token is
             lp = llama_steps[i]
@@ -114,8 +133,31 @@ def compare(llama_tokens, llama_steps, rows, free_tokens, tie: float = TIE) -> d
     equal = list(free_tokens) == list(llama_tokens)
     result = "EQUAL" if equal else ("EQUAL UP TO NEAR-TIES" if "differ" not in verdicts else "DIFFERENT")
     return {"result": result, "free_running_common_tokens": n_free, "same": verdicts.count("same"),
+            "ties": [p["pos"] for p in positions if p["kind"] == "tie"],
             "near_ties": [p["pos"] for p in positions if p["kind"] == "near-tie"],
             "differ": [p["pos"] for p in positions if p["kind"] == "differ"], "tie": tie, "positions": positions}
+
+
+def reference_verdicts(path: str, ids: list[int], llama_tokens: list[int], res: dict) -> None:
+    """The numpy reference on the same teacher-forced positions: at each `differ` position, whose
+    pick it shares ("reflex", "llama", "neither") and its own gap between the two, in res["positions"]."""
+    import numpy as np
+
+    from reflex_runtime.families import load_reference
+
+    ref = load_reference(path)
+    cache = ref.new_cache(len(ids) + len(llama_tokens) + 1)
+    row = ref.forward(ids, cache)[-1]
+    for i, p in enumerate(res["positions"]):
+        if i:
+            row = ref.forward([llama_tokens[i - 1]], cache)[0]
+        if p["kind"] != "differ":
+            continue
+        top, scale = int(np.argmax(row)), float(np.abs(row).max()) or 1.0
+        p["reference"] = "reflex" if row[top] == row[p["reflex"]] else "llama" if row[top] == row[p["llama"]] else "neither"
+        p["reference_gap"] = float(row[p["reflex"]] - row[p["llama"]]) / scale
+    sides = [p["reference"] for p in res["positions"] if "reference" in p]
+    res["reference_sides_with"] = {k: sides.count(k) for k in ("reflex", "llama", "neither")}
 
 
 def reflex_engine(path: str, backend: str):
@@ -132,6 +174,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--tie", type=float, default=TIE, help="near-tie distance, a fraction of max|logit| (default %(default)s)")
     ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--reference", action="store_true",
+                    help="at differing positions, also ask the numpy reference (CPU; small files)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     from reflex_runtime.sampling import SamplingParams
@@ -142,15 +186,19 @@ def main(argv=None) -> int:
     log = (a.out + ".llama-server.log") if a.out else None
     theirs = llama_server_greedy(a.llama_server, a.model, a.prompt, ids, a.n, log=log)
     rows = engine.runner.decode_logits(ids, theirs["tokens"][:-1])
-    res = compare(theirs["tokens"], theirs["steps"], rows, free, a.tie)
+    res = compare(theirs["tokens"], theirs["steps"], rows, free, a.tie, lm_head_rows_equal(a.model))
+    if a.reference and res["differ"]:
+        reference_verdicts(a.model, ids, theirs["tokens"], res)
     res = {"model": os.path.basename(a.model), "prompt": a.prompt, "prompt_ids": ids,
            "same_prompt_tokenization": theirs["prompt_ids"] == ids, "tokens": a.n,
            "reflex_tokens": free, "llama_tokens": theirs["tokens"],
            "reflex_text": engine.tokenizer.decode(free), "llama_text": engine.tokenizer.decode(theirs["tokens"]), **res}
     worst = max([p["reflex_gap"] for p in res["positions"] if "reflex_gap" in p], default=0.0)
     print(f"{res['model']:40s} greedy {a.n} tokens: {res['result']} (free-running common {res['free_running_common_tokens']}; "
-          f"teacher-forced same {res['same']}, near-ties {len(res['near_ties'])}, differ {len(res['differ'])}; "
-          f"largest gap {worst:.4f} of max|logit|, tie {a.tie}; same prompt tokens: {res['same_prompt_tokenization']})")
+          f"teacher-forced same {res['same']}, equal rows {len(res['ties'])}, near-ties {len(res['near_ties'])}, "
+          f"differ {len(res['differ'])}; largest gap {worst:.4f} of max|logit|, tie {a.tie}; same prompt tokens: "
+          f"{res['same_prompt_tokenization']}" + (f"; the reference sides with {res['reference_sides_with']}"
+                                                  if "reference_sides_with" in res else "") + ")")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

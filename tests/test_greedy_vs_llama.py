@@ -95,3 +95,54 @@ def test_a_llama_server_that_dies_is_one_line(tmp_path):
         g.llama_server_greedy(str(server), "m.gguf", "p", [1], 2, log=str(tmp_path / "s.log"), start_timeout=30)
     assert "llama-server exited (1)" in str(e.value)
     assert "failed to load model" in (tmp_path / "s.log").read_text()
+
+
+def test_equal_lm_head_rows_are_a_tie_not_a_disagreement():
+    """Random-weight files tile one pool of blocks, so LM-head rows repeat: their logits are equal in
+    any engine and the two engines' argmax breaks the tie differently (llama.cpp: the later id)."""
+    row = _row(16, 3)
+    row[11] = row[3]
+    res = g.compare([11], [{11: -0.1}], [row], [3], same_rows=lambda a, b: {a, b} == {3, 11})
+    assert res["result"] == "EQUAL UP TO NEAR-TIES" and res["ties"] == [0] and res["differ"] == []
+    # equal logits from rows that are not the same bytes are not excused this way
+    res = g.compare([11], [{11: -0.1}], [row], [3], same_rows=lambda a, b: False)
+    assert res["differ"] == [0]
+
+
+def test_lm_head_rows_equal_reads_the_file(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    w = np.arange(5 * 8, dtype=np.float32).reshape(5, 8)
+    w[4] = w[1]
+    path = tmp_path / "m.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    wr.add_tensor("output.weight", w)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    same = g.lm_head_rows_equal(str(path))
+    assert same(1, 4) and same(2, 2) and not same(0, 1) and not same(3, 4)
+
+
+def test_the_reference_says_whose_pick_it_shares(monkeypatch):
+    """reference_verdicts feeds the reference the same teacher-forced tokens and, at each differing
+    position, names the engine whose pick it shares."""
+    import reflex_runtime.families as fam
+
+    fed = []
+
+    class Ref:
+        def new_cache(self, n):
+            return None
+
+        def forward(self, toks, cache):
+            fed.append(list(toks))
+            return [_row(16, 7 if len(fed) == 1 else 9)]  # position 0: reflex's 7; position 1: llama's 9
+
+    monkeypatch.setattr(fam, "load_reference", lambda path: Ref())
+    rows = [_row(16, 7, 9, gap=0.5), _row(16, 7, 9, gap=0.5)]
+    res = g.compare([9, 9], [{9: -0.1}, {9: -0.1}], rows, [7, 7])
+    g.reference_verdicts("m.gguf", [1, 2], [9, 9], res)
+    assert fed == [[1, 2], [9]]
+    assert [p["reference"] for p in res["positions"]] == ["reflex", "llama"]
+    assert res["reference_sides_with"] == {"reflex": 1, "llama": 1, "neither": 0}
