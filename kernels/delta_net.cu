@@ -260,6 +260,33 @@ __device__ __forceinline__ float dn_dot_rows(const float (&a)[DN_MAX_HD / 32], c
 // (blocks past their sequence's end return). The gates, A and P as reflex_dn_chunked computes
 // them, then warp 0 solves (I + A) T = I, a column per lane: the forward substitution's serial
 // chain, which the chunked kernel ran once per chunk in turn, now runs beside every other chunk's.
+// A and P of one chunk (both paths of the prompt rule): warp w fills rows i = w + 8 m, lane j the
+// column: A_ij = beta_i e_ij k_i.k_j below the diagonal, P_ij = e_ij q_i.k_j, e_ij the decay from j
+// to i. The row's q and k vectors are held in registers (one element per lane) and shuffled to
+// every lane; put_p(i, j, value) stores P where the path keeps it.
+template <class PutP>
+__device__ __forceinline__ void dn_chunk_ap(const float* qkv, int C, int qoff, int c0, int L, int dk,
+                                            const float (*Ks)[DN_MAX_HD + 1], const float* cum, const float* bet,
+                                            float (*A)[DN_CHUNK + 1], PutP put_p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int m = 0; m < DN_CHUNK / 8; m++) {
+        int i = warp + 8 * m;
+        float qr[DN_MAX_HD / 32], kr[DN_MAX_HD / 32];
+#pragma unroll
+        for (int u = 0; u < DN_MAX_HD / 32; u++) {
+            int d = lane + 32 * u;
+            qr[u] = (i < L && d < dk) ? qkv[(long)(c0 + i) * C + qoff + d] : 0.f;
+            kr[u] = Ks[i][d];
+        }
+        float kk = dn_dot_rows(kr, Ks, dk), qk = dn_dot_rows(qr, Ks, dk);
+        int j = lane;
+        float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
+        A[i][j] = j < i ? bet[i] * e * kk : 0.f;
+        put_p(i, j, e * qk);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qkv, const float* alpha,
                                                                   const float* beta, const float* ssm_a,
                                                                   const float* dt_bias, const int* seq_start, int n_seq,
@@ -300,22 +327,8 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qk
         out[DN_PREP_G + 3 * DN_CHUNK + lane] = 0.f;
     }
     __syncthreads();
-#pragma unroll
-    for (int m = 0; m < DN_CHUNK / 8; m++) {
-        int i = warp + 8 * m;
-        float qr[DN_MAX_HD / 32], kr[DN_MAX_HD / 32];
-#pragma unroll
-        for (int u = 0; u < DN_MAX_HD / 32; u++) {
-            int d = lane + 32 * u;
-            qr[u] = (i < L && d < dk) ? qkv[(long)(c0 + i) * C + qoff + d] : 0.f;
-            kr[u] = Ks[i][d];
-        }
-        float kk = dn_dot_rows(kr, Ks, dk), qk = dn_dot_rows(qr, Ks, dk);
-        int j = lane;
-        float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
-        A[i][j] = j < i ? bet[i] * e * kk : 0.f;
-        out[DN_PREP_P + i * DN_CHUNK + j] = e * qk;
-    }
+    dn_chunk_ap(qkv, C, qoff, c0, L, dk, Ks, cum, bet, A,
+                [&](int i, int j, float v) { out[DN_PREP_P + i * DN_CHUNK + j] = v; });
     __syncthreads();
     if (warp == 0)  // column `lane` of T: T_i = [i == lane] - sum_{j<i} A_ij T_j (rows past L: identity)
         for (int i = 0; i < DN_CHUNK; i++) {
@@ -397,26 +410,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
             tail[lane] = lane < L ? expf(last - g) : 0.f;
         }
         if (!prep) __syncthreads();
-        // A and P: warp w fills rows i = w + 8 m, lane j the column. The row's q and k vectors are
-        // held in registers (one element per lane) and shuffled to every lane.
-        if (!prep) {
-#pragma unroll
-            for (int m = 0; m < DN_CHUNK / 8; m++) {
-                int i = warp + 8 * m;
-                float qr[DN_MAX_HD / 32], kr[DN_MAX_HD / 32];
-#pragma unroll
-                for (int u = 0; u < DN_MAX_HD / 32; u++) {
-                    int d = lane + 32 * u;
-                    qr[u] = (i < L && d < dk) ? qkv[(long)(c0 + i) * C + qoff + d] : 0.f;
-                    kr[u] = Ks[i][d];
-                }
-                float kk = dn_dot_rows(kr, Ks, dk), qk = dn_dot_rows(qr, Ks, dk);
-                int j = lane;
-                float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
-                A[i][j] = j < i ? bet[i] * e * kk : 0.f;
-                P[i][j] = e * qk;
-            }
-        }
+        if (!prep) dn_chunk_ap(qkv, C, qoff, c0, L, dk, Ks, cum, bet, A, [&](int i, int j, float v) { P[i][j] = v; });
         // right-hand side and the S0 part of the output: thread (warp, lane) takes tokens
         // t = warp + 8 m of column j0 + lane
         float o[DN_CHUNK / 8];
