@@ -260,6 +260,23 @@ __device__ __forceinline__ float dn_dot_rows(const float (&a)[DN_MAX_HD / 32], c
 // (blocks past their sequence's end return). The gates, A and P as reflex_dn_chunked computes
 // them, then warp 0 solves (I + A) T = I, a column per lane: the forward substitution's serial
 // chain, which the chunked kernel ran once per chunk in turn, now runs beside every other chunk's.
+// One chunk's gates, one token per lane of a warp: b = sigmoid(beta_t), g = the cumulative
+// log-decay sum_{t' <= t} a softplus(alpha_t' + bias) by a shuffle scan, last = the chunk's total.
+__device__ __forceinline__ void dn_chunk_gates(float a, float bias, const float* alpha, const float* beta, int c0,
+                                               int L, int nv, int h, int lane, float& g, float& b, float& last) {
+    g = 0.f, b = 0.f;
+    if (lane < L) {
+        g = a * dn_softplus(alpha[(long)(c0 + lane) * nv + h] + bias);
+        b = dn_sigmoid(beta[(long)(c0 + lane) * nv + h]);
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        float y = __shfl_up_sync(0xffffffffu, g, o);
+        if (lane >= o) g += y;
+    }
+    last = __shfl_sync(0xffffffffu, g, L - 1);
+}
+
 // A and P of one chunk (both paths of the prompt rule): warp w fills rows i = w + 8 m, lane j the
 // column: A_ij = beta_i e_ij k_i.k_j below the diagonal, P_ij = e_ij q_i.k_j, e_ij the decay from j
 // to i. The row's q and k vectors are held in registers (one element per lane) and shuffled to
@@ -287,6 +304,25 @@ __device__ __forceinline__ void dn_chunk_ap(const float* qkv, int C, int qoff, i
     }
 }
 
+// Forward substitution down one column (`lane`) of X: X_i -= sum_{j<i} A_ij X_j for i = 1..n-1, A
+// unit lower triangular (its diagonal implied). Four partial sums: the chain of dependent adds is the
+// serial part of the prompt rule.
+template <int LD>
+__device__ __forceinline__ void dn_forward_subst(const float (*A)[DN_CHUNK + 1], float (*X)[LD], int n, int lane) {
+    for (int i = 1; i < n; i++) {
+        float a0 = X[i][lane], a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        int j = 0;
+        for (; j + 4 <= i; j += 4) {
+            a0 -= A[i][j] * X[j][lane];
+            a1 -= A[i][j + 1] * X[j + 1][lane];
+            a2 -= A[i][j + 2] * X[j + 2][lane];
+            a3 -= A[i][j + 3] * X[j + 3][lane];
+        }
+        for (; j < i; j++) a0 -= A[i][j] * X[j][lane];
+        X[i][lane] = (a0 + a1) + (a2 + a3);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qkv, const float* alpha,
                                                                   const float* beta, const float* ssm_a,
                                                                   const float* dt_bias, const int* seq_start, int n_seq,
@@ -308,18 +344,9 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qk
         int t = idx / DN_MAX_HD, i = idx % DN_MAX_HD;
         Ks[t][i] = (t < L && i < dk) ? qkv[(long)(c0 + t) * C + koff + i] : 0.f;
     }
-    if (warp == 0) {  // gates; cumulative log-decay by a shuffle scan (one token per lane)
-        float g = 0.f, b = 0.f;
-        if (lane < L) {
-            g = ssm_a[h] * dn_softplus(alpha[(long)(c0 + lane) * nv + h] + dt_bias[h]);
-            b = dn_sigmoid(beta[(long)(c0 + lane) * nv + h]);
-        }
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            float y = __shfl_up_sync(0xffffffffu, g, o);
-            if (lane >= o) g += y;
-        }
-        float last = __shfl_sync(0xffffffffu, g, L - 1);
+    if (warp == 0) {  // gates; cumulative log-decay
+        float g, b, last;
+        dn_chunk_gates(ssm_a[h], dt_bias[h], alpha, beta, c0, L, nv, h, lane, g, b, last);
         bet[lane] = b, cum[lane] = g;
         out[DN_PREP_G + lane] = b;
         out[DN_PREP_G + DN_CHUNK + lane] = lane < L ? expf(g) : 0.f;
@@ -330,19 +357,10 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qk
     dn_chunk_ap(qkv, C, qoff, c0, L, dk, Ks, cum, bet, A,
                 [&](int i, int j, float v) { out[DN_PREP_P + i * DN_CHUNK + j] = v; });
     __syncthreads();
-    if (warp == 0)  // column `lane` of T: T_i = [i == lane] - sum_{j<i} A_ij T_j (rows past L: identity)
-        for (int i = 0; i < DN_CHUNK; i++) {
-            float a0 = i == lane ? 1.f : 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-            int j = 0;
-            for (; j + 4 <= i; j += 4) {
-                a0 -= A[i][j] * Ts[j][lane];
-                a1 -= A[i][j + 1] * Ts[j + 1][lane];
-                a2 -= A[i][j + 2] * Ts[j + 2][lane];
-                a3 -= A[i][j + 3] * Ts[j + 3][lane];
-            }
-            for (; j < i; j++) a0 -= A[i][j] * Ts[j][lane];
-            Ts[i][lane] = (a0 + a1) + (a2 + a3);
-        }
+    if (warp == 0) {  // column `lane` of T = (I + A)^-1: the identity's column, substituted (rows past L: identity)
+        for (int i = 0; i < DN_CHUNK; i++) Ts[i][lane] = i == lane ? 1.f : 0.f;
+        dn_forward_subst(A, Ts, DN_CHUNK, lane);
+    }
     __syncthreads();
     for (int idx = threadIdx.x; idx < DN_CHUNK * DN_CHUNK; idx += blockDim.x)
         out[DN_PREP_T + idx] = Ts[idx / DN_CHUNK][idx % DN_CHUNK];
@@ -392,18 +410,9 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
             }
             __syncthreads();
         }
-        if (!prep && warp == 0) {  // gates; cumulative log-decay by a shuffle scan (one token per lane)
-            float g = 0.f, b = 0.f;
-            if (lane < L) {
-                g = a * dn_softplus(alpha[(long)(c0 + lane) * nv + h] + bias);
-                b = dn_sigmoid(beta[(long)(c0 + lane) * nv + h]);
-            }
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                float y = __shfl_up_sync(0xffffffffu, g, o);
-                if (lane >= o) g += y;
-            }
-            float last = __shfl_sync(0xffffffffu, g, L - 1);
+        if (!prep && warp == 0) {  // gates; cumulative log-decay
+            float g, b, last;
+            dn_chunk_gates(a, bias, alpha, beta, c0, L, nv, h, lane, g, b, last);
             bet[lane] = b;
             cum[lane] = g;
             ecum[lane] = lane < L ? expf(g) : 0.f;
@@ -452,18 +461,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
 #pragma unroll
             for (int m = 0; m < DN_CHUNK / 8; m++) D[warp + 8 * m][lane] = d[m];
         } else if (warp == 0)  // forward substitution, one column per lane: D_i -= sum_{j<i} A_ij D_j
-            for (int i = 1; i < L; i++) {  // (four partial sums: the chain of dependent adds is this kernel's serial part)
-                float a0 = D[i][lane], a1 = 0.f, a2 = 0.f, a3 = 0.f;
-                int j = 0;
-                for (; j + 4 <= i; j += 4) {
-                    a0 -= A[i][j] * D[j][lane];
-                    a1 -= A[i][j + 1] * D[j + 1][lane];
-                    a2 -= A[i][j + 2] * D[j + 2][lane];
-                    a3 -= A[i][j + 3] * D[j + 3][lane];
-                }
-                for (; j < i; j++) a0 -= A[i][j] * D[j][lane];
-                D[i][lane] = (a0 + a1) + (a2 + a3);
-            }
+            dn_forward_subst(A, D, L, lane);
         __syncthreads();
         // O += P D for this thread's tokens; S <- e^(c_L) S + sum_j e^(c_L - c_j) k_j D_j^T for its
         // (row, column) cells. Loops over j outside: one read of D_j serves every token and row.
