@@ -1,7 +1,8 @@
 """Greedy tokens of reflex and llama.cpp's llama-server on the same GGUF file and prompt ids (issue
 31: "greedy output equal to llama.cpp's on the full-size file for 32 tokens").
 
-    python3 scripts/greedy_vs_llama.py FILE --llama-server PATH [-n 32] [--prompt TEXT] [--tie 0.02] [--out JSON]
+    python3 scripts/greedy_vs_llama.py FILE --llama-server PATH [-n 32] [--prompt TEXT] [--tie 0.02]
+        [--reference] [--llama-args "-fa off"] [--out JSON]
 
 The prompt is tokenized once, by reflex, and both engines get the same ids. llama-server (127.0.0.1,
 one slot) decodes greedily with `n_probs`, so each of its tokens comes with its own top log-probs;
@@ -50,14 +51,14 @@ def _free_port() -> int:
 
 
 def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int, top: int = 8,
-                        log: str | None = None, start_timeout: float = 600) -> dict:
+                        log: str | None = None, start_timeout: float = 600, extra: tuple[str, ...] = ()) -> dict:
     """llama.cpp's greedy continuation of `ids`: {"tokens", "steps": [{id: logprob} of its top ones],
     "prompt_ids": its own tokenization of `prompt`}."""
     port = _free_port()
     ctx = max(512, len(ids) + n + 16)
     with open(log or os.devnull, "wb") as lf:
         proc = subprocess.Popen([exe, "-m", path, "-ngl", "99", "-np", "1", "-c", str(ctx), "--host", "127.0.0.1",
-                                 "--port", str(port)], stdout=lf, stderr=subprocess.STDOUT)
+                                 "--port", str(port), *extra], stdout=lf, stderr=subprocess.STDOUT)
         try:
             t0 = time.monotonic()
             while True:
@@ -173,6 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--tie", type=float, default=TIE, help="near-tie distance, a fraction of max|logit| (default %(default)s)")
+    ap.add_argument("--llama-args", default="", help="more llama-server options, e.g. \"-fa off\"")
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--reference", action="store_true",
                     help="at differing positions, also ask the numpy reference (CPU; small files)")
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
     ids = engine.prompt_ids(a.prompt)
     free = [int(t) for t in engine.runner.generate_ids(ids, SamplingParams(), a.n, frozenset())]
     log = (a.out + ".llama-server.log") if a.out else None
-    theirs = llama_server_greedy(a.llama_server, a.model, a.prompt, ids, a.n, log=log)
+    theirs = llama_server_greedy(a.llama_server, a.model, a.prompt, ids, a.n, log=log, extra=tuple(a.llama_args.split()))
     rows = engine.runner.decode_logits(ids, theirs["tokens"][:-1])
     res = compare(theirs["tokens"], theirs["steps"], rows, free, a.tie, lm_head_rows_equal(a.model))
     if a.reference and res["differ"]:

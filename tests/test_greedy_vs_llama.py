@@ -63,6 +63,7 @@ import json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 port = int(sys.argv[sys.argv.index("--port") + 1])
 assert sys.argv[sys.argv.index("--host") + 1] == "127.0.0.1"
+assert sys.argv[-2:] == ["-fa", "off"]
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
     def _send(self, obj):
@@ -80,7 +81,7 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
     server.chmod(0o755)
     out = g.llama_server_greedy(str(server), "m.gguf", "Hi there", [11, 12], 3, log=str(tmp_path / "s.log"),
-                                start_timeout=30)
+                                start_timeout=30, extra=("-fa", "off"))
     assert out["tokens"] == [5, 6, 7] and out["prompt_ids"] == [11, 12]
     assert out["steps"][0] == {5: -0.1, 0: -2.5}
     req = json.loads(seen.read_text())
