@@ -43,7 +43,8 @@ class HostHarness:
     def __init__(self, lib):
         from reflex_runtime.gpu.launch import Launcher
 
-        self.launch = Launcher(_HostDevice(lib), None)
+        self.dev = _HostDevice(lib)
+        self.launch = Launcher(self.dev, None)
         self._arrays: dict[int, np.ndarray] = {}
 
     def put(self, arr) -> int:
@@ -62,17 +63,45 @@ class HostHarness:
         pass
 
 
-def build_host_harness(tmp_dir, entry_points: str, kernel_file: str) -> HostHarness:
+def cuda_include() -> str | None:
+    """The CUDA toolkit's include folder (cuda_fp16.h: g++ compiles its host half type), or None."""
+    import glob
+
+    nvcc = shutil.which("nvcc")
+    cands = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    if nvcc:
+        cands.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    return next((os.path.join(d, "include") for d in cands
+                 if d and os.path.isfile(os.path.join(d, "include", "cuda_fp16.h"))), None)
+
+
+def build_host_harness(tmp_dir, entry_points: str, kernel_file: str, headers=(), emu_headers=(),
+                       patches: dict | None = None) -> HostHarness:
     """Compile tests/host_emu/<entry_points> (which #includes kernels/<kernel_file>) into a
-    shared library in tmp_dir; skips when g++ is missing."""
+    shared library in tmp_dir; skips when g++ is missing. headers: more kernels/ files the kernel
+    includes as they are; emu_headers: tests/host_emu stand-ins for kernels/ headers of the same
+    name; patches: {kernels/ line: its host form} (a declaration g++ cannot take). With headers or
+    stand-ins the CUDA toolkit's include folder is on the path (cuda_fp16.h's host half)."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ is not installed")
     for src in (os.path.join(ROOT, "tests", "host_emu", "common.cuh"),
                 os.path.join(ROOT, "tests", "host_emu", entry_points),
-                os.path.join(ROOT, "kernels", kernel_file)):
+                *(os.path.join(ROOT, "tests", "host_emu", h) for h in emu_headers),
+                *(os.path.join(ROOT, "kernels", h) for h in (kernel_file, *headers))):
         shutil.copy(src, tmp_dir)  # the kernel's #include "common.cuh" then finds the host stand-in
+    for old, new in (patches or {}).items():
+        path = os.path.join(tmp_dir, kernel_file)
+        text = open(path).read()
+        assert old in text, f"{kernel_file} no longer has {old!r}"
+        open(path, "w").write(text.replace(old, new))
+    flags = []
+    if headers or emu_headers:
+        inc = cuda_include()
+        if inc is None:
+            pytest.skip("no CUDA toolkit include folder (cuda_fp16.h)")
+        flags = ["-I", inc]
     lib = os.path.join(tmp_dir, "lib" + entry_points.removesuffix(".cpp") + ".so")
-    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-o", lib,
+    subprocess.run([gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", *flags, "-o", lib,
                     os.path.join(tmp_dir, entry_points)], check=True)
     return HostHarness(ctypes.CDLL(lib))

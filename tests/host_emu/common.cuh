@@ -108,7 +108,7 @@ inline void run_block(unsigned threads) {
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define RX_WARP 32
 
 inline void __syncthreads() { emu::block_wait(); }
