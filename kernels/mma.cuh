@@ -28,17 +28,13 @@ __device__ __forceinline__ void rx_cp16(void* smem, const void* gmem, int src_by
 }
 
 // The same with the shared address given as a 32-bit shared-space address (rx_saddr, found once:
-// the generic -> shared conversion costs instructions per call), all 16 bytes, or only src_bytes.
+// the generic -> shared conversion costs instructions per call): all 16 bytes when p holds (a
+// predicated copy, no branch), or only src_bytes.
 __device__ __forceinline__ uint32_t rx_saddr(const void* smem) {
 #if RX_SM80
     return (uint32_t)__cvta_generic_to_shared(smem);
 #else
     return 0;
-#endif
-}
-__device__ __forceinline__ void rx_cp16s(uint32_t s, const void* gmem) {
-#if RX_SM80
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 #endif
 }
 __device__ __forceinline__ void rx_cp16s_if(uint32_t s, const void* gmem, bool p) {  // predicated: no branch

@@ -208,4 +208,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from reflex_runtime.errors import ReflexError
+
+    try:
+        sys.exit(main())
+    except (ReflexError, OSError, ValueError, KeyError) as e:  # a bad file, no server, an unreadable answer
+        sys.exit(f"greedy_vs_llama: {e}")

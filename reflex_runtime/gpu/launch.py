@@ -66,7 +66,7 @@ class Launcher:
         self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
         # a prompt's float32 router logits through a tiled GEMM (moe.router_mm), not the matrix-vector kernel
         self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
-        # pairs per tile of a prompt's grouped expert kernels: 0 picks per launch (moe.tile_for), 32 or 64 forces it
+        # pairs per tile of a prompt's grouped expert kernels: 0 the default 64 (moe.tile_for), 32 or 64 forces it
         self.moe_tile = knob("REFLEX_MOE_TILE", 0, choices=(0, 32, 64))
         # a prompt's delta rule with every chunk's state-free part first, in parallel (delta_net.chunked prep)
         self.dn_prep = os.environ.get("REFLEX_DN_PREP", "1") != "0"

@@ -187,7 +187,7 @@ class MoeFFN:
             return
         counts, offsets, pair_tok, pair_id = p("moe_counts"), p("moe_offsets"), p("moe_pair_tok"), p("moe_pair_id")
         if path == "gemm":  # two grouped launches
-            tile = moe_ops.tile_for(L, n * k, self.n_expert)
+            tile = moe_ops.tile_for(L)
             grp = MoeGroups(counts, offsets, pair_tok, pair_id, p("moe_tile_e"), p("moe_tile_m0"), p("moe_n_tiles"),
                             moe_ops.max_tiles(n * k, self.n_expert, tile), tile)
             moe_ops.group(L, ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id, grp.tile_e,

@@ -23,9 +23,8 @@ inline MmaIn mma_buf[32][32];
 }  // namespace emu
 
 inline uint32_t rx_saddr(const void* p) { return (uint32_t)((const unsigned char*)p - emu::smem); }
-inline void rx_cp16s(uint32_t s, const void* g) { std::memcpy(emu::smem + s, g, 16); }
 inline void rx_cp16s_if(uint32_t s, const void* g, bool p) {
-    if (p) rx_cp16s(s, g);
+    if (p) std::memcpy(emu::smem + s, g, 16);
 }
 inline void rx_cp16s_part(uint32_t s, const void* g, int n) {
     std::memcpy(emu::smem + s, g, n);

@@ -12,14 +12,14 @@ KERNELS = ("reflex_dn_conv", "reflex_dn_conv_state", "reflex_dn_recurrent", "ref
            "reflex_dn_gated_norm")
 CHUNK = 32  # DN_CHUNK
 PREP_FLOATS = 2 * CHUNK * CHUNK + 4 * CHUNK  # DN_PREP_FLOATS: one (chunk, head) slot of reflex_dn_prep's scratch
+MAX_HEAD = 128  # DN_MAX_HD: linear-attention head sizes (register / shared tiles)
+MAX_CONV = 8  # DN_MAX_K: conv taps
 
 
 def prep_floats(n_seq: int, n_tok: int, nv: int) -> int:
     """Scratch reflex_dn_prep needs for a batch: a slot per (chunk, head), chunk slots numbered
     below n_seq + ceil(n_tok / CHUNK) (dn_prep_slot)."""
     return (n_seq + -(-n_tok // CHUNK)) * nv * PREP_FLOATS
-MAX_HEAD = 128  # DN_MAX_HD: linear-attention head sizes (register / shared tiles)
-MAX_CONV = 8  # DN_MAX_K: conv taps
 
 
 def conv(L, x, w, state, state_stride, slots, seq_start, n_seq, pos, out, n_tok, k, nk, nv, dk, dv, q_scale, eps,

@@ -40,7 +40,7 @@ def max_tiles(n_pairs: int, n_expert: int, tile: int = TILE) -> int:
     return -(-n_pairs // tile) + min(n_expert, n_pairs)
 
 
-def tile_for(L, n_pairs: int, n_expert: int) -> int:
+def tile_for(L) -> int:
     """Pairs per grouped tile: TILE (gemm.cu's W tiles: one per expert of up to 64 pairs, its
     empty 16-pair parts skipped; the 32-pair tiles they replace took ~1.5 per expert at 512
     tokens, each decoding the expert's weights again), unless L.moe_tile (REFLEX_MOE_TILE) forces one."""
