@@ -210,7 +210,7 @@ def _run(runner, prompts, params, join_after=None, chunk=5, between=None, scorin
 @pytest.mark.parametrize("arch,outtype", [("qwen3", "q8_0"), ("qwen3", "q4_k_m"), ("gemma3", "q4_k_m"),
                                           ("llama", "f32"), ("qwen3moe", "q8_0"), ("qwen35", "q8_0"),
                                           ("qwen35moe", "q8_0"), ("deepseek_v2lite", "q8_0"),
-                                          ("deepseek_v3", "q8_0")])
+                                          ("deepseek_v3", "q8_0"), ("deepseek_v3_wide", "q8_0")])
 def test_sequences_together_match_each_alone(arch, outtype):
     """Greedy: the tokens of every sequence are the same whether it decoded alone (the batch path
     with one row: the single-sequence graph) or beside others (N-row graphs, a sequence joining

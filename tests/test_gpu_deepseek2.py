@@ -209,6 +209,65 @@ def test_mla_attention(gpu, case):
     assert not gpu.get(counters, (mla.counters(n_tok, n_head),), np.int32).any()
 
 
+FLASH_CASES = {
+    # name: (n_head, n_tok, first_slot, tree, paged)
+    "prompt_v2lite": (16, 37, 0, False, False),  # 592 rows: 19 blocks, the last one part-filled
+    "chunk_after_past_keys": (16, 70, 600, False, False),  # a later prompt chunk over 600 cached keys
+    "v3_heads": (128, 5, 41, False, False),  # a token's heads over four blocks
+    "odd_heads": (20, 9, 3, False, True),  # blocks straddle tokens at odd offsets; paged cache
+    "tree_v2lite": (16, 12, 50, True, False),  # system1: a prompt's last 4 tokens, candidates of 3, 1, 4
+}
+
+
+@pytest.mark.parametrize("case", list(FLASH_CASES))
+def test_mla_flash_attention(gpu, case):
+    """kernels/mla_flash.cu (a prompt's latent attention on tensor cores) against numpy: causal
+    chunks with and without cached keys before them, 128 heads, heads that do not divide the
+    32-row blocks, a paged cache, system1 trees. Slots past n_kv (and the paged pool's unused
+    blocks) hold NaN: never read into a product. Tolerance as flash_attn.cu's: q (after the
+    scale) and each softmax weight are rounded to f16 (<= 2^-11 relative each)."""
+    from reflex_runtime.gpu.ops import mla_flash
+    from reflex_runtime.kvpool import KV_BLOCK
+
+    if tuple(gpu.dev.cc) < (8, 0):
+        pytest.skip("the sm_80+ kernels need an sm_80+ GPU")
+    n_head, n_tok, first, tree, paged = FLASH_CASES[case]
+    r, d = mla_flash.R, mla_flash.D
+    rng = np.random.default_rng(list(case.encode()))
+    n_kv = first + n_tok
+    n_ctx = -(-(n_kv + 40) // KV_BLOCK) * KV_BLOCK
+    cache = rng.standard_normal((n_ctx, d)).astype(np.float16)
+    cache[n_kv:] = np.nan
+    q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
+    q_slot = np.arange(first, first + n_tok, dtype=np.int32)
+    seg_lo, prefix_len = None, 0
+    if tree:
+        prefix_len = first + 4
+        seg_lo = np.zeros(n_tok, dtype=np.int32)
+        starts, s0 = [], first + 4
+        for ln in (3, 1, 4):
+            starts += [s0] * ln
+            s0 += ln
+        seg_lo[4:] = starts
+    scale = 1.0 / np.sqrt(192.0) * 1.3
+    expect = _mla_ref(q, np.nan_to_num(cache), q_slot, seg_lo, prefix_len, n_kv, r, scale)
+    dev_cache, blocks = cache, 0
+    if paged:  # the cache's blocks scattered over a pool twice as large, NaN elsewhere
+        nb = n_ctx // KV_BLOCK
+        perm = rng.permutation(2 * nb)[:nb]
+        dev_cache = np.full((2 * nb * KV_BLOCK, d), np.nan, np.float16)
+        for i, b in enumerate(perm):
+            dev_cache[b * KV_BLOCK:(b + 1) * KV_BLOCK] = cache[i * KV_BLOCK:(i + 1) * KV_BLOCK]
+        blocks = gpu.put(perm.astype(np.int32))
+    assert mla_flash.ok(gpu.launch, n_tok, r, d, rows=False)
+    out = gpu.poisoned((n_tok, n_head, r))
+    mla_flash.attention(gpu.launch, gpu.put(q), gpu.put(dev_cache), gpu.put(q_slot), gpu.put(seg_lo) if tree else 0,
+                        prefix_len, gpu.put(np.array([n_kv], np.int32)), out, n_tok, n_head, scale, blocks=blocks)
+    got = gpu.get(out, (n_tok, n_head, r))
+    assert not np.isnan(got).any(), "a NaN slot reached the output (or the output was left poisoned)"
+    np.testing.assert_allclose(got, expect, rtol=3e-3, atol=3e-3)
+
+
 @pytest.mark.parametrize("rows", [3, 2])
 def test_mla_decode_rows(gpu, rows):
     """Decode rows of continuous batching: row t reads only its own keys seg_lo[t] .. slot[t], in
@@ -307,7 +366,7 @@ def _engine(name, outtype, max_context=None):
 
 
 @pytest.mark.parametrize("outtype", FIXTURE_TYPES)
-@pytest.mark.parametrize("name", ["v2lite", "v2", "v3"])
+@pytest.mark.parametrize("name", ["v2lite", "v2", "v3", "v3_wide"])
 def test_check_passes_deepseek(name, outtype):
     from reflex_runtime.commands.check import run_check
 
@@ -335,7 +394,7 @@ def test_check_passes_legacy_kv_b_layout(tmp_path):
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
-@pytest.mark.parametrize("name", ["v2lite", "v2", "v3"])
+@pytest.mark.parametrize("name", ["v2lite", "v2", "v3", "v3_wide"])
 def test_greedy_generate_equals_reference_for_32_tokens(name):
     from reflex_runtime.sampling import SamplingParams
 
@@ -347,7 +406,8 @@ def test_greedy_generate_equals_reference_for_32_tokens(name):
     assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect  # replayed warm
 
 
-@pytest.mark.parametrize("name,outtype", [("v2lite", "q8_0"), ("v2", "q4_k_m"), ("v3", "q8_0"), ("v3", "q4_k_m")])
+@pytest.mark.parametrize("name,outtype", [("v2lite", "q8_0"), ("v2", "q4_k_m"), ("v3", "q8_0"), ("v3", "q4_k_m"),
+                                          ("v3_wide", "q8_0")])
 def test_system1_scores_match_reference_in_one_pass(name, outtype):
     from reflex_runtime.reference.runner import ReferenceRunner
 
@@ -365,7 +425,7 @@ def test_system1_scores_match_reference_in_one_pass(name, outtype):
     assert abs(sum(c["probability"] for c in res["candidates"]) - 1) < 1e-9
 
 
-@pytest.mark.parametrize("name", ["v2lite", "v3"])
+@pytest.mark.parametrize("name", ["v2lite", "v3", "v3_wide"])
 def test_long_prompt_in_chunks_on_tensor_cores(name):
     """A > 512-token prompt: two forward passes, the tensor-core products (per-head ones
     included where K % 64 == 0), the grouped expert path, attention over the first chunk's cache.
@@ -379,12 +439,14 @@ def test_long_prompt_in_chunks_on_tensor_cores(name):
     assert res["prompt_tokens"] > 512 and res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
-def test_prompt_of_4096_tokens_matches_the_reference():
+@pytest.mark.parametrize("name", ["v2lite", "v3_wide"])
+def test_prompt_of_4096_tokens_matches_the_reference(name):
     """Issue 31: a 4,096-token prompt (eight 512-token chunks, the latent attention over up to
-    3,584 cached keys in each) checked against the numpy reference, greedy tokens included."""
+    3,584 cached keys in each; v3_wide: on tensor cores, kernels/mla_flash.cu) checked against the
+    numpy reference, greedy tokens included."""
     from reflex_runtime.commands.check import run_check
 
-    eng, ref = _engine("v2lite", "q8_0", max_context=4200)
+    eng, ref = _engine(name, "q8_0", max_context=4200)
     prompt = " ".join(["Once upon a time there was a small village by the sea, and"] * 292)
     n = len(eng.prompt_ids(prompt))
     assert 3800 <= n <= 4190, n  # about 4,096 tokens, with room for the 4 generated ones

@@ -87,6 +87,10 @@ def test_ops_constants_match_the_kernels():
 
     assert mla.HEADS == define("mla.cu", "MLA_HEADS") and mla.MAX_PAIRS == define("mla.cu", "MLA_MAX_PAIRS")
     assert mla.MERGE_RUN == define("mla.cu", "MLA_RUN")
+    from reflex_runtime.gpu.ops import mla_flash
+
+    assert (mla_flash.ROWS, mla_flash.BKV, mla_flash.D, mla_flash.R) == tuple(
+        define("mla_flash.cu", n) for n in ("MLF_ROWS", "MLF_BKV", "MLF_D", "MLF_R"))
     assert moe_route.MAX_GROUPS == define("moe_route.cu", "ROUTE_MAX_GROUPS")
     assert mvs.MVS_NX == define("mvs.cuh", "MVS_NX")
 
@@ -270,7 +274,7 @@ ABI_MODELS = {  # name: (fixture architecture or deepseek GPU config, overrides)
     "llama": ("llama", {}),  # untied LM head, pairwise rope
     "llama3_tied": ("llama", {"tie_word_embeddings": True, "rope_llama3": 4.0}),  # + rope_freqs factors
     "deepseek_v2lite": ("deepseek_v2lite", {}), "deepseek_v2": ("deepseek_v2", {}), "deepseek_v3": ("deepseek_v3", {}),
-    "deepseek_legacy": ("deepseek_legacy", {}),
+    "deepseek_legacy": ("deepseek_legacy", {}), "deepseek_v3_wide": ("deepseek_v3_wide", {}),
     "qwen35": ("qwen35", {}), "qwen35moe": ("qwen35moe", {}),
 }
 
@@ -368,6 +372,9 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
         for kind in kinds:
             assert any(n.startswith(kind) for n in names), kind
         assert "reflex_attn" not in names and "reflex_moe_topk" not in names
+        # a prompt's latent attention on tensor cores at the real widths (kv_lora_rank 512, rope 64)
+        wide = dec.layers[0].mixer.d == 576 and dec.layers[0].mixer.r == 512
+        assert ("reflex_mla_flash" in names) == (wide and cc >= (8, 0)), (wide, cc)
         split = [g for n, g, _ in dev.launches if n == "reflex_mla_attn" and g[1] > 1]
         assert split and all(g[0] == 1 for g in split), "only a decode step splits the keys"
         return
@@ -438,22 +445,31 @@ def test_every_prompt_kernel_launch_matches_abi(ptx_params):
         flash_attn.attention(L, buf(n_tok * n_head * hd), buf(n_kv * n_ctx * hd // 2), buf(n_kv * n_ctx * hd // 2),
                              buf(n_ctx), buf(n_tok), buf(n_tok), buf(n_tok), 7, buf(1), buf(n_tok * n_head * hd), n_tok,
                              n_head, n_kv, hd, n_ctx, 512, 0.1, 0.0)
+    from reflex_runtime.gpu.ops import mla_flash
+
+    n_head, n_ctx = 128, 4096
+    assert mla_flash.ok(L, n_tok, mla_flash.R, mla_flash.D, rows=False)
+    mla_flash.attention(L, buf(n_tok * n_head * mla_flash.D), buf(n_ctx * mla_flash.D // 2), buf(n_tok), buf(n_tok), 7,
+                        buf(1), buf(n_tok * n_head * mla_flash.R), n_tok, n_head, 0.1, blocks=buf(n_ctx // 16))
     launched = {n for n, _, _ in dev.launches}
-    wanted = {n for n in ptx_params if n.startswith(("reflex_gemm_", "reflex_moe_gemm_", "reflex_flash_attn_"))}
+    wanted = {n for n in ptx_params if n.startswith(("reflex_gemm_", "reflex_moe_gemm_", "reflex_flash_attn_",
+                                                     "reflex_mla_flash"))}
     assert wanted <= launched, wanted - launched
 
 
 def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
     """The launcher's dynamic shared-memory sizes are the kernels' own constants (a host program
-    compiled by nvcc prints GemmSmem<T, C>::BYTES and FaCfg<HD>::BYTES; no GPU needed)."""
+    compiled by nvcc prints GemmSmem<T, C>::BYTES, FaCfg<HD>::BYTES and MLF_BYTES; no GPU needed)."""
+    from reflex_runtime.gpu.ops import mla_flash
     from reflex_runtime.gpu.ops.common import WEIGHT_TYPES
 
     nvcc = find_nvcc()
     src = tmp_path / "sizes.cu"
-    src.write_text('#include "gemm.cu"\n#include "flash_attn.cu"\n#include <cstdio>\n'
+    src.write_text('#include "gemm.cu"\n#include "flash_attn.cu"\n#include "mla_flash.cu"\n#include <cstdio>\n'
                    '#define P(name, T) printf("%s %d %d %d %d\\n", #name, GemmSmem<T, GemmL>::BYTES, GemmSmem<T, GemmS>::BYTES, GemmSmem<T, GemmMoeW>::BYTES, GemmSmem<T, GemmMoeN>::BYTES);\n'
                    'int main() { RX_FOR_EACH_TYPE(P) '
-                   + " ".join(f'printf("fa {hd} %d\\n", FaCfg<{hd}>::BYTES);' for hd in flash_attn.HEAD_DIMS) + " }\n")
+                   + " ".join(f'printf("fa {hd} %d\\n", FaCfg<{hd}>::BYTES);' for hd in flash_attn.HEAD_DIMS)
+                   + ' printf("mla %d 0\\n", MLF_BYTES); }\n')
     exe = tmp_path / "sizes"
     subprocess.run([nvcc, "-std=c++17", "-arch=compute_75", "-code=compute_75", "-I", os.path.join(ROOT, "kernels"),
                     "-o", str(exe), str(src)], check=True)
@@ -464,11 +480,13 @@ def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
         f = line.split()
         if f[0] == "fa":
             assert int(f[2]) == flash_attn.shared_bytes(int(f[1])), line
+        elif f[0] == "mla":
+            assert int(f[1]) == mla_flash.shared_bytes(), line
         else:
             tn = suffix_to_type[f[0]]
             assert tuple(map(int, f[1:5])) == tuple(gemm.shared_bytes(tn, c) for c in ("l", "s", "w", "n")), line
         seen += 1
-    assert seen == len(WEIGHT_TYPES) + len(flash_attn.HEAD_DIMS)
+    assert seen == len(WEIGHT_TYPES) + len(flash_attn.HEAD_DIMS) + 1
 
 
 @pytest.mark.parametrize("arch,flag", [("qwen35", "--fuse-qkv"), ("qwen35moe", "--fuse-gate-up-exps")])

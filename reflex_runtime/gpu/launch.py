@@ -70,6 +70,8 @@ class Launcher:
         self.moe_tile = knob("REFLEX_MOE_TILE", 0, choices=(0, 32, 64))
         # a prompt's delta rule with every chunk's state-free part first, in parallel (delta_net.chunked prep)
         self.dn_prep = os.environ.get("REFLEX_DN_PREP", "1") != "0"
+        # a prompt's latent attention (DeepSeek) on tensor cores (kernels/mla_flash.cu); 0: mla.cu's kernel
+        self.mla_flash = os.environ.get("REFLEX_MLA_FLASH", "1") != "0"
         self.attn_min_keys = knob("REFLEX_ATTN_MIN_KEYS", 32, minimum=1)
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;

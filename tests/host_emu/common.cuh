@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -123,6 +124,13 @@ inline float emu_exchange(float v, int src) {
 }
 inline float __shfl_sync(unsigned, float v, int src) { return emu_exchange(v, src); }
 inline float __shfl_xor_sync(unsigned, float v, int m) { return emu_exchange(v, (threadIdx.x & 31) ^ m); }
+inline int __shfl_xor_sync(unsigned, int v, int m) {  // the bits travel through the float buffer
+    float f;
+    std::memcpy(&f, &v, 4);
+    f = emu_exchange(f, (threadIdx.x & 31) ^ m);
+    std::memcpy(&v, &f, 4);
+    return v;
+}
 inline float __shfl_up_sync(unsigned, float v, int d) {
     int lane = threadIdx.x & 31;
     return emu_exchange(v, lane >= d ? lane - d : lane);

@@ -1,7 +1,7 @@
 // A CPU stand-in for kernels/mma.cuh over tests/host_emu/common.cuh's fibers: cp.async copies at
 // once (commits and waits are no-ops), a shared address is an offset into emu::smem (the block's
 // dynamic shared memory; tests/host_emu_harness.py points the kernels' extern array at it), and
-// mma.sync m16n8k16 is warp-collective through an exchange buffer: every lane leaves its
+// mma.sync m16n8k16 and ldmatrix are warp-collective through exchange buffers: every lane leaves its
 // fragments, then each computes its own four accumulators from the whole 16 x 16 and 16 x 8 tiles
 // (in float: f16 products are exact there; the tensor cores' order of the sum is not reproduced).
 #pragma once
@@ -20,6 +20,7 @@ struct MmaIn {
     uint32_t a[4], b[2];
 };
 inline MmaIn mma_buf[32][32];
+inline const uint16_t* ldsm_rows[32][32];  // ldmatrix: each lane's row address
 }  // namespace emu
 
 inline uint32_t rx_saddr(const void* p) { return (uint32_t)((const unsigned char*)p - emu::smem); }
@@ -78,3 +79,21 @@ inline void rx_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
         c[i] += s;
     }
 }
+
+// ldmatrix .x4 (kernels/mma.cuh): lane l gives row l % 8 of matrix l / 8; lane l receives r[i] =
+// matrix i's row l / 4, columns 2 (l % 4) and + 1 (trans: those rows of column l / 4).
+inline void emu_ldsm4(uint32_t* r, const void* smem, bool trans) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    emu::ldsm_rows[warp][lane] = static_cast<const uint16_t*>(smem);
+    emu::warp_wait();
+    int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        uint16_t lo, hi;
+        if (trans) lo = emu::ldsm_rows[warp][8 * i + 2 * t][g], hi = emu::ldsm_rows[warp][8 * i + 2 * t + 1][g];
+        else lo = emu::ldsm_rows[warp][8 * i + g][2 * t], hi = emu::ldsm_rows[warp][8 * i + g][2 * t + 1];
+        r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    emu::warp_wait();  // every lane has read the addresses before the warp's next ldmatrix
+}
+inline void rx_ldsm4(uint32_t* r, const void* smem) { emu_ldsm4(r, smem, false); }
+inline void rx_ldsm4_t(uint32_t* r, const void* smem) { emu_ldsm4(r, smem, true); }

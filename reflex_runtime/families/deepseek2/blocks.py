@@ -8,14 +8,16 @@ Multi-head latent attention (DeepSeek-V2/V3 MLA) over a latent KV cache.
 
 Per token the cache keeps only [c (kv_lora_rank) | k_pe (qk_rope)] in f16, one row shared by
 every head (the layer diagram is in families/deepseek2/config.py). Every batch runs the absorbed
-form (the first version: prefill included; the expanded form, K/V decompressed per head for long
-prompts, is not written yet):
+form, prompts included (llama.cpp's choice too): on tensor cores a latent row is one 576-wide key
+shared by every head, and the expanded form's per-head keys would need the split files' W_k^T
+transposed first:
 
     q      attn_q x', or attn_q_b rmsnorm(attn_q_a x')       (q_a and kv_a share one launch)
     kv     attn_kv_a_mqa x' = [c | k_pe]
     rope   q_pe -> qm[:, :, r:]; rmsnorm(c), rope(k_pe) -> the cache slot         1 launch
     absorb qm[:, :, :r] = W_k[h]^T q_nope per head                                1 launch
     attend att = softmax(qm . cache rows * kq_scale) . c per head                 1 launch
+           (prompts and trees on tensor cores, kernels/mla_flash.cu; decode in key slices, mla.cu)
     up     o = W_v[h] att per head                                                1 launch
     out    x += attn_output o                                                     1 launch
 
@@ -32,7 +34,7 @@ from ...modelfile import tensor_names as T
 from ...gpu import products
 from ...gpu.blocks import Batch, FfnWeights, GatedFFN, Input, TensorReader
 from ...gpu.moe import MoeFFN, router_logits
-from ...gpu.ops import mla, moe_route, norm
+from ...gpu.ops import mla, mla_flash, moe_route, norm
 from ...gpu.ops.common import Weight
 from ...gpu.ops.mla import MlaRope
 
@@ -150,10 +152,14 @@ class LatentAttention:
                 mla.heads_t(L, w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H)
             else:
                 mla.heads(L, w.k_b.w, w.k_b.head_bytes, q, H * qk, qk, qm, H * d, d, n, H, tensor_cores=not b.matvec)
-        n_split = self.splits(n) if n == 1 or b.rows else 1  # decode rows: each its own range from seg_lo
         with L.role("mla attention"):
-            mla.attention(L, qm, cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
-                          p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split, blocks=blocks)
+            if mla_flash.ok(L, n, r, d, b.rows):
+                mla_flash.attention(L, qm, cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, n, H, self.scale,
+                                    blocks=blocks)
+            else:
+                n_split = self.splits(n) if n == 1 or b.rows else 1  # decode rows: each its own range from seg_lo
+                mla.attention(L, qm, cache, b.slot, b.seg_lo, b.prefix_len, b.n_kv, att, p("mla_part_o"),
+                              p("mla_part_ml"), p("attn_counters"), n, H, r, d, self.scale, n_split, blocks=blocks)
         with L.role("mla v up (W_v)", w.v_b.w.nbytes * H):
             mla.heads(L, w.v_b.w, w.v_b.head_bytes, att, H * r, r, o, H * self.v, self.v, n, H,
                       tensor_cores=not b.matvec)
@@ -162,17 +168,13 @@ class LatentAttention:
 
     def _project(self, b: Batch, inp: Input, q: int, kv: int) -> None:
         """q (n x H(qk_nope + qk_rope)) and kv (n x (kv_lora_rank + qk_rope)) from the input; the
-        two input-side matrices share a launch when their types agree (small batches)."""
+        two input-side matrices share a launch when their types agree (either path)."""
         L, w, n = self.launch, self.w, b.n
         first = w.q_a if self.q_lora else w.q
         first_out = self.p("mla_qa") if self.q_lora else q
-        ws = (first, w.kv_a)
+        ws = [first, w.kv_a]
         with L.role("mla q/kv_a", sum(x.nbytes for x in ws)):
-            if b.matvec and len({(x.type_name, x.k) for x in ws}) == 1:
-                products.segments(L, list(ws), inp.ptr, [first_out, kv], n, norm_w=inp.norm_w, eps=self.eps)
-            else:
-                for x, y in zip(ws, (first_out, kv)):
-                    products.matmul(L, x, inp.ptr, y, n, norm_w=inp.norm_w, eps=self.eps)
+            products.matmul_many(L, ws, inp.ptr, [first_out, kv], n, norm_w=inp.norm_w, eps=self.eps)
         if not self.q_lora:
             return
         qa = self.p("mla_qa")
