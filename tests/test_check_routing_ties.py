@@ -196,6 +196,16 @@ def test_v3_q5_k_decode_row_is_a_routing_tie():
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
+def test_generated_tokens_are_compared_up_to_a_greedy_near_tie():
+    """The H200's v3_wide q4_k_m FAIL (2026-12-03): every row within 7e-4 of the reference, but
+    the reference's decode row 7 has its top two logits closer than twice that, and the generated
+    token there went the other way. The check now compares generated tokens up to such a row (as
+    it already excused the teacher-forced token there) and reports it."""
+    res = _check("v3_wide", "q4_k_m", PROMPT, 8)
+    assert res["max_rel_err_checked"] < 1e-3 and res["greedy_near_tie_rows"] == [7]
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+
+
 def test_topk_margin_is_the_last_choice_over_the_first_unchosen():
     """blocks.topk_margin (Qwen3-MoE, Qwen3.5-MoE): (p_k - p_k+1) / p_1 of the softmax, per row."""
     from reflex_runtime.reference.blocks import softmax_topk, topk_margin

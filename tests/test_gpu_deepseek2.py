@@ -366,7 +366,7 @@ def _engine(name, outtype, max_context=None):
 
 
 @pytest.mark.parametrize("outtype", FIXTURE_TYPES)
-@pytest.mark.parametrize("name", ["v2lite", "v2", "v3", "v3_wide"])
+@pytest.mark.parametrize("name", ["v2lite", "v2", "v3", "v2lite_wide"])
 def test_check_passes_deepseek(name, outtype):
     from reflex_runtime.commands.check import run_check
 
