@@ -166,18 +166,27 @@ extern "C" __global__ void reflex_moe_combine(const float* y, const float* wts, 
 // registers while this one is summed; the RMS scale (its sum of squares gathered from the same
 // loads: a pass of its own over the block's 32 rows of x first was half the kernel's time) applied
 // to the sums at the end. Grid
-// (ceil(rows / RM_T), ceil(n_tok / RM_T)). K % RM_KT == 0, x_stride % 4 == 0 (host-checked).
+// (ceil(rows / RM_T), ceil(n_tok / RM_T), splits). K % (splits * RM_KT) == 0, x_stride % 4 == 0
+// (host-checked).
+// Splits > 1 (a prompt whose tiles do not fill the GPU: 32-64 blocks of 32 K steps each, latency
+// bound): block z sums its K / splits slice into part (its tile's slab, RM_T x RM_T sums and RM_T
+// sums of squares), and the tile's last block to finish adds the slabs in split order (the same
+// result whichever finishes last) and writes y; counters (one per tile, zeroed) are left zeroed.
 #define RM_T 32
 #define RM_KT 64
+#define RM_SLAB (RM_T * RM_T + RM_T)
 extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs segs, const float* x, int x_stride, int K,
-                                                                       int n_tok, const float* norm_w, float eps) {
+                                                                       int n_tok, const float* norm_w, float eps,
+                                                                       float* part, int* counters) {
     rx_pdl_begin();
     __shared__ __align__(16) float xs[RM_KT][RM_T + 2];  // [k][token]; +2 keeps float2 reads aligned, fewer conflicts
     __shared__ __align__(16) float ws[RM_KT][RM_T + 4];  // [k][row]; +4 keeps float4 reads aligned
     __shared__ float inv[RM_T];
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __shared__ int is_last;
+    int tid = threadIdx.x;
     int r0 = blockIdx.x * RM_T, t0 = blockIdx.y * RM_T;
     int n0 = segs.rows[0], n1 = n0 + segs.rows[1], total = n1 + segs.rows[2];
+    const int splits = gridDim.z, k_len = K / splits, k_first = blockIdx.z * k_len;
     // Loads: thread tid brings 16 consecutive k of row (and token) tid / 4.
     int lr = tid >> 2, lk = (tid & 3) * 16;
     int wr = r0 + lr, xt = t0 + lr;
@@ -185,9 +194,10 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
     if (wr < total) {
         // constant indices only: a dynamic one would copy segs to local memory
         const uint8_t* base = wr < n0 ? segs.w[0] : wr < n1 ? segs.w[1] : segs.w[2];
-        wrow = reinterpret_cast<const float*>(base) + (long)(wr - (wr < n0 ? 0 : wr < n1 ? n0 : n1)) * K;
+        wrow = reinterpret_cast<const float*>(base) + (long)(wr - (wr < n0 ? 0 : wr < n1 ? n0 : n1)) * K + k_first;
     }
-    const float* xrow = xt < n_tok ? x + (long)xt * x_stride : nullptr;
+    const float* xrow = xt < n_tok ? x + (long)xt * x_stride + k_first : nullptr;
+    if (norm_w) norm_w += k_first;
     float4 wv[4], xv[4];
     float ss = 0.f;  // this thread's share of its token's sum of squares (the 4 threads of a token cover K)
     auto fetch = [&](int k0) {
@@ -206,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
     int ty = tid >> 3, tx = tid & 7;  // sums: tokens 2 ty, 2 ty + 1; rows 4 tx .. 4 tx + 3
     float acc[2][4] = {};
     fetch(0);
-    for (int k0 = 0; k0 < K; k0 += RM_KT) {
+    for (int k0 = 0; k0 < k_len; k0 += RM_KT) {
         __syncthreads();  // the previous step's tiles are read
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -215,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
             xs[k][lr] = xv[i].x, xs[k + 1][lr] = xv[i].y, xs[k + 2][lr] = xv[i].z, xs[k + 3][lr] = xv[i].w;
         }
         __syncthreads();
-        if (k0 + RM_KT < K) fetch(k0 + RM_KT);  // in flight while this step is summed
+        if (k0 + RM_KT < k_len) fetch(k0 + RM_KT);  // in flight while this step is summed
 #pragma unroll 8
         for (int k = 0; k < RM_KT; k++) {
             float2 a = *reinterpret_cast<const float2*>(&xs[k][2 * ty]);
@@ -226,6 +236,36 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
     }
     ss += __shfl_xor_sync(0xffffffffu, ss, 1);
     ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    if (splits > 1) {  // this slice's sums to the tile's slab; the last block of the tile adds them up
+        const long tile = (long)blockIdx.y * gridDim.x + blockIdx.x;
+        float* mine = part + (tile * splits + blockIdx.z) * RM_SLAB;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) mine[(2 * ty + i) * RM_T + 4 * tx + j] = acc[i][j];
+        if ((tid & 3) == 0) mine[RM_T * RM_T + lr] = ss;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) is_last = atomicAdd(counters + tile, 1) == splits - 1;
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
+        const float* slabs = part + tile * splits * RM_SLAB;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float v = 0.f;
+                for (int z = 0; z < splits; z++) v += __ldcg(slabs + z * RM_SLAB + (2 * ty + i) * RM_T + 4 * tx + j);
+                acc[i][j] = v;
+            }
+        if ((tid & 3) == 0) {
+            float v = 0.f;
+            for (int z = 0; z < splits; z++) v += __ldcg(slabs + z * RM_SLAB + RM_T * RM_T + lr);
+            ss = v;
+        }
+        if (tid == 0) counters[tile] = 0;  // every block of the tile has counted: ready for the next launch
+    }
     if ((tid & 3) == 0) inv[lr] = norm_w ? rsqrtf(ss / K + eps) : 1.f;
     __syncthreads();
 #pragma unroll

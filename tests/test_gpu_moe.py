@@ -305,23 +305,38 @@ def test_grouped_experts_gemm(gpu, qtype, n_tok, n_expert, k, skewed, tile):
 @pytest.mark.parametrize("rows,n_tok,k", [((128,), 512, 2048), ((64,), 17, 1024), ((256, 1), 301, 2048),
                                           ((100, 7, 3), 45, 576)])
 @pytest.mark.parametrize("fused_norm", [True, False])
-def test_router_logits_of_a_prompt(gpu, rows, n_tok, k, fused_norm):
+@pytest.mark.parametrize("sliced", [False, True])
+def test_router_logits_of_a_prompt(gpu, rows, n_tok, k, fused_norm, sliced):
     """moe.router_mm: float32 rows in up to three segments (a router and a shared expert's gate),
     tiles of 32 tokens x 32 rows cut short at both edges, the RMS norm applied to the sums; float64
-    reference, outputs NaN-poisoned first. Fewer than 16 tokens, or REFLEX_ROUTER_MM=0, leave it
-    to the matrix-vector kernel."""
+    reference, outputs NaN-poisoned first. Sliced: K cut into 4, 8 and 2 slices where the tiles
+    leave SMs idle (576 = 9 steps: none), summed by each tile's last block in slice order: the
+    same bits on a second launch, the counters left zeroed. Fewer than 16 tokens, or
+    REFLEX_ROUTER_MM=0, leave it to the matrix-vector kernel."""
     rng = np.random.default_rng([sum(rows), n_tok, k, fused_norm])
     mats = [random_weight(gpu, Q.F32, r, k, rng) for r in rows]
     x = (rng.standard_normal((n_tok, k)) * 3).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)
-    ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
     L = gpu.launch
-    with L.record() as rec:
-        assert moe.router_mm(L, [w for w, _ in mats], gpu.put(x), ys, n_tok, gpu.put(nw) if fused_norm else 0, 1e-6)
-    assert [ln.kernel.name for ln in rec] == ["reflex_moe_router_mm"]
+    scratch = (0, 0)
+    if sliced:
+        (_, n_part), (_, n_ctr) = moe.router_mm_scratch()
+        scratch = (gpu.poisoned((n_part,)), gpu.put(np.zeros(n_ctr, np.int32)))
+    runs = []
+    for _ in range(2 if sliced else 1):
+        ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
+        with L.record() as rec:
+            assert moe.router_mm(L, [w for w, _ in mats], gpu.put(x), ys, n_tok, gpu.put(nw) if fused_norm else 0,
+                                 1e-6, scratch)
+        assert [ln.kernel.name for ln in rec] == ["reflex_moe_router_mm"]
+        want = {((128,), 512): 4, ((64,), 17): 8, ((256, 1), 301): 2}.get((rows, n_tok), 1) if sliced else 1
+        assert rec[0].grid[2] == want, rec[0].grid
+        runs.append([gpu.get(y, (n_tok, w.rows)) for (w, _), y in zip(mats, ys)])
+    if sliced:
+        assert all((a == b).all() for a, b in zip(*runs)), "the slices must add up in the same order every launch"
+        assert not gpu.get(scratch[1], (moe.ROUTER_MM_MAX_PARTS,), np.int32).any(), "counters left non-zero"
     xn = rms_ref(x, nw, 1e-6) if fused_norm else x.astype(np.float64)
-    for (w, dense), y in zip(mats, ys):
-        got = gpu.get(y, (n_tok, w.rows))
+    for (w, dense), got in zip(mats, runs[0]):
         assert not np.isnan(got).any(), "the kernel left poisoned outputs"
         expect = xn @ dense.T.astype(np.float64)
         bound = 3e-5 * (np.abs(xn) @ np.abs(dense).T.astype(np.float64)) + 1e-6

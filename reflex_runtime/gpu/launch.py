@@ -66,6 +66,8 @@ class Launcher:
         self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
         # a prompt's float32 router logits through a tiled GEMM (moe.router_mm), not the matrix-vector kernel
         self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
+        # at most this many K slices of that GEMM while its tiles leave SMs idle (moe.router_mm_splits); 1: none
+        self.router_splits = knob("REFLEX_ROUTER_SPLITS", 8, choices=(1, 2, 4, 8))
         # pairs per tile of a prompt's grouped expert kernels: 0 the default 64 (moe.tile_for), 32 or 64 forces it
         self.moe_tile = knob("REFLEX_MOE_TILE", 0, choices=(0, 32, 64))
         # a prompt's delta rule with every chunk's state-free part first, in parallel (delta_net.chunked prep)

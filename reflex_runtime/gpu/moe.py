@@ -82,11 +82,13 @@ def moe_unsupported(config, gguf=None) -> str | None:
     return None
 
 
-def router_logits(L, ws, x: int, ys: list[int], n: int, norm_w: int, eps: float) -> None:
+def router_logits(L, ws, x: int, ys: list[int], n: int, norm_w: int, eps: float, p=None) -> None:
     """ys[i] = ws[i] x' for n tokens, in float32 at every batch size (the tensor-core kernels round
     inputs to f16, which could flip a close top-k choice): a prompt's float32 router through
-    moe_ops.router_mm (a tiled GEMM), anything else through the matrix-vector kernel."""
-    if not moe_ops.router_mm(L, ws, x, ys, n, norm_w, eps):
+    moe_ops.router_mm (a tiled GEMM; p: the arena's pointers, for its K slices' scratch), anything
+    else through the matrix-vector kernel."""
+    scratch = (p("moe_router_part"), p("moe_router_counters")) if p else (0, 0)
+    if not moe_ops.router_mm(L, ws, x, ys, n, norm_w, eps, scratch):
         products.segments(L, ws, x, ys, n, norm_w=norm_w, eps=eps)
 
 
@@ -114,7 +116,8 @@ class MoeFFN:
                 ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd),
                 ("moe_tile_e", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
                 ("moe_tile_m0", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
-                ("moe_n_tiles", 1), ("moe_counters", t * gemm.down_col_tiles(c.n_embd))]
+                ("moe_n_tiles", 1), ("moe_counters", t * gemm.down_col_tiles(c.n_embd)),
+                *moe_ops.router_mm_scratch()]
 
     def bind(self, model, il: int, weights: MoeWeights | None = None) -> None:
         """Layer il's experts (weights: read another way, e.g. views of a fused tensor)."""
@@ -148,7 +151,7 @@ class MoeFFN:
             return
         same = [(w, y) for w, y in also if (w.type_name, w.k) == (m.router.type_name, m.router.k)]
         router_logits(L, [m.router] + [w for w, _ in same], inp.ptr, [logits] + [y for _, y in same], n,
-                      inp.norm_w, self.eps)
+                      inp.norm_w, self.eps, self.p)
         for w, y in also:
             if (w, y) not in same:
                 products.segments(L, [w], inp.ptr, [y], n, norm_w=inp.norm_w, eps=self.eps)

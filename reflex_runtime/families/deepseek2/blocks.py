@@ -209,7 +209,7 @@ class DeepSeekMoE(MoeFFN):
     def route(self, b: Batch, inp: Input, ids: int, wts: int, also=()) -> None:
         assert not also, "DeepSeek's shared experts are not gated"
         logits = self.p("moe_logits")
-        router_logits(self.launch, [self.w.router], inp.ptr, [logits], b.n, inp.norm_w, self.eps)
+        router_logits(self.launch, [self.w.router], inp.ptr, [logits], b.n, inp.norm_w, self.eps, self.p)
         moe_route.route(self.launch, logits, self.bias, b.n, self.n_expert, self.k, self.sigmoid, self.n_group,
                         self.n_group_used, self.top2, self.normalize, self.scale, ids, wts)
 

@@ -18,6 +18,9 @@ TILE = 64  # pairs per tile of the grouped expert kernels (gemm.cu GemmMoeW; SMA
 SMALL_TILE = 32
 ROUTER_MM_T, ROUTER_MM_KT = 32, 64  # reflex_moe_router_mm's tile (RM_T) and K step (RM_KT)
 ROUTER_MM_MIN_TOKENS = 16  # fewer: the matrix-vector kernel reads the router fewer times
+ROUTER_MM_SLAB = ROUTER_MM_T * ROUTER_MM_T + ROUTER_MM_T  # floats of one (tile, K slice) partial (RM_SLAB)
+ROUTER_MM_MAX_SPLITS = 8
+ROUTER_MM_MAX_PARTS = 512  # (tile, slice) slabs of the scratch: router_mm_scratch's size
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,29 @@ def tile_for(L) -> int:
     return L.moe_tile or TILE
 
 
-def router_mm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, norm_w: int = 0, eps: float = 0.0) -> bool:
+def router_mm_scratch() -> list[tuple[str, int]]:
+    """(name, floats/ints) of the arena buffers router_mm's K slices need (counters: zeroed)."""
+    return [("moe_router_part", ROUTER_MM_MAX_PARTS * ROUTER_MM_SLAB), ("moe_router_counters", ROUTER_MM_MAX_PARTS)]
+
+
+def router_mm_splits(L, tiles: int, k: int) -> int:
+    """K slices per tile: doubled while the launch has fewer blocks than SMs (a 512-token prompt
+    has 32-64 tiles of 32 K steps each: latency-bound), each slice whole K steps."""
+    s = 1
+    while (s < min(ROUTER_MM_MAX_SPLITS, L.router_splits) and tiles * s < L.dev.sm_count
+           and tiles * 2 * s <= ROUTER_MM_MAX_PARTS
+           and k % (2 * s * ROUTER_MM_KT) == 0):
+        s *= 2
+    return s
+
+
+def router_mm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, norm_w: int = 0, eps: float = 0.0,
+              scratch: tuple[int, int] = (0, 0)) -> bool:
     """ys[i] = ws[i] x' for a prompt's n_tok tokens: float32 matrices of one row length (the
-    router, a shared expert's gate) in a float32 tiled GEMM. False: not applicable (a short
-    batch, other weight types, a row length off RM_KT; L.router_mm off), nothing launched."""
+    router, a shared expert's gate) in a float32 tiled GEMM, K cut into slices when its tiles
+    leave SMs idle and `scratch` (router_mm_scratch's part and counters) is given. False: not
+    applicable (a short batch, other weight types, a row length off RM_KT; L.router_mm off),
+    nothing launched."""
     w0 = ws[0]
     if (not L.router_mm or n_tok < ROUTER_MM_MIN_TOKENS or len(ws) > 3 or w0.k % ROUTER_MM_KT
             or any(w.type_name != "F32" or w.k != w0.k or w.row_bytes != 4 * w.k or w.ptr % 16 for w in ws)
@@ -60,8 +82,11 @@ def router_mm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, norm_w: in
     for i, (w, y) in enumerate(zip(ws, ys)):
         segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
     rows = sum(w.rows for w in ws)
-    L.go("reflex_moe_router_mm", (-(-rows // ROUTER_MM_T), -(-n_tok // ROUTER_MM_T), 1), 128,
-         [segs, c_void_p(x), c_int(w0.k), c_int(w0.k), c_int(n_tok), c_void_p(norm_w or None), c_float(eps)])
+    grid = (-(-rows // ROUTER_MM_T), -(-n_tok // ROUTER_MM_T))
+    splits = router_mm_splits(L, grid[0] * grid[1], w0.k) if scratch[0] else 1
+    L.go("reflex_moe_router_mm", (*grid, splits), 128,
+         [segs, c_void_p(x), c_int(w0.k), c_int(w0.k), c_int(n_tok), c_void_p(norm_w or None), c_float(eps),
+          c_void_p(scratch[0] or None), c_void_p(scratch[1] or None)])
     return True
 
 
