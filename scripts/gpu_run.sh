@@ -6,7 +6,8 @@
 #   smoke      reflex smoke
 #   quick      the quick GPU tier (pytest -m "gpu and quick": kernel tests + one engine test per family),
 #              timed, and the kernel files it launched (scripts/kernel_coverage.py)
-#   tests      pytest -m gpu tests -n 14, REPEAT times in a row (default 1); TESTS= to narrow it
+#   tests      pytest -m gpu tests -n 14, REPEAT times in a row (default 1); TESTS= to narrow it (shell words:
+#              TESTS="tests/test_gpu_moe.py -k 'router or check'")
 #   check      reflex check on the Qwen3-0.6B-shaped Q8_0 and Q4_K_M files (made here)
 #   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved, on the 0.6B Q8_0
 #              file or the files in AB_FILES (e.g. the 0.6B Q4_K_M and a $MAKE_MORE file)
@@ -137,7 +138,8 @@ if has tests; then
   for i in $(seq 1 ${REPEAT:-1}); do
     step "tests run $i"
     rm -f /tmp/kcov-full.*
-    env $TEST_ENV REFLEX_KERNEL_COVERAGE=/tmp/kcov-full timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu ${TESTS:-tests} -n ${WORKERS:-14} -q -rfEs -p no:cacheprovider \
+    eval "targets=(${TESTS:-tests})"  # quotes inside TESTS hold, e.g. TESTS="tests/x.py -k 'a or b'"
+    env $TEST_ENV REFLEX_KERNEL_COVERAGE=/tmp/kcov-full timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu "${targets[@]}" -n ${WORKERS:-14} -q -rfEs -p no:cacheprovider \
       --timeout 400 --durations=0 --durations-min=${DURATIONS_MIN:-1.0} > "$W/gpu-tests-$i.log" 2>&1
     tail -1 "$W/gpu-tests-$i.log" | tee -a "$W/steps.txt"; grep -E "^(FAILED|ERROR)" "$W/gpu-tests-$i.log" | head -20
     python3 scripts/kernel_coverage.py /tmp/kcov-full --json "$W/kernel-coverage-full.json" | tail -1 | tee -a "$W/steps.txt"

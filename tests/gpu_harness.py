@@ -104,3 +104,20 @@ class GpuHarness:
         for p in self._allocs:
             self.dev.free(p)
         self._allocs.clear()
+
+
+def tree_batch(first: int, n_tok: int):
+    """system1's batch in the kernel tests: a prompt's last 4 tokens at slots first.., then
+    candidates of 3, 1 and 4 tokens after them. (prefix_len, seg_lo, q_pos): each candidate token
+    sees the prompt and its own candidate's slots from seg_lo; positions restart per candidate."""
+    import numpy as np
+
+    assert n_tok == 12
+    seg_lo = np.zeros(n_tok, dtype=np.int32)
+    starts, s = [], first + 4
+    for ln in (3, 1, 4):
+        starts += [s] * ln
+        s += ln
+    seg_lo[4:] = starts
+    q_pos = np.concatenate([np.arange(first, first + 4), [first + 4 + i for ln in (3, 1, 4) for i in range(ln)]])
+    return first + 4, seg_lo, q_pos.astype(np.int32)

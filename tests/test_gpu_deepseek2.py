@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 from gpu_harness import FIXTURE_TYPES, PROMPT, TYPE_NAMES, reference_greedy
 from gpu_harness import random_weight as weight
-from gpu_harness import rms_ref
+from gpu_harness import rms_ref, tree_batch
 
 from reflex_runtime.gpu.ops import mla, moe_route
 from reflex_runtime.gpu.ops.common import Weight
@@ -184,14 +184,8 @@ def test_mla_attention(gpu, case):
     q = rng.standard_normal((n_tok, n_head, d)).astype(np.float32)
     q_slot = np.arange(first, first + n_tok, dtype=np.int32)
     seg_lo, prefix_len = None, 0
-    if tree:  # a prompt of 4 tokens at slots first.., then candidates of 3, 1, 4 tokens
-        prefix_len = first + 4
-        seg_lo = np.zeros(n_tok, dtype=np.int32)
-        starts, s = [], first + 4
-        for ln in (3, 1, 4):
-            starts += [s] * ln
-            s += ln
-        seg_lo[4:] = starts
+    if tree:
+        prefix_len, seg_lo, _ = tree_batch(first, n_tok)
     n_kv = first + n_tok
     n_split = mla.SPLITS_DECODE if n_tok == 1 else 1
     scale = 1.0 / np.sqrt(192.0) * 1.3
@@ -242,13 +236,7 @@ def test_mla_flash_attention(gpu, case):
     q_slot = np.arange(first, first + n_tok, dtype=np.int32)
     seg_lo, prefix_len = None, 0
     if tree:
-        prefix_len = first + 4
-        seg_lo = np.zeros(n_tok, dtype=np.int32)
-        starts, s0 = [], first + 4
-        for ln in (3, 1, 4):
-            starts += [s0] * ln
-            s0 += ln
-        seg_lo[4:] = starts
+        prefix_len, seg_lo, _ = tree_batch(first, n_tok)
     scale = 1.0 / np.sqrt(192.0) * 1.3
     expect = _mla_ref(q, np.nan_to_num(cache), q_slot, seg_lo, prefix_len, n_kv, r, scale)
     dev_cache, blocks = cache, 0

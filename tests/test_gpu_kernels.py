@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from gpu_harness import TYPE_NAMES, k_for
+from gpu_harness import TYPE_NAMES, k_for, tree_batch
 from gpu_harness import act_ref as _act
 from gpu_harness import random_weight as weight
 from gpu_harness import rms_ref as _rms
@@ -428,15 +428,8 @@ def test_attention(gpu, case):
     kc, vc, q, q_slot, kv_pos = _prompt_problem(rng, n_head, n_kvh, hd, n_tok, first, n_ctx)
     seg_lo, prefix_len = None, 0
     q_pos = q_slot.copy()
-    if tree:  # a prompt of 4 tokens at slots first.., then candidates of 3, 1, 4 tokens
-        prefix_len = first + 4
-        seg_lo = np.zeros(n_tok, dtype=np.int32)
-        starts, s = [], first + 4
-        for ln in (3, 1, 4):
-            starts += [s] * ln
-            s += ln
-        seg_lo[4:] = starts
-        q_pos = np.concatenate([np.arange(first, first + 4), [first + 4 + i for ln in (3, 1, 4) for i in range(ln)]]).astype(np.int32)
+    if tree:
+        prefix_len, seg_lo, q_pos = tree_batch(first, n_tok)
     n_kv = first + n_tok
     n_split = attention.SPLITS_DECODE if n_tok == 1 else 1
     scale = 1.0 / np.sqrt(hd)
@@ -513,15 +506,8 @@ def test_flash_attention(gpu, case):
     kc[:, first + n_tok:] = np.nan  # slots past n_kv hold garbage the kernel must never use
     vc[:, first + n_tok:] = np.inf
     seg_lo, prefix_len, q_pos = None, 0, q_slot.copy()
-    if tree:  # a prompt of 4 tokens at slots first.., then candidates of 3, 1, 4 tokens
-        prefix_len = first + 4
-        seg_lo = np.zeros(n_tok, dtype=np.int32)
-        starts, s0 = [], first + 4
-        for ln in (3, 1, 4):
-            starts += [s0] * ln
-            s0 += ln
-        seg_lo[4:] = starts
-        q_pos = np.concatenate([np.arange(first, first + 4), [first + 4 + i for ln in (3, 1, 4) for i in range(ln)]]).astype(np.int32)
+    if tree:
+        prefix_len, seg_lo, q_pos = tree_batch(first, n_tok)
         kv_pos[first:first + n_tok] = q_pos  # the cache store writes each slot's position
     n_kv = first + n_tok
     scale = 1.0 / np.sqrt(hd)
