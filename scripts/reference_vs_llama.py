@@ -1,0 +1,114 @@
+"""llama.cpp's log-probs against the numpy reference, position by position, on one GGUF file (issue 31:
+telling apart where reflex and llama.cpp disagree, without a GPU).
+
+    python3 scripts/reference_vs_llama.py FILE --llama-server PATH [-n 32] [--dequantize PAT ...]
+        [--activations8]
+
+llama-server (127.0.0.1; a CPU build works: cmake -B build -DLLAMA_CURL=OFF in the vendored llama.cpp of
+the pinned llama-cpp-python sdist, `--target llama-server`) decodes greedily from reflex's prompt ids with
+its top-8 log-probs; the reference replays llama.cpp's tokens (teacher-forced) and each position prints the
+largest |log-prob difference| over llama.cpp's top 8 and whether the argmax agrees.
+--dequantize PAT: first write a copy of FILE with the tensors whose name contains PAT (any; "" for all
+quantized ones) stored as F32, the same values (llama.cpp then runs its F32 path on them).
+--activations8: the reference rounds every product's input to 8-bit blocks of 32 (Q8_0, llama.cpp's
+activation quantization for Q8_0 weights) as well, to see how far that alone moves the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def dequantized_copy(src: str, dst: str, patterns: list[str]) -> int:
+    """dst = src with the quantized tensors matching any pattern stored as F32; returns how many."""
+    import gguf
+    from gguf.quants import dequantize
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, arch=None)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            vals = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
+                    for i in f.data]
+            w.add_key_value(name, vals, vt, sub_type=sub)
+        else:
+            w.add_key_value(name, bytes(f.parts[-1]).decode() if vt == gguf.GGUFValueType.STRING
+                            else f.parts[-1].tolist()[0], vt)
+    n = 0
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    for t in r.tensors:
+        if t.tensor_type not in plain and any(p in t.name for p in patterns):
+            a = dequantize(t.data, t.tensor_type).astype(np.float32)
+            w.add_tensor(t.name, a.reshape([int(x) for x in reversed(t.shape)]), raw_dtype=gguf.GGMLQuantizationType.F32)
+            n += 1
+        else:
+            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return n
+
+
+def _q8(x: np.ndarray) -> np.ndarray:
+    n, k = x.shape
+    b = x.reshape(n, k // 32, 32)
+    d = (np.abs(b).max(axis=2, keepdims=True) / 127).astype(np.float16).astype(np.float32)
+    return (np.where(d > 0, np.round(b / np.where(d > 0, d, 1)), 0) * d).reshape(n, k)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("--dequantize", nargs="*", default=None)
+    ap.add_argument("--activations8", action="store_true")
+    a = ap.parse_args(argv)
+    import greedy_vs_llama as G
+    from reflex_runtime.errors import ReflexError
+    from reflex_runtime.families import load_reference
+    from reflex_runtime.loader import load_engine
+    from reflex_runtime.reference import layers
+
+    try:
+        path = a.model
+        if a.dequantize is not None:
+            path = os.path.join(tempfile.mkdtemp(), "dequantized.gguf")
+            print(f"{dequantized_copy(a.model, path, a.dequantize)} tensors stored as F32 in {path}")
+        ids = load_engine(path, backend="cpu").prompt_ids(G.PROMPT)
+        theirs = G.llama_server_greedy(a.llama_server, path, G.PROMPT, ids, a.n, extra=("-fa", "off"))
+    except (ReflexError, OSError, RuntimeError) as e:
+        print(f"reference_vs_llama: {e}", file=sys.stderr)
+        return 1
+    if a.activations8:
+        lin = layers.linear
+        layers.linear = lambda x, w: lin(_q8(np.asarray(x, np.float32)), w) if x.shape[-1] % 32 == 0 else lin(x, w)
+    ref = load_reference(path)
+    toks = ids + theirs["tokens"][:-1]
+    rows = ref.forward(toks, ref.new_cache(len(toks) + 4))[len(ids) - 1:]
+    worst, differ = 0.0, 0
+    for j, (row, step) in enumerate(zip(rows, theirs["steps"])):
+        lp = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+        d = max(abs(float(lp[int(t)]) - v) for t, v in step.items())
+        same = int(row.argmax()) == theirs["tokens"][j]
+        worst, differ = max(worst, d), differ + (not same)
+        print(f"{j:3d} llama {theirs['tokens'][j]:7d} reference {int(row.argmax()):7d} {'same' if same else 'DIFFER'}"
+              f"  max |log-prob diff| over llama's top 8: {d:.4f}")
+    print(f"{os.path.basename(a.model)}: argmax differs at {differ} of {len(rows)}; largest |log-prob diff| {worst:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
