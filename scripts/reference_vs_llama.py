@@ -29,31 +29,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def dequantized_copy(src: str, dst: str, patterns: list[str]) -> int:
     """dst = src with the quantized tensors matching any pattern stored as F32; returns how many."""
     import gguf
-    from gguf.quants import dequantize
+    from quantize_gguf import SourceGGUF, copy_metadata
 
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, arch=None)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            vals = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
-                    for i in f.data]
-            w.add_key_value(name, vals, vt, sub_type=sub)
-        else:
-            w.add_key_value(name, bytes(f.parts[-1]).decode() if vt == gguf.GGUFValueType.STRING
-                            else f.parts[-1].tolist()[0], vt)
+    source = SourceGGUF(src)
+    w = gguf.GGUFWriter(dst, source.get("general.architecture").decode())
+    copy_metadata(source, w, int(source.get("general.file_type", 0)))
     n = 0
     plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-    for t in r.tensors:
-        if t.tensor_type not in plain and any(p in t.name for p in patterns):
-            a = dequantize(t.data, t.tensor_type).astype(np.float32)
-            w.add_tensor(t.name, a.reshape([int(x) for x in reversed(t.shape)]), raw_dtype=gguf.GGMLQuantizationType.F32)
+    for name, shape, type_id, offset in source.tensors:
+        t, raw = gguf.GGMLQuantizationType(type_id), source.tensor_bytes(shape, type_id, offset)
+        if t not in plain and any(p in name for p in patterns):
+            w.add_tensor(name, gguf.quants.dequantize(raw, t).astype(np.float32).reshape(tuple(reversed(shape))))
             n += 1
-        else:
-            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        else:  # the bytes as they are, in numpy order (the last axis in bytes)
+            w.add_tensor(name, raw.reshape(tuple(reversed(shape[1:])) + (raw.shape[1],)), raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -61,11 +50,12 @@ def dequantized_copy(src: str, dst: str, patterns: list[str]) -> int:
     return n
 
 
-def _q8(x: np.ndarray) -> np.ndarray:
-    n, k = x.shape
-    b = x.reshape(n, k // 32, 32)
-    d = (np.abs(b).max(axis=2, keepdims=True) / 127).astype(np.float16).astype(np.float32)
-    return (np.where(d > 0, np.round(b / np.where(d > 0, d, 1)), 0) * d).reshape(n, k)
+def _activations8(x: np.ndarray) -> np.ndarray:
+    """x through Q8_0 blocks of 32 (gguf-py's quantizer, as llama.cpp rounds a Q8_0 product's input)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+
+    return dequantize(quantize(np.asarray(x, np.float32), Q.Q8_0), Q.Q8_0).reshape(x.shape)
 
 
 def main(argv=None) -> int:
@@ -94,7 +84,7 @@ def main(argv=None) -> int:
         return 1
     if a.activations8:
         lin = layers.linear
-        layers.linear = lambda x, w: lin(_q8(np.asarray(x, np.float32)), w) if x.shape[-1] % 32 == 0 else lin(x, w)
+        layers.linear = lambda x, w: lin(_activations8(x), w) if x.shape[-1] % 32 == 0 else lin(x, w)
     ref = load_reference(path)
     toks = ids + theirs["tokens"][:-1]
     rows = ref.forward(toks, ref.new_cache(len(toks) + 4))[len(ids) - 1:]
