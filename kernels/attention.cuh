@@ -46,23 +46,6 @@ struct SplitMerge {
     int G, hd_v, stride;
 };
 
-struct BlockSync {  // split_merge's barrier for a whole block
-    __device__ __forceinline__ void operator()() const { __syncthreads(); }
-};
-
-// Whether this block is the last of n to count itself done at *counter (its partials visible
-// first); the block's threads agree through `flag` (shared).
-template <typename Sync>
-__device__ __forceinline__ bool split_last(int* counter, int n, int& flag, Sync sync) {
-    __threadfence();
-    sync();
-    if (threadIdx.x == 0) flag = atomicAdd(counter, 1) == n - 1;
-    sync();
-    if (!flag) return false;
-    __threadfence();
-    return true;
-}
-
 // Merge partials (m, l, o) of slots first + i * step, i < n <= 32, for heads h0 .. h0 + G:
 // weights e_i = exp(m_i - M), M = max m_i. final: out = sum e_i o_i / sum e_i l_i; else slot
 // `first` becomes the merged partial (M, sum e_i l_i, sum e_i o_i). Shared memory: mw (G x 32

@@ -38,6 +38,23 @@ __device__ __forceinline__ long rx_kv_row(const int* blocks, int j) {
     return blocks ? (long)blocks[j / RX_KV_BLOCK] * RX_KV_BLOCK + j % RX_KV_BLOCK : (long)j;
 }
 
+struct BlockSync {  // split_last's (and attention.cuh split_merge's) barrier for a whole block
+    __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
+// Whether this block is the last of n to count itself done at *counter (its partials visible
+// first); the block's threads agree through `flag` (shared).
+template <typename Sync>
+__device__ __forceinline__ bool split_last(int* counter, int n, int& flag, Sync sync) {
+    __threadfence();
+    sync();
+    if (threadIdx.x == 0) flag = atomicAdd(counter, 1) == n - 1;
+    sync();
+    if (!flag) return false;
+    __threadfence();
+    return true;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

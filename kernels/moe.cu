@@ -244,12 +244,7 @@ extern "C" __global__ void __launch_bounds__(128) reflex_moe_router_mm(MvSegs se
 #pragma unroll
             for (int j = 0; j < 4; j++) mine[(2 * ty + i) * RM_T + 4 * tx + j] = acc[i][j];
         if ((tid & 3) == 0) mine[RM_T * RM_T + lr] = ss;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) is_last = atomicAdd(counters + tile, 1) == splits - 1;
-        __syncthreads();
-        if (!is_last) return;
-        __threadfence();
+        if (!split_last(counters + tile, splits, is_last, BlockSync{})) return;
         const float* slabs = part + tile * splits * RM_SLAB;
 #pragma unroll
         for (int i = 0; i < 2; i++)
