@@ -18,16 +18,18 @@
 //                           out = rmsnorm(o) * norm_w * silu(z)    (rmsnorm over the head's dv)
 //   reflex_dn_prep        what of a chunk does not depend on the state, for every chunk and head
 //                         at once (prompts): T = (I + A)^-1, P and the gates below, into a scratch
-//                         slot per (chunk, head); the chunked kernel then reads them instead of
-//                         computing them serially chunk after chunk (prep NULL: it still can).
+//                         slot per (chunk, head), so the serial part per chunk is only products.
 //   reflex_dn_chunked     the same rule DN_CHUNK tokens at a time with matrix products (prompts),
-//                         per (value head, 32 state columns, sequence) block; its unnormalized o
-//                         then goes through reflex_dn_gated_norm. Within a chunk with cumulative
-//                         log-decay c_i and start state S0 (families/qwen35/delta_net.py derives it):
-//                           (I + A) D = beta (V - exp(c) K S0),  A_ij = beta_i e^(c_i - c_j) k_i.k_j (j < i)
-//                           O = exp(c) Q S0 + P D,                P_ij = e^(c_i - c_j) q_i.k_j   (j <= i)
+//                         per (value head, DN_CV state columns, sequence) block, chunk after chunk,
+//                         each chunk's inputs loaded while the one before computes; its
+//                         unnormalized o then goes through reflex_dn_gated_norm. Within a chunk with
+//                         cumulative log-decay c_i and start state S0 (families/qwen35/delta_net.py):
+//                           D = T beta (V - exp(c) K S0),  A_ij = beta_i e^(c_i - c_j) k_i.k_j (j < i)
+//                           O = exp(c) Q S0 + P D,          P_ij = e^(c_i - c_j) q_i.k_j   (j <= i)
 //                           S_end = e^(c_L) S0 + sum_j e^(c_L - c_j) k_j D_j^T
 //                         Every factor e^(..) is <= 1: no overflow however strong the decay.
+//                         Batches of many sequences run as groups of them (gpu/ops/delta_net.py),
+//                         sequence s_base + blockIdx.z, scratch slots numbered within the group.
 //
 // State per layer and sequence slot (slot s at state + s * stride floats): conv (K-1, C), delta
 // rule (nv, dk, dv). A batch holds n_seq independent sequences, [seq_start[s], seq_start[s+1])
@@ -43,7 +45,7 @@
 #define DN_MAX_K 8
 #define DN_MAX_HD 128
 #define DN_CHUNK 32  // tokens per chunk: one per lane of a warp (the decay scan)
-#define DN_CV 32     // state columns per block of the chunked kernel
+#define DN_CV 16     // state columns per block of the chunked kernel
 // One (chunk, head) slot of reflex_dn_prep's scratch: T[32][32] | P[32][32] | beta | e^c | e^(c_L - c) | 0
 #define DN_PREP_T 0
 #define DN_PREP_P (DN_CHUNK * DN_CHUNK)
@@ -256,10 +258,6 @@ __device__ __forceinline__ float dn_dot_rows(const float (&a)[DN_MAX_HD / 32], c
     return acc;
 }
 
-// Grid (nv, ceil(n_tok / DN_CHUNK), n_seq), 256 threads: chunk blockIdx.y of sequence blockIdx.z
-// (blocks past their sequence's end return). The gates, A and P as reflex_dn_chunked computes
-// them, then warp 0 solves (I + A) T = I, a column per lane: the forward substitution's serial
-// chain, which the chunked kernel ran once per chunk in turn, now runs beside every other chunk's.
 // One chunk's gates, one token per lane of a warp: b = sigmoid(beta_t), g = the cumulative
 // log-decay sum_{t' <= t} a softplus(alpha_t' + bias) by a shuffle scan, last = the chunk's total.
 __device__ __forceinline__ void dn_chunk_gates(float a, float bias, const float* alpha, const float* beta, int c0,
@@ -277,14 +275,13 @@ __device__ __forceinline__ void dn_chunk_gates(float a, float bias, const float*
     last = __shfl_sync(0xffffffffu, g, L - 1);
 }
 
-// A and P of one chunk (both paths of the prompt rule): warp w fills rows i = w + 8 m, lane j the
-// column: A_ij = beta_i e_ij k_i.k_j below the diagonal, P_ij = e_ij q_i.k_j, e_ij the decay from j
-// to i. The row's q and k vectors are held in registers (one element per lane) and shuffled to
-// every lane; put_p(i, j, value) stores P where the path keeps it.
-template <class PutP>
+// A and P of one chunk: warp w fills rows i = w + 8 m, lane j the column: A_ij = beta_i e_ij
+// k_i.k_j below the diagonal (into shared A), P_ij = e_ij q_i.k_j (into the scratch slot's P), e_ij
+// the decay from j to i. The row's q and k vectors are held in registers (one element per lane)
+// and shuffled to every lane.
 __device__ __forceinline__ void dn_chunk_ap(const float* qkv, int C, int qoff, int c0, int L, int dk,
                                             const float (*Ks)[DN_MAX_HD + 1], const float* cum, const float* bet,
-                                            float (*A)[DN_CHUNK + 1], PutP put_p) {
+                                            float (*A)[DN_CHUNK + 1], float* P) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int m = 0; m < DN_CHUNK / 8; m++) {
@@ -300,15 +297,15 @@ __device__ __forceinline__ void dn_chunk_ap(const float* qkv, int C, int qoff, i
         int j = lane;
         float e = (i < L && j <= i) ? expf(cum[i] - cum[j]) : 0.f;
         A[i][j] = j < i ? bet[i] * e * kk : 0.f;
-        put_p(i, j, e * qk);
+        P[i * DN_CHUNK + j] = e * qk;
     }
 }
 
 // Forward substitution down one column (`lane`) of X: X_i -= sum_{j<i} A_ij X_j for i = 1..n-1, A
 // unit lower triangular (its diagonal implied). Four partial sums: the chain of dependent adds is the
 // serial part of the prompt rule.
-template <int LD>
-__device__ __forceinline__ void dn_forward_subst(const float (*A)[DN_CHUNK + 1], float (*X)[LD], int n, int lane) {
+__device__ __forceinline__ void dn_forward_subst(const float (*A)[DN_CHUNK + 1], float (*X)[DN_CHUNK + 1], int n,
+                                                 int lane) {
     for (int i = 1; i < n; i++) {
         float a0 = X[i][lane], a1 = 0.f, a2 = 0.f, a3 = 0.f;
         int j = 0;
@@ -323,25 +320,30 @@ __device__ __forceinline__ void dn_forward_subst(const float (*A)[DN_CHUNK + 1],
     }
 }
 
+// Grid (nv, ceil(n_tok / DN_CHUNK), n_seq of this group), 256 threads: chunk blockIdx.y of sequence
+// s_base + blockIdx.z (blocks past their sequence's end return). The gates, A and P, then warp 0
+// solves (I + A) T = I, a column per lane: the forward substitution's serial chain runs beside
+// every other chunk's instead of chunk after chunk.
 extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qkv, const float* alpha,
                                                                   const float* beta, const float* ssm_a,
-                                                                  const float* dt_bias, const int* seq_start, int n_seq,
-                                                                  float* prep, int n_tok, int nk, int nv, int dk,
-                                                                  int dv) {
+                                                                  const float* dt_bias, const int* seq_start,
+                                                                  int s_base, float* prep, int n_tok, int nk, int nv,
+                                                                  int dk, int dv) {
     rx_pdl_begin();
     __shared__ float Ks[DN_CHUNK][DN_MAX_HD + 1];
     __shared__ float A[DN_CHUNK][DN_CHUNK + 1];
     __shared__ float Ts[DN_CHUNK][DN_CHUNK + 1];
     __shared__ float bet[DN_CHUNK], cum[DN_CHUNK];
-    int h = blockIdx.x, s = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int h = blockIdx.x, z = blockIdx.z, s = s_base + z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
     int c0 = lo + blockIdx.y * DN_CHUNK;
     if (c0 >= hi) return;
     int L = min(DN_CHUNK, hi - c0);
     int kh = h % nk, C = 2 * nk * dk + nv * dv, qoff = kh * dk, koff = nk * dk + kh * dk;
-    float* out = prep + dn_prep_slot(s, c0, h, nv);
-    for (int idx = threadIdx.x; idx < DN_CHUNK * DN_MAX_HD; idx += blockDim.x) {
-        int t = idx / DN_MAX_HD, i = idx % DN_MAX_HD;
+    float* out = prep + dn_prep_slot(z, c0, h, nv);
+#pragma unroll  // a fixed count: every load issued before the first store waits
+    for (int u = 0; u < DN_CHUNK * DN_MAX_HD / 256; u++) {
+        int idx = threadIdx.x + 256 * u, t = idx / DN_MAX_HD, i = idx % DN_MAX_HD;
         Ks[t][i] = (t < L && i < dk) ? qkv[(long)(c0 + t) * C + koff + i] : 0.f;
     }
     if (warp == 0) {  // gates; cumulative log-decay
@@ -354,8 +356,7 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qk
         out[DN_PREP_G + 3 * DN_CHUNK + lane] = 0.f;
     }
     __syncthreads();
-    dn_chunk_ap(qkv, C, qoff, c0, L, dk, Ks, cum, bet, A,
-                [&](int i, int j, float v) { out[DN_PREP_P + i * DN_CHUNK + j] = v; });
+    dn_chunk_ap(qkv, C, qoff, c0, L, dk, Ks, cum, bet, A, out + DN_PREP_P);
     __syncthreads();
     if (warp == 0) {  // column `lane` of T = (I + A)^-1: the identity's column, substituted (rows past L: identity)
         for (int i = 0; i < DN_CHUNK; i++) Ts[i][lane] = i == lane ? 1.f : 0.f;
@@ -366,131 +367,174 @@ extern "C" __global__ void __launch_bounds__(256) reflex_dn_prep(const float* qk
         out[DN_PREP_T + idx] = Ts[idx / DN_CHUNK][idx % DN_CHUNK];
 }
 
-extern "C" __global__ void __launch_bounds__(256) reflex_dn_chunked(
-    const float* qkv, const float* alpha, const float* beta, const float* ssm_a, const float* dt_bias, float* state,
-    long state_stride, const int* slots, const int* seq_start, int n_seq, const int* pos, float* out, int n_tok, int nk,
-    int nv, int dk, int dv, const float* prep) {
-    rx_pdl_begin();
-    __shared__ float Ks[DN_CHUNK][DN_MAX_HD + 1];  // the chunk's keys (padded: column reads hit distinct banks)
-    __shared__ float Ss[DN_MAX_HD][DN_CV];         // this block's 32 columns of the state
-    __shared__ float A[DN_CHUNK][DN_CHUNK + 1];
-    __shared__ float P[DN_CHUNK][DN_CHUNK + 1];
-    __shared__ float D[DN_CHUNK][DN_CV + 1];
-    __shared__ float bet[DN_CHUNK], cum[DN_CHUNK], ecum[DN_CHUNK], tail[DN_CHUNK];
-    int h = blockIdx.x, j0 = blockIdx.y * DN_CV, s = blockIdx.z;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int kh = h % nk, C = 2 * nk * dk + nv * dv;
-    int qoff = kh * dk, koff = nk * dk + kh * dk, voff = 2 * nk * dk + h * dv;
-    int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
-    bool fresh = pos[lo] == 0;
-    bool col_ok = j0 + lane < dv;
-    float* Sg = state + (long)(slots ? slots[s] : s) * state_stride + (long)h * dk * dv;
-    for (int idx = threadIdx.x; idx < DN_MAX_HD * DN_CV; idx += blockDim.x) {
-        int i = idx / DN_CV, c = idx % DN_CV;
-        Ss[i][c] = (!fresh && i < dk && j0 + c < dv) ? Sg[(long)i * dv + j0 + c] : 0.f;
+// The chunked kernel's thread layout (256 threads, DN_CV state columns a block): thread x owns
+// column x % DN_CV and, through its half-warp index hw = x / DN_CV, the chunk's tokens
+// DN_TPT hw .. (the output and D) and the state rows DN_RPT hw .. (the state update).
+#define DN_TPT (DN_CHUNK * DN_CV / 256)
+#define DN_RPT (DN_MAX_HD * DN_CV / 256)
+#define DN_TILE_PT (DN_CHUNK * DN_MAX_HD / 256)  // a chunk's key (and query) floats a thread fetches
+#define DN_TP_PT (DN_CHUNK * DN_CHUNK / 256)     // ... and T (and P) floats
+// Shared memory (floats): keys, queries [DN_CHUNK][DN_MAX_HD]; the state's block columns
+// [DN_MAX_HD][DN_CV]; T, P [DN_CHUNK][DN_CHUNK]; D [DN_CHUNK][DN_CV]; beta, e^c, e^(c_L - c).
+#define DN_CHUNKED_SMEM (4 * (2 * DN_CHUNK * DN_MAX_HD + DN_MAX_HD * DN_CV + 2 * DN_CHUNK * DN_CHUNK + \
+                              DN_CHUNK * DN_CV + 3 * DN_CHUNK))
+
+// One chunk's inputs as registers: a chunk's loads are issued while the chunk before it computes,
+// so the chain of chunks waits on no global read. Thread x holds the key and query tile elements
+// x + 256 u (token (x + 256 u) / DN_MAX_HD), the T and P elements x + 256 u, its tokens' values in
+// its column, and (warp 0's lanes) the gates of token `lane`.
+struct DnChunkIn {
+    float k[DN_TILE_PT], q[DN_TILE_PT], t[DN_TP_PT], p[DN_TP_PT], v[DN_TPT], bet, ecum, tail;
+};
+
+__device__ __forceinline__ void dn_fetch(DnChunkIn& f, const float* qkv, int C, int qoff, int koff, int vcol,
+                                         bool col_ok, int c0, int L, int dk, const float* pc) {
+    int x = threadIdx.x, i = x % DN_MAX_HD, t0 = x / DN_MAX_HD, tok = (x / DN_CV) * DN_TPT;
+#pragma unroll
+    for (int u = 0; u < DN_TILE_PT; u++) {
+        int t = t0 + u * (256 / DN_MAX_HD);
+        bool ok = t < L && i < dk;
+        f.k[u] = ok ? qkv[(long)(c0 + t) * C + koff + i] : 0.f;
+        f.q[u] = ok ? qkv[(long)(c0 + t) * C + qoff + i] : 0.f;
     }
-    float a = ssm_a[h], bias = dt_bias[h];
+#pragma unroll
+    for (int u = 0; u < DN_TP_PT; u++) {
+        f.t[u] = pc[DN_PREP_T + x + 256 * u];
+        f.p[u] = pc[DN_PREP_P + x + 256 * u];
+    }
+#pragma unroll
+    for (int m = 0; m < DN_TPT; m++) f.v[m] = (tok + m < L && col_ok) ? qkv[(long)(c0 + tok + m) * C + vcol] : 0.f;
+    if (x < DN_CHUNK) {
+        f.bet = pc[DN_PREP_G + x];
+        f.ecum = pc[DN_PREP_G + DN_CHUNK + x];
+        f.tail = pc[DN_PREP_G + 2 * DN_CHUNK + x];
+    }
+}
+
+__device__ __forceinline__ float dn_dot4(float4 a, float b0, float b1, float b2, float b3, float acc) {
+    return fmaf(a.w, b3, fmaf(a.z, b2, fmaf(a.y, b1, fmaf(a.x, b0, acc))));
+}
+
+// Grid (nv, ceil(dv / DN_CV), n_seq of this group), 256 threads, DN_CHUNKED_SMEM bytes of dynamic
+// shared memory: the delta rule of sequence s_base + blockIdx.z for value head blockIdx.x and
+// state columns DN_CV blockIdx.y .., chunk after chunk, from reflex_dn_prep's slots (T, P, gates).
+// out gets o unnormalized (reflex_dn_gated_norm follows).
+extern "C" __global__ void __launch_bounds__(256, 2) reflex_dn_chunked(
+    const float* qkv, float* state, long state_stride, const int* slots, const int* seq_start, int s_base,
+    const int* pos, float* out, int n_tok, int nk, int nv, int dk, int dv, const float* prep) {
+    rx_pdl_begin();
+    extern __shared__ __align__(16) unsigned char rx_smem[];
+    float(*Ks)[DN_MAX_HD] = reinterpret_cast<float(*)[DN_MAX_HD]>(rx_smem);
+    float(*Qs)[DN_MAX_HD] = Ks + DN_CHUNK;
+    float(*Ss)[DN_CV] = reinterpret_cast<float(*)[DN_CV]>(Qs + DN_CHUNK);
+    float(*Ts)[DN_CHUNK] = reinterpret_cast<float(*)[DN_CHUNK]>(Ss + DN_MAX_HD);
+    float(*Ps)[DN_CHUNK] = Ts + DN_CHUNK;
+    float(*D)[DN_CV] = reinterpret_cast<float(*)[DN_CV]>(Ps + DN_CHUNK);
+    float* bet = D[DN_CHUNK];
+    float *ecum = bet + DN_CHUNK, *tail = ecum + DN_CHUNK;
+    int h = blockIdx.x, j0 = blockIdx.y * DN_CV, z = blockIdx.z, s = s_base + z, x = threadIdx.x;
+    int col = x % DN_CV, hw = x / DN_CV, tok = hw * DN_TPT, row = hw * DN_RPT;
+    int kh = h % nk, C = 2 * nk * dk + nv * dv;
+    int qoff = kh * dk, koff = nk * dk + kh * dk, vcol = 2 * nk * dk + h * dv + j0 + col;
+    int lo = seq_start ? seq_start[s] : 0, hi = seq_start ? seq_start[s + 1] : n_tok;
+    bool fresh = pos[lo] == 0, col_ok = j0 + col < dv;
+    float* Sg = state + (long)(slots ? slots[s] : s) * state_stride + (long)h * dk * dv;
+#pragma unroll
+    for (int r = 0; r < DN_RPT; r++)
+        Ss[row + r][col] = (!fresh && row + r < dk && col_ok) ? Sg[(long)(row + r) * dv + j0 + col] : 0.f;
+    DnChunkIn f;
+    if (lo < hi) dn_fetch(f, qkv, C, qoff, koff, vcol, col_ok, lo, min(DN_CHUNK, hi - lo), dk, prep + dn_prep_slot(z, lo, h, nv));
     for (int c0 = lo; c0 < hi; c0 += DN_CHUNK) {
         int L = min(DN_CHUNK, hi - c0);
-        for (int idx = threadIdx.x; idx < DN_CHUNK * DN_MAX_HD; idx += blockDim.x) {
-            int t = idx / DN_MAX_HD, i = idx % DN_MAX_HD;
-            Ks[t][i] = (t < L && i < dk) ? qkv[(long)(c0 + t) * C + koff + i] : 0.f;
-        }
-        if (prep) {  // T (in A's place), P and the gates from reflex_dn_prep
-            const float* pc = prep + dn_prep_slot(s, c0, h, nv);
-            for (int idx = threadIdx.x; idx < DN_CHUNK * DN_CHUNK; idx += blockDim.x) {
-                int i = idx / DN_CHUNK, j = idx % DN_CHUNK;
-                A[i][j] = pc[DN_PREP_T + idx];
-                P[i][j] = pc[DN_PREP_P + idx];
-            }
-            if (warp == 0) {
-                bet[lane] = pc[DN_PREP_G + lane];
-                ecum[lane] = pc[DN_PREP_G + DN_CHUNK + lane];
-                tail[lane] = pc[DN_PREP_G + 2 * DN_CHUNK + lane];
-            }
-            __syncthreads();
-        }
-        if (!prep && warp == 0) {  // gates; cumulative log-decay
-            float g, b, last;
-            dn_chunk_gates(a, bias, alpha, beta, c0, L, nv, h, lane, g, b, last);
-            bet[lane] = b;
-            cum[lane] = g;
-            ecum[lane] = lane < L ? expf(g) : 0.f;
-            tail[lane] = lane < L ? expf(last - g) : 0.f;
-        }
-        if (!prep) __syncthreads();
-        if (!prep) dn_chunk_ap(qkv, C, qoff, c0, L, dk, Ks, cum, bet, A, [&](int i, int j, float v) { P[i][j] = v; });
-        // right-hand side and the S0 part of the output: thread (warp, lane) takes tokens
-        // t = warp + 8 m of column j0 + lane
-        float o[DN_CHUNK / 8];
+        // this chunk into shared memory (and its values kept), then the next chunk's loads issued
 #pragma unroll
-        for (int m = 0; m < DN_CHUNK / 8; m++) {
-            int t = warp + 8 * m;
-            float qr[DN_MAX_HD / 32];
+        for (int u = 0; u < DN_TILE_PT; u++) {
+            int t = x / DN_MAX_HD + u * (256 / DN_MAX_HD);
+            Ks[t][x % DN_MAX_HD] = f.k[u];
+            Qs[t][x % DN_MAX_HD] = f.q[u];
+        }
 #pragma unroll
-            for (int u = 0; u < DN_MAX_HD / 32; u++) {
-                int d = lane + 32 * u;
-                qr[u] = (t < L && d < dk) ? qkv[(long)(c0 + t) * C + qoff + d] : 0.f;
-            }
-            float ks0 = 0.f, qs0 = 0.f;
+        for (int u = 0; u < DN_TP_PT; u++) {
+            (&Ts[0][0])[x + 256 * u] = f.t[u];
+            (&Ps[0][0])[x + 256 * u] = f.p[u];
+        }
+        if (x < DN_CHUNK) bet[x] = f.bet, ecum[x] = f.ecum, tail[x] = f.tail;
+        float v[DN_TPT];
 #pragma unroll
-            for (int u = 0; u < DN_MAX_HD / 32; u++) {
-                if (32 * u >= dk) break;
-#pragma unroll 8
-                for (int dd = 0; dd < 32; dd++) {
-                    float sd = Ss[32 * u + dd][lane];
-                    ks0 += Ks[t][32 * u + dd] * sd;
-                    qs0 += __shfl_sync(0xffffffffu, qr[u], dd) * sd;
-                }
+        for (int m = 0; m < DN_TPT; m++) v[m] = f.v[m];
+        int n0 = c0 + DN_CHUNK;
+        if (n0 < hi)
+            dn_fetch(f, qkv, C, qoff, koff, vcol, col_ok, n0, min(DN_CHUNK, hi - n0), dk, prep + dn_prep_slot(z, n0, h, nv));
+        __syncthreads();
+        // K S0 and Q S0 for this thread's tokens and column (key / query elements past dk are 0)
+        float ks0[DN_TPT] = {}, qs0[DN_TPT] = {};
+#pragma unroll 4
+        for (int d = 0; d < dk; d += 4) {
+            float s0 = Ss[d][col], s1 = Ss[d + 1][col], s2 = Ss[d + 2][col], s3 = Ss[d + 3][col];
+#pragma unroll
+            for (int m = 0; m < DN_TPT; m++) {
+                ks0[m] = dn_dot4(*reinterpret_cast<const float4*>(&Ks[tok + m][d]), s0, s1, s2, s3, ks0[m]);
+                qs0[m] = dn_dot4(*reinterpret_cast<const float4*>(&Qs[tok + m][d]), s0, s1, s2, s3, qs0[m]);
             }
-            float v = (t < L && col_ok) ? qkv[(long)(c0 + t) * C + voff + j0 + lane] : 0.f;
-            D[t][lane] = t < L ? bet[t] * (v - ecum[t] * ks0) : 0.f;
-            o[m] = ecum[t] * qs0;
+        }
+        // the right-hand side R = beta (V - e^c K S0) into D; o = e^c Q S0 (tokens past L: 0)
+        float o[DN_TPT];
+#pragma unroll
+        for (int m = 0; m < DN_TPT; m++) {
+            int t = tok + m;
+            D[t][col] = t < L ? bet[t] * (v[m] - ecum[t] * ks0[m]) : 0.f;
+            o[m] = t < L ? ecum[t] * qs0[m] : 0.f;
         }
         __syncthreads();
-        if (prep) {  // D = T R: token t's row of T against every column's right-hand side
-            float d[DN_CHUNK / 8];
+        // D = T R (T lower triangular, identity rows past L)
+        float dn[DN_TPT] = {};
+#pragma unroll 2
+        for (int j = 0; j < DN_CHUNK; j += 4) {
+            float r0 = D[j][col], r1 = D[j + 1][col], r2 = D[j + 2][col], r3 = D[j + 3][col];
 #pragma unroll
-            for (int m = 0; m < DN_CHUNK / 8; m++) {
-                int t = warp + 8 * m;
-                float acc = 0.f;
-                for (int j = 0; j <= t; j++) acc += A[t][j] * D[j][lane];
-                d[m] = acc;
-            }
-            __syncthreads();
+            for (int m = 0; m < DN_TPT; m++)
+                dn[m] = dn_dot4(*reinterpret_cast<const float4*>(&Ts[tok + m][j]), r0, r1, r2, r3, dn[m]);
+        }
+        __syncthreads();
 #pragma unroll
-            for (int m = 0; m < DN_CHUNK / 8; m++) D[warp + 8 * m][lane] = d[m];
-        } else if (warp == 0)  // forward substitution, one column per lane: D_i -= sum_{j<i} A_ij D_j
-            dn_forward_subst(A, D, L, lane);
+        for (int m = 0; m < DN_TPT; m++) D[tok + m][col] = dn[m];
         __syncthreads();
         // O += P D for this thread's tokens; S <- e^(c_L) S + sum_j e^(c_L - c_j) k_j D_j^T for its
-        // (row, column) cells. Loops over j outside: one read of D_j serves every token and row.
-        float e_last = ecum[L - 1];
-        float acc[DN_ROWS];
+        // rows (D is 0 past L). Loops over j outside: one read of D_j serves every token and row.
+        float e_last = ecum[L - 1], acc[DN_RPT];
 #pragma unroll
-        for (int r = 0; r < DN_ROWS; r++) acc[r] = warp + 8 * r < dk ? e_last * Ss[warp + 8 * r][lane] : 0.f;
-        for (int j = 0; j < L; j++) {
-            float dj = D[j][lane], tj = tail[j] * dj;
+        for (int r = 0; r < DN_RPT; r++) acc[r] = e_last * Ss[row + r][col];
+#pragma unroll 2
+        for (int j = 0; j < DN_CHUNK; j += 4) {
+            float d4[4];
 #pragma unroll
-            for (int m = 0; m < DN_CHUNK / 8; m++)
-                if (j <= warp + 8 * m) o[m] += P[warp + 8 * m][j] * dj;
+            for (int jj = 0; jj < 4; jj++) d4[jj] = D[j + jj][col];
 #pragma unroll
-            for (int r = 0; r < DN_ROWS; r++) acc[r] += Ks[j][warp + 8 * r] * tj;
+            for (int m = 0; m < DN_TPT; m++)
+                o[m] = dn_dot4(*reinterpret_cast<const float4*>(&Ps[tok + m][j]), d4[0], d4[1], d4[2], d4[3], o[m]);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                float tj = tail[j + jj] * d4[jj];
+#pragma unroll
+                for (int r = 0; r < DN_RPT; r += 4) {
+                    float4 k4 = *reinterpret_cast<const float4*>(&Ks[j + jj][row + r]);
+                    acc[r] = fmaf(k4.x, tj, acc[r]);
+                    acc[r + 1] = fmaf(k4.y, tj, acc[r + 1]);
+                    acc[r + 2] = fmaf(k4.z, tj, acc[r + 2]);
+                    acc[r + 3] = fmaf(k4.w, tj, acc[r + 3]);
+                }
+            }
         }
 #pragma unroll
-        for (int m = 0; m < DN_CHUNK / 8; m++) {
-            int t = warp + 8 * m;
-            if (t < L && col_ok) out[((long)(c0 + t) * nv + h) * dv + j0 + lane] = o[m];
-        }
+        for (int m = 0; m < DN_TPT; m++)
+            if (tok + m < L && col_ok) out[((long)(c0 + tok + m) * nv + h) * dv + j0 + col] = o[m];
 #pragma unroll
-        for (int r = 0; r < DN_ROWS; r++)
-            if (warp + 8 * r < dk) Ss[warp + 8 * r][lane] = acc[r];
-        __syncthreads();  // the next chunk rewrites Ks, D and reads every row of Ss
+        for (int r = 0; r < DN_RPT; r++) Ss[row + r][col] = acc[r];  // this thread's own cells: no one else reads them yet
+        __syncthreads();  // the next chunk rewrites the tiles and reads every row of Ss
     }
-    for (int idx = threadIdx.x; idx < DN_MAX_HD * DN_CV; idx += blockDim.x) {
-        int i = idx / DN_CV, c = idx % DN_CV;
-        if (i < dk && j0 + c < dv) Sg[(long)i * dv + j0 + c] = Ss[i][c];
-    }
+#pragma unroll
+    for (int r = 0; r < DN_RPT; r++)
+        if (row + r < dk && col_ok) Sg[(long)(row + r) * dv + j0 + col] = Ss[row + r][col];
 }
 
 // out = rmsnorm(o) * w * silu(z) per (token, head) row of dv values; one warp per row. out may be o.

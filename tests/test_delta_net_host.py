@@ -16,10 +16,15 @@ from host_emu_harness import build_host_harness
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    return build_host_harness(tmp_path_factory.mktemp("emu"), "delta_net_host.cpp", "delta_net.cu")
+    return build_host_harness(tmp_path_factory.mktemp("emu"), "delta_net_host.cpp", "delta_net.cu", patches=SHARED)
 
 
-SHAPES = [(2, 6, 40, 24), (1, 1, 128, 128)]  # odd sizes and tiles; full 128 tiles (fewer blocks: it is slow here)
+# the chunked kernel's dynamic shared memory: the stand-in's buffer (delta_net_host.cpp)
+SHARED = {"extern __shared__ __align__(16) unsigned char rx_smem[];": "unsigned char* rx_smem = emu_dyn_smem;"}
+
+
+# odd sizes and tiles (a head size not a multiple of 4); full 128 tiles (fewer blocks: it is slow here)
+SHAPES = [(2, 6, 40, 24), (1, 2, 30, 20), (1, 1, 128, 128)]
 BATCHES = [([1, 1, 1], [0, 9, 3]), ([33, 1, 40], [12, 0, 4])]
 
 
@@ -38,13 +43,12 @@ def test_recurrent(host, shape, lengths, first_pos, slotted):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
-@pytest.mark.parametrize("prep", [False, True], ids=["", "prep"])
-def test_chunked(host, shape, lengths, first_pos, prep):
-    G.test_delta_rule_chunked_matches_both_reference_forms(host, shape, lengths, first_pos, slotted=len(lengths) > 1,
-                                                           prep=prep)
+@pytest.mark.parametrize("lengths,first_pos", BATCHES + [G.MANY], ids=str)
+def test_chunked(host, shape, lengths, first_pos):
+    if len(lengths) > 3 and shape[2] == 128:
+        pytest.skip("many sequences at the full head size: the small shapes cover the groups, faster here")
+    G.test_delta_rule_chunked_matches_both_reference_forms(host, shape, lengths, first_pos, slotted=len(lengths) > 1)
 
 
-@pytest.mark.parametrize("prep", [False, True], ids=["", "prep"])
-def test_two_passes_then_decode(host, prep):
-    G.test_prompt_in_two_passes_equals_one_and_decode_continues_it(host, 45, prep, nk=1, nv=1)
+def test_two_passes_then_decode(host):
+    G.test_prompt_in_two_passes_equals_one_and_decode_continues_it(host, 45, nk=1, nv=1)

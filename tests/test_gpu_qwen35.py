@@ -204,14 +204,17 @@ def test_delta_rule_recurrent_with_gated_norm(gpu, shape, lengths, first_pos, sl
     check_slots(gpu.get(st, buf.shape), slots, finals, rtol=1e-4, atol=1e-5)
 
 
+# more sequences than a prep + chunked pair takes (ops.delta_net.GROUP): two groups
+MANY = ([5, 40, 1, 33, 2, 31, 64, 7, 3, 36, 9], [0, 3, 0, 1, 0, 0, 2, 0, 8, 0, 4])
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("lengths,first_pos", BATCHES, ids=str)
+@pytest.mark.parametrize("lengths,first_pos", BATCHES + [MANY], ids=str)
 @pytest.mark.parametrize("slotted", [False, True], ids=["", "slots"])
-@pytest.mark.parametrize("prep", [False, True], ids=["", "prep"])
-def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, first_pos, slotted, prep):
+def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, first_pos, slotted):
     """Chunks of 32 tokens on the GPU (64 in the reference): across every chunk boundary the
-    output and final state equal the reference's chunked form and its token-by-token form; with
-    `prep` every chunk's state-free part comes from reflex_dn_prep (NaN-poisoned scratch)."""
+    output and final state equal the reference's chunked form and its token-by-token form; every
+    chunk's state-free part comes from reflex_dn_prep through NaN-poisoned scratch."""
     nk, nv, dk, dv = shape
     n = sum(lengths)
     rng = np.random.default_rng([n, nk, nv, dk, dv, 2])
@@ -224,7 +227,7 @@ def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, fi
     seq, n_seq, pos = seq_args(gpu, lengths, first_pos)
     buf, slots = slotted_states(states, slotted)
     st, out, sl = gpu.put(buf), gpu.poisoned((n, nv, dv)), gpu.put(slots) if slotted else 0
-    scratch = gpu.poisoned((dn_ops.prep_floats(n_seq, n, nv),)) if prep else 0
+    scratch = gpu.poisoned((dn_ops.prep_floats(n_seq, n, nv),))
     dn_ops.chunked(gpu.launch, gpu.put(qkv), gpu.put(layer.alpha), gpu.put(layer.beta), gpu.put(layer.a),
                    gpu.put(layer.dt_bias), st, nv * dk * dv, sl, seq, n_seq, pos, out, n, nk, nv, dk, dv, scratch)
     got_o, got_s = gpu.get(out, (n, nv, dv)), gpu.get(st, buf.shape)
@@ -239,8 +242,7 @@ def test_delta_rule_chunked_matches_both_reference_forms(gpu, shape, lengths, fi
 
 
 @pytest.mark.parametrize("split", [1, 31, 32, 45])
-@pytest.mark.parametrize("prep", [False, True], ids=["", "prep"])
-def test_prompt_in_two_passes_equals_one_and_decode_continues_it(gpu, split, prep, nk=2, nv=4, dk=128, dv=128):
+def test_prompt_in_two_passes_equals_one_and_decode_continues_it(gpu, split, nk=2, nv=4, dk=128, dv=128):
     """A prompt of 77 tokens as one chunked pass, or as two passes (the second continuing the
     state: its first position is not 0), then a token-by-token decode of 5 more: the same
     outputs and state as the reference over all 82 tokens."""
@@ -258,7 +260,7 @@ def test_prompt_in_two_passes_equals_one_and_decode_continues_it(gpu, split, pre
     d_a, d_dt, d_pos = gpu.put(layer.a), gpu.put(layer.dt_bias), gpu.put(np.arange(n + n_dec, dtype=np.int32))
     d_z, d_w = gpu.put(layer.z), gpu.put(layer.norm_w)
     for lo, hi in ((0, split), (split, n)):
-        scratch = gpu.poisoned((dn_ops.prep_floats(1, hi - lo, nv),)) if prep else 0
+        scratch = gpu.poisoned((dn_ops.prep_floats(1, hi - lo, nv),))
         dn_ops.chunked(L, d_qkv + 4 * lo * layer.C, d_al + 4 * lo * nv, d_be + 4 * lo * nv, d_a, d_dt, st, size, 0, 0,
                        1, d_pos + 4 * lo, out + 4 * lo * nv * dv, hi - lo, nk, nv, dk, dv, scratch)
     np.testing.assert_allclose(gpu.get(out, (n, nv, dv)), want_o[:n], rtol=1e-4, atol=1e-4)

@@ -70,8 +70,6 @@ class Launcher:
         self.router_splits = knob("REFLEX_ROUTER_SPLITS", 8, choices=(1, 2, 4, 8))
         # pairs per tile of a prompt's grouped expert kernels: 0 the default 64 (moe.tile_for), 32 or 64 forces it
         self.moe_tile = knob("REFLEX_MOE_TILE", 0, choices=(0, 32, 64))
-        # a prompt's delta rule with every chunk's state-free part first, in parallel (delta_net.chunked prep)
-        self.dn_prep = os.environ.get("REFLEX_DN_PREP", "1") != "0"
         # a prompt's latent attention (DeepSeek) on tensor cores (kernels/mla_flash.cu); 0: mla.cu's kernel
         self.mla_flash = os.environ.get("REFLEX_MLA_FLASH", "1") != "0"
         self.attn_min_keys = knob("REFLEX_ATTN_MIN_KEYS", 32, minimum=1)

@@ -25,7 +25,6 @@ from ...gpu.ops.delta_net import MAX_CONV, MAX_HEAD
 # Sequences of at most this many tokens run the delta rule token by token (one launch, the norm
 # fused); longer ones the chunked kernel (32 tokens per step) and a separate norm.
 RECURRENT_MAX_TOKENS = 8
-PREP_MAX_SEQS = 8  # batches of more sequences run the chunked delta rule without reflex_dn_prep's scratch
 
 
 def rows_of(w: Weight, first: int, count: int) -> Weight:
@@ -101,7 +100,7 @@ class DeltaNet:
         vd = e["n_v_heads"] * e["head_v_dim"]
         return [("dn_qkv", t * channels), ("dn_conv", t * channels), ("dn_z", t * vd), ("dn_alpha", t * e["n_v_heads"]),
                 ("dn_beta", t * e["n_v_heads"]), ("dn_o", t * vd),
-                ("dn_prep", delta_net.prep_floats(PREP_MAX_SEQS, t, e["n_v_heads"]))]
+                ("dn_prep", delta_net.prep_floats(t, t, e["n_v_heads"]))]
 
     def bind(self, model, il: int) -> None:
         self.w, self.p, self.launch = DeltaNetWeights.read(model.tensors, il), model.p, model.launch
@@ -126,9 +125,8 @@ class DeltaNet:
                 delta_net.recurrent(L, conv, alpha, beta, z, w.a, w.dt_bias, w.norm, ssm_state, stride, slots,
                                     b.seq_start, b.n_seq, b.pos, o, b.n, nk, nv, dk, dv, self.eps)
             else:
-                prep = p("dn_prep") if L.dn_prep and b.n_seq <= PREP_MAX_SEQS else 0
                 delta_net.chunked(L, conv, alpha, beta, w.a, w.dt_bias, ssm_state, stride, slots, b.seq_start, b.n_seq,
-                                  b.pos, o, b.n, nk, nv, dk, dv, prep)
+                                  b.pos, o, b.n, nk, nv, dk, dv, p("dn_prep"))
                 delta_net.gated_norm(L, o, z, w.norm, o, b.n * nv, dv, self.eps)
         with L.role("linear-attn output", w.out.nbytes):
             products.matmul(L, w.out, o, out, b.n, accumulate=accumulate)
@@ -141,8 +139,7 @@ class DeltaNet:
         pairs = [(w.qkv, qkv), (w.z, z), (w.alpha, alpha), (w.beta, beta)]
         with L.role("linear-attn in proj", sum(x.nbytes for x, _ in pairs)):
             if not b.matvec:
-                products.matmul(L, w.qkv, inp.ptr, qkv, b.n)
-                products.matmul(L, w.z, inp.ptr, z, b.n)
+                products.matmul_many(L, [w.qkv, w.z], inp.ptr, [qkv, z], b.n)  # one launch when one type
                 pairs = pairs[2:]
             for group in by_type(pairs):
                 products.segments(L, [x for x, _ in group], inp.ptr, [y for _, y in group], b.n, norm_w=inp.norm_w,
