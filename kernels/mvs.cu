@@ -7,7 +7,8 @@
 //                      token (ties to the lower id, NaN never wins) and advances the decode state
 //   reflex_mvs_mixed   the same for matrices of different types (a switch per block)
 //   reflex_mvs_glu_*   y[r] = act(dot(Wg[r], x')) * dot(Wu[r], x'); with ids (MoE), block row y
-//                      serves routed slot y: expert ids[y]'s rows, staged after the wait
+//                      serves routed slot y: expert ids[y]'s rows, staged after the wait; with
+//                      Sg / Su too, block row k serves the shared expert (staged before it)
 // x' = x, or x RMS-normalized with norm_w (the block's pre-norm folded in). norm_w must be a weight
 // (it is read before the wait, like the matrix).
 //
@@ -40,9 +41,11 @@
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_glu_##name(                         \
         const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids, const float* x, \
-        const float* norm_w, float eps, float* y, int n_rows, int K, int rb, int wpr, int act) {                 \
+        const float* norm_w, float eps, float* y, int n_rows, int K, int rb, int wpr, int act,                   \
+        const uint8_t* Sg, const uint8_t* Su) {                                                                  \
         rx_pdl_weights_first();                                                                                  \
-        mvs_glu_body<T>(Wg, Wu, row_bytes, expert_bytes, ids, x, norm_w, eps, y, n_rows, K, rb, wpr, act);       \
+        mvs_glu_body<T>(Wg, Wu, row_bytes, expert_bytes, ids, x, norm_w, eps, y, n_rows, K, rb, wpr, act, Sg,    \
+                        Su);                                                                                     \
     }
 
 RX_FOR_EACH_TYPE(RX_MVS)

@@ -283,18 +283,20 @@ __device__ __forceinline__ int mvs_segment(const Segs& segs, int rb, int* b) {
 
 // act(gate) * up for rows r0 .. r0 + rb; with ids, of the expert routed to slot blockIdx.y (its
 // rows start expert_bytes apart in the stacked tensors), staged after the wait that makes the
-// ids visible; dense weights are staged before it.
+// ids visible; dense weights are staged before it. With ids and Sg / Su (a shared expert of the
+// experts' type and size), the last slot (blockIdx.y = k) is the shared expert's, staged early.
 template <int T>
 __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids,
                              const float* x, const float* norm_w, float eps, float* y, int n_rows, int K, int rb,
-                             int wpr, int act) {
+                             int wpr, int act, const uint8_t* Sg, const uint8_t* Su) {
     __shared__ float scratch[MVS_WARPS];
     int s = blockIdx.y, r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
     long span = rx_stage_bytes((long)rb * row_bytes);
+    bool routed = ids && !(Sg && s == (int)gridDim.y - 1);
     const uint8_t *sg = nullptr, *su = nullptr;
-    if (!ids) {
-        sg = rx_stage(rx_dyn_smem, Wg + (long)r0 * row_bytes, (long)n * row_bytes);
-        su = rx_stage(rx_dyn_smem + span, Wu + (long)r0 * row_bytes, (long)n * row_bytes);
+    if (!routed) {
+        sg = rx_stage(rx_dyn_smem, (ids ? Sg : Wg) + (long)r0 * row_bytes, (long)n * row_bytes);
+        su = rx_stage(rx_dyn_smem + span, (ids ? Su : Wu) + (long)r0 * row_bytes, (long)n * row_bytes);
     }
     constexpr int RL = MvsRun<T>::RL;
     int part = (threadIdx.x >> 5) % wpr;
@@ -302,7 +304,7 @@ __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_byte
     MvsX xin;
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();
-    if (ids) {
+    if (routed) {
         long off = (long)ids[s] * expert_bytes + (long)r0 * row_bytes;
         sg = rx_stage(rx_dyn_smem, Wg + off, (long)n * row_bytes);
         su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);

@@ -81,7 +81,8 @@ def build_host_harness(tmp_dir, entry_points: str, kernel_file: str, headers=(),
     shared library in tmp_dir; skips when g++ is missing. headers: more kernels/ files the kernel
     includes as they are; emu_headers: tests/host_emu stand-ins for kernels/ headers of the same
     name; patches: {kernels/ line: its host form} (a declaration g++ cannot take). With headers or
-    stand-ins the CUDA toolkit's include folder is on the path (cuda_fp16.h's host half)."""
+    stand-ins, or an entry file that includes cuda_fp16.h, the CUDA toolkit's include folder is on
+    the path (cuda_fp16.h's host half)."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ is not installed")
@@ -96,7 +97,7 @@ def build_host_harness(tmp_dir, entry_points: str, kernel_file: str, headers=(),
         assert old in text, f"{kernel_file} no longer has {old!r}"
         open(path, "w").write(text.replace(old, new))
     flags = []
-    if headers or emu_headers:
+    if headers or emu_headers or "<cuda_fp16.h>" in open(os.path.join(tmp_dir, entry_points)).read():
         inc = cuda_include()
         if inc is None:
             pytest.skip("no CUDA toolkit include folder (cuda_fp16.h)")

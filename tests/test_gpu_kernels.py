@@ -332,20 +332,39 @@ ROPE_CASES = {
 }
 
 
+# (n_tok, n_head, n_kv, heads a block: None = the launcher's choice). 7 a block leaves warps idle;
+# 3 makes a group end inside the query heads; 20 gives some warps three heads (h, h + 8, h + 16).
+ROPE_GROUPS = [(5, 6, 2, None), (3, 16, 4, None), (3, 16, 4, 7), (2, 16, 4, 3), (2, 16, 4, 20)]
+
+
 @pytest.mark.parametrize("case", list(ROPE_CASES))
 def test_qk_norm_rope_and_cache_store(gpu, case):
+    check_qk_rope_store(gpu, case, *ROPE_GROUPS[0])
+
+
+@pytest.mark.parametrize("groups", ROPE_GROUPS[1:], ids=str)
+def test_qk_rope_store_head_groups(gpu, monkeypatch, groups):
+    check_qk_rope_store(gpu, "pairs_partial_norm", *groups[:3], heads_per_block=groups[3], monkeypatch=monkeypatch)
+    check_qk_rope_store(gpu, "neox_norm", *groups[:3], heads_per_block=groups[3], monkeypatch=monkeypatch)
+
+
+def check_qk_rope_store(gpu, case, n_tok, n_head, n_kv, heads_per_block=None, monkeypatch=None):
+    """rope.cu against the float64 norms and rotation; NaN-poisoned caches (only the slots written
+    are compared; the others must stay NaN)."""
     hd, rope_dim, norm, pairwise, with_factors, freq_scale = ROPE_CASES[case]
-    rng = np.random.default_rng(list(case.encode()))
-    n_tok, n_head, n_kv, n_ctx, hd_v, eps, base = 5, 6, 2, 40, hd, 1e-6, 1e6
+    if heads_per_block is not None:
+        monkeypatch.setattr(rope, "heads_per_block", lambda L, n_tok, n_heads: heads_per_block)
+    rng = np.random.default_rng(list(case.encode()) + [n_tok, n_head])
+    n_ctx, hd_v, eps, base = 40, hd, 1e-6, 1e6
     q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((n_tok, n_kv, hd_v)).astype(np.float32)
     qn = (rng.random(hd) + 0.5).astype(np.float32)
     kn = (rng.random(hd) + 0.5).astype(np.float32)
-    pos = np.array([0, 7, 300, 2999, 11], dtype=np.int32)
-    slot = np.array([3, 9, 0, 39, 20], dtype=np.int32)
+    pos = np.array([0, 7, 300, 2999, 11], dtype=np.int32)[:n_tok]
+    slot = np.array([3, 9, 0, 39, 20], dtype=np.int32)[:n_tok]
     dq = gpu.put(q)
-    kc, vc = gpu.put(np.zeros((n_kv, n_ctx, hd), np.float16)), gpu.put(np.zeros((n_kv, n_ctx, hd_v), np.float16))
+    kc, vc = gpu.poisoned((n_kv, n_ctx, hd), np.float16), gpu.poisoned((n_kv, n_ctx, hd_v), np.float16)
     kv_pos = gpu.put(np.full(n_ctx, -1, np.int32))
     # Llama 3.1-like factors: 1 for the fast pairs, up to 8 for the slow ones, smooth between
     factors = np.interp(np.arange(rope_dim // 2), [0, rope_dim // 6, rope_dim // 3, rope_dim // 2], [1, 1, 8, 8])
@@ -364,6 +383,8 @@ def test_qk_norm_rope_and_cache_store(gpu, case):
     for t in range(n_tok):
         np.testing.assert_allclose(kc_h[:, slot[t]], ke[t], rtol=2e-3, atol=2e-3)
         np.testing.assert_allclose(vc_h[:, slot[t]], v[t], rtol=1e-3, atol=1e-3)
+    untouched = np.setdiff1d(np.arange(n_ctx), slot)
+    assert np.isnan(kc_h[:, untouched]).all() and np.isnan(vc_h[:, untouched]).all()
     kvp = gpu.get(kv_pos, (n_ctx,), np.int32)
     assert list(kvp[slot]) == list(pos)
 

@@ -412,38 +412,61 @@ def test_staged_experts_one_token_wide_rows(gpu, qtype, wide):
     _staged_experts_one_token(gpu, rng, qtype, 12, 8, 3, True, E, F)
 
 
-def _staged_experts_one_token(gpu, rng, qtype, n_expert, k, budget_rows, early, E, F):
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_expert,k,budget_rows", [(12, 6, 5), (40, 8, 3), (8, 2, 1000)])
+@pytest.mark.parametrize("early", [False, True])
+def test_staged_experts_with_a_shared_slot(gpu, qtype, n_expert, k, budget_rows, early):
+    """A shared expert of the experts' shape as slot k of both launches (Qwen3.5-MoE at decode):
+    its gate/up at act[k], its down weighted by sigmoid(logit) (or 1 without a logit)."""
+    rng = np.random.default_rng([int(qtype), n_expert, k, budget_rows, early, 7])
+    _staged_experts_one_token(gpu, rng, qtype, n_expert, k, budget_rows, early, k_for(qtype, False),
+                              _ff_for(qtype, False), shared=True, gated=budget_rows != 1000)
+
+
+def _staged_experts_one_token(gpu, rng, qtype, n_expert, k, budget_rows, early, E, F, shared=False, gated=True):
     (wg, wu, wd), (dg, du, dd) = _experts(gpu, qtype, n_expert, E, F, rng)
+    sh_w, logit = None, 0.0
+    if shared:  # slot k: one more expert's weights, elsewhere in memory
+        sh_w, (sg, su, sd) = _experts(gpu, qtype, 1, E, F, rng)
+        dg, du, dd = np.concatenate([dg, sg]), np.concatenate([du, su]), np.concatenate([dd, sd])
+        logit = float(rng.standard_normal() * 2) if gated else 0.0
     x = (rng.standard_normal((1, E)) * 0.5).astype(np.float32)
     nw = (rng.random(E) + 0.5).astype(np.float32)
     ids, w = _route(rng.standard_normal((1, n_expert)).astype(np.float32), k, True)
     ids_d, w_d = gpu.put(ids.astype(np.int32)), gpu.put(w)
+    slots = k + shared
+    all_ids = np.append(ids.flat, n_expert)  # slot k reads the shared expert (index n_expert above)
+    all_w = np.append(w.flat, 1 / (1 + np.exp(-logit)) if gated else 1.0)
     L = gpu.launch
     saved = L.mvs_budget
     L.mvs_budget = budget_rows * wg.row_bytes * 2 + 64
     try:
-        act = gpu.poisoned((k, F))
+        act = gpu.poisoned((slots, F))
         with L.record() as rec:
-            assert mvs.expert_glu(L, wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, F, 0, gpu.put(nw), 1e-6)
-        got_act = gpu.get(act, (k, F))
+            assert mvs.expert_glu(L, wg, wu, F * wg.row_bytes, ids_d, k, gpu.put(x), act, F, 0, gpu.put(nw), 1e-6,
+                                  shared=sh_w[:2] if shared else None)
+        assert rec[0].grid[1] == slots
+        got_act = gpu.get(act, (slots, F))
         xn = rms_ref(x, nw, 1e-6)
         assert not np.isnan(got_act).any(), "the kernel left poisoned outputs"
-        for s in range(k):
-            e = ids.flat[s]
+        for s in range(slots):
+            e = all_ids[s]
             g, u = xn[0] @ dg[e].T, xn[0] @ du[e].T
             tol = 6e-4 * _bound(xn, dg[e])[0] * _bound(xn, du[e])[0] + 1e-5
             assert (np.abs(got_act[s] - act_ref(g, 0) * u) <= tol).all(), (s, np.abs(got_act[s] - act_ref(g, 0) * u).max())
         base = rng.standard_normal((1, E)).astype(np.float32)
         xd = gpu.put(base)
-        L.mvs_budget = budget_rows * k * wd.row_bytes + 4 * k * F + 128
+        L.mvs_budget = budget_rows * slots * wd.row_bytes + 4 * slots * F + 128
         with L.record() as rec2:
-            assert moe_decode.down(L, wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, E, early)
+            assert moe_decode.down(L, wd, E * wd.row_bytes, ids_d, w_d, k, act, xd, E, early,
+                                   shared=sh_w[2] if shared else None,
+                                   shared_logit=gpu.put(np.array([logit], np.float32)) if shared and gated else 0)
         assert [ln.kernel.name for ln in rec + rec2] == [f"reflex_mvs_glu_{wg.suffix}", f"reflex_moe_mvs_down_{wd.suffix}"]
         expect, tol = base[0].astype(np.float64), np.full(E, 1e-5)
-        for s in range(k):
-            e = ids.flat[s]
-            expect += w.flat[s] * (got_act[s].astype(np.float64) @ dd[e].T)
-            tol += 2e-4 * w.flat[s] * _bound(got_act[s:s + 1], dd[e])[0]
+        for s in range(slots):
+            e = all_ids[s]
+            expect += all_w[s] * (got_act[s].astype(np.float64) @ dd[e].T)
+            tol += 2e-4 * all_w[s] * _bound(got_act[s:s + 1], dd[e])[0]
         got = gpu.get(xd, (1, E))[0]
         assert (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
     finally:

@@ -328,6 +328,27 @@ def test_check_passes(arch, outtype):
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
+def test_shared_expert_rides_with_the_routed_experts(outtype):
+    """The shared expert as large as a routed one (as in Qwen3.5-35B-A3B): at decode it is one more
+    slot of the routed gate/up and down launches, no launches of its own; reflex check passes."""
+    from fixtures import make_fixture
+    from reflex_runtime.commands.check import run_check
+    from reflex_runtime.families import load_reference
+
+    eng = engine_for(str(make_fixture("qwen35moe", outtype, 0, shared_expert_intermediate_size=256).gguf))
+    res = run_check(eng, load_reference(eng.gguf, eng.config), PROMPT, 8)
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+    m = eng.runner.model
+    with m.launch.record() as rec:
+        m.forward(1)  # the last decode step again, eagerly
+    m.launch.dev.sync(m.launch.stream)
+    glu = [ln for ln in rec if ln.role == "moe experts gate/up + act"]
+    k = max(eng.config.extra["n_expert_used"])
+    assert glu and all(ln.grid[1] == k + 1 for ln in glu), [ln.grid for ln in glu]
+    assert not [ln.role for ln in rec if ln.role.startswith("shared expert")]
+
+
 def test_long_prompt_crosses_batches_and_chunks(q8):
     """> 512 tokens: two prefill passes (the second continuing the recurrent state), each
     through the chunked delta rule and the tensor-core projections."""

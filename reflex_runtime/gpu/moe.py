@@ -7,6 +7,7 @@ experts are read in place from the stacked GGUF tensors: only the routed experts
 
   one token (decode):     router + top-k -> gate/up per slot -> down summed over the slots,
                           into x; each block's rows staged in shared memory      3 launches
+                          (a shared expert of the experts' shape: one more slot of the last two)
   matrix-vector batches:  router (norm fused) -> top-k -> gate/up per (token, slot)
                                     -> down per token summed over its slots, into x       4 launches
   prefill (sm_80+):  norm -> router -> top-k -> group pairs by expert (and list 64-pair tiles)
@@ -18,6 +19,7 @@ experts are read in place from the stacked GGUF tensors: only the routed experts
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ..modelfile import tensor_names as T
 from ..errors import UnsupportedModelError
@@ -31,6 +33,16 @@ from .ops.moe import MAX_EXPERTS, MoeGroups
 # top-k block normalizes with one thread per weight) and 127 (tokens x k in gridDim.y < 65536 for
 # a 512-token batch on the per-pair kernels).
 MAX_USED = 64
+
+
+@dataclass
+class SharedSlot:
+    """A shared expert at decode (one token): its weights, its gate's logit (0: ungated), and how to
+    run it by itself (gate_up(act), down(act)) where the routed launches cannot take it."""
+    w: object  # blocks.FfnWeights
+    logit: int
+    gate_up: Callable[[int], None]
+    down: Callable[[int], None]
 
 
 def per_layer(value, il: int | None):
@@ -113,7 +125,8 @@ class MoeFFN:
         return [("moe_logits", t * n_expert), ("moe_ids", pairs), ("moe_w", pairs),
                 ("moe_counts", n_expert), ("moe_offsets", n_expert), ("moe_pair_tok", pairs),
                 ("moe_pair_id", pairs), ("moe_gate", pairs * n_ff), ("moe_up", pairs * n_ff),
-                ("moe_act", pairs * n_ff), ("moe_out", pairs * c.n_embd),
+                ("moe_act", max(pairs, k + 1) * n_ff),  # one token: a shared expert's slot too
+                ("moe_out", pairs * c.n_embd),
                 ("moe_tile_e", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
                 ("moe_tile_m0", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
                 ("moe_n_tiles", 1), ("moe_counters", t * gemm.down_col_tiles(c.n_embd)),
@@ -157,9 +170,38 @@ class MoeFFN:
                 products.segments(L, [w], inp.ptr, [y], n, norm_w=inp.norm_w, eps=self.eps)
         moe_ops.topk(L, logits, n, self.n_expert, self.k, self.normalize, ids, wts)
 
-    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True, also=()) -> None:
+    def _one_token(self, inp: Input, x: int, ids: int, wts: int, shared: SharedSlot | None) -> None:
+        """The routed rows staged in shared memory; down may stage its rows before it waits, since a
+        gate/up launch always sits between it and the top-k that wrote the ids. A shared expert of
+        the experts' shape is one more slot of both launches; else it runs by itself, its gate/up
+        before the routed down adds into the residual stream."""
+        L, p, m, k, act = self.launch, self.p, self.w, self.k, self.p("moe_act")
+        ride = shared is not None and all(mvs.slot_fits(w, e, rows) for w, e, rows in (
+            (shared.w.gate, m.gate, self.n_ff), (shared.w.up, m.up, self.n_ff), (shared.w.down, m.down, self.n_embd)))
+        both = (shared.w.gate.nbytes + shared.w.up.nbytes) if ride else 0
+        with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride + both):
+            fused = ride and mvs.expert_glu(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, act, self.n_ff,
+                                            self.act, inp.norm_w, self.eps, shared=(shared.w.gate, shared.w.up))
+            if not fused and not mvs.expert_glu(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, act, self.n_ff,
+                                                self.act, inp.norm_w, self.eps):
+                moe_ops.glu_mv(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, act, 1, self.n_ff, self.act,
+                               inp.norm_w, self.eps)
+        if shared is not None and not fused:
+            shared.gate_up(p("act"))
+        with L.role("moe experts down (+residual)", k * m.down_stride + (shared.w.down.nbytes if fused else 0)):
+            done = fused and moe_decode.down(L, m.down, m.down_stride, ids, wts, k, act, x, self.n_embd, early=True,
+                                             shared=shared.w.down, shared_logit=shared.logit)
+            if not done and not moe_decode.down(L, m.down, m.down_stride, ids, wts, k, act, x, self.n_embd,
+                                                early=True):
+                moe_ops.down_mv(L, m.down, m.down_stride, ids, wts, k, act, x, 1, self.n_embd)
+        if shared is not None and not done:
+            shared.down(act + 4 * k * self.n_ff if fused else p("act"))
+
+    def __call__(self, b: Batch, inp: Input, out: int, accumulate: bool = True, also=(),
+                 shared: SharedSlot | None = None) -> None:
         """out += MoE(input) for b.n tokens (the kernels add into out: the residual stream);
-        `also` as in route()."""
+        `also` as in route(); shared: a shared expert to add too (one token only)."""
+        assert shared is None or b.n == 1, "a shared expert rides along at decode only"
         assert accumulate, "the expert kernels add into their output"
         x = out
         L, p, m, k, E, n = self.launch, self.p, self.w, self.k, self.n_embd, b.n
@@ -169,16 +211,8 @@ class MoeFFN:
         ws = self.owner.residency
         if ws is not None and not ws.complete:  # wait for the routed experts (never in a graph: see runner._graph)
             ws.ensure_routed(L, self.il, ids, n * k)
-        if n == 1:  # the routed rows staged in shared memory; down may stage its rows before it waits,
-            # since a gate/up launch always sits between it and the top-k that wrote the ids
-            with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
-                if not mvs.expert_glu(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), self.n_ff,
-                                      self.act, inp.norm_w, self.eps):
-                    moe_ops.glu_mv(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff,
-                                   self.act, inp.norm_w, self.eps)
-            with L.role("moe experts down (+residual)", k * m.down_stride):
-                if not moe_decode.down(L, m.down, m.down_stride, ids, wts, k, p("moe_act"), x, E, early=True):
-                    moe_ops.down_mv(L, m.down, m.down_stride, ids, wts, k, p("moe_act"), x, n, E)
+        if n == 1:
+            self._one_token(inp, x, ids, wts, shared)
             return
         path = None if b.matvec else self.grouped()
         if path is None:

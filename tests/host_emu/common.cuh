@@ -113,6 +113,7 @@ inline void run_block(unsigned threads) {
 #define RX_WARP 32
 
 inline void __syncthreads() { emu::block_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_wait(); }
 
 inline float emu_exchange(float v, int src) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -141,6 +142,12 @@ using std::max;
 using std::min;
 
 inline void rx_pdl_begin() {}
+
+// kernels/common.cuh's paged-cache row
+#define RX_KV_BLOCK 16
+inline long rx_kv_row(const int* blocks, int j) {
+    return blocks ? (long)blocks[j / RX_KV_BLOCK] * RX_KV_BLOCK + j % RX_KV_BLOCK : (long)j;
+}
 
 inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -8,11 +8,6 @@
 
 #define __align__(n) alignas(n)
 #define __trap() std::abort()
-// kernels/common.cuh's paged-cache row (the stand-in leaves it out)
-#define RX_KV_BLOCK 16
-inline long rx_kv_row(const int* blocks, int j) {
-    return blocks ? (long)blocks[j / RX_KV_BLOCK] * RX_KV_BLOCK + j % RX_KV_BLOCK : (long)j;
-}
 
 #include "mla_flash.cu"
 

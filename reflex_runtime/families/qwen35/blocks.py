@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ...modelfile import tensor_names as T
 from ...gpu.blocks import Attention, AttnWeights, Batch, FfnWeights, GatedFFN, Input, TensorReader
 from ...gpu import products
-from ...gpu.moe import MoeFFN, MoeWeights
+from ...gpu.moe import MoeFFN, MoeWeights, SharedSlot
 from ...gpu.ops import delta_net, gated
 from ...gpu.ops.common import Weight
 from ...gpu.ops.delta_net import MAX_CONV, MAX_HEAD
@@ -190,7 +190,9 @@ def moe_weights(r: TensorReader, il: int, n_expert: int) -> MoeWeights:
 
 
 class SharedMoe:
-    """x += routed experts(h) + sigmoid(h . w_gate) * shared_expert(h), h = norm(x)."""
+    """x += routed experts(h) + sigmoid(h . w_gate) * shared_expert(h), h = norm(x). Its gate is one
+    more product of the router's launch; at decode the shared expert is one more slot of the routed
+    experts' gate/up and down launches when it has their type and size (gpu/moe.py SharedSlot)."""
 
     def __init__(self, model, il: int):
         self.moe = MoeFFN(model, il=il)
@@ -215,13 +217,27 @@ class SharedMoe:
         if sh is None:
             self.moe(b, inp, out)
             return
-        n_ff = sh.gate.rows
+        gate = [(self.gate, p("sh_logit"))]
+        if b.n == 1:  # one more slot of the routed experts' launches where it has their shape
+            slot = SharedSlot(sh, p("sh_logit"), lambda act: self._gate_up(b, inp, act),
+                              lambda act: self._down(b, act, out))
+            self.moe(b, inp, out, also=gate, shared=slot)
+            return
         # the shared expert reads its input before the routed experts add into the residual
         # stream (for small batches the input *is* the stream, normalized on the fly)
+        self._gate_up(b, inp, p("act"))
+        self.moe(b, inp, out, also=gate)
+        self._down(b, p("act"), out)
+
+    def _gate_up(self, b: Batch, inp: Input, act: int) -> None:
+        L, p, sh = self.launch, self.p, self.shared
         with L.role("shared expert gate/up + act", sh.gate.nbytes + sh.up.nbytes):
-            products.gated_ffn_in(L, sh.gate, sh.up, inp.ptr, p("act"), b.n, GatedFFN.SILU, p("g"), p("u"),
+            products.gated_ffn_in(L, sh.gate, sh.up, inp.ptr, act, b.n, GatedFFN.SILU, p("g"), p("u"),
                                   norm_w=inp.norm_w, eps=self.eps)
-        self.moe(b, inp, out, also=[(self.gate, p("sh_logit"))])
+
+    def _down(self, b: Batch, act: int, out: int) -> None:
+        L, p, sh = self.launch, self.p, self.shared
+        n_ff = sh.gate.rows
         with L.role("shared expert down (+residual)", sh.down.nbytes):
-            gated.sigmoid_mul(L, p("act"), p("sh_logit"), b.n * n_ff, n_ff)
-            products.matmul(L, sh.down, p("act"), out, b.n, accumulate=True)
+            gated.sigmoid_mul(L, act, p("sh_logit"), b.n * n_ff, n_ff)
+            products.matmul(L, sh.down, act, out, b.n, accumulate=True)

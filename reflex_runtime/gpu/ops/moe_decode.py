@@ -1,13 +1,14 @@
 """kernels/moe_decode.cu: the routed experts of one decode token with their rows staged in shared
 memory (mvs.cu's plan): router logits + softmax top-k in one launch (float routers), and down
-summed over the k slots into the residual stream. Gate/up is mvs.cu's reflex_mvs_glu_* (mvs.expert_glu)."""
+summed over the k slots into the residual stream. Gate/up is mvs.cu's reflex_mvs_glu_* (mvs.expert_glu).
+A shared expert of the experts' shape rides along as slot k of both (Qwen3.5-MoE)."""
 
 from __future__ import annotations
 
 from ctypes import c_float, c_int, c_long, c_void_p
 
 from .common import Weight, per_type
-from .mvs import plan, stage_bytes, stageable
+from .mvs import plan, slot_fits, stage_bytes, stageable
 
 KERNELS = per_type("reflex_moe_mvs_down_{}") + tuple(f"reflex_moe_router_{t}" for t in ("f32", "f16", "bf16"))
 
@@ -34,16 +35,21 @@ def router_topk(L, w: Weight, x: int, norm_w: int, eps: float, logits: int, k: i
 
 
 def down(L, wd: Weight, expert_bytes: int, ids: int, weights: int, k: int, act: int, x: int, n_embd: int,
-         early: bool) -> bool:
+         early: bool, shared: Weight | None = None, shared_logit: int = 0) -> bool:
     """One token: x += sum_s w[s] down_e act[s]. early: ids and weights were written two or more
-    launches back, so the routed rows are staged before the PDL wait. False: not applicable."""
-    if not stageable(L, [wd], act, x, expert_bytes):
+    launches back, so the routed rows are staged before the PDL wait. shared: a shared expert's
+    down (mvs.slot_fits) as slot k (its activation at act[k]), weighted by sigmoid(*shared_logit)
+    (1 without). False: not applicable."""
+    if shared and not slot_fits(shared, wd, n_embd):
         return False
-    p = plan(L, n_embd, wd.row_bytes, wd.k, ranges=k, extra=stage_bytes(4 * k * wd.k))
+    slots = k + bool(shared)
+    if not stageable(L, [wd, *([shared] if shared else [])], act, x, expert_bytes):
+        return False
+    p = plan(L, n_embd, wd.row_bytes, wd.k, ranges=slots, extra=stage_bytes(4 * slots * wd.k))
     if p is None:
         return False
     L.go(f"reflex_moe_mvs_down_{wd.suffix}", -(-n_embd // p.rb), 256,
          [c_void_p(wd.ptr), c_long(wd.row_bytes), c_long(expert_bytes), c_void_p(ids), c_void_p(weights),
           c_int(k), c_void_p(act), c_void_p(x), c_int(n_embd), c_int(wd.k), c_int(p.rb), c_int(p.wpr),
-          c_int(int(early))], p.smem)
+          c_int(int(early)), c_void_p(shared.ptr if shared else None), c_void_p(shared_logit or None)], p.smem)
     return True

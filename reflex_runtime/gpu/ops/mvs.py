@@ -165,21 +165,33 @@ def glu(L, wg: Weight, wu: Weight, x: int, out: int, act: int, norm_w: int = 0, 
     L.go(f"reflex_mvs_glu_{wg.suffix}", -(-wg.rows // p.rb), 256,
          [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(0), c_void_p(None),
           c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(wg.rows),
-          c_int(wg.k), c_int(p.rb), c_int(p.wpr), c_int(act)], p.smem)
+          c_int(wg.k), c_int(p.rb), c_int(p.wpr), c_int(act), c_void_p(None), c_void_p(None)], p.smem)
     return True
 
 
+def slot_fits(w: Weight, expert: Weight, rows: int) -> bool:
+    """A shared expert's matrix can be one more slot of the routed experts' launches: their type,
+    row length and rows per expert."""
+    return (w.type_name, w.row_bytes, w.k, w.rows) == (expert.type_name, expert.row_bytes, expert.k, rows)
+
+
 def expert_glu(L, wg: Weight, wu: Weight, expert_bytes: int, ids: int, k: int, x: int, out: int, n_ff: int, act: int,
-               norm_w: int = 0, eps: float = 0.0) -> bool:
+               norm_w: int = 0, eps: float = 0.0, shared: tuple[Weight, Weight] | None = None) -> bool:
     """One token: out[s] = act(gate_e x') * (up_e x') for its k routed slots (e = ids[s]), the
-    routed rows staged after the wait. False: not applicable."""
-    if not stageable(L, [wg, wu], x, norm_w, expert_bytes):
+    routed rows staged after the wait; shared: a shared expert's (gate, up) as slot k (slot_fits),
+    staged before it. False: not applicable."""
+    if shared and not all(slot_fits(w, wg, n_ff) for w in shared):
         return False
-    p = plan(L, n_ff * k, wg.row_bytes, wg.k, ranges=2, groups=k)
+    slots = k + bool(shared)
+    if not stageable(L, [wg, wu, *(shared or ())], x, norm_w, expert_bytes):
+        return False
+    p = plan(L, n_ff * slots, wg.row_bytes, wg.k, ranges=2, groups=slots)
     if p is None:
         return False
-    L.go(f"reflex_mvs_glu_{wg.suffix}", (-(-n_ff // p.rb), k, 1), 256,
+    sg, su = shared or (None, None)
+    L.go(f"reflex_mvs_glu_{wg.suffix}", (-(-n_ff // p.rb), slots, 1), 256,
          [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(ids),
           c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(n_ff), c_int(wg.k),
-          c_int(p.rb), c_int(p.wpr), c_int(act)], p.smem)
+          c_int(p.rb), c_int(p.wpr), c_int(act), c_void_p(sg.ptr if sg else None), c_void_p(su.ptr if su else None)],
+         p.smem)
     return True
