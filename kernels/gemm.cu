@@ -34,7 +34,7 @@
 // prompt routes ~32 pairs to each of 128 experts, up to ~60: one W tile each, where 32-pair
 // tiles take ~1.5 an expert, each decoding the expert's weights again:
 //   reflex_moe_gemm_glu_<type>    act[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]), pairs i in
-//                                 expert order
+//                                 expert order; x and act in f16 (x from reflex_gemm_to_half)
 //   reflex_moe_gemm_down_<type>   x[t] += sum over t's k slots s of w[t,s] * down_e act[t,s]:
 //                                 each tile writes w * y for its pairs to a scratch row, and the
 //                                 block that completes a token's k slots for a column tile (an
@@ -45,7 +45,10 @@
 // pairs of an expert).
 // Dense products of a few tokens may split K across gridDim.z (partial sums added atomically
 // into an accumulated output): a 64-token decode batch times a 1024-row matrix is 16 tiles.
-// Requirements (host): K % 32 == 0, W 16-byte aligned, x rows 16-byte aligned, x < 2^31 floats.
+// The experts' activations travel in f16: the mma rounds them to f16 anyway (the same rounding
+// of the same float, so the same bits as f32 rows rounded here), and f16 rows halve the copies
+// and take the conversions out of the mainloop.
+// Requirements (host): K % 32 == 0, W 16-byte aligned, x rows 16-byte aligned, x < 2^31 elements.
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -76,24 +79,26 @@ struct GemmCfg {
     static constexpr int THREADS = 32 * WM * WN;
     static constexpr int BM = WM * MT * 16;  // tokens per tile
     static constexpr int BN = WN * NT * 8;   // weight rows per tile
-    static constexpr int APT = BM * 8 / THREADS;  // float4 loads of x per thread per 32-k step
-    static_assert(APT * THREADS == BM * 8, "x tile must split evenly");
     static_assert(NT % 2 == 0, "gate/up pairs need an even number of 8-row tiles per warp");
 };
 using GemmL = GemmCfg<2, 4, 4, 4, 2>;
 using GemmS = GemmCfg<2, 2, 2, 4, 4>;
 
-// Activations: 32-k steps of f32 rows in a ring of NA slots, copied DA = NA - 1 steps ahead
-// (at most one stage: the weights are copied one stage ahead and share the copy groups).
-template <int T, class C>
+// Activations (XT: float, or __half where the producer wrote f16): 32-k steps of rows in a ring
+// of NA slots, copied DA = NA - 1 steps ahead (at most one stage: the weights are copied one
+// stage ahead and share the copy groups).
+template <int T, class C, class XT>
 struct GemmSmem {
     // 4 for 64 x 64 tiles, 3 where shared memory is tighter (128 tokens: 2 blocks an SM; 128-row
     // expert tiles: 3 or 4), never more than a stage's steps + 1
     static constexpr int NA_WANT = C::BM == 64 && C::BN == 64 ? 4 : 3;
     static constexpr int NA = NA_WANT < GemmRaw<T>::KB / 32 + 1 ? NA_WANT : GemmRaw<T>::KB / 32 + 1;
     static constexpr int DA = NA - 1;
+    static constexpr int XB = sizeof(XT), ACH = 32 * XB / 16;  // 16-byte chunks of a row's 32-k step
+    static constexpr int APT = C::BM * ACH / C::THREADS;     // chunks each thread copies a step
+    static_assert(APT * C::THREADS == C::BM * ACH, "x tile must split evenly");
+    static constexpr int A_BYTES = NA * C::BM * 32 * XB;
     static constexpr int B_BYTES = 2 * C::BN * GemmRaw<T>::SLOT;
-    static constexpr int A_BYTES = NA * C::BM * 32 * 4;
     static constexpr int BYTES = B_BYTES + A_BYTES;
 };
 
@@ -150,8 +155,9 @@ __device__ __forceinline__ void gemm_dequant8(const uint8_t* p, int g, uint32_t*
 
 // -- the tile's operands --------------------------------------------------------------------------
 
+template <class XT>
 struct GemmA {  // x rows of the tile: row m is x[idx ? idx[m0 + m] : m0 + m], valid while m0 + m < m_end
-    const float* x;
+    const XT* x;
     int stride;
     const int* idx;
     int m0, m_end;
@@ -172,6 +178,28 @@ struct GemmB {  // weight rows of the tile; glu: 8-row groups alternate w0 (gate
     }
 };
 
+// A fragments of one 32-k step: k 8t..8t+7 of rows `row` (lo) and row + 8 (hi) as f16 pairs.
+// f32 rows: chunks 2t and 2t + 1 (swizzled by row & 7), rounded to f16 here; f16 rows: chunk t.
+__device__ __forceinline__ void gemm_a_frag(const float* a_s, int row, int t, uint32_t* lo, uint32_t* hi) {
+    const int sw = row & 7;
+    const float* r0 = a_s + row * 32;
+    const float* r1 = r0 + 8 * 32;
+    float4 l0 = *reinterpret_cast<const float4*>(r0 + ((2 * t) ^ sw) * 4);
+    float4 l1 = *reinterpret_cast<const float4*>(r0 + ((2 * t + 1) ^ sw) * 4);
+    float4 h0 = *reinterpret_cast<const float4*>(r1 + ((2 * t) ^ sw) * 4);
+    float4 h1 = *reinterpret_cast<const float4*>(r1 + ((2 * t + 1) ^ sw) * 4);
+    lo[0] = rx_pack_h2(l0.x, l0.y), lo[1] = rx_pack_h2(l0.z, l0.w);
+    lo[2] = rx_pack_h2(l1.x, l1.y), lo[3] = rx_pack_h2(l1.z, l1.w);
+    hi[0] = rx_pack_h2(h0.x, h0.y), hi[1] = rx_pack_h2(h0.z, h0.w);
+    hi[2] = rx_pack_h2(h1.x, h1.y), hi[3] = rx_pack_h2(h1.z, h1.w);
+}
+__device__ __forceinline__ void gemm_a_frag(const __half* a_s, int row, int t, uint32_t* lo, uint32_t* hi) {
+    uint4 l = *reinterpret_cast<const uint4*>(a_s + row * 32 + 8 * t);
+    uint4 h = *reinterpret_cast<const uint4*>(a_s + (row + 8) * 32 + 8 * t);
+    lo[0] = l.x, lo[1] = l.y, lo[2] = l.z, lo[3] = l.w;
+    hi[0] = h.x, hi[1] = h.y, hi[2] = h.z, hi[3] = h.w;
+}
+
 // acc[mt][j] = the warp's 16 x 8 tile (mt, j) of X W^T over all of K.
 // Copy groups: the prologue commits one per 32-k step 0..DA-1 (the first also holds stage 0's
 // weights); step u commits one holding step u + DA's activations (and, at a stage's first step,
@@ -180,15 +208,16 @@ struct GemmB {  // weight rows of the tile; glu: 8-row groups alternate w0 (gate
 // stage, >= DA steps, earlier). One barrier per step: after it every warp is past step u - 1, so
 // its activation slot, which step u + DA reuses, and at a stage's start the previous stage's
 // weight buffer are free.
-template <int T, class C>
-__device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, int K, unsigned char* smem,
+template <int T, class C, class XT>
+__device__ __forceinline__ void gemm_mainloop(const GemmA<XT>& A, const GemmB& B, int K, unsigned char* smem,
                                               float (&acc)[C::MT][C::NT][4]) {
     using R = GemmRaw<T>;
-    using S = GemmSmem<T, C>;
+    using S = GemmSmem<T, C, XT>;
+    constexpr bool F16 = sizeof(XT) == 2;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / C::WN, wn = warp % C::WN, g = lane >> 2, t = lane & 3;
     unsigned char* Bs = smem;
-    float* As = reinterpret_cast<float*>(smem + S::B_BYTES);
+    XT* As = reinterpret_cast<XT*>(smem + S::B_BYTES);
 
 #pragma unroll
     for (int i = 0; i < C::MT; i++)
@@ -197,23 +226,24 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    // x: each thread copies the same APT (row, 16-byte chunk) pieces of every 32-k step, as float
-    // offsets from x (-1: a row past the tile's end, not copied: its garbage reaches only its own
-    // output rows, which are never stored). A row's chunk c lands at chunk c ^ (row & 7): the
-    // fragment loads below (rows g and g + 8 of a quarter warp) then hit distinct banks.
-    int aoff[C::APT];
-    uint32_t adst[C::APT];
+    // x: each thread copies the same APT (row, 16-byte chunk) pieces of every 32-k step, as
+    // element offsets from x (-1: a row past the tile's end, not copied: its garbage reaches only
+    // its own output rows, which are never stored). f32: a row's chunk c lands at chunk c ^ (row &
+    // 7), so the fragment loads below (rows g and g + 8 of a quarter warp) hit distinct banks; f16
+    // rows are 64 bytes, two rows of a quarter warp one 128-byte line: no swizzle needed.
+    int aoff[S::APT];
+    uint32_t adst[S::APT];
     const uint32_t as0 = rx_saddr(As);
 #pragma unroll
-    for (int i = 0; i < C::APT; i++) {
-        int idx = tid + C::THREADS * i, r = idx >> 3, c = idx & 7, m = A.m0 + r;
-        aoff[i] = m < A.m_end ? (A.idx ? A.idx[m] : m) * A.stride + c * 4 : -1;
-        adst[i] = as0 + 4 * (r * 32 + ((c ^ (r & 7)) * 4));
+    for (int i = 0; i < S::APT; i++) {
+        int idx = tid + C::THREADS * i, r = idx / S::ACH, c = idx % S::ACH, m = A.m0 + r;
+        aoff[i] = m < A.m_end ? (A.idx ? A.idx[m] : m) * A.stride + c * (16 / S::XB) : -1;
+        adst[i] = as0 + r * 32 * S::XB + 16 * (F16 ? c : c ^ (r & 7));
     }
     auto copy_a = [&](int u, int slot) {
 #pragma unroll
-        for (int i = 0; i < C::APT; i++)
-            rx_cp16s_if(adst[i] + slot * (C::BM * 32 * 4), A.x + max(aoff[i], 0) + 32 * u, aoff[i] >= 0);
+        for (int i = 0; i < S::APT; i++)
+            rx_cp16s_if(adst[i] + slot * (C::BM * 32 * S::XB), A.x + max(aoff[i], 0) + 32 * u, aoff[i] >= 0);
     };
     // weights: the rows this thread decodes (one per 8-row tile), by their address modulo 16
     uint32_t boff[C::NT];
@@ -267,7 +297,7 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
             if (q == 0 && s + 1 < n_stage) copy_b(s + 1, (s + 1) & 1);
             if (u + S::DA < n_u) copy_a(u + S::DA, slot == 0 ? S::NA - 1 : slot - 1);
             rx_cp_commit();
-            const float* a_s = As + slot * C::BM * 32;
+            const XT* a_s = As + slot * C::BM * 32;
             slot = slot + 1 == S::NA ? 0 : slot + 1;
             if (!live) continue;
             uint32_t b[C::NT][4];
@@ -279,22 +309,12 @@ __device__ __forceinline__ void gemm_mainloop(const GemmA& A, const GemmB& B, in
 #pragma unroll
             for (int i = 0; i < C::MT; i++) {
                 if (i >= mt_live) break;
-                // k 8t..8t+7 of rows g and g + 8 (chunks 2t, 2t + 1, swizzled), rounded to f16
-                int row = wm * C::MT * 16 + i * 16 + g, sw = row & 7;
-                const float* r0 = a_s + row * 32;
-                const float* r1 = r0 + 8 * 32;
-                float4 l0 = *reinterpret_cast<const float4*>(r0 + ((2 * t) ^ sw) * 4);
-                float4 l1 = *reinterpret_cast<const float4*>(r0 + ((2 * t + 1) ^ sw) * 4);
-                float4 h0 = *reinterpret_cast<const float4*>(r1 + ((2 * t) ^ sw) * 4);
-                float4 h1 = *reinterpret_cast<const float4*>(r1 + ((2 * t + 1) ^ sw) * 4);
-                uint32_t lo0 = rx_pack_h2(l0.x, l0.y), lo1 = rx_pack_h2(l0.z, l0.w);
-                uint32_t lo2 = rx_pack_h2(l1.x, l1.y), lo3 = rx_pack_h2(l1.z, l1.w);
-                uint32_t hi0 = rx_pack_h2(h0.x, h0.y), hi1 = rx_pack_h2(h0.z, h0.w);
-                uint32_t hi2 = rx_pack_h2(h1.x, h1.y), hi3 = rx_pack_h2(h1.z, h1.w);
+                uint32_t lo[4], hi[4];
+                gemm_a_frag(a_s, wm * C::MT * 16 + i * 16 + g, t, lo, hi);
 #pragma unroll
                 for (int j = 0; j < C::NT; j++) {
-                    rx_mma(acc[i][j], lo0, hi0, lo1, hi1, b[j][0], b[j][1]);
-                    rx_mma(acc[i][j], lo2, hi2, lo3, hi3, b[j][2], b[j][3]);
+                    rx_mma(acc[i][j], lo[0], hi[0], lo[1], hi[1], b[j][0], b[j][1]);
+                    rx_mma(acc[i][j], lo[2], hi[2], lo[3], hi[3], b[j][2], b[j][3]);
                 }
             }
         }
@@ -367,7 +387,7 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
         kc = min(K, s1 * R::KB) - s0 * R::KB;
     }
     float acc[C::MT][C::NT][4];
-    gemm_mainloop<T, C>(GemmA{x, x_stride, nullptr, m0, n_tok}, GemmB{w, nullptr, row_bytes, n0, rows, false}, kc,
+    gemm_mainloop<T, C>(GemmA<float>{x, x_stride, nullptr, m0, n_tok}, GemmB{w, nullptr, row_bytes, n0, rows, false}, kc,
                         rx_smem, acc);
     bool pairs = (rows & 1) == 0;  // float2 stores stay 8-byte aligned
     gemm_for_each<C>(acc, [&](int m, int n, float v0, float v1) {
@@ -403,7 +423,7 @@ __device__ __forceinline__ void gemm_glu_dense(const uint8_t* Wg, const uint8_t*
     extern __shared__ __align__(16) unsigned char rx_smem[];
     int n0 = blockIdx.x * (C::BN / 2), m0 = blockIdx.y * C::BM;
     float acc[C::MT][C::NT][4];
-    gemm_mainloop<T, C>(GemmA{x, x_stride, nullptr, m0, n_tok}, GemmB{Wg, Wu, row_bytes, n0, n_ff, true}, K, rx_smem,
+    gemm_mainloop<T, C>(GemmA<float>{x, x_stride, nullptr, m0, n_tok}, GemmB{Wg, Wu, row_bytes, n0, n_ff, true}, K, rx_smem,
                         acc);
     gemm_for_each_glu<C>(acc, act, [&](int m, int c, float v) {
         if (m0 + m < n_tok && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
@@ -443,14 +463,16 @@ RX_FOR_EACH_TYPE(RX_GEMM)
 
 // One warp row, so each weight is decoded once per tile: 64 pairs (W) or 32 (N) x 128 rows. The
 // host gives reflex_moe_group the BM; W's warps skip the 16-pair parts past an expert's last pair.
-using GemmMoeW = GemmCfg<1, 4, 4, 4, 3>;
+// W runs 4 blocks an SM (128 registers, a few bytes spilled): the mainloop is latency-bound with
+// 12 warps an SM (s23: 30B-A3B shape experts 25.5 -> 24.6 ms at 512 tokens, three blocks vs four).
+using GemmMoeW = GemmCfg<1, 4, 4, 4, 4>;
 using GemmMoeN = GemmCfg<1, 4, 2, 4, 4>;
 
 template <int T, class C>
 __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes,
                                              const int* counts, const int* offsets, const int* tile_e,
                                              const int* tile_m0, const int* n_tiles, const int* pair_tok,
-                                             const float* x, int x_stride, float* out, int n_ff, int K, int act) {
+                                             const __half* x, int x_stride, __half* out, int n_ff, int K, int act) {
 #if RX_SM80
     extern __shared__ __align__(16) unsigned char rx_smem[];
     int tile = blockIdx.y;
@@ -458,10 +480,10 @@ __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* W
     int e = tile_e[tile], off = offsets[e];
     int m0 = off + tile_m0[tile], m_end = off + counts[e], n0 = blockIdx.x * (C::BN / 2);
     float acc[C::MT][C::NT][4];
-    gemm_mainloop<T, C>(GemmA{x, x_stride, pair_tok, m0, m_end},
+    gemm_mainloop<T, C>(GemmA<__half>{x, x_stride, pair_tok, m0, m_end},
                         GemmB{Wg + e * expert_bytes, Wu + e * expert_bytes, row_bytes, n0, n_ff, true}, K, rx_smem, acc);
     gemm_for_each_glu<C>(acc, act, [&](int m, int c, float v) {
-        if (m0 + m < m_end && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = v;
+        if (m0 + m < m_end && n0 + c < n_ff) out[(long)(m0 + m) * n_ff + n0 + c] = __float2half_rn(v);
     });
 #else
     __trap();  // never launched below sm_80 (gpu/ops/gemm.py ok); fail loudly if it were
@@ -471,7 +493,7 @@ __device__ __forceinline__ void moe_gemm_glu(const uint8_t* Wg, const uint8_t* W
 template <int T, class C>
 __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes, long expert_bytes, const int* counts,
                                               const int* offsets, const int* tile_e, const int* tile_m0,
-                                              const int* n_tiles, const int* pair_id, const float* act, int K,
+                                              const int* n_tiles, const int* pair_id, const __half* act, int K,
                                               const float* wts, int k, float* ybuf, float* x, int n_embd,
                                               int* counters) {
 #if RX_SM80
@@ -483,7 +505,7 @@ __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes,
     int e = tile_e[tile], off = offsets[e];
     int m0 = off + tile_m0[tile], m_end = off + counts[e], n0 = blockIdx.x * C::BN;
     float acc[C::MT][C::NT][4];
-    gemm_mainloop<T, C>(GemmA{act, K, nullptr, m0, m_end}, GemmB{Wd + e * expert_bytes, nullptr, row_bytes, n0, n_embd, false},
+    gemm_mainloop<T, C>(GemmA<__half>{act, K, nullptr, m0, m_end}, GemmB{Wd + e * expert_bytes, nullptr, row_bytes, n0, n_embd, false},
                         K, rx_smem, acc);
     gemm_for_each<C>(acc, [&](int m, int n, float v0, float v1) {
         if (m0 + m >= m_end || n0 + n >= n_embd) return;
@@ -523,14 +545,14 @@ __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes,
     extern "C" __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) reflex_moe_gemm_glu_##name##sfx(        \
         const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* counts,                \
         const int* offsets, const int* tile_e, const int* tile_m0, const int* n_tiles, const int* pair_tok,       \
-        const float* x, int x_stride, float* out, int n_ff, int K, int act) {                                      \
+        const __half* x, int x_stride, __half* out, int n_ff, int K, int act) {                                    \
         rx_pdl_begin();                                                                                            \
         moe_gemm_glu<T, C>(Wg, Wu, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_tok,   \
                            x, x_stride, out, n_ff, K, act);                                                        \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS) reflex_moe_gemm_down_##name##sfx(       \
         const uint8_t* Wd, long row_bytes, long expert_bytes, const int* counts, const int* offsets,               \
-        const int* tile_e, const int* tile_m0, const int* n_tiles, const int* pair_id, const float* act, int K,     \
+        const int* tile_e, const int* tile_m0, const int* n_tiles, const int* pair_id, const __half* act, int K,    \
         const float* wts, int k, float* ybuf, float* x, int n_embd, int* counters) {                               \
         rx_pdl_begin();                                                                                            \
         moe_gemm_down<T, C>(Wd, row_bytes, expert_bytes, counts, offsets, tile_e, tile_m0, n_tiles, pair_id, act,  \
@@ -539,3 +561,13 @@ __device__ __forceinline__ void moe_gemm_down(const uint8_t* Wd, long row_bytes,
 #define RX_MOE_GEMM(name, T) RX_MOE_GEMM_CFG(name, T, GemmMoeW, ) RX_MOE_GEMM_CFG(name, T, GemmMoeN, _n)
 
 RX_FOR_EACH_TYPE(RX_MOE_GEMM)
+
+// y = x rounded to f16, n % 8 == 0 (the experts' input rows for reflex_moe_gemm_glu)
+extern "C" __global__ void reflex_gemm_to_half(const float* x, __half* y, long n) {
+    rx_pdl_begin();
+    for (long i = 8 * ((long)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 8L * gridDim.x * blockDim.x) {
+        float4 a = *reinterpret_cast<const float4*>(x + i), b = *reinterpret_cast<const float4*>(x + i + 4);
+        uint4 o = {rx_pack_h2(a.x, a.y), rx_pack_h2(a.z, a.w), rx_pack_h2(b.x, b.y), rx_pack_h2(b.z, b.w)};
+        *reinterpret_cast<uint4*>(y + i) = o;
+    }
+}

@@ -7,11 +7,16 @@ tests. A subset: the emulation runs a warp's 32 lanes in turn at every mma."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
 import test_gpu_kernels as K
+import test_gpu_moe as M
+from gpu_harness import k_for
 from host_emu_harness import build_host_harness
+
+from reflex_runtime.gpu.ops import moe
 
 SHARED = {"extern __shared__ __align__(16) unsigned char rx_smem[];": "unsigned char* rx_smem = emu::smem;"}
 
@@ -33,3 +38,20 @@ def test_gemm(host, qtype, cfg):
 @pytest.mark.parametrize("cfg", ["l", "s"])
 def test_gate_up(host, qtype, cfg):
     K.test_gemm_gate_up_fused(host, qtype, cfg, 0)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("tile", [moe.TILE, moe.SMALL_TILE])
+def test_grouped_experts(host, qtype, tile):
+    """The grouped expert kernels (f16 input and act rows) over tiles found here: one expert takes
+    every token (two 32-pair tiles, or one 64-pair tile with its last 16-pair part empty)."""
+    rng = np.random.default_rng([int(qtype), tile, 31])
+    n_tok, n_expert, k = 37, 5, 2
+    E, F = k_for(qtype, True), M._ff_for(qtype, True)
+    weights, dense = M._experts(host, qtype, n_expert, E, F, rng)
+    logits = rng.standard_normal((n_tok, n_expert)).astype(np.float32)
+    logits[:, 3] = 10
+    ids, w = M._route(logits, k, True)
+    ids = ids.astype(np.int32)
+    grp, order = M.host_groups(host, ids, n_expert, tile)
+    M.check_expert_gemms(host, rng, qtype, n_tok, k, ids, w, grp, weights, dense, order)

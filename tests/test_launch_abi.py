@@ -435,8 +435,9 @@ def test_every_prompt_kernel_launch_matches_abi(ptx_params):
             moe.group(L, buf(pairs), pairs, n_expert, top_k, grp.counts, grp.offsets, grp.pair_tok, grp.pair_id,
                       grp.tile_e, grp.tile_m0, grp.n_tiles, tile)
             wg, wd = weight(tn, n_expert * n_ff, k_embd), weight(tn, n_expert * k_embd, n_ff)
-            act = buf(pairs * n_ff)
-            gemm.moe_glu(L, wg, wg, n_ff * wg.row_bytes, n_ff, grp, x, act, 0)
+            act, xh = buf(pairs * n_ff), buf(n_tok * k_embd)
+            gemm.to_half(L, x, xh, n_tok * k_embd)
+            gemm.moe_glu(L, wg, wg, n_ff * wg.row_bytes, n_ff, grp, xh, act, 0)
             gemm.moe_down(L, wd, k_embd * wd.row_bytes, k_embd, grp, act, buf(pairs), top_k, buf(pairs * k_embd), x,
                           buf(n_tok * gemm.down_col_tiles(k_embd)))
     for hd in flash_attn.HEAD_DIMS:
@@ -459,14 +460,14 @@ def test_every_prompt_kernel_launch_matches_abi(ptx_params):
 
 def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
     """The launcher's dynamic shared-memory sizes are the kernels' own constants (a host program
-    compiled by nvcc prints GemmSmem<T, C>::BYTES, FaCfg<HD>::BYTES and MLF_BYTES; no GPU needed)."""
+    compiled by nvcc prints GemmSmem<T, C, XT>::BYTES, FaCfg<HD>::BYTES and MLF_BYTES; no GPU needed)."""
     from reflex_runtime.gpu.ops import mla_flash
     from reflex_runtime.gpu.ops.common import WEIGHT_TYPES
 
     nvcc = find_nvcc()
     src = tmp_path / "sizes.cu"
     src.write_text('#include "gemm.cu"\n#include "flash_attn.cu"\n#include "mla_flash.cu"\n#include <cstdio>\n'
-                   '#define P(name, T) printf("%s %d %d %d %d\\n", #name, GemmSmem<T, GemmL>::BYTES, GemmSmem<T, GemmS>::BYTES, GemmSmem<T, GemmMoeW>::BYTES, GemmSmem<T, GemmMoeN>::BYTES);\n'
+                   '#define P(name, T) printf("%s %d %d %d %d\\n", #name, GemmSmem<T, GemmL, float>::BYTES, GemmSmem<T, GemmS, float>::BYTES, GemmSmem<T, GemmMoeW, __half>::BYTES, GemmSmem<T, GemmMoeN, __half>::BYTES);\n'
                    'int main() { RX_FOR_EACH_TYPE(P) '
                    + " ".join(f'printf("fa {hd} %d\\n", FaCfg<{hd}>::BYTES);' for hd in flash_attn.HEAD_DIMS)
                    + ' printf("mla %d 0\\n", MLF_BYTES); }\n')
@@ -484,7 +485,8 @@ def test_prompt_kernel_shared_memory_sizes_match_the_kernels(tmp_path):
             assert int(f[1]) == mla_flash.shared_bytes(), line
         else:
             tn = suffix_to_type[f[0]]
-            assert tuple(map(int, f[1:5])) == tuple(gemm.shared_bytes(tn, c) for c in ("l", "s", "w", "n")), line
+            assert tuple(map(int, f[1:5])) == tuple(gemm.shared_bytes(tn, c, 2 if c in "wn" else 4)
+                                                    for c in ("l", "s", "w", "n")), line
         seen += 1
     assert seen == len(WEIGHT_TYPES) + len(flash_attn.HEAD_DIMS) + 1
 

@@ -11,8 +11,9 @@ experts are read in place from the stacked GGUF tensors: only the routed experts
   matrix-vector batches:  router (norm fused) -> top-k -> gate/up per (token, slot)
                                     -> down per token summed over its slots, into x       4 launches
   prefill (sm_80+):  norm -> router -> top-k -> group pairs by expert (and list 64-pair tiles)
-            -> gate+up+act, every expert in one grouped launch -> down, every expert in one
-            launch, each token's weighted sum added to x in slot order (deterministic)     6 launches
+            -> input rows to f16 -> gate+up+act (f16 rows), every expert in one grouped launch
+            -> down, every expert in one launch, each token's weighted sum added to x in slot
+            order (deterministic)                                                           7 launches
   prefill (older GPUs): ... group -> gate, up (WMMA) per expert -> act -> down -> combine     9 launches
 """
 
@@ -126,6 +127,7 @@ class MoeFFN:
                 ("moe_counts", n_expert), ("moe_offsets", n_expert), ("moe_pair_tok", pairs),
                 ("moe_pair_id", pairs), ("moe_gate", pairs * n_ff), ("moe_up", pairs * n_ff),
                 ("moe_act", max(pairs, k + 1) * n_ff),  # one token: a shared expert's slot too
+                ("moe_xh", -(-t * c.n_embd // 2)),  # the input rows in f16 (the grouped GEMMs)
                 ("moe_out", pairs * c.n_embd),
                 ("moe_tile_e", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
                 ("moe_tile_m0", moe_ops.max_tiles(pairs, n_expert, moe_ops.SMALL_TILE)),
@@ -230,7 +232,8 @@ class MoeFFN:
             moe_ops.group(L, ids, n * k, self.n_expert, k, counts, offsets, pair_tok, pair_id, grp.tile_e,
                           grp.tile_m0, grp.n_tiles, tile)
             with L.role("moe experts gate/up + act", 2 * self.n_expert * m.gate_up_stride):
-                gemm.moe_glu(L, m.gate, m.up, m.gate_up_stride, self.n_ff, grp, inp.ptr, p("moe_act"), self.act)
+                gemm.to_half(L, inp.ptr, p("moe_xh"), n * E)  # f16 input rows; moe_act gets f16 rows too
+                gemm.moe_glu(L, m.gate, m.up, m.gate_up_stride, self.n_ff, grp, p("moe_xh"), p("moe_act"), self.act)
             with L.role("moe experts down (+residual)", self.n_expert * m.down_stride):
                 gemm.moe_down(L, m.down, m.down_stride, E, grp, p("moe_act"), wts, k, p("moe_out"), x,
                               p("moe_counters"))

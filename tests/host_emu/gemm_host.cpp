@@ -56,13 +56,14 @@ inline float rx_act(float g, int act) {
 #define EMU_MOE(sfx, cfg)                                                                                       \
     EMU_ENTRY(moe_gemm_glu_##sfx##cfg,                                                                          \
               P(const uint8_t* wg, const uint8_t* wu, long rb, long eb, const int* cnt, const int* off,          \
-                const int* te, const int* tm, const int* nt, const int* pt, const float* x, int xs, float* o,   \
+                const int* te, const int* tm, const int* nt, const int* pt, const __half* x, int xs, __half* o, \
                 int nf, int K, int act),                                                                        \
               P(wg, wu, rb, eb, cnt, off, te, tm, nt, pt, x, xs, o, nf, K, act))                                \
     EMU_ENTRY(moe_gemm_down_##sfx##cfg,                                                                         \
               P(const uint8_t* wd, long rb, long eb, const int* cnt, const int* off, const int* te,             \
-                const int* tm, const int* nt, const int* pid, const float* act, int K, const float* wts, int k, \
+                const int* tm, const int* nt, const int* pid, const __half* act, int K, const float* wts, int k,\
                 float* yb, float* x, int ne, int* ctr),                                                         \
               P(wd, rb, eb, cnt, off, te, tm, nt, pid, act, K, wts, k, yb, x, ne, ctr))
 
 RX_FOR_EACH_TYPE(EMU_GEMM)
+EMU_ENTRY(gemm_to_half, P(const float* x, __half* y, long n), P(x, y, n))

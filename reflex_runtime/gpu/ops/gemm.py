@@ -1,6 +1,7 @@
 """kernels/gemm.cu: the sm_80+ prompt kernels (mma.sync m16n8k16 with cp.async pipelines): up to
 three matrices of one type and K per launch, gate and up fused with the activation, and the
-grouped expert products over reflex_moe_group's tiles. Two tile configurations each."""
+grouped expert products over reflex_moe_group's tiles (their activations in f16: to_half makes
+their input rows). Two tile configurations each."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .moe import SMALL_TILE, TILE, MoeGroups
 
 KERNELS = per_type("reflex_gemm_{}_l", "reflex_gemm_{}_s", "reflex_gemm_glu_{}_l", "reflex_gemm_glu_{}_s",
                    "reflex_moe_gemm_glu_{}", "reflex_moe_gemm_down_{}", "reflex_moe_gemm_glu_{}_n",
-                   "reflex_moe_gemm_down_{}_n")
+                   "reflex_moe_gemm_down_{}_n") + ("reflex_gemm_to_half",)
 CFGS = {"l": (128, 128), "s": (64, 64)}  # the dense kernels' GemmL / GemmS: (tokens, weight rows) per tile
 SHAPES = {**CFGS, "w": (64, 128), "n": (32, 128)}  # and the grouped experts' GemmMoeW / GemmMoeN
 THREADS = {"l": 256, "s": 128, "w": 128, "n": 128}
@@ -31,16 +32,17 @@ def stage_weights(type_name: str) -> int:
     return 32 if type_name == "F32" else 64 if qk == 1 else 256 if qk == 256 else 128
 
 
-def shared_bytes(type_name: str, cfg: str) -> int:
-    """Dynamic shared memory of a kernel (GemmSmem<T, C>::BYTES): two stages of raw weight rows
-    (each the 16-byte chunks covering the stage's bytes) and a ring of NA f32 x tiles of 32 k."""
+def shared_bytes(type_name: str, cfg: str, x_bytes: int = 4) -> int:
+    """Dynamic shared memory of a kernel (GemmSmem<T, C, XT>::BYTES): two stages of raw weight rows
+    (each the 16-byte chunks covering the stage's bytes) and a ring of NA x tiles of 32 k
+    (x_bytes: 4 for f32 rows, 2 for the experts' f16 ones)."""
     t = GGML_TYPES_BY_NAME[type_name]
     kb = stage_weights(type_name)
     sb = kb // t.block_size * t.type_size
     slot = (sb + 15) // 16 * 16 + 16
     bm, bn = SHAPES[cfg]
     na = min(4 if (bm, bn) == (64, 64) else 3, kb // 32 + 1)
-    return 2 * bn * slot + na * bm * 32 * 4
+    return 2 * bn * slot + na * bm * 32 * x_bytes
 
 
 def down_col_tiles(n_embd: int) -> int:
@@ -110,21 +112,30 @@ def glu(L, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, x_str
          shared_bytes(wg.type_name, cfg))
 
 
+def to_half(L, x: int, y: int, n: int) -> None:
+    """y[:n] = x[:n] rounded to f16 (n % 8 == 0): the experts' input rows for moe_glu."""
+    assert n % 8 == 0
+    L.go("reflex_gemm_to_half", (max(1, min(-(-n // 2048), 4 * L.dev.sm_count)), 1, 1), 256,
+         [c_void_p(x), c_void_p(y), c_long(n)])
+
+
 def moe_glu(L, wg: Weight, wu: Weight, expert_bytes: int, n_ff: int, grp: MoeGroups, x: int, out: int,
             act: int) -> None:
-    """out[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]) for every pair i in expert order."""
+    """out[i] = act(gate_e x[tok(i)]) * (up_e x[tok(i)]) for every pair i in expert order; x (from
+    to_half) and out in f16."""
     assert wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
     cfg, sfx = MOE_CFG[grp.tile]
     L.go(f"reflex_moe_gemm_glu_{wg.suffix}{sfx}", (-(-n_ff // (SHAPES[cfg][1] // 2)), grp.max_tiles, 1), THREADS[cfg],
          [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(expert_bytes), c_void_p(grp.counts),
           c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
           c_void_p(grp.pair_tok), c_void_p(x), c_int(wg.k), c_void_p(out), c_int(n_ff), c_int(wg.k), c_int(act)],
-         shared_bytes(wg.type_name, cfg))
+         shared_bytes(wg.type_name, cfg, 2))
 
 
 def moe_down(L, wd: Weight, expert_bytes: int, n_embd: int, grp: MoeGroups, act: int, weights: int, k: int, ybuf: int,
              x: int, counters: int) -> None:
-    """x[t] += sum over t's k slots, in slot order, of weight * down_e act[pair]. ybuf: n_pairs x
+    """x[t] += sum over t's k slots, in slot order, of weight * down_e act[pair] (act: moe_glu's f16
+    rows). ybuf: n_pairs x
     n_embd floats of scratch; counters: n_tok * down_col_tiles(n_embd) zeroed ints, left zeroed."""
     cfg, sfx = MOE_CFG[grp.tile]
     L.go(f"reflex_moe_gemm_down_{wd.suffix}{sfx}", (-(-n_embd // SHAPES[cfg][1]), grp.max_tiles, 1), THREADS[cfg],
@@ -132,4 +143,4 @@ def moe_down(L, wd: Weight, expert_bytes: int, n_embd: int, grp: MoeGroups, act:
           c_void_p(grp.offsets), c_void_p(grp.tile_e), c_void_p(grp.tile_m0), c_void_p(grp.n_tiles),
           c_void_p(grp.pair_id), c_void_p(act), c_int(wd.k), c_void_p(weights), c_int(k), c_void_p(ybuf),
           c_void_p(x), c_int(n_embd), c_void_p(counters)],
-         shared_bytes(wd.type_name, cfg))
+         shared_bytes(wd.type_name, cfg, 2))
