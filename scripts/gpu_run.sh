@@ -157,7 +157,9 @@ if has check; then
     'max_rel', max(r['max_rel_err_prompt'], r['max_rel_err_decode']), 'mismatch', r['greedy_mismatches'])" \
     "$W/check-$t.json" $t 2>/dev/null | tee -a "$W/steps.txt" || tail -3 "$W/check-$t.err"; done
 fi
-# the old tree's fatbin, or this tree's when gpu_bundle.sh --old left it out (the same kernels)
+# the old tree's fatbin, or this tree's when gpu_bundle.sh --old left it out (the same kernels).
+# Run the old tree's package by a script path (as below) or from another directory: `python3 -m`
+# puts the working directory, this tree, ahead of PYTHONPATH.
 OLD_KERNELS=$PWD/.gpu/old/_kernels; [ -d $OLD_KERNELS ] || OLD_KERNELS=$PWD/reflex_runtime/_kernels
 if has decode_ab && [ -d .gpu/old ]; then
   step "decode_ab (old = $(cat .gpu/old/REV))"
