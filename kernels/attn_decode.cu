@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
     int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
     AtdRope rope, int n_hg, const int* kv_blocks) {
-    rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
+    rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
     AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml, counters, n_head,
               n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, prefetch, window_slots, rope, kv_blocks};
     atd_body(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z, blockIdx.x % n_hg, n_hg);

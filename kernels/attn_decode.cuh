@@ -117,11 +117,12 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     int min_keys = a.min_keys, prefetch = a.prefetch, window_slots = a.window_slots;
     AtdRope rope = a.rope;
     const int* kv_blocks = a.kv_blocks;
-rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (see the header)
+rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
     __shared__ float2 cs[128];            // rope: cos / sin per pair (rope_dim <= 256)
     __shared__ float knew[256];           // rope: the new key, normalized and rotated
     __shared__ __align__(16) half kv16[512];  // rope: the new key and value as stored (f16)
+    __shared__ float nwq[256], nwk[256];      // rope: the q / k norm weights (weights: read before the wait)
     __shared__ int is_last;
     const int G_kv = n_head / n_head_kv;
     int G = G_kv;  // this block's query heads (G_kv / n_hg when the heads are shared; set by plan)
@@ -161,8 +162,15 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     // Keys staged before the wait: slots older than the newest (written by earlier launches). The
     // newest is staged after it, or, fused, made here from this step's raw key and value.
     int jn = -1;  // the newest key's slot (fused: the one this kernel writes)
+    auto load_norms = [&]() {
+        for (int d = tid; d < hd; d += ATD_THREADS) {
+            if (rope.q_norm) nwq[d] = __ldg(rope.q_norm + d);
+            if (rope.k_norm) nwk[d] = __ldg(rope.k_norm + d);
+        }
+    };
     if (prefetch) {
         if (plan()) return;
+        if (fused) load_norms();
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
         atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
@@ -172,6 +180,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
     rx_pdl_begin();
     if (!prefetch) {
         if (plan()) return;
+        if (fused) load_norms();
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
         if (fused) {  // every key of the tile but the one this kernel makes
@@ -195,12 +204,15 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
         // when the slot is not visible); trailing slices can be empty, so it need not be the last.
         bool mine = jn < n_vis ? split == (jn - lo) / chunk : split == n_split - 1;
         for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] = qh[i];
-        if (mine)
+        if (mine) {  // the new key, and the new value as stored: loaded with q, one round trip
             for (int d = tid; d < hd; d += ATD_THREADS) knew[d] = rope.k[(long)kvh * hd + d];
+            for (int d = tid; d < hd_v; d += ATD_THREADS) kv16[256 + d] = __float2half(rope.v[(long)kvh * hd_v + d]);
+        }
         if (!prefetch) atd_angles(rope, my_pos, cs);
         atd_sync();
         for (int g = warp; g < G + (mine ? 1 : 0); g += ATD_THREADS / 32)
-            atd_rope_head(g < G ? qs + g * hd : knew, hd, g < G ? rope.q_norm : rope.k_norm, rope, cs);
+            atd_rope_head(g < G ? qs + g * hd : knew, hd, g < G ? (rope.q_norm ? nwq : nullptr) : (rope.k_norm ? nwk : nullptr),
+                          rope, cs);
         atd_sync();
         for (int i = tid; i < G * hd; i += ATD_THREADS) qs[i] *= scale;
         if (mine) {  // with shared heads every group makes the key; group 0 stores it
@@ -210,11 +222,8 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches only (se
                 kv16[d] = h;
                 if (hg == 0) kbase[at * hd + d] = h;
             }
-            for (int d = tid; d < hd_v; d += ATD_THREADS) {
-                half h = __float2half(rope.v[(long)kvh * hd_v + d]);
-                kv16[256 + d] = h;
-                if (hg == 0) vbase[at * hd_v + d] = h;
-            }
+            if (hg == 0)
+                for (int d = tid; d < hd_v; d += ATD_THREADS) vbase[at * hd_v + d] = kv16[256 + d];
             if (kvh == 0 && hg == 0 && tid == 0) kv_pos[jn] = my_pos;  // for sliding windows
         }
     }
