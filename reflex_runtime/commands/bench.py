@@ -57,7 +57,10 @@ def step_breakdown(runner, context: int = 256, repeats: int = 20) -> list[dict]:
     together outgrow it (a 28-layer 0.6B model's 1-3 MB matrices only partly do: read those
     rows' GB/s as upper bounds). GB/s counts the weight bytes each role reads. `us_pdl`: the
     same graph chained with programmatic dependent launches (each launch's early weight copies
-    then overlap the previous one of its role, as they overlap the previous kernel in a step)."""
+    then overlap the previous one of its role, as they overlap the previous kernel in a step).
+    A role chained with itself overlaps otherwise than inside the step, so the rows are each role's
+    cost on its own, not shares of a step (0.6B Q8_0: the four matrix roles take 15.2 us a layer
+    here and ~22 us inside the step; results/2026-12-04-h200-s24)."""
     launches = runner.decode_step_launches(context)
     # a pick advances the step counter per replay
     return role_times(runner, launches, repeats, max_replays=runner.model.max_new - context - 2)
