@@ -21,7 +21,7 @@ class _HostKernel:
     def __init__(self, fn):
         self.fn = fn
 
-    def launch(self, grid, block, args, stream, shmem=0, pdl=False):
+    def launch(self, grid, block, args, stream, shmem=0, pdl=False, carveout=None):
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
         self.fn(gx, gy, gz, block, *args)
 

@@ -99,7 +99,10 @@ class FakeKernel:
     def __init__(self, name, dev):
         self.name, self.dev = name, dev
 
-    def launch(self, grid, block, args, stream, shmem=0, pdl=False, cooperative=False):
+    def launch(self, grid, block, args, stream, shmem=0, pdl=False, cooperative=False, carveout=None):
+        assert (carveout is not None) == pdl, (self.name, carveout)  # the decode graph's launches share one carveout
+        if pdl:
+            self.dev.carveouts.add(carveout)
         assert 0 <= shmem <= self.dev.max_shared - 1024, (self.name, shmem)  # dynamic + static shared memory
         assert not (pdl and cooperative), "a cooperative launch is not chained by PDL"
         if cooperative:  # every block resident at once
@@ -161,6 +164,7 @@ class FakeDevice:
     def __init__(self, params):
         self.params = params
         self.launches = []
+        self.carveouts = set()  # the shared-memory carveouts the PDL-chained launches asked for
         self.shmem = []
         self.last_args = []  # each launch's last argument
         self.copies = []
@@ -338,6 +342,7 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
     dec.launch.pdl = True  # as while capturing the decode graph
     assert dec.forward(1, pick=(st, 0)) is (dec.softcap <= 0)  # a greedy decode step; no fused pick under soft-capping
     dec.launch.pdl = False
+    assert dev.carveouts == {100}, dev.carveouts  # all of it: an SM holds consecutive kernels only in one configuration
     step = {n for n, _, _ in dev.launches}
     per_layer = len(dev.launches)
     assert per_layer < 14 * cfg.n_layers + 8, f"{per_layer} launches for one decode step"

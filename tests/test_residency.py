@@ -49,7 +49,7 @@ class _Dev(test_upload._Dev):
         assert name == "reflex_scatter_pieces", name
         return self
 
-    def launch(self, grid, block, args, stream, shmem=0, pdl=False):
+    def launch(self, grid, block, args, stream, shmem=0, pdl=False, carveout=None):
         pack, n = args[0].value, args[1].value
         assert grid == (n, scatter.SLICES, 1) and 2 <= n <= scatter.MAX_PIECES and self._inside(pack, 1)
         for dst, at, size in scatter_ref_rows(pack, n):

@@ -38,23 +38,30 @@ def check(result, call: str):
 
 
 class Kernel:
-    __slots__ = ("name", "func", "shared_limit")
+    __slots__ = ("name", "func", "shared_limit", "carveout")
 
     def __init__(self, name: str, func):
         self.name, self.func = name, func
         # dynamic shared memory this kernel was allowed: none until asked (the default allowance is
         # 48 KB minus the kernel's static shared memory, which a launch cannot see)
         self.shared_limit = 0
+        self.carveout = -1  # the preferred shared-memory carveout set on it (-1: the driver's choice)
 
-    def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False, cooperative: bool = False) -> None:
+    def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False, cooperative: bool = False,
+               carveout: int | None = None) -> None:
         """args: ctypes values (c_void_p, c_int, c_float, structures...), in kernel order.
         shmem: dynamic shared memory bytes; the kernel's allowance is raised to it on first need
         (up to the device's Device.max_shared). pdl: launch as a programmatic dependent of the previous
         kernel on the stream (sm_90+; the kernels wait for it in rx_pdl_begin). Used while
         capturing the decode graph only: building the launch config costs Python time an eager
         launch should not pay. cooperative: every block resident at once, or the launch waits (a
-        grid-wide barrier inside: kernels/fused_step.cu); not with pdl."""
+        grid-wide barrier inside: kernels/fused_step.cu); not with pdl. carveout: the percentage of the
+        SM's L1 / shared memory to give shared memory (Launcher.carveout says why), -1 the driver's choice."""
         self._allow_shared(shmem)
+        if carveout is not None and carveout != self.carveout:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+            check(cu.cuFuncSetAttribute(self.func, attr, carveout), f"cuFuncSetAttribute({self.name}, carveout)")
+            self.carveout = carveout
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
         if pdl or cooperative:

@@ -49,6 +49,11 @@ class Launcher:
         self.stream = stream
         self.launches = 0  # counted so tests can assert how many passes a request made
         self.pdl = False  # programmatic dependent launches (set while capturing the decode graph)
+        # The shared-memory carveout of the PDL-chained launches: one for all, the largest. Left to
+        # the driver, each kernel gets the smallest that holds its blocks, and an SM must drain
+        # before it changes, so a launch could not share an SM with its predecessor: the blocks
+        # of consecutive matrix kernels landed two on one SM and none on the next (s25's traces).
+        self.carveout = knob("REFLEX_SMEM_CARVEOUT", 100, minimum=-1, maximum=100)
         # Warps the matrix-vector kernels aim to keep in flight: 32 per SM hides the load latency.
         self.target_warps = 32 * device.sm_count
         # sm_80+ kernels (gemm.cu, flash_attn.cu); False keeps the older kernels (tests force it)
@@ -117,7 +122,8 @@ class Launcher:
         if cooperative:
             kernel.launch(grid, block, args, self.stream, shmem=shmem, cooperative=True)
         else:
-            kernel.launch(grid, block, args, self.stream, shmem=shmem, pdl=self.pdl)
+            kernel.launch(grid, block, args, self.stream, shmem=shmem, pdl=self.pdl,
+                          carveout=self.carveout if self.pdl else None)
         self.launches += 1
         if self._recorded is not None:
             g = grid if isinstance(grid, tuple) else (grid, 1, 1)

@@ -614,7 +614,8 @@ class CudaRunner:
         dev.begin_capture(s)
         try:
             for ln in launches:
-                ln.kernel.launch(ln.grid, ln.block, ln.args, s, shmem=ln.shmem, pdl=pdl)
+                ln.kernel.launch(ln.grid, ln.block, ln.args, s, shmem=ln.shmem, pdl=pdl,
+                                 carveout=self.launch.carveout if pdl else None)
         finally:
             graph = dev.end_capture(s)
         return graph
