@@ -10,7 +10,8 @@
 #              TESTS="tests/test_gpu_moe.py -k 'router or check'")
 #   check      reflex check on the Qwen3-0.6B-shaped Q8_0 and Q4_K_M files (made here)
 #   decode_ab  decode tok/s of this tree and of .gpu/old (gpu_bundle.sh --old REV), interleaved, on the 0.6B Q8_0
-#              file or the files in AB_FILES (e.g. the 0.6B Q4_K_M and a $MAKE_MORE file)
+#              file or the files in AB_FILES (e.g. the 0.6B Q4_K_M and a $MAKE_MORE file); AB_VARIANTS="NAME:VAR=V,VAR=V ..."
+#              adds this tree under those settings to each round
 #   coldstart_ab  spawn -> first token of this tree and of .gpu/old, interleaved (bench_coldstart.py --tree)
 #   serve_ab   one client against reflex serve: this tree (--parallel 64) and .gpu/old, interleaved, 3 x 3 runs
 #   handler_cold  handlers/app.py's cold start (spawn -> one-token answer) with REFLEX_PARALLEL 1, 16, 64, RUNS each
@@ -178,13 +179,16 @@ PY
       timeout 120 python3 /tmp/decode_rate.py $f new:$(basename $f) >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
       PYTHONPATH=$PWD/.gpu/old:/tmp/site REFLEX_KERNELS_DIR=$OLD_KERNELS timeout 120 python3 /tmp/decode_rate.py $f \
         old:$(basename $f) >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
+      for v in ${AB_VARIANTS:-}; do  # NAME:VAR=VALUE,VAR=VALUE: this tree again under those settings
+        e=${v#*:}; env ${e//,/ } timeout 120 python3 /tmp/decode_rate.py $f ${v%%:*}:$(basename $f) >> "$W/decode_ab.jsonl" 2>> "$W/decode_ab.err"
+      done
     done
     python3 -c "
 import json, statistics as st
 rows = [json.loads(l) for l in open('$W/decode_ab.jsonl')]
 f = '$(basename $f)'
-m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t + ':' + f) for t in ('new', 'old')}
-print(f\"decode_ab {f}: new {m['new']:.1f} tok/s, old {m['old']:.1f} tok/s, new/old {m['new'] / m['old']:.4f}\")" \
+m = {t: st.median(r['tok_s_median'] for r in rows if r['tree'] == t + ':' + f) for t in ['new', 'old'] + [v.split(':')[0] for v in '${AB_VARIANTS:-}'.split()]}
+print(f\"decode_ab {f}: \" + ', '.join(f'{t} {v:.1f} tok/s' for t, v in m.items()) + ', ' + ', '.join(f'{t}/old {v / m[\"old\"]:.4f}' for t, v in m.items() if t != 'old'))" \
       | tee -a "$W/steps.txt"
   done
 fi

@@ -21,6 +21,8 @@ DEV = SimpleNamespace(sm_count=132, cc=(9, 0), max_shared=232448, smem_per_sm=23
     ("REFLEX_MVS_BUDGET", "-1", "at least 0"),
     ("REFLEX_MVS_BLOCKS_PER_SM", "2.5", "an integer"),
     ("REFLEX_ATTN_MIN_KEYS", "0", "at least 1"),
+    ("REFLEX_SMEM_CARVEOUT", "101", "from -1 to 100"),
+    ("REFLEX_SMEM_CARVEOUT", "max", "an integer"),
 ])
 def test_a_bad_tuning_variable_is_one_line_naming_it(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)
@@ -37,4 +39,5 @@ def test_good_and_unset_tuning_variables(monkeypatch):
     monkeypatch.setenv("REFLEX_ATTN_HEAD_GROUPS", "")
     L = Launcher(DEV, stream=None)
     assert (L.moe_tile, L.attn_blocks_per_sm, L.attn_head_groups) == (32, 2.5, 4)
+    assert L.carveout == 100  # the decode graph's kernels: all of the SM's L1 / shared memory as shared memory
     assert knob("REFLEX_NOT_SET_ANYWHERE", 7) == 7
