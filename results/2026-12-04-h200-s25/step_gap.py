@@ -9,34 +9,21 @@ end to the next step's first matrix entry (the embedding kernel, the graph bound
 Usage: python3 step_gap.py MODEL [STEPS] [DEPTH]"""
 import sys
 
-import numpy as np
-from cuda.bindings import driver as cu
-
-from reflex_runtime.gpu.driver import check
-from reflex_runtime.loader import load_engine
+from mvs_trace2 import launches_of, traced
 
 model = sys.argv[1]
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 depth = int(sys.argv[3]) if len(sys.argv) > 3 else 8
-engine = load_engine(model, "cuda", max_context=4096)
-runner = engine.runner
-runner.wait_weights()
-dev, s = runner.dev, runner.stream
-g_trace, _ = check(cu.cuModuleGetGlobal(dev.module, b"mvs_trace"), "trace")
-g_n, _ = check(cu.cuModuleGetGlobal(dev.module, b"mvs_trace_n"), "n")
-graph = runner.step_graph(greedy=True)
-runner.prefill_greedy([(7 * i + 11) % 1000 + 1 for i in range(depth)])
-for _ in range(2):
-    graph.launch(s)
-dev.sync(s)
-dev.memset32(int(g_n), 0, 1, s)
-for i in range(steps):  # as runner.decode queues them: the graph, then the token's copy and event
-    graph.launch(s)
-    runner.read_back(i)
-dev.sync(s)
-n = int(runner._fetch(int(g_n), (1,), np, dtype=np.uint32)[0])
-t = runner._fetch(int(g_trace), (1 << 16, 8), np, dtype=np.uint64)[:min(n, 1 << 16)].astype(np.int64)
-launches = np.split(t, np.flatnonzero(np.diff(t[:, 0])) + 1)
+
+
+def queue(runner, graph):  # as runner.decode queues them: the graph, then the token's copy and event
+    for i in range(steps):
+        graph.launch(runner.stream)
+        runner.read_back(i)
+
+
+runner, t = traced(model, depth, queue)
+launches = launches_of(t)
 per_step = 4 * runner.config.n_layers + 1  # a dense layer's four matrix launches, then the LM head
 if len(launches) != steps * per_step:  # consecutive steps' launches of the same tag would merge
     print(f"{len(launches)} launch runs for {steps} steps of {per_step}: tags merged, read the raw stamps")
