@@ -46,7 +46,7 @@ __device__ void moe_router_body(const uint8_t* W, long row_bytes, const float* x
     MvsX xin;
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();
-    mvs_load_x<RL>(mvs_share_x(x, K, span + 4L * rb * wpr), K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);

@@ -90,33 +90,6 @@ __device__ __forceinline__ void mvs_load_x(const float* x, int K, bool norm, con
     if constexpr (RL == 4) mvs_quant32(&out.r[0][0], (out.s[0] + out.s[1]) + (out.s[2] + out.s[3]), &out.q);
 }
 
-// x copied into shared memory, each 16 bytes read once by the block, when the launch left room for
-// it (the host's mvs.plan adds xs_bytes(K) to the dynamic shared memory after `used` bytes where that
-// keeps the launch's waves and two blocks an SM); else x itself. Why: every warp of every block
-// reads x, so 128 blocks x 8 warps queued on the same few L2 lines (s26's probe: a block whose
-// 8 warps each read 4 KB of x got it ~3,500 cycles after asking, one read per line per block ~1,000).
-// Every thread must call it (it ends with a barrier when it copies).
-__device__ __forceinline__ const float* mvs_share_x(const float* x, int K, long used) {
-    unsigned dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    long at = (used + 15) & ~15L;
-    if (at + 4L * K > (long)dyn) return x;
-    float4* xs = reinterpret_cast<float4*>(rx_dyn_smem + at);
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    int n4 = K >> 2;
-    for (int c0 = threadIdx.x; c0 < n4; c0 += 4 * MVS_THREADS) {  // every load issued before the stores
-        float4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (c0 + u * MVS_THREADS < n4) v[u] = x4[c0 + u * MVS_THREADS];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (c0 + u * MVS_THREADS < n4) xs[c0 + u * MVS_THREADS] = v[u];
-    }
-    __syncthreads();
-    return reinterpret_cast<const float*>(xs);
-}
-
 // x' with no norm (ones as norm weights).
 template <int RL>
 __device__ __forceinline__ void mvs_load_x_plain(const float* x, int K, int part, int wpr, MvsX& out) {
@@ -267,7 +240,7 @@ __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_byte
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();  // weights are in flight; x comes from the predecessor
     float prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
-    mvs_load_x<RL>(mvs_share_x(x, K, span + 4L * rb * wpr), K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
@@ -337,7 +310,7 @@ __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_byte
         su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);
     }
     rx_cp_commit();
-    mvs_load_x<RL>(mvs_share_x(x, K, 2 * span + 8L * rb * wpr), K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);

@@ -752,8 +752,7 @@ def knobs(gpu):
     L = gpu.launch
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
-                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups,
-                 mvs_share_x=L.mvs_share_x)
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -791,15 +790,12 @@ def test_staged_matvec_one_token(gpu, knobs, qtype, rows, k, fused_norm):
 
 @pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("blocks_per_sm,budget_rows", [(1, 3), (2, 1), (4, 1000)])
-@pytest.mark.parametrize("share_x", [True, False])
-def test_staged_matvec_segments_any_split(gpu, knobs, qtype, blocks_per_sm, budget_rows, share_x):
-    """q, k and v in one launch with blocks of 1, 3 or many rows (waves of blocks, segment tails);
-    x read through shared memory (mvs_share_x, where the plan leaves room) or by every warp."""
+def test_staged_matvec_segments_any_split(gpu, knobs, qtype, blocks_per_sm, budget_rows):
+    """q, k and v in one launch with blocks of 1, 3 or many rows (waves of blocks, segment tails)."""
     rng = np.random.default_rng([int(qtype), blocks_per_sm, budget_rows])
     k = k_for(qtype, False)
     mats = [weight(gpu, qtype, rows, k, rng) for rows in (515, 96, 33)]
     knobs.mvs_blocks_per_sm = blocks_per_sm
-    knobs.mvs_share_x = share_x
     knobs.mvs_budget = budget_rows * mats[0][0].row_bytes + 64
     x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
     nw = (rng.random(k) + 0.5).astype(np.float32)
@@ -1030,7 +1026,7 @@ FUSED_ROPE_CASES = {
     "first_token": (4, 2, 64, 64, 1, 0, 0, False, True, True, 32, None),
     "empty_last_slice": (4, 1, 64, 64, 9, 0, 1, True, True, False, 1, 4),  # slices 3,3,3,0: the 3rd stores
     "far_position": (16, 8, 128, 128, 300, 0, 0, False, True, True, 32, None),  # positions from FAR_POSITION
-    "new_key_in_second_tile": (8, 2, 128, 128, 50, 0, 0, False, True, True, 64, 1),  # staged before the loop (3 stages)
+    "new_key_in_second_tile": (8, 2, 128, 128, 50, 0, 0, False, True, True, 64, 1),  # one slice of 50 keys
     "new_key_in_eighth_tile": (16, 8, 128, 128, 2000, 0, 0, False, True, True, 32, 8),  # slices of 250 keys
 }
 FAR_POSITION = {"far_position": 250_000}  # angles of ~40,000 turns: the kernel's reduction to [-pi, pi]

@@ -69,8 +69,6 @@ class Launcher:
             8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
         # staged launches' blocks made larger when that saves a wave (mvs.plan); 0 turns it off
         self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
-        # staged launches read x into shared memory once a block where that costs no wave (mvs.plan); 0: every warp reads it
-        self.mvs_share_x = os.environ.get("REFLEX_MVS_SHARE_X", "1") != "0"
         # a prompt's float32 router logits through a tiled GEMM (moe.router_mm), not the matrix-vector kernel
         self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
         # at most this many K slices of that GEMM while its tiles leave SMs idle (moe.router_mm_splits); 1: none

@@ -45,7 +45,7 @@ def down(L, wd: Weight, expert_bytes: int, ids: int, weights: int, k: int, act: 
     slots = k + bool(shared)
     if not stageable(L, [wd, *([shared] if shared else [])], act, x, expert_bytes):
         return False
-    p = plan(L, n_embd, wd.row_bytes, wd.k, ranges=slots, extra=stage_bytes(4 * slots * wd.k), share_x=False)
+    p = plan(L, n_embd, wd.row_bytes, wd.k, ranges=slots, extra=stage_bytes(4 * slots * wd.k))
     if p is None:
         return False
     L.go(f"reflex_moe_mvs_down_{wd.suffix}", -(-n_embd // p.rb), 256,

@@ -47,15 +47,13 @@ def stage_bytes(n: int) -> int:
     return (n + 30 + 15) & ~15
 
 
-def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, groups: int = 1,
-         share_x: bool = True) -> MvsPlan | None:
+def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, groups: int = 1) -> MvsPlan | None:
     """Rows per block for `rows` rows of `row_bytes` (each block stages `ranges` runs of rb rows
     plus `extra` bytes; groups: the rows are that many equal runs, each in its own blocks, as the
     routed experts' slots): about one block per SM (L.mvs_blocks_per_sm) while the weights fit the
     budget (L.mvs_budget), else budget-sized blocks in waves (at least one row each, past the
-    budget if the device has room), larger where that saves a partly empty last wave (_whole_waves);
-    then room for x in shared memory (kernels/mvs.cuh mvs_share_x; share_x: the kernel reads x
-    through it) where that costs no wave (_x_room). None when that does not fit the device."""
+    budget if the device has room), larger where that saves a partly empty last wave (_whole_waves). None
+    when that does not fit the device."""
     wpr = 1
     while k > 8 * 32 * MVS_NX * wpr:
         wpr *= 2
@@ -72,29 +70,7 @@ def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, 
     smem = smem_of(rb)
     if smem > L.dev.max_shared - STATIC_SMEM_RESERVE:
         return None
-    if share_x and L.mvs_share_x:
-        smem += _x_room(L, smem, xs_bytes(k), groups * -(-(rows // groups) // rb))
     return MvsPlan(rb, wpr, smem)
-
-
-def xs_bytes(k: int) -> int:
-    """Shared memory for x (k floats) in kernels/mvs.cuh mvs_share_x, after the block's 16-byte aligned sums."""
-    return 4 * k + 16
-
-
-def _x_room(L, smem: int, xs: int, blocks: int) -> int:
-    """xs more bytes a block when the launch then takes no more waves and an SM still holds two
-    of its blocks where it held two (the next kernel's copies overlap this one), else 0."""
-    room = L.dev.max_shared - STATIC_SMEM_RESERVE
-
-    def per_sm(b: int) -> int:
-        return min(8, L.dev.smem_per_sm // (b + STATIC_SMEM_RESERVE + 1024))
-
-    def waves(b: int) -> int:
-        return -(-blocks // (L.dev.sm_count * max(1, per_sm(b))))
-
-    ok = smem + xs <= room and waves(smem + xs) <= waves(smem) and per_sm(smem + xs) >= min(2, per_sm(smem))
-    return xs if ok else 0
 
 
 def _whole_waves(L, rb: int, rows: int, groups: int, smem_of) -> int:
