@@ -2,7 +2,7 @@
 31: "greedy output equal to llama.cpp's on the full-size file for 32 tokens").
 
     python3 scripts/greedy_vs_llama.py FILE --llama-server PATH [-n 32] [--prompt TEXT] [--tie 0.02]
-        [--reference] [--llama-args "-fa off"] [--out JSON]
+        [--reference] [--llama-prompt-path] [--llama-args "-fa off"] [--out JSON]
 
 The prompt is tokenized once, by reflex, and both engines get the same ids. llama-server (127.0.0.1,
 one slot) decodes greedily with `n_probs`, so each of its tokens comes with its own top log-probs;
@@ -16,6 +16,8 @@ its decode path (teacher-forced), so every position is compared on the same cont
   one pool of blocks, so rows repeat: equal logits in any engine; llama.cpp then picks the later id);
 - differ: anything else: a real disagreement. With --reference, the numpy reference (CPU) runs the
   same teacher-forced positions and says which engine's pick it shares at each differing one.
+  With --llama-prompt-path, llama-server also gets each position's context as a prompt (its tokens
+  evaluated together, not one at a time): whose pick llama.cpp's own prompt path makes there.
 Random-weight files have flat logits, so free-running greedy text parts at the first near-tie and
 never meets again; the teacher-forced positions are the comparison that still means something after it.
 Prints one line: EQUAL (free-running tokens identical), EQUAL UP TO NEAR-TIES (no `differ`
@@ -50,10 +52,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _top(p: dict) -> dict:
+    return {int(t["id"]): float(t["logprob"]) for t in p["top_logprobs"]}
+
+
 def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int, top: int = 8,
-                        log: str | None = None, start_timeout: float = 600, extra: tuple[str, ...] = ()) -> dict:
+                        log: str | None = None, start_timeout: float = 600, extra: tuple[str, ...] = (),
+                        prompt_path: bool = False) -> dict:
     """llama.cpp's greedy continuation of `ids`: {"tokens", "steps": [{id: logprob} of its top ones],
-    "prompt_ids": its own tokenization of `prompt`}."""
+    "prompt_ids": its own tokenization of `prompt`}. prompt_path: also "prompt_steps", position j's
+    top log-probs when ids + tokens[:j] is sent as a prompt (its prompt path, the tokens evaluated
+    together, where "steps" come from decoding them one at a time)."""
     port = _free_port()
     ctx = max(512, len(ids) + n + 16)
     with open(log or os.devnull, "wb") as lf:
@@ -74,17 +83,22 @@ def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int
                     raise SystemExit(f"llama-server not ready after {start_timeout:.0f} s")
                 time.sleep(0.5)
             theirs = _post(port, "/tokenize", {"content": prompt})["tokens"]
-            res = _post(port, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0, "n_probs": top,
-                                              "ignore_eos": True, "cache_prompt": False, "return_tokens": True})
+            ask = {"temperature": 0, "n_probs": top, "ignore_eos": True, "cache_prompt": False, "return_tokens": True}
+            res = _post(port, "/completion", {"prompt": ids, "n_predict": n, **ask})
+            toks = [int(p["id"]) for p in res["completion_probabilities"]]
+            # n_predict 2: the first token's log-probs (the server has answered 1 without them)
+            again = [_post(port, "/completion", {"prompt": ids + toks[:j], "n_predict": 2, **ask})
+                     for j in range(len(toks))] if prompt_path else []
         finally:
             proc.terminate()
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    probs = res["completion_probabilities"]
-    steps = [{int(t["id"]): float(t["logprob"]) for t in p["top_logprobs"]} for p in probs]
-    return {"tokens": [int(p["id"]) for p in probs], "steps": steps, "prompt_ids": theirs}
+    out = {"tokens": toks, "steps": [_top(p) for p in res["completion_probabilities"]], "prompt_ids": theirs}
+    if prompt_path:
+        out["prompt_steps"] = [_top(r["completion_probabilities"][0]) for r in again]
+    return out
 
 
 def lm_head_rows_equal(path: str):
@@ -161,6 +175,22 @@ def reference_verdicts(path: str, ids: list[int], llama_tokens: list[int], res: 
     res["reference_sides_with"] = {k: sides.count(k) for k in ("reflex", "llama", "neither")}
 
 
+def prompt_path_verdicts(theirs: dict, res: dict) -> None:
+    """llama.cpp's prompt path (theirs["prompt_steps"]) at each position: its top token
+    ("llama_prompt"), how far its log-probs are from its own decode's over the tokens both list
+    ("llama_decode_vs_prompt"); and at each `differ` position whose pick its top is."""
+    sides, worst = [], 0.0
+    for p, dec, pro in zip(res["positions"], theirs["steps"], theirs["prompt_steps"]):
+        p["llama_prompt"] = top = max(pro, key=pro.get)
+        both = dec.keys() & pro.keys()
+        p["llama_decode_vs_prompt"] = d = max((abs(dec[t] - pro[t]) for t in both), default=float("nan"))
+        worst = max(worst, d) if d == d else worst
+        if p["kind"] == "differ":
+            sides.append("reflex" if top == p["reflex"] else "llama" if top == p["llama"] else "neither")
+    res["llama_prompt_path_sides_with"] = {k: sides.count(k) for k in ("reflex", "llama", "neither")}
+    res["llama_decode_vs_prompt_max"] = worst
+
+
 def reflex_engine(path: str, backend: str):
     from reflex_runtime.loader import load_engine
 
@@ -178,6 +208,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--reference", action="store_true",
                     help="at differing positions, also ask the numpy reference (CPU; small files)")
+    ap.add_argument("--llama-prompt-path", action="store_true",
+                    help="also send each position's context to llama-server as a prompt (its tokens evaluated "
+                         "together): whose pick that path makes at the differing positions")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     from reflex_runtime.sampling import SamplingParams
@@ -186,11 +219,14 @@ def main(argv=None) -> int:
     ids = engine.prompt_ids(a.prompt)
     free = [int(t) for t in engine.runner.generate_ids(ids, SamplingParams(), a.n, frozenset())]
     log = (a.out + ".llama-server.log") if a.out else None
-    theirs = llama_server_greedy(a.llama_server, a.model, a.prompt, ids, a.n, log=log, extra=tuple(a.llama_args.split()))
+    theirs = llama_server_greedy(a.llama_server, a.model, a.prompt, ids, a.n, log=log, extra=tuple(a.llama_args.split()),
+                                 prompt_path=a.llama_prompt_path)
     rows = engine.runner.decode_logits(ids, theirs["tokens"][:-1])
     res = compare(theirs["tokens"], theirs["steps"], rows, free, a.tie, lm_head_rows_equal(a.model))
     if a.reference and res["differ"]:
         reference_verdicts(a.model, ids, theirs["tokens"], res)
+    if a.llama_prompt_path:
+        prompt_path_verdicts(theirs, res)
     res = {"model": os.path.basename(a.model), "prompt": a.prompt, "prompt_ids": ids,
            "same_prompt_tokenization": theirs["prompt_ids"] == ids, "tokens": a.n,
            "reflex_tokens": free, "llama_tokens": theirs["tokens"],
@@ -200,7 +236,9 @@ def main(argv=None) -> int:
           f"teacher-forced same {res['same']}, equal rows {len(res['ties'])}, near-ties {len(res['near_ties'])}, "
           f"differ {len(res['differ'])}; largest gap {worst:.4f} of max|logit|, tie {a.tie}; same prompt tokens: "
           f"{res['same_prompt_tokenization']}" + (f"; the reference sides with {res['reference_sides_with']}"
-                                                  if "reference_sides_with" in res else "") + ")")
+                                                  if "reference_sides_with" in res else "")
+          + (f"; llama.cpp's prompt path sides with {res['llama_prompt_path_sides_with']}, its decode and prompt "
+             f"log-probs {res['llama_decode_vs_prompt_max']:.4f} apart at most" if a.llama_prompt_path else "") + ")")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -2,7 +2,7 @@
 telling apart where reflex and llama.cpp disagree, without a GPU).
 
     python3 scripts/reference_vs_llama.py FILE --llama-server PATH [-n 32] [--dequantize PAT ...]
-        [--activations8]
+        [--activations8] [--prompt-path]
 
 llama-server (127.0.0.1; a CPU build works: cmake -B build -DLLAMA_CURL=OFF in the vendored llama.cpp of
 the pinned llama-cpp-python sdist, `--target llama-server`) decodes greedily from reflex's prompt ids with
@@ -12,6 +12,8 @@ largest |log-prob difference| over llama.cpp's top 8 and whether the argmax agre
 quantized ones) stored as F32, the same values (llama.cpp then runs its F32 path on them).
 --activations8: the reference rounds every product's input to 8-bit blocks of 32 (Q8_0, llama.cpp's
 activation quantization for Q8_0 weights) as well, to see how far that alone moves the file.
+--prompt-path: llama-server also gets each position's context as a prompt (its tokens evaluated
+together): each line adds that path's distance from the reference and from llama.cpp's own decode.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--dequantize", nargs="*", default=None)
     ap.add_argument("--activations8", action="store_true")
+    ap.add_argument("--prompt-path", action="store_true")
     a = ap.parse_args(argv)
     import greedy_vs_llama as G
     from reflex_runtime.errors import ReflexError
@@ -78,7 +81,8 @@ def main(argv=None) -> int:
             path = os.path.join(tempfile.mkdtemp(), "dequantized.gguf")
             print(f"{dequantized_copy(a.model, path, a.dequantize)} tensors stored as F32 in {path}")
         ids = load_engine(path, backend="cpu").prompt_ids(G.PROMPT)
-        theirs = G.llama_server_greedy(a.llama_server, path, G.PROMPT, ids, a.n, extra=("-fa", "off"))
+        theirs = G.llama_server_greedy(a.llama_server, path, G.PROMPT, ids, a.n, extra=("-fa", "off"),
+                                       prompt_path=a.prompt_path)
     except (ReflexError, OSError, RuntimeError) as e:
         print(f"reference_vs_llama: {e}", file=sys.stderr)
         return 1
@@ -88,15 +92,25 @@ def main(argv=None) -> int:
     ref = load_reference(path)
     toks = ids + theirs["tokens"][:-1]
     rows = ref.forward(toks, ref.new_cache(len(toks) + 4))[len(ids) - 1:]
-    worst, differ = 0.0, 0
+    worst, differ, worst_prompt = 0.0, 0, 0.0
     for j, (row, step) in enumerate(zip(rows, theirs["steps"])):
         lp = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
         d = max(abs(float(lp[int(t)]) - v) for t, v in step.items())
         same = int(row.argmax()) == theirs["tokens"][j]
         worst, differ = max(worst, d), differ + (not same)
+        more = ""
+        if a.prompt_path:  # llama.cpp's prompt path against the reference and against its own decode
+            pro = theirs["prompt_steps"][j]
+            dp = max(abs(float(lp[int(t)]) - v) for t, v in pro.items())
+            both = step.keys() & pro.keys()
+            worst_prompt = max(worst_prompt, dp)
+            more = f"; llama's prompt path: {dp:.4f} from the reference, " + (
+                f"{max(abs(step[t] - pro[t]) for t in both):.4f} from its decode" if both else
+                "no top-8 token in common with its decode")
         print(f"{j:3d} llama {theirs['tokens'][j]:7d} reference {int(row.argmax()):7d} {'same' if same else 'DIFFER'}"
-              f"  max |log-prob diff| over llama's top 8: {d:.4f}")
-    print(f"{os.path.basename(a.model)}: argmax differs at {differ} of {len(rows)}; largest |log-prob diff| {worst:.4f}")
+              f"  max |log-prob diff| over llama's top 8: {d:.4f}{more}")
+    print(f"{os.path.basename(a.model)}: argmax differs at {differ} of {len(rows)}; largest |log-prob diff| {worst:.4f}"
+          + (f"; llama's prompt path at most {worst_prompt:.4f} from the reference" if a.prompt_path else ""))
     return 0
 
 

@@ -86,6 +86,25 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
     assert out["steps"][0] == {5: -0.1, 0: -2.5}
     req = json.loads(seen.read_text())
     assert req["prompt"] == [11, 12] and req["temperature"] == 0 and req["n_probs"] >= 2 and req["ignore_eos"]
+    # llama.cpp's prompt path: each position's context sent as a prompt, its first token's log-probs
+    out = g.llama_server_greedy(str(server), "m.gguf", "Hi there", [11, 12], 3, log=str(tmp_path / "s.log"),
+                                start_timeout=30, extra=("-fa", "off"), prompt_path=True)
+    assert out["tokens"] == [5, 6, 7] and out["prompt_steps"] == [{5: -0.1, 0: -2.5}] * 3
+    req = json.loads(seen.read_text())  # the last one: the context of position 2
+    assert req["prompt"] == [11, 12, 5, 6] and req["n_predict"] == 2 and not req["cache_prompt"]
+
+
+def test_the_prompt_path_says_whose_pick_it_makes():
+    """At a differing position, llama.cpp's prompt path may make reflex's pick while its decode did not."""
+    res = {"positions": [{"pos": 0, "llama": 5, "reflex": 5, "kind": "same"},
+                         {"pos": 1, "llama": 6, "reflex": 9, "kind": "differ"},
+                         {"pos": 2, "llama": 7, "reflex": 8, "kind": "differ"}]}
+    theirs = {"steps": [{5: -0.1, 1: -3.0}, {6: -0.2, 9: -1.9}, {7: -0.3, 8: -1.0}],
+              "prompt_steps": [{5: -0.1, 1: -3.0}, {9: -0.15, 6: -2.0}, {7: -0.35, 8: -1.1}]}
+    g.prompt_path_verdicts(theirs, res)
+    assert [p["llama_prompt"] for p in res["positions"]] == [5, 9, 7]
+    assert res["llama_prompt_path_sides_with"] == {"reflex": 1, "llama": 1, "neither": 0}
+    assert abs(res["llama_decode_vs_prompt_max"] - 1.8) < 1e-9
 
 
 def test_a_llama_server_that_dies_is_one_line(tmp_path):
