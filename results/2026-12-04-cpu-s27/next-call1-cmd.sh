@@ -19,4 +19,5 @@ python3 -m pytest -m gpu tests/test_gpu_engine.py -k "post_norms_folded or check
   > $OUT/gemma-fold-tests.log 2>&1; tail -1 $OUT/gemma-fold-tests.log
 OUT=$OUT AB_FILES="$R/qwen3-0.6b-q8_0.gguf $R/gemma-3-270m-q4_k_m-shaped.gguf" \
   AB_VARIANTS="all:REFLEX_ATTN_PREFETCH_TILES=2,REFLEX_ATTN_MIN_KEYS=64,REFLEX_MVS_HEAD_STREAM=2,REFLEX_POST_FOLD=1,REFLEX_MVS_SHARE_X=1 share:REFLEX_MVS_SHARE_X=1" \
-  bash scripts/gpu_run.sh decode_ab 2>&1 | grep -v "^===" | tail -4
+  bash scripts/gpu_run.sh decode_ab,coldstart_ab 2>&1 | grep -v "^===" | tail -8
+# coldstart_ab: the patch's fatbin is compressed by fatbinary (results README, last section); cold start must not slow
