@@ -25,6 +25,9 @@ python3 scripts/make_qwen35_bench.py --model 0.8b --type q8_0 --out /tmp/s27/q35
 PYTHONPATH=$PWD python3 scripts/reference_vs_llama.py /tmp/s27/q35/qwen35-0.8b-q8_0.gguf \
   --llama-server $SRC/build/bin/llama-server --prompt-path > "$OUT/llama-cpu-qwen35-0.8b-q8_0.txt" 2>&1
 tail -1 "$OUT/llama-cpu-qwen35-0.8b-q8_0.txt"
+PYTHONPATH=$PWD python3 scripts/reference_vs_llama.py /tmp/s27/q35/qwen35-0.8b-q8_0.gguf \
+  --llama-server $SRC/build/bin/llama-server --activations8 > "$OUT/llama-cpu-qwen35-0.8b-q8_0-act8.txt" 2>&1
+tail -1 "$OUT/llama-cpu-qwen35-0.8b-q8_0-act8.txt"
 PYTHONPATH=$PWD python3 results/2026-12-04-cpu-s27/reference_sensitivity.py /tmp/s27/q35/qwen35-0.8b-q8_0.gguf \
   > "$OUT/reference-sensitivity-qwen35-0.8b-q8_0.txt" 2>&1
 q8=$(PYTHONPATH=$PWD:$PWD/scripts python3 -c "from fixtures import make_fixture; print(make_fixture('qwen35', 'q8_0').gguf)")
