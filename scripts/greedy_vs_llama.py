@@ -56,6 +56,12 @@ def _top(p: dict) -> dict:
     return {int(t["id"]): float(t["logprob"]) for t in p["top_logprobs"]}
 
 
+def common_gap(a: dict, b: dict) -> float | None:
+    """max |a[t] - b[t]| over the tokens both {id: logprob} maps list; None when they share none."""
+    both = a.keys() & b.keys()
+    return max(abs(a[t] - b[t]) for t in both) if both else None
+
+
 def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int, top: int = 8,
                         log: str | None = None, start_timeout: float = 600, extra: tuple[str, ...] = (),
                         prompt_path: bool = False) -> dict:
@@ -182,9 +188,9 @@ def prompt_path_verdicts(theirs: dict, res: dict) -> None:
     sides, worst = [], 0.0
     for p, dec, pro in zip(res["positions"], theirs["steps"], theirs["prompt_steps"]):
         p["llama_prompt"] = top = max(pro, key=pro.get)
-        both = dec.keys() & pro.keys()
-        p["llama_decode_vs_prompt"] = d = max((abs(dec[t] - pro[t]) for t in both), default=float("nan"))
-        worst = max(worst, d) if d == d else worst
+        d = common_gap(dec, pro)
+        p["llama_decode_vs_prompt"] = float("nan") if d is None else d
+        worst = worst if d is None else max(worst, d)
         if p["kind"] == "differ":
             sides.append("reflex" if top == p["reflex"] else "llama" if top == p["llama"] else "neither")
     res["llama_prompt_path_sides_with"] = {k: sides.count(k) for k in ("reflex", "llama", "neither")}

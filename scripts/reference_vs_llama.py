@@ -95,18 +95,16 @@ def main(argv=None) -> int:
     worst, differ, worst_prompt = 0.0, 0, 0.0
     for j, (row, step) in enumerate(zip(rows, theirs["steps"])):
         lp = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
-        d = max(abs(float(lp[int(t)]) - v) for t, v in step.items())
+        d = G.common_gap({t: float(lp[t]) for t in step}, step)
         same = int(row.argmax()) == theirs["tokens"][j]
         worst, differ = max(worst, d), differ + (not same)
         more = ""
         if a.prompt_path:  # llama.cpp's prompt path against the reference and against its own decode
             pro = theirs["prompt_steps"][j]
-            dp = max(abs(float(lp[int(t)]) - v) for t, v in pro.items())
-            both = step.keys() & pro.keys()
+            dp, dd = G.common_gap({t: float(lp[t]) for t in pro}, pro), G.common_gap(step, pro)
             worst_prompt = max(worst_prompt, dp)
             more = f"; llama's prompt path: {dp:.4f} from the reference, " + (
-                f"{max(abs(step[t] - pro[t]) for t in both):.4f} from its decode" if both else
-                "no top-8 token in common with its decode")
+                f"{dd:.4f} from its decode" if dd is not None else "no top-8 token in common with its decode")
         print(f"{j:3d} llama {theirs['tokens'][j]:7d} reference {int(row.argmax()):7d} {'same' if same else 'DIFFER'}"
               f"  max |log-prob diff| over llama's top 8: {d:.4f}{more}")
     print(f"{os.path.basename(a.model)}: argmax differs at {differ} of {len(rows)}; largest |log-prob diff| {worst:.4f}"
