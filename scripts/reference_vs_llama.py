@@ -83,8 +83,8 @@ def main(argv=None) -> int:
         ids = load_engine(path, backend="cpu").prompt_ids(G.PROMPT)
         theirs = G.llama_server_greedy(a.llama_server, path, G.PROMPT, ids, a.n, extra=("-fa", "off"),
                                        prompt_path=a.prompt_path)
-    except (ReflexError, OSError, RuntimeError) as e:
-        print(f"reference_vs_llama: {e}", file=sys.stderr)
+    except (ReflexError, OSError, RuntimeError, KeyError, ValueError) as e:  # ... or an answer it cannot read
+        print(f"reference_vs_llama: {e!r}" if isinstance(e, KeyError) else f"reference_vs_llama: {e}", file=sys.stderr)
         return 1
     if a.activations8:
         lin = layers.linear

@@ -33,3 +33,18 @@ def test_dequantized_copy_keeps_values_and_metadata(tmp_path):
     assert {k for k in a.fields if not k.startswith("GGUF.")} == {k for k in b.fields if not k.startswith("GGUF.")}
     eng_a, eng_b = load_engine(src, backend="cpu"), load_engine(dst, backend="cpu")
     assert eng_a.prompt_ids("The capital of France") == eng_b.prompt_ids("The capital of France")
+
+
+def test_an_unreadable_llama_server_answer_is_one_line(monkeypatch, capsys):
+    """A reply without the fields asked for (an older or newer llama-server) exits 1 with one line."""
+    import greedy_vs_llama as G
+    from fixtures import make_fixture
+    from reference_vs_llama import main
+
+    def no_probs(*a, **k):
+        return {"content": "x"}["completion_probabilities"]
+
+    monkeypatch.setattr(G, "llama_server_greedy", no_probs)
+    assert main([str(make_fixture("qwen3", "q8_0").gguf), "--llama-server", "/nonexistent", "--prompt-path"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("reference_vs_llama:") and "completion_probabilities" in err and "\n" not in err
