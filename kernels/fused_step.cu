@@ -11,14 +11,29 @@
 //
 // Grid: co-resident blocks (one per SM; a cooperative launch where the driver allows it),
 // FS_THREADS threads. Dynamic smem: two tile buffers of buf_bytes, the partial row sums (red_off),
-// the attention's working memory (attn_off; attn_decode.cuh), then a copy of the program
-// (prog_off). stamps (NULL: none; 4 n_ops zeroed u64): per op, block 0's start, the last block's
-// start, the last block's "x and first tile in" (matrix ops) and the last block's end of its work
-// (%globaltimer ns), for FusedStep.profile. Matrix tiles: block b takes
-// tiles b, b + grid, ...; each row is mvs.cuh's dot (the same sums as reflex_mvs_*), x' in
-// registers. FS_ATTN: work item i = (KV head i % n_head_kv, slice i / n_head_kv) runs atd_body on
-// the block's first 128 threads while the others stage the next op's tile. FS_NORM and FS_EMBED
-// run on block 0. FS_HEAD ends the program: with a pick, mvs_pick's last block advances the state.
+// the attention's working memory (attn_off; attn_decode.cuh), a copy of the program (prog_off),
+// and under FS_X_EARLY x (xs_off) and two norm-weight slots of nw_bytes (nw_off). stamps (NULL:
+// none; 4 n_ops zeroed u64): per op, block 0's start, the last block's start, the last block's "x
+// and first tile in" (matrix ops) and the last block's end of its work (%globaltimer ns), for
+// FusedStep.profile. Matrix tiles: block b takes tiles b, b + grid, ...; each row is mvs.cuh's
+// dot (the same sums as reflex_mvs_*), x' in registers. FS_ATTN: work item i = (KV head
+// i % n_head_kv, slice i / n_head_kv) runs atd_body on the block's first 128 threads while the
+// others stage the next op's tile. FS_NORM and FS_EMBED run on block 0. FS_HEAD ends the
+// program: with a pick, mvs_pick's last block advances the state.
+//
+// flags (Launcher knobs, off by default until a GPU run says they pay; gpu/fused.py):
+// - FS_X_EARLY: a matrix op's input leaves before the next op's weights. Without it, a block issues
+//   the next op's first tile and then loads x, and an SM returns its loads in order, so x (a few KB
+//   hot in L2) arrived behind tens of KB of weights from DRAM: 3.7-5.1 us from the barrier to "x and
+//   first tile in" per matrix op on the 0.6B Q8_0 shape (results/2026-12-04-h200-s26, the profile).
+//   With it, x is copied into shared memory (xs_off) first, its norm weights came with the op's
+//   first tile an op earlier (two slots at nw_off, by op parity), the accumulated rows' old values
+//   are loaded before both, and every warp takes x' from shared memory: the same arithmetic as
+//   mvs_load_x on global memory (the same sums in the same order).
+// - FS_LOOKAHEAD: a matrix op followed by an op without weights (the attention, Gemma's norms)
+//   stages the first tile of the matrix op after that one, so the attention's dependent loads do
+//   not queue behind the output projection's copies (issued by its own block's other threads
+//   without it) and those copies get an op more to land.
 //
 // The barrier (fs_grid_sync): a release add on an arrival counter, then an acquire spin on it (so
 // plain loads after it see every block's writes). bar: a zeroed u64 of the model's arena.
@@ -32,6 +47,8 @@
 #include "norm.cuh"
 
 #define FS_THREADS 256
+#define FS_X_EARLY 1
+#define FS_LOOKAHEAD 2
 
 // Barrier k of this launch: arrive (a release add, no round trip to wait for), then spin until
 // all gridDim.x blocks have. bar counts arrivals since the arena was zeroed; every launch runs whole
@@ -73,8 +90,9 @@ __device__ __forceinline__ bool fs_tile(const FsMv& m, int kind, int t, int* s, 
 }
 
 // Start copying tile t of op `op` (a matrix op) into buf with threads [t0, t0 + nt) of the
-// block; FS_GLU's up rows go to the buffer's second half. False: the op has no tile t.
-__device__ bool fs_stage(const FsOp* op, int t, uint8_t* buf, int buf_bytes, int t0, int nt) {
+// block; FS_GLU's up rows go to the buffer's second half. nw (FS_X_EARLY; NULL: not): where the
+// op's norm weights go with the block's first tile. False: the op has no tile t.
+__device__ bool fs_stage(const FsOp* op, int t, uint8_t* buf, int buf_bytes, int t0, int nt, uint8_t* nw = nullptr) {
     int kind = op->kind;
     if (!fs_weight_op(kind)) return false;
     const FsMv& m = op->u.mv;
@@ -83,18 +101,35 @@ __device__ bool fs_stage(const FsOp* op, int t, uint8_t* buf, int buf_bytes, int
     long rb = m.row_bytes[s];
     int tid = threadIdx.x - t0;
     if (tid < 0 || tid >= nt) return true;
+    if (nw && m.norm_w && t == (int)blockIdx.x)
+        rx_stage_hull(nw, reinterpret_cast<const uint8_t*>(m.norm_w), 4L * m.K, tid, nt);
     rx_stage_hull(buf, m.w[s] + r0 * rb, n * rb, tid, nt);
     if (kind == FS_GLU) rx_stage_hull(buf + buf_bytes / 2, m.w[1] + r0 * rb, n * rb, tid, nt);
     return true;
 }
 
-// x' in registers for lane layout RL (see mvs.cuh), for the op's K and wpr.
+// Where a matrix op's norm weights are staged under FS_X_EARLY: two slots, by the parity of its
+// ordinal among the matrix ops (mi), so an op's staging of the next one's never overwrites its own.
+struct FsEarly {
+    float* xs;               // x of the current matrix op (16-aligned, K floats); NULL: FS_X_EARLY off
+    uint8_t *nw0, *nw1;      // norm-weight slots (4 K + 16 bytes each): matrix ops 0, 2, .. and 1, 3, ..
+    __device__ __forceinline__ uint8_t* slot(int i) const { return xs ? (i & 1 ? nw1 : nw0) : nullptr; }
+    // the op's norm weights in its slot (rx_stage_hull keeps their address mod 16)
+    __device__ __forceinline__ const float* nw_of(const FsMv& m, int i) const {
+        uint8_t* slot = i & 1 ? nw1 : nw0;
+        return m.norm_w ? reinterpret_cast<const float*>(slot + (reinterpret_cast<uintptr_t>(m.norm_w) & 15)) : nullptr;
+    }
+};
+
+// x' in registers for lane layout RL (see mvs.cuh), for the op's K and wpr: x and its norm
+// weights from global memory, or (FS_X_EARLY) from their copies in shared memory.
 template <int RL>
-__device__ __forceinline__ void fs_load_x(const FsMv& m, MvsX& xin, float* scratch) {
+__device__ __forceinline__ void fs_load_x(const FsMv& m, const float* x, const float* norm_w, MvsX& xin,
+                                          float* scratch) {
     int part = (threadIdx.x >> 5) % m.wpr;
     float nw[MVS_NX][8];
-    mvs_load_nw<RL>(m.norm_w, m.K, part, m.wpr, nw);
-    mvs_load_x<RL>(m.x, m.K, m.norm_w != nullptr, nw, m.eps, part, m.wpr, xin, scratch);
+    mvs_load_nw<RL>(norm_w, m.K, part, m.wpr, nw);
+    mvs_load_x<RL>(x, m.K, norm_w != nullptr, nw, m.eps, part, m.wpr, xin, scratch);
 }
 
 // Partial sums of rows [0, n) of one staged run into red[(base + i) * wpr + part], by type.
@@ -110,16 +145,19 @@ __device__ __forceinline__ void fs_rows(int type, const uint8_t* srow, long row_
 
 __device__ __forceinline__ int fs_rl(int type) { return (type == RX_Q8_0 || type == RX_Q4_K || type == RX_Q6_K) ? 4 : 1; }
 
-// One matrix op: this block's tiles; on its last tile it stages its first tile of op `next`
-// (if a matrix op). Returns whether that was staged (it then sits in buf[cur] afterwards).
-__device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t* smem, int buf_bytes, int red_off,
-                          int& cur, unsigned long long* ready) {
+// One matrix op (matrix op mi of the program): this block's tiles; on its last tile it stages its
+// first tile of op `next` (if a matrix op: the next one, mi + 1) with threads [nt0, FS_THREADS).
+// Returns whether that was staged (it then sits in buf[cur] afterwards). e.xs set: FS_X_EARLY (x
+// copied ahead of the next copies).
+__device__ bool fs_matrix(const FsOp* op, const FsOp* next, int nt0, int mi, bool staged, uint8_t* smem,
+                          int buf_bytes, int red_off, int& cur, FsEarly e, unsigned long long* ready) {
     __shared__ float scratch[MVS_WARPS];
     const FsMv& m = op->u.mv;
     int kind = op->kind, G = gridDim.x;
+    bool early = e.xs != nullptr;
     uint8_t* buf[2] = {smem, smem + buf_bytes};
     float* red = reinterpret_cast<float*>(smem + red_off);
-    if (!staged) fs_stage(op, blockIdx.x, buf[cur], buf_bytes, 0, FS_THREADS), rx_cp_commit();
+    if (!staged) fs_stage(op, blockIdx.x, buf[cur], buf_bytes, 0, FS_THREADS, e.slot(mi)), rx_cp_commit();
     MvsX xin;
     int rl = 0;  // the lane layout x' is loaded for (0: none yet)
     float bv = -INFINITY;
@@ -129,21 +167,37 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t
     bool any = false, any_done = false;
     for (int t = blockIdx.x; fs_tile(m, kind, t, &s, &r0, &n); t += G) {
         any = true;
-        int tn, r0n, nn;
-        if (fs_tile(m, kind, t + G, &tn, &r0n, &nn)) fs_stage(op, t + G, buf[cur ^ 1], buf_bytes, 0, FS_THREADS);
-        else if (next) next_staged = fs_stage(next, blockIdx.x, buf[cur ^ 1], buf_bytes, 0, FS_THREADS);
-        rx_cp_commit();
         int type = m.type[s], want = fs_rl(type);
         float* y = m.y[s] + r0;
-        // the accumulated rows' old values, issued now and used last (no load left after the dots)
-        float prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
-        if (want != rl) {  // the x loads overlap the tile's copies
-            if (want == 4) fs_load_x<4>(m, xin, scratch);
-            else fs_load_x<1>(m, xin, scratch);
+        // the accumulated rows' old values, issued now and used last (no load left after the dots);
+        // under FS_X_EARLY before x, and x before the copies below
+        float prev = 0.f;
+        if (early) {
+            prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
+            if (rl == 0) rx_stage_hull(reinterpret_cast<uint8_t*>(e.xs), reinterpret_cast<const uint8_t*>(m.x),
+                                       4L * m.K, threadIdx.x, FS_THREADS), rx_cp_commit();
+        }
+        int tn, r0n, nn;
+        if (fs_tile(m, kind, t + G, &tn, &r0n, &nn)) fs_stage(op, t + G, buf[cur ^ 1], buf_bytes, 0, FS_THREADS);
+        else if (next)
+            next_staged = fs_stage(next, blockIdx.x, buf[cur ^ 1], buf_bytes, nt0, FS_THREADS - nt0, e.slot(mi + 1));
+        rx_cp_commit();
+        if (!early) {
+            prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
+            if (want != rl) {  // the x loads overlap the tile's copies
+                if (want == 4) fs_load_x<4>(m, m.x, m.norm_w, xin, scratch);
+                else fs_load_x<1>(m, m.x, m.norm_w, xin, scratch);
+                rl = want;
+            }
+        }
+        rx_cp_wait_prior<1>();  // this tile (and x, norm weights) in; the copies just issued may fly
+        __syncthreads();
+        if (early && want != rl) {
+            const float* nw = e.nw_of(m, mi);
+            if (want == 4) fs_load_x<4>(m, e.xs, nw, xin, scratch);
+            else fs_load_x<1>(m, e.xs, nw, xin, scratch);
             rl = want;
         }
-        rx_cp_wait_prior<1>();
-        __syncthreads();
         if (ready && !any_done && threadIdx.x == 0) atomicMax(ready, fs_now());  // x and the first tile in
         any_done = true;
         long rbytes = m.row_bytes[s];
@@ -155,22 +209,22 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t
             fs_rows(type, su, rbytes, n, xin, m.K, m.wpr, red, m.rb);
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < n; i += FS_THREADS) {
-            float v = mvs_total(red, i, m.wpr);
+        for (int r = threadIdx.x; r < n; r += FS_THREADS) {
+            float v = mvs_total(red, r, m.wpr);
             if (kind == FS_GLU) {
-                y[i] = rx_act(v, m.act) * mvs_total(red, m.rb + i, m.wpr);
+                y[r] = rx_act(v, m.act) * mvs_total(red, m.rb + r, m.wpr);
                 continue;
             }
-            if (m.accumulate) v += i == (int)threadIdx.x ? prev : y[i];
-            y[i] = v;
+            if (m.accumulate) v += r == (int)threadIdx.x ? prev : y[r];
+            y[r] = v;
             if (v != v) v = -INFINITY;  // NaN never wins
-            if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
+            if (rx_better(v, r0 + r, bv, bi)) bv = v, bi = r0 + r;
         }
         __syncthreads();  // red and buf[cur] are free again
         cur ^= 1;
     }
     if (!any && next) {  // no tile of this op: stage the next op's first one now
-        next_staged = fs_stage(next, blockIdx.x, buf[cur], buf_bytes, 0, FS_THREADS);
+        next_staged = fs_stage(next, blockIdx.x, buf[cur], buf_bytes, nt0, FS_THREADS - nt0, e.slot(mi + 1));
         rx_cp_commit();
     }
     if (kind == FS_HEAD && m.pick.part_v) {
@@ -184,7 +238,8 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, bool staged, uint8_t
 
 extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     reflex_fused_step(const FsOp* prog, int n_ops, unsigned long long* bar, int buf_bytes, int red_off,
-                      int attn_off, int prog_off, unsigned long long* stamps) {
+                      int attn_off, int prog_off, unsigned long long* stamps, int xs_off, int nw_off, int nw_bytes,
+                      int flags) {
     rx_pdl_begin();  // the wait is a no-op (a cooperative launch is no programmatic dependent); a PDL
                      // successor released early still waits for this whole grid in its own wait
     uint8_t* smem = rx_dyn_smem;
@@ -202,19 +257,34 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     rx_cp_wait_all();
     __syncthreads();
     int n = n_ops;  // stamps: [block 0's start | last block's start | last ready | last end] x n_ops
-    int cur = 0;          // the tile buffer the next matrix op's first tile is (or goes) in
-    bool staged = false;  // whether it was staged already (by the op before)
+    FsEarly early{nullptr, nullptr, nullptr};
+    if (flags & FS_X_EARLY)
+        early = FsEarly{reinterpret_cast<float*>(smem + xs_off), smem + nw_off, smem + nw_off + nw_bytes};
+    int cur = 0;         // the tile buffer the next matrix op's first tile is (or goes) in
+    int staged_op = -1;  // the op whose first tile that is, staged already (by an op before it)
+    int mi = 0;          // matrix ops before op i
     for (int i = 0; i < n_ops; i++) {
         const FsOp* op = ops + i;
         const FsOp* next = i + 1 < n_ops ? ops + i + 1 : nullptr;
         int kind = op->kind;
+        // the op whose first tile this one stages: the next, or under FS_LOOKAHEAD past an op
+        // without weights after a matrix op; past the attention only by the threads that will not
+        // run it (atd_body waits for all of its threads' copies)
+        int ai = i + 1, at0 = 0;
+        if ((flags & FS_LOOKAHEAD) && fs_weight_op(kind) && ai + 1 < n_ops && !fs_weight_op(ops[ai].kind) &&
+            fs_weight_op(ops[ai + 1].kind))
+            at0 = ops[ai].kind == FS_ATTN ? ATD_THREADS : 0, ai++;
+        const FsOp* ahead = ai < n_ops ? ops + ai : nullptr;
         if (stamps && threadIdx.x == 0) {
             unsigned long long t = fs_now();
             if (blockIdx.x == 0) stamps[i] = t;
             atomicMax(stamps + n + i, t);
         }
         if (fs_weight_op(kind)) {
-            staged = fs_matrix(op, next, staged, smem, buf_bytes, red_off, cur, stamps ? stamps + 2 * n + i : nullptr);
+            bool st = fs_matrix(op, ahead, at0, mi, staged_op == i, smem, buf_bytes, red_off, cur, early,
+                                stamps ? stamps + 2 * n + i : nullptr);
+            staged_op = st ? ai : -1;
+            mi++;
         } else {
             // the op's work on some threads; the block's other threads stage the next op's first
             // tile meanwhile (all of them, after the work, on a block with work for all)
@@ -244,8 +314,9 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
 #undef FS_EMBED_CASE
                 }
             }
-            if (next) {
-                staged = fs_stage(next, blockIdx.x, smem + cur * buf_bytes, buf_bytes, t0, nt);
+            if (ahead && staged_op != ai) {  // (FS_LOOKAHEAD: the op before staged it)
+                staged_op = fs_stage(ahead, blockIdx.x, smem + cur * buf_bytes, buf_bytes, t0, nt, early.slot(mi))
+                                ? ai : -1;
                 rx_cp_commit();
             }
         }

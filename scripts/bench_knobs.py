@@ -69,10 +69,21 @@ def main(argv=None) -> int:
         roles = role_times(runner, runner.decode_step_launches(args.context), 10,
                            max_replays=runner.model.max_new - args.context - 2)
         deep = decode_at_depths(runner, depths, args.tokens, args.repeats) if depths else []
-        rows.append({"setting": name, "decode": rate, "breakdown": roles, "decode_at_depth": deep})
+        row = {"setting": name, "decode": rate, "breakdown": roles, "decode_at_depth": deep}
+        # the one-kernel step (gpu/fused.py): where its time goes, op role by role (the breakdown
+        # above replays the kernel-per-op launches)
+        row["fused_step"] = runner.info().get("decode_fused_step")
+        prof = runner.fused_profile() if row["fused_step"] is True else None
+        if prof:
+            row["fused_step_profile"] = prof
+        rows.append(row)
         print(f"{name:<40} {rate['tok_s_median']:>8.1f} tok/s   "
               + "".join(f"@d{d['depth']} {d.get('tok_s', d.get('skipped'))}   " for d in deep) + "  ".join(
             f"{r['role']}={min(r['us'], r.get('us_pdl', r['us'])):.0f}" for r in roles), flush=True)
+        for r in prof or []:
+            print(f"    fused {r['role']:<44} work {r['us_work']:>7.1f} us" + (
+                f"  ready {r['us_ready']:>6.1f}  barrier {r['us_barrier']:>6.1f}  ({r['ops']} ops)" if "us_ready" in r
+                else ""), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
     return 0

@@ -17,12 +17,20 @@ pytestmark = pytest.mark.gpu
 CHECK_PROMPT = "one two three four five six seven eight nine ten eleven"
 
 
-def fused_engine(arch, outtype, **overrides):
+# kernels/fused_step.cu's flags (Launcher knobs, off by default)
+KNOBS = {"x_early": {"fused_x_early": True}, "lookahead": {"fused_lookahead": True},
+         "both": {"fused_x_early": True, "fused_lookahead": True}}
+
+
+def fused_engine(arch, outtype, knobs=(), **overrides):
     from fixtures import make_fixture
     from reflex_runtime.loader import load_engine
 
     eng = load_engine(str(make_fixture(arch, outtype, **overrides).gguf), "cuda")
     eng.runner.launch.fused_step = True
+    for k, v in dict(knobs).items():
+        assert hasattr(eng.runner.launch, k), k
+        setattr(eng.runner.launch, k, v)
     eng.runner.reset_graphs()
     return eng
 
@@ -56,11 +64,7 @@ def test_check_passes_with_the_fused_step_odd_layer_count():
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
 
 
-def test_fused_step_logits_equal_the_kernel_per_op_step():
-    """Qwen3 Q4_K_M (mixed types: Q6_K rows among Q4_K): every decode step's logits equal the
-    kernel-per-op step's to float rounding (the same sums in the same order; the compiler may
-    contract a multiply-add differently where the bodies are inlined), and so does each pick."""
-    eng = fused_engine("qwen3", "q4_k_m")
+def _logits_equal_the_kernel_per_op_step(eng):
     ids = eng.prompt_ids(PROMPT)
     forced = [int(t) for t in (np.arange(12) * 37 + 5) % eng.config.vocab_size]
     fused = eng.runner.decode_logits(ids, forced)
@@ -72,13 +76,37 @@ def test_fused_step_logits_equal_the_kernel_per_op_step():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()))
 
 
-def test_fused_step_greedy_and_seeded_sampling_after_a_long_context():
+def test_fused_step_logits_equal_the_kernel_per_op_step():
+    """Qwen3 Q4_K_M (mixed types: Q6_K rows among Q4_K): every decode step's logits equal the
+    kernel-per-op step's to float rounding (the same sums in the same order; the compiler may
+    contract a multiply-add differently where the bodies are inlined), and so does each pick."""
+    _logits_equal_the_kernel_per_op_step(fused_engine("qwen3", "q4_k_m"))
+
+
+@pytest.mark.parametrize("knobs", list(KNOBS))
+@pytest.mark.parametrize("arch,outtype", [("qwen3", "q4_k_m"), ("qwen3", "q8_0"), ("gemma3", "q4_k_m"),
+                                          ("llama", "q4_1")])
+def test_fused_step_knobs_pass_check_and_keep_the_logits(arch, outtype, knobs):
+    """The kernel's flags: x copied into shared memory ahead of the next op's weights, with its norm
+    weights staged an op earlier (x_early: the same sums from shared memory), the output projection's
+    and Gemma's gate/up tiles staged past the op before them (lookahead). `reflex check` PASS, and
+    the logits equal the kernel-per-op step's as without them: Q4_K_M's mixed q/k/v, Q8_0, Gemma's
+    post-norms and unnormalized inputs, Q4_1's other lane layout."""
+    eng = fused_engine(arch, outtype, KNOBS[knobs])
+    res = _check(eng, 12 if arch == "gemma3" else 8)
+    assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
+    _logits_equal_the_kernel_per_op_step(eng)
+
+
+@pytest.mark.parametrize("knobs", ["plain", "both"])
+def test_fused_step_greedy_and_seeded_sampling_after_a_long_context(knobs):
     """After ~1,200 tokens (the attention in ~38 slices per KV head, merged inside the kernel): 8
-    greedy tokens equal the reference's; seeded sampling gives the kernel-per-op step's tokens."""
+    greedy tokens equal the reference's; seeded sampling gives the kernel-per-op step's tokens.
+    Also with the kernel's flags on."""
     from reflex_runtime.families import load_reference
     from reflex_runtime.sampling import SamplingParams
 
-    eng = fused_engine("qwen3", "q8_0")
+    eng = fused_engine("qwen3", "q8_0", KNOBS.get(knobs, {}))
     ref = load_reference(eng.gguf, eng.config)
     ids = eng.prompt_ids(" ".join(["Once upon a time there was a small village by the sea, and"] * 110))
     assert len(ids) > 1000

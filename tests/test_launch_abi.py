@@ -93,6 +93,10 @@ def test_ops_constants_match_the_kernels():
         define("mla_flash.cu", n) for n in ("MLF_ROWS", "MLF_BKV", "MLF_D", "MLF_R"))
     assert moe_route.MAX_GROUPS == define("moe_route.cu", "ROUTE_MAX_GROUPS")
     assert mvs.MVS_NX == define("mvs.cuh", "MVS_NX")
+    from reflex_runtime.gpu.ops import fused_step
+
+    assert (fused_step.X_EARLY, fused_step.LOOKAHEAD) == (define("fused_step.cu", "FS_X_EARLY"),
+                                                          define("fused_step.cu", "FS_LOOKAHEAD"))
 
 
 class FakeKernel:
@@ -1065,13 +1069,16 @@ FUSED_OPS = {"embed": 0, "mv": 1, "glu": 2, "attn": 3, "norm": 4, "head": 5}
 FUSED_MODELS = dict(ABI_MODELS, qwen3_odd=("qwen3", {"num_hidden_layers": 3}))  # the second program's start
 
 
+@pytest.mark.parametrize("flags", [0, 1, 2, 3], ids=["plain", "x_early", "lookahead", "both"])
 @pytest.mark.parametrize("name", list(FUSED_MODELS))
-def test_fused_step_program(ptx_params, name, tmp_path):
+def test_fused_step_program(ptx_params, name, flags, tmp_path):
     """gpu/fused.py's program for each family: dense models get one (its launch matches the ABI,
     one block per SM), in GpuModel.forward's order (embedding; per layer qkv, attention, output,
     gate/up, down, and Gemma's two post-norms; the head with the pick when greedy); every pointer
     inside an allocation, every tile's rows within its buffer, its partial sums within theirs;
-    MoE, recurrent and latent-attention models keep the kernel-per-op step (Unfusable)."""
+    MoE, recurrent and latent-attention models keep the kernel-per-op step (Unfusable). With the
+    knobs (kernels/fused_step.cu's flags): x and two norm-weight slots of room past the program,
+    the tile buffers smaller by as much, each op's x and norm weights fitting them."""
     from reflex_runtime.gpu import fused
     from reflex_runtime.gpu.ops import fused_step as fs
     from reflex_runtime.gpu.ops.mvs import stage_bytes
@@ -1080,6 +1087,7 @@ def test_fused_step_program(ptx_params, name, tmp_path):
     arch, overrides = FUSED_MODELS[name]
     dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
     dec.launch.fused_step = True  # (off by default: REFLEX_FUSED_STEP=1)
+    dec.launch.fused_x_early, dec.launch.fused_lookahead = bool(flags & fs.X_EARLY), bool(flags & fs.LOOKAHEAD)
     st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
     if arch not in ("qwen3", "gemma3", "llama"):
         with pytest.raises(fused.Unfusable):
@@ -1087,7 +1095,12 @@ def test_fused_step_program(ptx_params, name, tmp_path):
         return
     step = fused.FusedStep.build(dec, st)
     lay = step.layout
-    assert lay.smem + fs.STATIC_SMEM <= dev.max_shared and step.grid == dev.sm_count
+    assert lay.smem + fs.STATIC_SMEM <= dev.max_shared and step.grid == dev.sm_count and step.flags == flags
+    if flags & fs.X_EARLY:
+        assert lay.prog_off < lay.xs_off < lay.nw_off and lay.nw_off + 2 * lay.nw_bytes == lay.smem
+        assert lay.xs_off % 16 == 0 and lay.nw_off % 16 == 0 and lay.nw_bytes % 16 == 0
+    else:
+        assert (lay.xs_off, lay.nw_off, lay.nw_bytes) == (0, 0, 0)
     for greedy in (True, False):
         step.launch(greedy)
         assert dev.launches[-1] == ("reflex_fused_step", (dev.sm_count, 1, 1), fs.THREADS)
@@ -1108,6 +1121,11 @@ def test_fused_step_program(ptx_params, name, tmp_path):
             ranges = 2 if op.kind == FUSED_OPS["glu"] else 1
             assert m.K <= 8 * 32 * 4 * m.wpr and m.rb * m.wpr * ranges <= fused.RED_FLOATS
             assert dev.owns(m.x, 4 * m.K) and (not m.norm_w or dev.owns(m.norm_w, 4 * m.K))
+            if flags & fs.X_EARLY:  # x copied whole (16-aligned), the norm weights' 16-byte hull into a slot
+                assert m.x % 16 == 0 and 4 * m.K <= lay.nw_off - lay.xs_off
+                if m.norm_w:
+                    lo, hi = m.norm_w // 16 * 16, -(-(m.norm_w + 4 * m.K) // 16) * 16
+                    assert dev.owns(lo, hi - lo) and (m.norm_w - lo) + 4 * m.K <= lay.nw_bytes
             for i in range(m.n_w):
                 assert stage_bytes(m.rb * m.row_bytes[i]) <= lay.buf_bytes // ranges
                 assert dev.owns(m.w[i], m.rows[i] * m.row_bytes[i]) and m.w[i] % 16 == 0

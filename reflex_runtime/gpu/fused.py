@@ -157,8 +157,8 @@ class FusedStep:
     """The uploaded programs (greedy: the pick fused into the head; sampled: logits only) and
     their launch shape. `build` returns one, or raises Unfusable."""
 
-    def __init__(self, model, layout: fs.Layout, grid: int, programs: dict[bool, tuple[int, int]]):
-        self.model, self.layout, self.grid, self.programs = model, layout, grid, programs
+    def __init__(self, model, layout: fs.Layout, grid: int, programs: dict[bool, tuple[int, int]], flags: int = 0):
+        self.model, self.layout, self.grid, self.programs, self.flags = model, layout, grid, programs, flags
 
     @classmethod
     def build(cls, model, state) -> "FusedStep":
@@ -177,12 +177,24 @@ class FusedStep:
         lay = fs.layout(dev.max_shared, attn, RED_FLOATS, n_ops)
         if lay is None:
             raise Unfusable("no room for the tile buffers")
-        per_sm = dev.kernel("reflex_fused_step").blocks_per_sm(fs.THREADS, lay.smem)
-        if per_sm < 1:
-            raise Unfusable("one block per SM does not fit")
         grid = dev.sm_count
         if grid > model.arena.sizes["amax_v"] // 4:  # the fused pick's per-block partials
             raise Unfusable(f"{grid} blocks' pick partials do not fit")
+        flags = fs.LOOKAHEAD if L.fused_lookahead else 0
+        if L.fused_x_early:  # room for the longest input and norm weights (the ops' K, from a first build)
+            b = _Builder(model, grid, lay.buf_bytes)
+            b.embed()
+            b.layers()
+            b.head(state, True)
+            mats = [op.u.mv for op in b.ops if op.kind in (fs.MV, fs.GLU, fs.HEAD)]
+            lay = fs.layout(dev.max_shared, attn, RED_FLOATS, n_ops, max(m.K for m in mats),
+                            max((m.K for m in mats if m.norm_w), default=0))
+            if lay is None:
+                raise Unfusable("no room for the tile buffers beside x")
+            flags |= fs.X_EARLY
+        per_sm = dev.kernel("reflex_fused_step").blocks_per_sm(fs.THREADS, lay.smem)
+        if per_sm < 1:
+            raise Unfusable("one block per SM does not fit")
         programs, keep, ops = {}, [], {}
         base = model.p("fused_ops")
         for i, greedy in enumerate((True, False)):
@@ -198,14 +210,15 @@ class FusedStep:
             keep.append(arr)  # until the asynchronous copy has read it
             programs[greedy] = (ptr, n)
             ops[greedy] = list(zip(b.ops, b.roles))
-        step = cls(model, lay, grid, programs)
+        step = cls(model, lay, grid, programs, flags)
         step._host, step._ops = keep, ops
         return step
 
     def launch(self, greedy: bool, stamps: int = 0) -> None:
         """Enqueue one step: the state advanced when greedy, else the logits for the sampler."""
         ptr, n = self.programs[greedy]
-        fs.launch(self.model.launch, ptr, n, self.model.p("fused_counters"), self.layout, self.grid, stamps)
+        fs.launch(self.model.launch, ptr, n, self.model.p("fused_counters"), self.layout, self.grid, stamps,
+                  self.flags)
 
     def profile(self, fetch, repeats: int = 20) -> list[dict]:
         """Where a step's time goes (reflex bench), per role summed over its ops: from block 0's

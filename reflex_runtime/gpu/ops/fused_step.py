@@ -13,6 +13,7 @@ from .mvs import MVS_NX, stage_bytes
 
 KERNELS = ("reflex_fused_step",)
 THREADS = 256  # FS_THREADS
+X_EARLY, LOOKAHEAD = 1, 2  # the kernel's flags (FS_X_EARLY, FS_LOOKAHEAD)
 STATIC_SMEM = 8 * 1024  # the kernel's static shared memory (4.4 KB on sm_90) and headroom
 EMBED, MV, GLU, ATTN, NORM, HEAD = range(6)  # FS_* op kinds
 
@@ -65,24 +66,34 @@ def wpr_of(k: int) -> int | None:
 @dataclass(frozen=True)
 class Layout:
     """The kernel's dynamic shared memory: two tile buffers, the row partial sums, the attention's
-    working memory, then the program's copy."""
+    working memory, the program's copy, then (FS_X_EARLY) x and two norm-weight slots."""
 
     buf_bytes: int
     red_off: int
     attn_off: int
     prog_off: int
     smem: int
+    xs_off: int = 0
+    nw_off: int = 0
+    nw_bytes: int = 0
 
 
-def layout(max_shared: int, attn_bytes: int, red_floats: int, n_ops: int) -> Layout | None:
-    """The largest tile buffers that fit beside the rest (None: too small to be worth it)."""
+def layout(max_shared: int, attn_bytes: int, red_floats: int, n_ops: int, x_floats: int = 0,
+           nw_floats: int = 0) -> Layout | None:
+    """The largest tile buffers that fit beside the rest (None: too small to be worth it).
+    x_floats / nw_floats: the longest input and norm-weight vector of a matrix op (FS_X_EARLY; 0: off)."""
     red, prog = _up16(4 * red_floats), _up16(n_ops * OP_BYTES + 16)
-    buf = (max_shared - STATIC_SMEM - attn_bytes - red - prog) // 2 // 32 * 32  # halves 16-aligned (FS_GLU's runs)
+    xs = _up16(4 * x_floats)
+    nw = _up16(4 * nw_floats + 16) if x_floats else 0  # + 16: a hull copy keeps the address mod 16
+    buf = (max_shared - STATIC_SMEM - attn_bytes - red - prog - xs - 2 * nw) // 2 // 32 * 32  # halves 16-aligned
     if buf < 16 * 1024:
         return None
     attn_off = 2 * buf + red
     prog_off = _up16(attn_off + attn_bytes)
-    return Layout(buf, 2 * buf, attn_off, prog_off, prog_off + prog)
+    xs_off = prog_off + prog
+    if not x_floats:
+        return Layout(buf, 2 * buf, attn_off, prog_off, xs_off)
+    return Layout(buf, 2 * buf, attn_off, prog_off, xs_off + xs + 2 * nw, xs_off, xs_off + xs, nw)
 
 
 def _up16(n: int) -> int:
@@ -102,8 +113,11 @@ def attn_bytes(group: int, hd: int, hd_v: int) -> int:
     return attn_smem(group, hd, hd_v)
 
 
-def launch(L, ops_ptr: int, n_ops: int, bar: int, lay: Layout, grid: int, stamps: int = 0) -> None:
-    """One step of the program at ops_ptr (device memory); stamps: 4 n_ops zeroed u64 for a profile."""
+def launch(L, ops_ptr: int, n_ops: int, bar: int, lay: Layout, grid: int, stamps: int = 0, flags: int = 0) -> None:
+    """One step of the program at ops_ptr (device memory); stamps: 4 n_ops zeroed u64 for a profile;
+    flags: X_EARLY (needs a layout with x_floats) | LOOKAHEAD."""
+    assert not flags & X_EARLY or lay.nw_bytes, "FS_X_EARLY without its shared memory"
     L.go("reflex_fused_step", grid, THREADS,
          [c_void_p(ops_ptr), c_int(n_ops), c_void_p(bar), c_int(lay.buf_bytes), c_int(lay.red_off),
-          c_int(lay.attn_off), c_int(lay.prog_off), c_void_p(stamps or None)], lay.smem, cooperative=True)
+          c_int(lay.attn_off), c_int(lay.prog_off), c_void_p(stamps or None), c_int(lay.xs_off), c_int(lay.nw_off),
+          c_int(lay.nw_bytes), c_int(flags)], lay.smem, cooperative=True)
