@@ -863,6 +863,25 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     runner.batch_close(d)
 
 
+def test_fused_step_rebuilt_when_its_knobs_change(ptx_params):
+    """bench_knobs switches the launcher's knobs between graphs (reset_graphs): the fused step's
+    program and flags follow them, not the first build's."""
+    from reflex_runtime.gpu.ops import fused_step as fs
+    from reflex_runtime.sampling import SamplingParams
+
+    runner, dev = _fake_runner(ptx_params)
+    L = runner.launch
+    L.fused_step = True
+    seen = []
+    for early, ahead in [(False, False), (True, False), (True, True), (False, True)]:
+        L.fused_x_early, L.fused_lookahead = early, ahead
+        runner.reset_graphs()
+        list(runner.generate_ids([1, 2, 3], SamplingParams(), 2, frozenset()))
+        seen.append(runner._fused.flags)
+        assert [n for n, _, _ in dev.launches].count("reflex_fused_step") >= 1
+    assert seen == [0, fs.X_EARLY, fs.X_EARLY | fs.LOOKAHEAD, fs.LOOKAHEAD]
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["kernel_per_op", "fused_step"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature, fused):

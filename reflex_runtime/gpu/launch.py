@@ -86,10 +86,10 @@ class Launcher:
         # a dense model's decode step as one persistent kernel (gpu/fused.py): off until it beats the
         # kernel-per-op graph (issue 27's notes); the bench measures both
         self.fused_step = os.environ.get("REFLEX_FUSED_STEP", "0") == "1"
-        # in that kernel, 1: a matrix op's x (into shared memory, once a block) leaves before the next
-        # op's weight copies, its norm weights staged an op earlier; 1: a matrix op stages the next
-        # matrix op's first tile past the attention or a norm between them (kernels/fused_step.cu's
-        # flags; knobs until measured)
+        # that kernel's flags (kernels/fused_step.cu; knobs until measured): x_early, a matrix op's x
+        # copied into shared memory (once a block) before the next op's weight copies leave, its norm
+        # weights staged an op earlier; lookahead, a matrix op stages the next matrix op's first tile
+        # past the attention or a norm between them
         self.fused_x_early = bool(knob("REFLEX_FUSED_X_EARLY", 0, choices=(0, 1)))
         self.fused_lookahead = bool(knob("REFLEX_FUSED_LOOKAHEAD", 0, choices=(0, 1)))
         # 4: the decode attention at 16,384 tokens of context 564 vs 430 tok/s with 2 (results/2026-12-03-h200-s14)

@@ -370,7 +370,9 @@ class CudaRunner:
         from .fused import FusedStep, Unfusable  # not on the cold path: the first token comes from prefill
 
         L = self.launch
-        knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step)  # the bench switches kernels between graphs
+        # what the program or its launch depends on: the bench switches these between graphs
+        knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step, L.fused_x_early, L.fused_lookahead,
+                 L.attn_min_keys)
         if self._fused is not None and self._fused_on == knobs:
             return
         self._fused_on = knobs
