@@ -99,13 +99,21 @@ struct AtdSync {  // split_merge's barrier: atd_sync
     __device__ __forceinline__ void operator()() const { atd_sync(); }
 };
 
+// What atd_body waits for between what it may read early (with `prefetch`) and the rest: the
+// predecessor kernel (reflex_attn_decode); fused_step.cu passes its grid barrier instead.
+struct AtdPdlWait {
+    __device__ __forceinline__ void operator()() const { rx_pdl_begin(); }
+};
+
 // The work of block (kvh, split, row) of a grid of max_split slices per KV head; smem: the
 // dynamic shared memory (atd_smem_bytes). Every thread of the block calls it.
 // n_hg > 1: the KV head's G query heads may be shared by n_hg blocks (this one is group hg), each
 // taking G / n_hg heads over the same keys: when n_split * n_hg <= max_split (a short context,
 // whose few slices would leave most SMs idle), else group 0 takes all G heads and the rest leave.
+// wait(): called once, unless the block has nothing to do (it then returns before).
+template <class Wait = AtdPdlWait>
 __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row,
-                                         int hg = 0, int n_hg = 1) {
+                                         int hg = 0, int n_hg = 1, Wait wait = Wait()) {
     const float* q = a.q;
     half *k_cache = static_cast<half*>(a.k_cache), *v_cache = static_cast<half*>(a.v_cache);
     int* kv_pos = a.kv_pos;
@@ -177,7 +185,7 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm we
         if (jn + 1 < t_end) atd_stage(kt0, vt0, max(j0, jn + 1), t_end, j0);
         if (fused) atd_angles(rope, *q_pos, cs);  // the position, like the slot, is the previous step's
     }
-    rx_pdl_begin();
+    wait();
     if (!prefetch) {
         if (plan()) return;
         if (fused) load_norms();

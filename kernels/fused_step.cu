@@ -34,6 +34,11 @@
 //   stages the first tile of the matrix op after that one, so the attention's dependent loads do
 //   not queue behind the output projection's copies (issued by its own block's other threads
 //   without it) and those copies get an op more to land.
+// - FS_ATTN_EARLY: a block's first attention item starts before the barrier that ends the op
+//   before it (q/k/v): its threads 0-127 read the step's position, slot and context length, the
+//   norm weights, compute the rope angles and copy the first tile's older keys (atd_body's
+//   `prefetch` part: nothing the q/k/v op writes), then wait at the barrier inside atd_body
+//   (FsWait; named barrier 2 of the whole block, which its threads 128-255 meet outside).
 //
 // The barrier (fs_grid_sync): a release add on an arrival counter, then an acquire spin on it (so
 // plain loads after it see every block's writes). bar: a zeroed u64 of the model's arena.
@@ -49,23 +54,48 @@
 #define FS_THREADS 256
 #define FS_X_EARLY 1
 #define FS_LOOKAHEAD 2
+#define FS_ATTN_EARLY 4
 
 // Barrier k of this launch: arrive (a release add, no round trip to wait for), then spin until
 // all gridDim.x blocks have. bar counts arrivals since the arena was zeroed; every launch runs whole
 // barriers of gridDim.x arrivals, so `base` (the count at this launch's start rounded down to a
 // multiple of gridDim.x: fewer than gridDim.x arrivals of this launch can precede a block's first)
 // + (k + 1) gridDim.x is reached when barrier k is complete.
+__device__ __forceinline__ void fs_arrive_and_wait(unsigned long long* bar, unsigned long long target) {
+    unsigned long long c;
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
+    do {
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
+    } while (c < target);
+}
+
 __device__ __forceinline__ void fs_grid_sync(unsigned long long* bar, unsigned long long target) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long c;
-        asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
-        do {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
-        } while (c < target);
-    }
+    if (threadIdx.x == 0) fs_arrive_and_wait(bar, target);
     __syncthreads();
 }
+
+// The same barrier for a block whose halves reach it from different code (FS_ATTN_EARLY): named
+// barrier 2 of all FS_THREADS threads instead of __syncthreads (barrier 0, which must be reached
+// from the same place); thread 0 arrives and waits for the block.
+__device__ __forceinline__ void fs_grid_sync_split(unsigned long long* bar, unsigned long long target) {
+    asm volatile("bar.sync 2, %0;" ::"n"(FS_THREADS) : "memory");
+    if (threadIdx.x == 0) fs_arrive_and_wait(bar, target);
+    asm volatile("bar.sync 2, %0;" ::"n"(FS_THREADS) : "memory");
+}
+
+// atd_body's wait here: under FS_ATTN_EARLY for a block's first item the barrier after the op
+// before the attention (waited set), else nothing (the barrier is behind it; and a cooperative
+// launch has no predecessor to wait for). One type for every call: each instance of atd_body has
+// its own static shared memory.
+struct FsWait {
+    unsigned long long* bar;
+    unsigned long long target;
+    bool* waited;  // NULL: nothing to wait for
+    __device__ __forceinline__ void operator()() const {
+        if (waited) fs_grid_sync_split(bar, target), *waited = true;
+    }
+};
 
 __device__ __forceinline__ unsigned long long fs_now() {
     unsigned long long t;
@@ -263,6 +293,7 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     int cur = 0;         // the tile buffer the next matrix op's first tile is (or goes) in
     int staged_op = -1;  // the op whose first tile that is, staged already (by an op before it)
     int mi = 0;          // matrix ops before op i
+    bool attn_begun = false;  // FS_ATTN_EARLY: this block's first item of the attention op i ran already
     for (int i = 0; i < n_ops; i++) {
         const FsOp* op = ops + i;
         const FsOp* next = i + 1 < n_ops ? ops + i + 1 : nullptr;
@@ -275,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
             fs_weight_op(ops[ai + 1].kind))
             at0 = ops[ai].kind == FS_ATTN ? ATD_THREADS : 0, ai++;
         const FsOp* ahead = ai < n_ops ? ops + ai : nullptr;
-        if (stamps && threadIdx.x == 0) {
+        if (stamps && threadIdx.x == FS_THREADS - 1) {  // (not thread 0: FS_ATTN_EARLY keeps it in the attention)
             unsigned long long t = fs_now();
             if (blockIdx.x == 0) stamps[i] = t;
             atomicMax(stamps + n + i, t);
@@ -294,11 +325,13 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
                 int items = f.a.n_head_kv * f.max_split;
                 if (blockIdx.x < items) {
                     if (threadIdx.x < ATD_THREADS) {
-                        for (int w = blockIdx.x; w < items; w += gridDim.x)
-                            atd_body(f.a, smem + attn_off, w % f.a.n_head_kv, w / f.a.n_head_kv, f.max_split, 0);
+                        for (int w = blockIdx.x + (attn_begun ? gridDim.x : 0); w < items; w += gridDim.x)
+                            atd_body(f.a, smem + attn_off, w % f.a.n_head_kv, w / f.a.n_head_kv, f.max_split, 0, 0, 1,
+                                     FsWait{nullptr, 0, nullptr});
                     }
                     t0 = ATD_THREADS, nt = FS_THREADS - ATD_THREADS;
                 }
+                attn_begun = false;
             } else if (blockIdx.x == 0) {
                 __shared__ float nscratch[32];
                 if (kind == FS_NORM) {
@@ -324,6 +357,19 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
             __syncthreads();
             if (threadIdx.x == 0) atomicMax(stamps + 3 * n + i, fs_now());
         }
-        if (next) fs_grid_sync(bar, base + (unsigned long long)(i + 1) * gridDim.x);
+        if (!next) break;
+        unsigned long long target = base + (unsigned long long)(i + 1) * gridDim.x;
+        if ((flags & FS_ATTN_EARLY) && next->kind == FS_ATTN) {
+            // the attention's first item on threads 0-127 up to its wait, which is this barrier
+            const FsAttn& f = next->u.attn;
+            bool waited = false;
+            if ((int)blockIdx.x < f.a.n_head_kv * f.max_split && threadIdx.x < ATD_THREADS)
+                atd_body(f.a, smem + attn_off, blockIdx.x % f.a.n_head_kv, blockIdx.x / f.a.n_head_kv, f.max_split, 0,
+                         0, 1, FsWait{bar, target, &waited});
+            if (!waited) fs_grid_sync_split(bar, target);  // the rest of the block, or an item with nothing to do
+            attn_begun = true;
+        } else {
+            fs_grid_sync(bar, target);
+        }
     }
 }

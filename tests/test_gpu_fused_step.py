@@ -19,7 +19,8 @@ CHECK_PROMPT = "one two three four five six seven eight nine ten eleven"
 
 # kernels/fused_step.cu's flags (Launcher knobs, off by default)
 KNOBS = {"x_early": {"fused_x_early": True}, "lookahead": {"fused_lookahead": True},
-         "both": {"fused_x_early": True, "fused_lookahead": True}}
+         "attn_early": {"fused_attn_early": True},
+         "all": {"fused_x_early": True, "fused_lookahead": True, "fused_attn_early": True}}
 
 
 def fused_engine(arch, outtype, knobs=(), **overrides):
@@ -89,16 +90,17 @@ def test_fused_step_logits_equal_the_kernel_per_op_step():
 def test_fused_step_knobs_pass_check_and_keep_the_logits(arch, outtype, knobs):
     """The kernel's flags: x copied into shared memory ahead of the next op's weights, with its norm
     weights staged an op earlier (x_early: the same sums from shared memory), the output projection's
-    and Gemma's gate/up tiles staged past the op before them (lookahead). `reflex check` PASS, and
-    the logits equal the kernel-per-op step's as without them: Q4_K_M's mixed q/k/v, Q8_0, Gemma's
-    post-norms and unnormalized inputs, Q4_1's other lane layout."""
+    and Gemma's gate/up tiles staged past the op before them (lookahead), the attention's first item
+    begun before the barrier that ends q/k/v (attn_early). `reflex check` PASS, and the logits equal
+    the kernel-per-op step's as without them: Q4_K_M's mixed q/k/v, Q8_0, Gemma's post-norms and
+    unnormalized inputs and sliding window, Q4_1's other lane layout."""
     eng = fused_engine(arch, outtype, KNOBS[knobs])
     res = _check(eng, 12 if arch == "gemma3" else 8)
     assert res["result"] == "PASS", {k: v for k, v in res.items() if "tokens" not in k}
     _logits_equal_the_kernel_per_op_step(eng)
 
 
-@pytest.mark.parametrize("knobs", ["plain", "both"])
+@pytest.mark.parametrize("knobs", ["plain", "all"])
 def test_fused_step_greedy_and_seeded_sampling_after_a_long_context(knobs):
     """After ~1,200 tokens (the attention in ~38 slices per KV head, merged inside the kernel): 8
     greedy tokens equal the reference's; seeded sampling gives the kernel-per-op step's tokens.

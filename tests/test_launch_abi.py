@@ -95,8 +95,8 @@ def test_ops_constants_match_the_kernels():
     assert mvs.MVS_NX == define("mvs.cuh", "MVS_NX")
     from reflex_runtime.gpu.ops import fused_step
 
-    assert (fused_step.X_EARLY, fused_step.LOOKAHEAD) == (define("fused_step.cu", "FS_X_EARLY"),
-                                                          define("fused_step.cu", "FS_LOOKAHEAD"))
+    assert (fused_step.X_EARLY, fused_step.LOOKAHEAD, fused_step.ATTN_EARLY) == tuple(
+        define("fused_step.cu", n) for n in ("FS_X_EARLY", "FS_LOOKAHEAD", "FS_ATTN_EARLY"))
 
 
 class FakeKernel:
@@ -873,13 +873,13 @@ def test_fused_step_rebuilt_when_its_knobs_change(ptx_params):
     L = runner.launch
     L.fused_step = True
     seen = []
-    for early, ahead in [(False, False), (True, False), (True, True), (False, True)]:
-        L.fused_x_early, L.fused_lookahead = early, ahead
+    for early, ahead, attn in [(False, False, False), (True, False, False), (True, True, False), (False, True, True)]:
+        L.fused_x_early, L.fused_lookahead, L.fused_attn_early = early, ahead, attn
         runner.reset_graphs()
         list(runner.generate_ids([1, 2, 3], SamplingParams(), 2, frozenset()))
         seen.append(runner._fused.flags)
         assert [n for n, _, _ in dev.launches].count("reflex_fused_step") >= 1
-    assert seen == [0, fs.X_EARLY, fs.X_EARLY | fs.LOOKAHEAD, fs.LOOKAHEAD]
+    assert seen == [0, fs.X_EARLY, fs.X_EARLY | fs.LOOKAHEAD, fs.LOOKAHEAD | fs.ATTN_EARLY]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["kernel_per_op", "fused_step"])
@@ -1088,7 +1088,7 @@ FUSED_OPS = {"embed": 0, "mv": 1, "glu": 2, "attn": 3, "norm": 4, "head": 5}
 FUSED_MODELS = dict(ABI_MODELS, qwen3_odd=("qwen3", {"num_hidden_layers": 3}))  # the second program's start
 
 
-@pytest.mark.parametrize("flags", [0, 1, 2, 3], ids=["plain", "x_early", "lookahead", "both"])
+@pytest.mark.parametrize("flags", [0, 1, 2, 4, 7], ids=["plain", "x_early", "lookahead", "attn_early", "all"])
 @pytest.mark.parametrize("name", list(FUSED_MODELS))
 def test_fused_step_program(ptx_params, name, flags, tmp_path):
     """gpu/fused.py's program for each family: dense models get one (its launch matches the ABI,
@@ -1107,6 +1107,7 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
     dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
     dec.launch.fused_step = True  # (off by default: REFLEX_FUSED_STEP=1)
     dec.launch.fused_x_early, dec.launch.fused_lookahead = bool(flags & fs.X_EARLY), bool(flags & fs.LOOKAHEAD)
+    dec.launch.fused_attn_early = bool(flags & fs.ATTN_EARLY)
     st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
     if arch not in ("qwen3", "gemma3", "llama"):
         with pytest.raises(fused.Unfusable):
@@ -1154,7 +1155,8 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
         elif op.kind == FUSED_OPS["attn"]:
             f, max_split = op.u.attn.a, op.u.attn.max_split
             assert 1 <= max_split <= attn_decode.SPLITS_MAX and f.n_head_kv * max_split <= step.grid
-            assert dev.owns(f.part_o, 4 * f.n_head * max_split * f.hd_v) and f.rope.k and not f.prefetch
+            assert dev.owns(f.part_o, 4 * f.n_head * max_split * f.hd_v) and f.rope.k
+            assert f.prefetch == bool(flags & fs.ATTN_EARLY)  # its early reads: before the barrier
     # off by default, and with the staged kernels off (the bench's legacy comparison)
     dec.launch.fused_step = False
     with pytest.raises(fused.Unfusable):

@@ -91,7 +91,8 @@ class _Builder:
         f.out, f.part_o, f.part_ml, f.counters = p("att"), p("part_o"), p("part_ml"), p("attn_counters")
         f.n_head, f.n_head_kv, f.hd, f.hd_v, f.n_rows = c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, a.n_rows
         f.window, f.scale, f.softcap = a.window, a.scale, 0.0
-        f.min_keys, f.prefetch, f.window_slots = max(1, L.attn_min_keys), 0, 1
+        # prefetch: what the attention may read before its wait (FS_ATTN_EARLY: before the barrier)
+        f.min_keys, f.prefetch, f.window_slots = max(1, L.attn_min_keys), int(L.fused_attn_early), 1
         r = f.rope
         r.k, r.v, r.q_norm, r.k_norm, r.factors = p("k"), p("v"), w.q_norm or None, w.k_norm or None, \
             a.rope_factors or None
@@ -180,7 +181,7 @@ class FusedStep:
         grid = dev.sm_count
         if grid > model.arena.sizes["amax_v"] // 4:  # the fused pick's per-block partials
             raise Unfusable(f"{grid} blocks' pick partials do not fit")
-        flags = fs.LOOKAHEAD if L.fused_lookahead else 0
+        flags = (fs.LOOKAHEAD if L.fused_lookahead else 0) | (fs.ATTN_EARLY if L.fused_attn_early else 0)
         if L.fused_x_early:  # room for the longest input and norm weights (the ops' K, from a first build)
             b = _Builder(model, grid, lay.buf_bytes)
             b.embed()

@@ -13,7 +13,7 @@ from .mvs import MVS_NX, stage_bytes
 
 KERNELS = ("reflex_fused_step",)
 THREADS = 256  # FS_THREADS
-X_EARLY, LOOKAHEAD = 1, 2  # the kernel's flags (FS_X_EARLY, FS_LOOKAHEAD)
+X_EARLY, LOOKAHEAD, ATTN_EARLY = 1, 2, 4  # the kernel's flags (FS_X_EARLY, FS_LOOKAHEAD, FS_ATTN_EARLY)
 STATIC_SMEM = 8 * 1024  # the kernel's static shared memory (4.4 KB on sm_90) and headroom
 EMBED, MV, GLU, ATTN, NORM, HEAD = range(6)  # FS_* op kinds
 
@@ -115,7 +115,8 @@ def attn_bytes(group: int, hd: int, hd_v: int) -> int:
 
 def launch(L, ops_ptr: int, n_ops: int, bar: int, lay: Layout, grid: int, stamps: int = 0, flags: int = 0) -> None:
     """One step of the program at ops_ptr (device memory); stamps: 4 n_ops zeroed u64 for a profile;
-    flags: X_EARLY (needs a layout with x_floats) | LOOKAHEAD."""
+    flags: X_EARLY (needs a layout with x_floats) | LOOKAHEAD | ATTN_EARLY (needs programs built with it:
+    their attention ops' `prefetch` set)."""
     assert not flags & X_EARLY or lay.nw_bytes, "FS_X_EARLY without its shared memory"
     L.go("reflex_fused_step", grid, THREADS,
          [c_void_p(ops_ptr), c_int(n_ops), c_void_p(bar), c_int(lay.buf_bytes), c_int(lay.red_off),
