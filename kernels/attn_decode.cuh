@@ -110,7 +110,8 @@ struct AtdPdlWait {
 // n_hg > 1: the KV head's G query heads may be shared by n_hg blocks (this one is group hg), each
 // taking G / n_hg heads over the same keys: when n_split * n_hg <= max_split (a short context,
 // whose few slices would leave most SMs idle), else group 0 takes all G heads and the rest leave.
-// wait(): called once, unless the block has nothing to do (it then returns before).
+// wait(): called once; with `prefetch` only when the block has something to do (it returns before
+// the wait otherwise).
 template <class Wait = AtdPdlWait>
 __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row,
                                          int hg = 0, int n_hg = 1, Wait wait = Wait()) {

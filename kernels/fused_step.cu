@@ -38,7 +38,8 @@
 //   before it (q/k/v): its threads 0-127 read the step's position, slot and context length, the
 //   norm weights, compute the rope angles and copy the first tile's older keys (atd_body's
 //   `prefetch` part: nothing the q/k/v op writes), then wait at the barrier inside atd_body
-//   (FsWait; named barrier 2 of the whole block, which its threads 128-255 meet outside).
+//   (FsWait; named barrier 2 of the whole block, which its threads 128-255 meet outside). The
+//   block arrives at that barrier before this part, so it delays no other block.
 //
 // The barrier (fs_grid_sync): a release add on an arrival counter, then an acquire spin on it (so
 // plain loads after it see every block's writes). bar: a zeroed u64 of the model's arena.
@@ -61,9 +62,12 @@
 // barriers of gridDim.x arrivals, so `base` (the count at this launch's start rounded down to a
 // multiple of gridDim.x: fewer than gridDim.x arrivals of this launch can precede a block's first)
 // + (k + 1) gridDim.x is reached when barrier k is complete.
-__device__ __forceinline__ void fs_arrive_and_wait(unsigned long long* bar, unsigned long long target) {
-    unsigned long long c;
+__device__ __forceinline__ void fs_arrive(unsigned long long* bar) {
     asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(bar) : "memory");
+}
+
+__device__ __forceinline__ void fs_wait_for(unsigned long long* bar, unsigned long long target) {
+    unsigned long long c;
     do {
         asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(bar) : "memory");
     } while (c < target);
@@ -71,29 +75,29 @@ __device__ __forceinline__ void fs_arrive_and_wait(unsigned long long* bar, unsi
 
 __device__ __forceinline__ void fs_grid_sync(unsigned long long* bar, unsigned long long target) {
     __syncthreads();
-    if (threadIdx.x == 0) fs_arrive_and_wait(bar, target);
+    if (threadIdx.x == 0) fs_arrive(bar), fs_wait_for(bar, target);
     __syncthreads();
 }
 
-// The same barrier for a block whose halves reach it from different code (FS_ATTN_EARLY): named
-// barrier 2 of all FS_THREADS threads instead of __syncthreads (barrier 0, which must be reached
-// from the same place); thread 0 arrives and waits for the block.
-__device__ __forceinline__ void fs_grid_sync_split(unsigned long long* bar, unsigned long long target) {
-    asm volatile("bar.sync 2, %0;" ::"n"(FS_THREADS) : "memory");
-    if (threadIdx.x == 0) fs_arrive_and_wait(bar, target);
+// The waiting half of that barrier for a block that arrived already (FS_ATTN_EARLY: __syncthreads,
+// then thread 0's fs_arrive) and whose halves reach this point from different code: named barrier
+// 2 of all FS_THREADS threads instead of __syncthreads (barrier 0, which must be reached from the
+// same place) once thread 0 has seen every block arrive.
+__device__ __forceinline__ void fs_grid_wait_split(unsigned long long* bar, unsigned long long target) {
+    if (threadIdx.x == 0) fs_wait_for(bar, target);
     asm volatile("bar.sync 2, %0;" ::"n"(FS_THREADS) : "memory");
 }
 
-// atd_body's wait here: under FS_ATTN_EARLY for a block's first item the barrier after the op
-// before the attention (waited set), else nothing (the barrier is behind it; and a cooperative
-// launch has no predecessor to wait for). One type for every call: each instance of atd_body has
-// its own static shared memory.
+// atd_body's wait here: under FS_ATTN_EARLY for a block's first item the wait half of the barrier
+// after the op before the attention (waited set), else nothing (the barrier is behind it; and a
+// cooperative launch has no predecessor to wait for). One type for every call: each instance of
+// atd_body has its own static shared memory.
 struct FsWait {
     unsigned long long* bar;
     unsigned long long target;
     bool* waited;  // NULL: nothing to wait for
     __device__ __forceinline__ void operator()() const {
-        if (waited) fs_grid_sync_split(bar, target), *waited = true;
+        if (waited) fs_grid_wait_split(bar, target), *waited = true;
     }
 };
 
@@ -360,13 +364,16 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
         if (!next) break;
         unsigned long long target = base + (unsigned long long)(i + 1) * gridDim.x;
         if ((flags & FS_ATTN_EARLY) && next->kind == FS_ATTN) {
-            // the attention's first item on threads 0-127 up to its wait, which is this barrier
+            // the block arrives, then the attention's first item runs on threads 0-127 up to its
+            // wait, which is the rest of this barrier
             const FsAttn& f = next->u.attn;
+            __syncthreads();
+            if (threadIdx.x == 0) fs_arrive(bar);
             bool waited = false;
             if ((int)blockIdx.x < f.a.n_head_kv * f.max_split && threadIdx.x < ATD_THREADS)
                 atd_body(f.a, smem + attn_off, blockIdx.x % f.a.n_head_kv, blockIdx.x / f.a.n_head_kv, f.max_split, 0,
                          0, 1, FsWait{bar, target, &waited});
-            if (!waited) fs_grid_sync_split(bar, target);  // the rest of the block, or an item with nothing to do
+            if (!waited) fs_grid_wait_split(bar, target);  // the rest of the block, or an item with nothing to do
             attn_begun = true;
         } else {
             fs_grid_sync(bar, target);

@@ -1088,7 +1088,8 @@ FUSED_OPS = {"embed": 0, "mv": 1, "glu": 2, "attn": 3, "norm": 4, "head": 5}
 FUSED_MODELS = dict(ABI_MODELS, qwen3_odd=("qwen3", {"num_hidden_layers": 3}))  # the second program's start
 
 
-@pytest.mark.parametrize("flags", [0, 1, 2, 4, 7], ids=["plain", "x_early", "lookahead", "attn_early", "all"])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 4, 7],
+                         ids=["plain", "x_early", "lookahead", "x_early_lookahead", "attn_early", "all"])
 @pytest.mark.parametrize("name", list(FUSED_MODELS))
 def test_fused_step_program(ptx_params, name, flags, tmp_path):
     """gpu/fused.py's program for each family: dense models get one (its launch matches the ABI,
