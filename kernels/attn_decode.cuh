@@ -99,6 +99,22 @@ struct AtdSync {  // split_merge's barrier: atd_sync
     __device__ __forceinline__ void operator()() const { atd_sync(); }
 };
 
+// A KV head's slices and head groups (atd_body's plan; the same numbers in every block of it, and
+// in fused_step.cu, which maps its work items by them): the visible keys [lo, n_vis) in n_split
+// slices of about min_keys, and ng blocks sharing the query heads (1: group 0 takes them all).
+struct AtdPlan {
+    int n_vis, lo, n_split, ng;
+};
+__device__ __forceinline__ AtdPlan atd_plan(int n_kv, int slot, int first, int window, int window_slots, int min_keys,
+                                            int max_split, int n_hg) {
+    AtdPlan p;
+    p.n_vis = min(n_kv, slot + 1);
+    p.lo = window > 0 && window_slots ? max(first, p.n_vis - window) : first;
+    p.n_split = min(max_split, max(1, (p.n_vis - p.lo + min_keys - 1) / min_keys));
+    p.ng = n_hg > 1 && p.n_split * n_hg <= max_split ? n_hg : 1;
+    return p;
+}
+
 // What atd_body waits for between what it may read early (with `prefetch`) and the rest: the
 // predecessor kernel (reflex_attn_decode); fused_step.cu passes its grid barrier instead.
 struct AtdPdlWait {
@@ -158,15 +174,13 @@ rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm we
 
     int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
     auto plan = [&]() {  // the same numbers in every block of the KV head
-        n_vis = min(*n_kv_ptr, *q_slot + 1);
-        lo = window > 0 && window_slots ? max(first, n_vis - window) : first;
-        n_split = min(max_split, max(1, (n_vis - lo + min_keys - 1) / min_keys));
+        AtdPlan p = atd_plan(*n_kv_ptr, *q_slot, first, window, window_slots, min_keys, max_split, n_hg);
+        n_vis = p.n_vis, lo = p.lo, n_split = p.n_split;
         chunk = (n_vis - lo + n_split - 1) / n_split;
         j0 = min(n_vis, lo + split * chunk);
         j1 = min(n_vis, j0 + chunk);
-        int ng = n_hg > 1 && n_split * n_hg <= max_split ? n_hg : 1;
-        G = G_kv / ng;
-        return split >= n_split || hg >= ng;  // true: nothing for this block
+        G = G_kv / p.ng;
+        return split >= n_split || hg >= p.ng;  // true: nothing for this block
     };
     // Keys staged before the wait: slots older than the newest (written by earlier launches). The
     // newest is staged after it, or, fused, made here from this step's raw key and value.

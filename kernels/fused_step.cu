@@ -17,8 +17,8 @@
 // and first tile in" (matrix ops) and the last block's end of its work (%globaltimer ns), for
 // FusedStep.profile. Matrix tiles: block b takes tiles b, b + grid, ...; each row is mvs.cuh's
 // dot (the same sums as reflex_mvs_*), x' in registers. FS_ATTN: work item i = (KV head
-// i % n_head_kv, slice i / n_head_kv) runs atd_body on the block's first 128 threads while the
-// others stage the next op's tile. FS_NORM and FS_EMBED run on block 0. FS_HEAD ends the
+// i % n_head_kv, slice i / n_head_kv; fs_attn_item with head groups) runs atd_body on the
+// block's first 128 threads while the others stage the next op's tile. FS_NORM and FS_EMBED run on block 0. FS_HEAD ends the
 // program: with a pick, mvs_pick's last block advances the state.
 //
 // flags (Launcher knobs, off by default until a GPU run says they pay; gpu/fused.py):
@@ -86,6 +86,24 @@ __device__ __forceinline__ void fs_grid_sync(unsigned long long* bar, unsigned l
 __device__ __forceinline__ void fs_grid_wait_split(unsigned long long* bar, unsigned long long target) {
     if (threadIdx.x == 0) fs_wait_for(bar, target);
     asm volatile("bar.sync 2, %0;" ::"n"(FS_THREADS) : "memory");
+}
+
+// The attention op's work item w: (KV head, slice, head group). With f.n_hg > 1, blocks share a
+// KV head's query heads while its slices leave room (atd_plan's ng, the same in every block), the
+// items then ordered so that every active one is among the first n_head_kv * max_split, one a
+// block; ng = 1 gives (w % n_head_kv, w / n_head_kv, 0) as before.
+__device__ __forceinline__ int fs_attn_groups(const FsAttn& f) {
+    if (f.n_hg <= 1) return 1;
+    const AtdArgs& a = f.a;
+    return atd_plan(*a.n_kv_ptr, *a.q_slot, a.seq_lo ? a.seq_lo[0] : 0, a.window, a.window_slots, a.min_keys,
+                    f.max_split, f.n_hg).ng;
+}
+
+// atd_body for item w of attention op f (threads 0 .. ATD_THREADS - 1)
+template <class Wait>
+__device__ __forceinline__ void fs_attn_item(const FsAttn& f, int ng, int w, uint8_t* smem, Wait wait) {
+    int nkv = f.a.n_head_kv;
+    atd_body(f.a, smem, w % nkv, w / (nkv * ng), f.max_split, 0, (w / nkv) % ng, f.n_hg, wait);
 }
 
 // atd_body's wait here: under FS_ATTN_EARLY for a block's first item the wait half of the barrier
@@ -329,9 +347,9 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
                 int items = f.a.n_head_kv * f.max_split;
                 if (blockIdx.x < items) {
                     if (threadIdx.x < ATD_THREADS) {
+                        int ng = fs_attn_groups(f);
                         for (int w = blockIdx.x + (attn_begun ? gridDim.x : 0); w < items; w += gridDim.x)
-                            atd_body(f.a, smem + attn_off, w % f.a.n_head_kv, w / f.a.n_head_kv, f.max_split, 0, 0, 1,
-                                     FsWait{nullptr, 0, nullptr});
+                            fs_attn_item(f, ng, w, smem + attn_off, FsWait{nullptr, 0, nullptr});
                     }
                     t0 = ATD_THREADS, nt = FS_THREADS - ATD_THREADS;
                 }
@@ -371,8 +389,7 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
             if (threadIdx.x == 0) fs_arrive(bar);
             bool waited = false;
             if ((int)blockIdx.x < f.a.n_head_kv * f.max_split && threadIdx.x < ATD_THREADS)
-                atd_body(f.a, smem + attn_off, blockIdx.x % f.a.n_head_kv, blockIdx.x / f.a.n_head_kv, f.max_split, 0,
-                         0, 1, FsWait{bar, target, &waited});
+                fs_attn_item(f, fs_attn_groups(f), blockIdx.x, smem + attn_off, FsWait{bar, target, &waited});
             if (!waited) fs_grid_wait_split(bar, target);  // the rest of the block, or an item with nothing to do
             attn_begun = true;
         } else {

@@ -62,6 +62,7 @@ typedef struct {
 typedef struct {
     AtdArgs a;      // attn_decode.cuh's inputs
     int max_split;  // slices per KV head: work items n_head_kv * max_split over the grid
+    int n_hg;       // blocks that may share a KV head's query heads at short contexts (atd_body's n_hg)
 } FsAttn;
 
 typedef struct {

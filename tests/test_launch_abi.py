@@ -1088,8 +1088,8 @@ FUSED_OPS = {"embed": 0, "mv": 1, "glu": 2, "attn": 3, "norm": 4, "head": 5}
 FUSED_MODELS = dict(ABI_MODELS, qwen3_odd=("qwen3", {"num_hidden_layers": 3}))  # the second program's start
 
 
-@pytest.mark.parametrize("flags", [0, 1, 2, 3, 4, 7],
-                         ids=["plain", "x_early", "lookahead", "x_early_lookahead", "attn_early", "all"])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 4, 7, 15],
+                         ids=["plain", "x_early", "lookahead", "x_early_lookahead", "attn_early", "all", "all_groups"])
 @pytest.mark.parametrize("name", list(FUSED_MODELS))
 def test_fused_step_program(ptx_params, name, flags, tmp_path):
     """gpu/fused.py's program for each family: dense models get one (its launch matches the ABI,
@@ -1109,6 +1109,7 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
     dec.launch.fused_step = True  # (off by default: REFLEX_FUSED_STEP=1)
     dec.launch.fused_x_early, dec.launch.fused_lookahead = bool(flags & fs.X_EARLY), bool(flags & fs.LOOKAHEAD)
     dec.launch.fused_attn_early = bool(flags & fs.ATTN_EARLY)
+    dec.launch.fused_attn_groups = bool(flags & 8)  # (a program field, not a kernel flag: the attention ops' n_hg)
     st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
     if arch not in ("qwen3", "gemma3", "llama"):
         with pytest.raises(fused.Unfusable):
@@ -1116,7 +1117,7 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
         return
     step = fused.FusedStep.build(dec, st)
     lay = step.layout
-    assert lay.smem + fs.STATIC_SMEM <= dev.max_shared and step.grid == dev.sm_count and step.flags == flags
+    assert lay.smem + fs.STATIC_SMEM <= dev.max_shared and step.grid == dev.sm_count and step.flags == flags & 7
     if flags & fs.X_EARLY:
         assert lay.prog_off < lay.xs_off < lay.nw_off and lay.nw_off + 2 * lay.nw_bytes == lay.smem
         assert lay.xs_off % 16 == 0 and lay.nw_off % 16 == 0 and lay.nw_bytes % 16 == 0
@@ -1158,6 +1159,9 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
             assert 1 <= max_split <= attn_decode.SPLITS_MAX and f.n_head_kv * max_split <= step.grid
             assert dev.owns(f.part_o, 4 * f.n_head * max_split * f.hd_v) and f.rope.k
             assert f.prefetch == bool(flags & fs.ATTN_EARLY)  # its early reads: before the barrier
+            group = f.n_head // f.n_head_kv  # head groups: whole divisors of the group, counters within n_head's
+            assert op.u.attn.n_hg == (attn_decode.head_groups(dec.launch, group) if flags & 8 else 1)
+            assert group % op.u.attn.n_hg == 0 and f.n_head_kv * op.u.attn.n_hg <= f.n_head
     # off by default, and with the staged kernels off (the bench's legacy comparison)
     dec.launch.fused_step = False
     with pytest.raises(fused.Unfusable):

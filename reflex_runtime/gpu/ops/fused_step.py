@@ -41,7 +41,7 @@ class FsEmbed(Structure):
 
 
 class FsAttn(Structure):
-    _fields_ = [("a", AtdArgs), ("max_split", c_int)]
+    _fields_ = [("a", AtdArgs), ("max_split", c_int), ("n_hg", c_int)]
 
 
 class FsU(Union):
