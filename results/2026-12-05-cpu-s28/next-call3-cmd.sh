@@ -1,8 +1,0 @@
-# The next session's third call (same tree and machine; ~200 s): tg128 through the engine against main
-# (decode_ab, interleaved rounds): the patched tree with no knob set (must equal main), every s27 knob on,
-# share_x alone, and the one-kernel step with its four options; then spawn -> first token against main
-# (coldstart_ab, 10 runs each: the patch's fatbin is compressed by fatbinary, s27 README's last section).
-R=/tmp/real
-OUT=$OUT AB_FILES="$R/qwen3-0.6b-q8_0.gguf $R/gemma-3-270m-q4_k_m-shaped.gguf" \
-  AB_VARIANTS="all:REFLEX_ATTN_PREFETCH_TILES=2,REFLEX_ATTN_MIN_KEYS=64,REFLEX_MVS_HEAD_STREAM=2,REFLEX_POST_FOLD=1,REFLEX_MVS_SHARE_X=1 share:REFLEX_MVS_SHARE_X=1 fused:REFLEX_FUSED_STEP=1,REFLEX_FUSED_X_EARLY=1,REFLEX_FUSED_LOOKAHEAD=1,REFLEX_FUSED_ATTN_EARLY=1,REFLEX_FUSED_ATTN_GROUPS=1" \
-  bash scripts/gpu_run.sh decode_ab,coldstart_ab 2>&1 | grep -v "^===" | tail -10
