@@ -102,8 +102,8 @@ __device__ __forceinline__ int fs_attn_groups(const FsAttn& f) {
 // atd_body for item w of attention op f (threads 0 .. ATD_THREADS - 1)
 template <class Wait>
 __device__ __forceinline__ void fs_attn_item(const FsAttn& f, int ng, int w, uint8_t* smem, Wait wait) {
-    int nkv = f.a.n_head_kv;
-    atd_body(f.a, smem, w % nkv, w / (nkv * ng), f.max_split, 0, (w / nkv) % ng, f.n_hg, wait);
+    int nkv = f.a.n_head_kv;  // (n_hg 0, a zeroed field, would give every KV head the same counters)
+    atd_body(f.a, smem, w % nkv, w / (nkv * ng), f.max_split, 0, (w / nkv) % ng, max(1, f.n_hg), wait);
 }
 
 // atd_body's wait here: under FS_ATTN_EARLY for a block's first item the wait half of the barrier
