@@ -153,7 +153,7 @@ __device__ bool fs_stage(const FsOp* op, int t, uint8_t* buf, int buf_bytes, int
     long rb = m.row_bytes[s];
     int tid = threadIdx.x - t0;
     if (tid < 0 || tid >= nt) return true;
-    if (nw && m.norm_w && t == (int)blockIdx.x)
+    if (nw && m.norm_w && !m.post_src && t == (int)blockIdx.x)
         rx_stage_hull(nw, reinterpret_cast<const uint8_t*>(m.norm_w), 4L * m.K, tid, nt);
     rx_stage_hull(buf, m.w[s] + r0 * rb, n * rb, tid, nt);
     if (kind == FS_GLU) rx_stage_hull(buf + buf_bytes / 2, m.w[1] + r0 * rb, n * rb, tid, nt);
@@ -163,15 +163,60 @@ __device__ bool fs_stage(const FsOp* op, int t, uint8_t* buf, int buf_bytes, int
 // Where a matrix op's norm weights are staged under FS_X_EARLY: two slots, by the parity of its
 // ordinal among the matrix ops (mi), so an op's staging of the next one's never overwrites its own.
 struct FsEarly {
-    float* xs;               // x of the current matrix op (16-aligned, K floats); NULL: FS_X_EARLY off
+    float* xs;               // x (or a folded post-norm's x') of the current matrix op (16-aligned, K floats)
     uint8_t *nw0, *nw1;      // norm-weight slots (4 K + 16 bytes each): matrix ops 0, 2, .. and 1, 3, ..
-    __device__ __forceinline__ uint8_t* slot(int i) const { return xs ? (i & 1 ? nw1 : nw0) : nullptr; }
+    bool on;                 // FS_X_EARLY (xs may be set without it: for folded post-norms)
+    __device__ __forceinline__ uint8_t* slot(int i) const { return on ? (i & 1 ? nw1 : nw0) : nullptr; }
     // the op's norm weights in its slot (rx_stage_hull keeps their address mod 16)
     __device__ __forceinline__ const float* nw_of(const FsMv& m, int i) const {
         uint8_t* slot = i & 1 ? nw1 : nw0;
         return m.norm_w ? reinterpret_cast<const float*>(slot + (reinterpret_cast<uintptr_t>(m.norm_w) & 15)) : nullptr;
     }
 };
+
+// A folded post-norm's x' into xs (FsMv.post_src; K <= FS_POST_E * FS_THREADS, host-checked): what
+// rx_rmsnorm_row does on block 0 for an FS_NORM op, the same sums in the same order, on every block,
+// with r in registers; block 0 also stores r, the residual the next fold reads.
+#define FS_POST_E 8
+__device__ void fs_post_x(const FsMv& m, float* xs) {
+    __shared__ float scratch[32];
+    const float *src = m.post_src, *ws = m.post_w_src, *resid = m.post_resid, *wo = m.norm_w;
+    int n = m.K;
+    float s[FS_POST_E], r[FS_POST_E], a[FS_POST_E], b[FS_POST_E];
+#pragma unroll
+    for (int e = 0; e < FS_POST_E; e++) {  // every load issued before the first use
+        int i = threadIdx.x + e * FS_THREADS;
+        bool in = i < n;
+        s[e] = in ? src[i] : 0.f;
+        r[e] = in ? resid[i] : 0.f;
+        a[e] = in && ws ? ws[i] : 1.f;
+        b[e] = in && wo ? wo[i] : 1.f;
+    }
+    float src_scale = 1.f;
+    if (ws) {
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < FS_POST_E; e++)
+            if (threadIdx.x + e * FS_THREADS < n) ss += s[e] * s[e];
+        src_scale = rsqrtf(block_sum(ss, scratch) / n + m.eps);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < FS_POST_E; e++) {
+        int i = threadIdx.x + e * FS_THREADS;
+        if (i >= n) continue;
+        r[e] += ws ? s[e] * src_scale * a[e] : s[e];
+        if (blockIdx.x == 0) m.post_resid_out[i] = r[e];
+        ss += r[e] * r[e];
+    }
+    float scale = rsqrtf(block_sum(ss, scratch) / n + m.eps);
+#pragma unroll
+    for (int e = 0; e < FS_POST_E; e++) {
+        int i = threadIdx.x + e * FS_THREADS;
+        if (i < n) xs[i] = wo ? r[e] * scale * b[e] : r[e] * scale;
+    }
+    __syncthreads();
+}
 
 // x' in registers for lane layout RL (see mvs.cuh), for the op's K and wpr: x and its norm
 // weights from global memory, or (FS_X_EARLY) from their copies in shared memory.
@@ -206,7 +251,7 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, int nt0, int mi, boo
     __shared__ float scratch[MVS_WARPS];
     const FsMv& m = op->u.mv;
     int kind = op->kind, G = gridDim.x;
-    bool early = e.xs != nullptr;
+    bool early = e.on, post = m.post_src != nullptr;
     uint8_t* buf[2] = {smem, smem + buf_bytes};
     float* red = reinterpret_cast<float*>(smem + red_off);
     if (!staged) fs_stage(op, blockIdx.x, buf[cur], buf_bytes, 0, FS_THREADS, e.slot(mi)), rx_cp_commit();
@@ -224,17 +269,17 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, int nt0, int mi, boo
         // the accumulated rows' old values, issued now and used last (no load left after the dots);
         // under FS_X_EARLY before x, and x before the copies below
         float prev = 0.f;
-        if (early) {
-            prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
-            if (rl == 0) rx_stage_hull(reinterpret_cast<uint8_t*>(e.xs), reinterpret_cast<const uint8_t*>(m.x),
-                                       4L * m.K, threadIdx.x, FS_THREADS), rx_cp_commit();
-        }
+        if (early || post) prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
+        if (post && rl == 0) fs_post_x(m, e.xs);  // its loads ahead of the copies below, as FS_X_EARLY's
+        else if (early && rl == 0)
+            rx_stage_hull(reinterpret_cast<uint8_t*>(e.xs), reinterpret_cast<const uint8_t*>(m.x), 4L * m.K,
+                          threadIdx.x, FS_THREADS), rx_cp_commit();
         int tn, r0n, nn;
         if (fs_tile(m, kind, t + G, &tn, &r0n, &nn)) fs_stage(op, t + G, buf[cur ^ 1], buf_bytes, 0, FS_THREADS);
         else if (next)
             next_staged = fs_stage(next, blockIdx.x, buf[cur ^ 1], buf_bytes, nt0, FS_THREADS - nt0, e.slot(mi + 1));
         rx_cp_commit();
-        if (!early) {
+        if (!early && !post) {
             prev = m.accumulate && (int)threadIdx.x < n ? y[threadIdx.x] : 0.f;
             if (want != rl) {  // the x loads overlap the tile's copies
                 if (want == 4) fs_load_x<4>(m, m.x, m.norm_w, xin, scratch);
@@ -244,7 +289,11 @@ __device__ bool fs_matrix(const FsOp* op, const FsOp* next, int nt0, int mi, boo
         }
         rx_cp_wait_prior<1>();  // this tile (and x, norm weights) in; the copies just issued may fly
         __syncthreads();
-        if (early && want != rl) {
+        if (post && want != rl) {  // x' made whole in xs: no norm left to apply
+            if (want == 4) fs_load_x<4>(m, e.xs, nullptr, xin, scratch);
+            else fs_load_x<1>(m, e.xs, nullptr, xin, scratch);
+            rl = want;
+        } else if (early && want != rl) {
             const float* nw = e.nw_of(m, mi);
             if (want == 4) fs_load_x<4>(m, e.xs, nw, xin, scratch);
             else fs_load_x<1>(m, e.xs, nw, xin, scratch);
@@ -309,9 +358,9 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     rx_cp_wait_all();
     __syncthreads();
     int n = n_ops;  // stamps: [block 0's start | last block's start | last ready | last end] x n_ops
-    FsEarly early{nullptr, nullptr, nullptr};
-    if (flags & FS_X_EARLY)
-        early = FsEarly{reinterpret_cast<float*>(smem + xs_off), smem + nw_off, smem + nw_off + nw_bytes};
+    // xs_off 0: no x region (neither FS_X_EARLY nor a folded post-norm in the program)
+    FsEarly early{xs_off ? reinterpret_cast<float*>(smem + xs_off) : nullptr, smem + nw_off, smem + nw_off + nw_bytes,
+                  (flags & FS_X_EARLY) != 0};
     int cur = 0;         // the tile buffer the next matrix op's first tile is (or goes) in
     int staged_op = -1;  // the op whose first tile that is, staged already (by an op before it)
     int mi = 0;          // matrix ops before op i

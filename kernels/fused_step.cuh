@@ -26,6 +26,8 @@ typedef struct {
 
 // Matrix ops: tile t of the op is rows [t * rb, t * rb + rb) of one matrix (the matrices' tiles
 // in order; FS_GLU: of gate and up together). x' = x, RMS-normalized with norm_w when set.
+// post_src set (a post-norm folded in, gpu/fused.py): x' = norm(r) * norm_w instead, with
+// r = post_resid + norm(post_src) * post_w_src, which block 0 also stores to post_resid_out.
 typedef struct {
     const uint8_t* w[3];
     float* y[3];
@@ -38,6 +40,10 @@ typedef struct {
     const float* norm_w;
     float eps;
     FsPick pick;
+    const float* post_src;
+    const float* post_w_src;
+    const float* post_resid;
+    float* post_resid_out;
 } FsMv;
 
 typedef struct {

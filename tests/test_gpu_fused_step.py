@@ -20,7 +20,9 @@ CHECK_PROMPT = "one two three four five six seven eight nine ten eleven"
 # kernels/fused_step.cu's flags (Launcher knobs, off by default)
 KNOBS = {"x_early": {"fused_x_early": True}, "lookahead": {"fused_lookahead": True},
          "attn_early": {"fused_attn_early": True}, "attn_groups": {"fused_attn_groups": True},
-         "all": {"fused_x_early": True, "fused_lookahead": True, "fused_attn_early": True, "fused_attn_groups": True}}
+         "fold_norms": {"fused_fold_norms": True},
+         "all": {"fused_x_early": True, "fused_lookahead": True, "fused_attn_early": True, "fused_attn_groups": True,
+                 "fused_fold_norms": True}}
 
 
 def fused_engine(arch, outtype, knobs=(), **overrides):
@@ -92,7 +94,8 @@ def test_fused_step_knobs_pass_check_and_keep_the_logits(arch, outtype, knobs):
     weights staged an op earlier (x_early: the same sums from shared memory), the output projection's
     and Gemma's gate/up tiles staged past the op before them (lookahead), the attention's first item
     begun before the barrier that ends q/k/v (attn_early), a KV head's query heads shared by several
-    blocks (attn_groups: Gemma's 4 on 4 blocks). `reflex check` PASS, and the logits equal
+    blocks (attn_groups: Gemma's 4 on 4 blocks), Gemma's post-norms folded into the next matrix op
+    (fold_norms: the residual alternating x / h). `reflex check` PASS, and the logits equal
     the kernel-per-op step's as without them: Q4_K_M's mixed q/k/v, Q8_0, Gemma's post-norms and
     unnormalized inputs and sliding window, Q4_1's other lane layout."""
     eng = fused_engine(arch, outtype, KNOBS[knobs])

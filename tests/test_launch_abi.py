@@ -1088,8 +1088,9 @@ FUSED_OPS = {"embed": 0, "mv": 1, "glu": 2, "attn": 3, "norm": 4, "head": 5}
 FUSED_MODELS = dict(ABI_MODELS, qwen3_odd=("qwen3", {"num_hidden_layers": 3}))  # the second program's start
 
 
-@pytest.mark.parametrize("flags", [0, 1, 2, 3, 4, 7, 15],
-                         ids=["plain", "x_early", "lookahead", "x_early_lookahead", "attn_early", "all", "all_groups"])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 4, 7, 15, 16, 31],
+                         ids=["plain", "x_early", "lookahead", "x_early_lookahead", "attn_early", "all", "all_groups",
+                              "fold", "all_fold"])
 @pytest.mark.parametrize("name", list(FUSED_MODELS))
 def test_fused_step_program(ptx_params, name, flags, tmp_path):
     """gpu/fused.py's program for each family: dense models get one (its launch matches the ABI,
@@ -1098,7 +1099,9 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
     inside an allocation, every tile's rows within its buffer, its partial sums within theirs;
     MoE, recurrent and latent-attention models keep the kernel-per-op step (Unfusable). With the
     knobs (kernels/fused_step.cu's flags): x and two norm-weight slots of room past the program,
-    the tile buffers smaller by as much, each op's x and norm weights fitting them."""
+    the tile buffers smaller by as much, each op's x and norm weights fitting them; with Gemma's
+    post-norms folded, no norm ops, the matrix op after each making its input from the residual,
+    which alternates between x and h."""
     from reflex_runtime.gpu import fused
     from reflex_runtime.gpu.ops import fused_step as fs
     from reflex_runtime.gpu.ops.mvs import stage_bytes
@@ -1110,6 +1113,7 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
     dec.launch.fused_x_early, dec.launch.fused_lookahead = bool(flags & fs.X_EARLY), bool(flags & fs.LOOKAHEAD)
     dec.launch.fused_attn_early = bool(flags & fs.ATTN_EARLY)
     dec.launch.fused_attn_groups = bool(flags & 8)  # (a program field, not a kernel flag: the attention ops' n_hg)
+    dec.launch.fused_fold_norms = fold = bool(flags & 16)  # (a program option too: the matrix ops' post_*)
     st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
     if arch not in ("qwen3", "gemma3", "llama"):
         with pytest.raises(fused.Unfusable):
@@ -1118,7 +1122,7 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
     step = fused.FusedStep.build(dec, st)
     lay = step.layout
     assert lay.smem + fs.STATIC_SMEM <= dev.max_shared and step.grid == dev.sm_count and step.flags == flags & 7
-    if flags & fs.X_EARLY:
+    if flags & fs.X_EARLY or (fold and arch == "gemma3"):
         assert lay.prog_off < lay.xs_off < lay.nw_off and lay.nw_off + 2 * lay.nw_bytes == lay.smem
         assert lay.xs_off % 16 == 0 and lay.nw_off % 16 == 0 and lay.nw_bytes % 16 == 0
     else:
@@ -1135,8 +1139,21 @@ def test_fused_step_program(ptx_params, name, flags, tmp_path):
     b.layers()
     b.head(st, True)
     kinds = [op.kind for op in b.ops]
-    layer = ["mv", "attn", "mv", "glu", "mv"] if arch != "gemma3" else ["mv", "attn", "mv", "norm", "glu", "mv", "norm"]
+    layer = ["mv", "attn", "mv", "glu", "mv"] if arch != "gemma3" or fold else \
+        ["mv", "attn", "mv", "norm", "glu", "mv", "norm"]
     assert kinds == [FUSED_OPS[k] for k in ["embed"] + layer * dec.cfg.n_layers + ["head"]]
+    posts = [op.u.mv for op in b.ops if op.kind in (FUSED_OPS["mv"], FUSED_OPS["glu"], FUSED_OPS["head"])
+             and op.u.mv.post_src]
+    if fold and arch == "gemma3":  # gate/up, the next layer's q/k/v and the head: the residual x -> h -> x ...
+        x, h = dec.p("x"), dec.p("h")
+        assert len(posts) == 2 * dec.cfg.n_layers
+        for j, m in enumerate(posts):
+            assert (m.post_resid, m.post_resid_out) == ((x, h) if j % 2 == 0 else (h, x)) and m.K == dec.cfg.n_embd
+            assert m.K <= fused.POST_MAX and m.post_w_src and m.norm_w and dev.owns(m.post_src, 4 * m.K)
+            assert dev.owns(m.post_w_src, 4 * m.K) and 4 * m.K <= lay.nw_off - lay.xs_off
+        assert b.ops[-1].u.mv.post_src  # the last post-norm folded into the head
+    else:
+        assert not posts
     for op in b.ops:
         if op.kind in (FUSED_OPS["mv"], FUSED_OPS["glu"], FUSED_OPS["head"]):
             m = op.u.mv

@@ -194,7 +194,8 @@ def main(args) -> int:
                              "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step,
                              "fused_x_early": launch.fused_x_early, "fused_lookahead": launch.fused_lookahead,
                              "fused_attn_early": launch.fused_attn_early,
-                             "fused_attn_groups": launch.fused_attn_groups}
+                             "fused_attn_groups": launch.fused_attn_groups,
+                             "fused_fold_norms": launch.fused_fold_norms}
     if depths:
         res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]

@@ -21,6 +21,7 @@ from .ops import fused_step as fs
 from .ops.common import WEIGHT_TYPES, Weight
 
 RED_FLOATS = 2048  # partial row sums a tile may leave (rows x warps per row x runs)
+POST_MAX = 8 * fs.THREADS  # a folded post-norm's width (kernels/fused_step.cu FS_POST_E a thread)
 
 
 class Unfusable(Exception):
@@ -41,6 +42,13 @@ class _Builder:
         self.ops: list[fs.FsOp] = []
         self.roles: list[str] = []  # what each op does (FusedStep.profile's rows)
         self.attn_bytes = 0
+        # Gemma's post-norms folded into the matrix op after each (Launcher.fused_fold_norms): every
+        # block of that op makes its input from the residual and the post-norm's source, so the
+        # norm's op (one block working, the rest at its barrier) goes; the residual then alternates
+        # between x and h (h is no op's input any more)
+        self.fold = model.launch.fused_fold_norms and model.cfg.n_embd <= POST_MAX
+        self._post = None  # a folded post-norm waiting for its matrix op: (src, w_src, w_out or 0)
+        self._resid = (self.p("x"), self.p("h"))  # (where the residual is, the other buffer)
 
     def _add(self, op: fs.FsOp, role: str) -> fs.FsOp:
         self.ops.append(op)
@@ -68,6 +76,13 @@ class _Builder:
             m.y[i] = ys[i] if i < len(ys) else None
         m.n_w, m.K, m.rb, m.wpr, m.accumulate, m.act = len(ws), k, rb, wpr, int(accumulate), act
         m.x, m.norm_w, m.eps = inp.ptr, inp.norm_w or None, self.m.cfg.rms_eps
+        if self._post:  # this op's input is the folded norm's output (h), or the residual it leaves (x)
+            src, w_src, w_out = self._post
+            r_in, r_out = self._resid
+            assert inp.ptr in self._resid and k == self.m.cfg.n_embd, "a folded post-norm feeds the next matrix op"
+            m.post_src, m.post_w_src, m.post_resid, m.post_resid_out = src, w_src or None, r_in, r_out
+            m.x, m.norm_w = r_in, (w_out or inp.norm_w) or None
+            self._post, self._resid = None, (r_out, r_in)
         return self._add(op, role)
 
     def embed(self) -> None:
@@ -116,6 +131,9 @@ class _Builder:
         self._mv(fs.MV, [w.down], [out], Input(self.p("act")), "ffn down", accumulate)
 
     def norm(self, src: int, w_src: int, w_out: int, out: int) -> None:
+        if self.fold:
+            self._post = (src, w_src, w_out if out else 0)
+            return
         op = fs.FsOp(kind=fs.NORM)
         f = op.u.norm
         f.src, f.w_src, f.resid, f.w_out, f.out = src, w_src or None, self.p("x"), w_out or None, out or None
@@ -177,7 +195,8 @@ class FusedStep:
         groups = {(ly.mixer.cfg.n_head // ly.mixer.cfg.n_head_kv, ly.mixer.cfg.head_dim, ly.mixer.cfg.head_dim_v)
                   for ly in model.layers if isinstance(ly.mixer, Attention)}
         attn = max((fs.attn_bytes(*g) for g in groups), default=0)
-        n_ops = 2 + sum(7 if ly.post_names else 5 for ly in model.layers)
+        fold = L.fused_fold_norms and model.cfg.n_embd <= POST_MAX  # (as _Builder decides)
+        n_ops = 2 + sum(7 if ly.post_names and not fold else 5 for ly in model.layers)
         lay = fs.layout(dev.max_shared, attn, RED_FLOATS, n_ops)
         if lay is None:
             raise Unfusable("no room for the tile buffers")
@@ -185,17 +204,19 @@ class FusedStep:
         if grid > model.arena.sizes["amax_v"] // 4:  # the fused pick's per-block partials
             raise Unfusable(f"{grid} blocks' pick partials do not fit")
         flags = (fs.LOOKAHEAD if L.fused_lookahead else 0) | (fs.ATTN_EARLY if L.fused_attn_early else 0)
-        if L.fused_x_early:  # room for the longest input and norm weights (the ops' K, from a first build)
+        folds = fold and any(ly.post_names for ly in model.layers)
+        if L.fused_x_early or folds:  # room for x (and norm weights): the ops' K, from a first build
             b = _Builder(model, grid, lay.buf_bytes)
             b.embed()
             b.layers()
             b.head(state, True)
             mats = [op.u.mv for op in b.ops if op.kind in (fs.MV, fs.GLU, fs.HEAD)]
-            lay = fs.layout(dev.max_shared, attn, RED_FLOATS, n_ops, max(m.K for m in mats),
-                            max((m.K for m in mats if m.norm_w), default=0))
+            x_floats = max(m.K for m in mats if L.fused_x_early or m.post_src)
+            nw_floats = max((m.K for m in mats if m.norm_w), default=0) if L.fused_x_early else 0
+            lay = fs.layout(dev.max_shared, attn, RED_FLOATS, n_ops, x_floats, nw_floats)
             if lay is None:
                 raise Unfusable("no room for the tile buffers beside x")
-            flags |= fs.X_EARLY
+            flags |= fs.X_EARLY if L.fused_x_early else 0
         per_sm = dev.kernel("reflex_fused_step").blocks_per_sm(fs.THREADS, lay.smem)
         if per_sm < 1:
             raise Unfusable("one block per SM does not fit")

@@ -96,6 +96,8 @@ class Launcher:
         self.fused_attn_early = bool(knob("REFLEX_FUSED_ATTN_EARLY", 0, choices=(0, 1)))
         # and attn_groups, its attention's query heads shared by attn_head_groups blocks at short contexts
         self.fused_attn_groups = bool(knob("REFLEX_FUSED_ATTN_GROUPS", 0, choices=(0, 1)))
+        # and fold_norms, Gemma's post-norms folded into the matrix op after each (no op of their own)
+        self.fused_fold_norms = bool(knob("REFLEX_FUSED_FOLD_NORMS", 0, choices=(0, 1)))
         # 4: the decode attention at 16,384 tokens of context 564 vs 430 tok/s with 2 (results/2026-12-03-h200-s14)
         self.attn_blocks_per_sm = knob("REFLEX_ATTN_BLOCKS_PER_SM", 4.0, float, minimum=0.25, maximum=64)
         # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the

@@ -372,7 +372,7 @@ class CudaRunner:
         L = self.launch
         # what the program or its launch depends on: the bench switches these between graphs
         knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step, L.fused_x_early, L.fused_lookahead,
-                 L.fused_attn_early, L.fused_attn_groups, L.attn_head_groups, L.attn_min_keys)
+                 L.fused_attn_early, L.fused_attn_groups, L.fused_fold_norms, L.attn_head_groups, L.attn_min_keys)
         if self._fused is not None and self._fused_on == knobs:
             return
         self._fused_on = knobs

@@ -27,7 +27,8 @@ class FsMv(Structure):
     _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("row_bytes", c_long * 3), ("rows", c_int * 3),
                 ("type", c_int * 3), ("n_w", c_int), ("K", c_int), ("rb", c_int), ("wpr", c_int),
                 ("accumulate", c_int), ("act", c_int), ("x", c_void_p), ("norm_w", c_void_p), ("eps", c_float),
-                ("pick", FsPick)]
+                ("pick", FsPick), ("post_src", c_void_p), ("post_w_src", c_void_p), ("post_resid", c_void_p),
+                ("post_resid_out", c_void_p)]
 
 
 class FsNorm(Structure):
@@ -117,7 +118,7 @@ def launch(L, ops_ptr: int, n_ops: int, bar: int, lay: Layout, grid: int, stamps
     """One step of the program at ops_ptr (device memory); stamps: 4 n_ops zeroed u64 for a profile;
     flags: X_EARLY (needs a layout with x_floats) | LOOKAHEAD | ATTN_EARLY (needs programs built with it:
     their attention ops' `prefetch` set)."""
-    assert not flags & X_EARLY or lay.nw_bytes, "FS_X_EARLY without its shared memory"
+    assert not flags & X_EARLY or lay.xs_off, "FS_X_EARLY without its shared memory"
     L.go("reflex_fused_step", grid, THREADS,
          [c_void_p(ops_ptr), c_int(n_ops), c_void_p(bar), c_int(lay.buf_bytes), c_int(lay.red_off),
           c_int(lay.attn_off), c_int(lay.prog_off), c_void_p(stamps or None), c_int(lay.xs_off), c_int(lay.nw_off),
