@@ -12,14 +12,15 @@
 // Grid: co-resident blocks (one per SM; a cooperative launch where the driver allows it),
 // FS_THREADS threads. Dynamic smem: two tile buffers of buf_bytes, the partial row sums (red_off),
 // the attention's working memory (attn_off; attn_decode.cuh), a copy of the program (prog_off),
-// and under FS_X_EARLY x (xs_off) and two norm-weight slots of nw_bytes (nw_off). stamps (NULL:
+// and under FS_X_EARLY or with folded post-norms (xs_off != 0) x (xs_off) and two norm-weight slots
+// of nw_bytes (nw_off). stamps (NULL:
 // none; 4 n_ops zeroed u64): per op, block 0's start, the last block's start, the last block's "x
 // and first tile in" (matrix ops) and the last block's end of its work (%globaltimer ns), for
 // FusedStep.profile. Matrix tiles: block b takes tiles b, b + grid, ...; each row is mvs.cuh's
 // dot (the same sums as reflex_mvs_*), x' in registers. FS_ATTN: work item i = (KV head
 // i % n_head_kv, slice i / n_head_kv; fs_attn_item with head groups) runs atd_body on the
-// block's first 128 threads while the others stage the next op's tile. FS_NORM and FS_EMBED run on block 0. FS_HEAD ends the
-// program: with a pick, mvs_pick's last block advances the state.
+// block's first 128 threads while the others stage the next op's tile. FS_NORM and FS_EMBED run
+// on block 0. FS_HEAD ends the program: with a pick, mvs_pick's last block advances the state.
 //
 // flags (Launcher knobs, off by default until a GPU run says they pay; gpu/fused.py):
 // - FS_X_EARLY: a matrix op's input leaves before the next op's weights. Without it, a block issues
@@ -176,7 +177,9 @@ struct FsEarly {
 
 // A folded post-norm's x' into xs (FsMv.post_src; K <= FS_POST_E * FS_THREADS, host-checked): what
 // rx_rmsnorm_row does on block 0 for an FS_NORM op, the same sums in the same order, on every block,
-// with r in registers; block 0 also stores r, the residual the next fold reads.
+// with r in registers; block 0 also stores r, the residual the next fold reads. No norm_w: x' = r
+// (a matrix op's input without a norm). (Folded into the head, whose unfolded input is the residual
+// normalized by mvs_load_x, x' differs from that by float rounding: another order of the sums.)
 #define FS_POST_E 8
 __device__ void fs_post_x(const FsMv& m, float* xs) {
     __shared__ float scratch[32];
@@ -209,11 +212,11 @@ __device__ void fs_post_x(const FsMv& m, float* xs) {
         if (blockIdx.x == 0) m.post_resid_out[i] = r[e];
         ss += r[e] * r[e];
     }
-    float scale = rsqrtf(block_sum(ss, scratch) / n + m.eps);
+    float scale = wo ? rsqrtf(block_sum(ss, scratch) / n + m.eps) : 1.f;
 #pragma unroll
     for (int e = 0; e < FS_POST_E; e++) {
         int i = threadIdx.x + e * FS_THREADS;
-        if (i < n) xs[i] = wo ? r[e] * scale * b[e] : r[e] * scale;
+        if (i < n) xs[i] = wo ? r[e] * scale * b[e] : r[e];
     }
     __syncthreads();
 }
@@ -244,8 +247,8 @@ __device__ __forceinline__ int fs_rl(int type) { return (type == RX_Q8_0 || type
 
 // One matrix op (matrix op mi of the program): this block's tiles; on its last tile it stages its
 // first tile of op `next` (if a matrix op: the next one, mi + 1) with threads [nt0, FS_THREADS).
-// Returns whether that was staged (it then sits in buf[cur] afterwards). e.xs set: FS_X_EARLY (x
-// copied ahead of the next copies).
+// Returns whether that was staged (it then sits in buf[cur] afterwards). e.on: FS_X_EARLY (x copied
+// ahead of the next copies into e.xs); m.post_src: a folded post-norm makes x' there (fs_post_x).
 __device__ bool fs_matrix(const FsOp* op, const FsOp* next, int nt0, int mi, bool staged, uint8_t* smem,
                           int buf_bytes, int red_off, int& cur, FsEarly e, unsigned long long* ready) {
     __shared__ float scratch[MVS_WARPS];

@@ -97,6 +97,9 @@ def test_ops_constants_match_the_kernels():
 
     assert (fused_step.X_EARLY, fused_step.LOOKAHEAD, fused_step.ATTN_EARLY) == tuple(
         define("fused_step.cu", n) for n in ("FS_X_EARLY", "FS_LOOKAHEAD", "FS_ATTN_EARLY"))
+    from reflex_runtime.gpu import fused
+
+    assert fused.POST_MAX == define("fused_step.cu", "FS_POST_E") * define("fused_step.cu", "FS_THREADS")
 
 
 class FakeKernel:

@@ -212,7 +212,8 @@ class FusedStep:
             b.head(state, True)
             mats = [op.u.mv for op in b.ops if op.kind in (fs.MV, fs.GLU, fs.HEAD)]
             x_floats = max(m.K for m in mats if L.fused_x_early or m.post_src)
-            nw_floats = max((m.K for m in mats if m.norm_w), default=0) if L.fused_x_early else 0
+            staged_nw = [m.K for m in mats if m.norm_w and not m.post_src]  # (a fold reads its weights itself)
+            nw_floats = max(staged_nw, default=0) if L.fused_x_early else 0
             lay = fs.layout(dev.max_shared, attn, RED_FLOATS, n_ops, x_floats, nw_floats)
             if lay is None:
                 raise Unfusable("no room for the tile buffers beside x")

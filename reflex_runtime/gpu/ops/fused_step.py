@@ -67,7 +67,8 @@ def wpr_of(k: int) -> int | None:
 @dataclass(frozen=True)
 class Layout:
     """The kernel's dynamic shared memory: two tile buffers, the row partial sums, the attention's
-    working memory, the program's copy, then (FS_X_EARLY) x and two norm-weight slots."""
+    working memory, the program's copy, then (FS_X_EARLY, or post-norms folded into matrix ops) x
+    and two norm-weight slots (FS_X_EARLY's)."""
 
     buf_bytes: int
     red_off: int
@@ -82,7 +83,8 @@ class Layout:
 def layout(max_shared: int, attn_bytes: int, red_floats: int, n_ops: int, x_floats: int = 0,
            nw_floats: int = 0) -> Layout | None:
     """The largest tile buffers that fit beside the rest (None: too small to be worth it).
-    x_floats / nw_floats: the longest input and norm-weight vector of a matrix op (FS_X_EARLY; 0: off)."""
+    x_floats / nw_floats: the longest input (FS_X_EARLY, folded post-norms) and norm-weight vector
+    (FS_X_EARLY) of a matrix op; 0: no x region."""
     red, prog = _up16(4 * red_floats), _up16(n_ops * OP_BYTES + 16)
     xs = _up16(4 * x_floats)
     nw = _up16(4 * nw_floats + 16) if x_floats else 0  # + 16: a hull copy keeps the address mod 16
