@@ -866,6 +866,64 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     runner.batch_close(d)
 
 
+def _fused_dataflow(b) -> tuple[list, dict]:
+    """Run a fused program (gpu/fused.py _Builder's ops) on symbols: each matrix op's input as a
+    formula of what it reads (n(...): an RMS norm, w<ptr>: a weight vector), and every buffer's last
+    formula, as kernels/fused_step.cu computes them (FS_NORM: rx_rmsnorm_row; FsMv.post_*: fs_post_x)."""
+    mem: dict[int, str] = {}
+    val = lambda p: mem.get(p, f"init@{p:x}")  # noqa: E731
+    inputs = []
+    for op, role in zip(b.ops, b.roles):
+        if op.kind == FUSED_OPS["embed"]:
+            mem[op.u.embed.out] = "emb"
+        elif op.kind == FUSED_OPS["attn"]:
+            a = op.u.attn.a
+            mem[a.out] = f"attn({val(a.q)},{val(a.rope.k)},{val(a.rope.v)})"
+        elif op.kind == FUSED_OPS["norm"]:
+            f = op.u.norm
+            mem[f.resid] = r = f"({val(f.resid)}+n({val(f.src)})*w{f.w_src:x})"
+            if f.out:
+                mem[f.out] = f"n({r})*w{f.w_out:x}"
+        else:
+            m = op.u.mv
+            if m.post_src:
+                mem[m.post_resid_out] = r = f"({val(m.post_resid)}+n({val(m.post_src)})*w{m.post_w_src:x})"
+                x = f"n({r})*w{m.norm_w:x}" if m.norm_w else r
+            else:
+                x = f"n({val(m.x)})*w{m.norm_w:x}" if m.norm_w else val(m.x)
+            for i in range(1 if op.kind == FUSED_OPS["glu"] else m.n_w):
+                y = f"{role}[{m.w[i]:x}]({x})"
+                mem[m.y[i]] = f"({val(m.y[i])}+{y})" if m.accumulate else y
+            inputs.append((role, x))
+    return inputs, mem
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_fused_fold_computes_what_the_norm_ops_did(ptx_params, tmp_path, layers):
+    """Gemma's post-norms folded into the matrix op after each (Launcher.fused_fold_norms): run on
+    symbols, both programs give every matrix op the same input, the head the same logits and the
+    residual the same final value in x as the program with its norm ops, whatever the layer count
+    (the residual alternates between x and h)."""
+    from reflex_runtime.gpu import fused
+    from reflex_runtime.gpu.ops.sample import RxState
+
+    dec, _ = _model("gemma3", ptx_params, str(tmp_path), num_hidden_layers=layers)
+    st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
+    for greedy in (True, False):
+        runs = []
+        for fold in (False, True):
+            dec.launch.fused_fold_norms = fold
+            b = fused._Builder(dec, 132, 64 * 1024)
+            b.embed()
+            b.layers()
+            b.head(st, greedy)
+            runs.append(_fused_dataflow(b))
+        (plain, m0), (folded, m1) = runs
+        assert plain == folded and len(folded) == 4 * layers + 1
+        assert m0[dec.p("logits")] == m1[dec.p("logits")] and m0[dec.p("x")] == m1[dec.p("x")]
+        assert "init@" not in m1[dec.p("logits")]
+
+
 def test_fused_step_rebuilt_when_its_knobs_change(ptx_params):
     """bench_knobs switches the launcher's knobs between graphs (reset_graphs): the fused step's
     program and flags follow them, not the first build's."""
