@@ -186,16 +186,15 @@ def main(args) -> int:
     res["decode_graph_nodes"] = runner.info().get("decode_graph_nodes")
     res["decode_graph_pdl"] = runner.pdl_available()
     res["decode_fused_step"] = runner.info().get("decode_fused_step")  # True, or why the step is a kernel per op
+    from ..gpu.launch import FUSED_KNOBS
+
     res["decode_kernels"] = {"staged": launch.staged, "attn_decode": launch.attn_decode,
                              "mvs_budget": launch.mvs_budget, "mvs_blocks_per_sm": launch.mvs_blocks_per_sm,
                              "mvs_waves": launch.mvs_waves,
                              "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
                              "attn_head_groups": launch.attn_head_groups,
                              "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step,
-                             "fused_x_early": launch.fused_x_early, "fused_lookahead": launch.fused_lookahead,
-                             "fused_attn_early": launch.fused_attn_early,
-                             "fused_attn_groups": launch.fused_attn_groups,
-                             "fused_fold_norms": launch.fused_fold_norms}
+                             **{k: getattr(launch, k) for k in FUSED_KNOBS}}
     if depths:
         res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]

@@ -24,6 +24,12 @@ RED_FLOATS = 2048  # partial row sums a tile may leave (rows x warps per row x r
 POST_MAX = 8 * fs.THREADS  # a folded post-norm's width (kernels/fused_step.cu FS_POST_E a thread)
 
 
+def _folds(model) -> bool:
+    """Whether Gemma's post-norms are folded into the matrix op after each (Launcher.fused_fold_norms,
+    up to POST_MAX wide): the builder and the op count both ask."""
+    return model.launch.fused_fold_norms and model.cfg.n_embd <= POST_MAX
+
+
 class Unfusable(Exception):
     """Why a model's step runs as separate kernels."""
 
@@ -46,7 +52,7 @@ class _Builder:
         # block of that op makes its input from the residual and the post-norm's source, so the
         # norm's op (one block working, the rest at its barrier) goes; the residual then alternates
         # between x and h (h is no op's input any more)
-        self.fold = model.launch.fused_fold_norms and model.cfg.n_embd <= POST_MAX
+        self.fold = _folds(model)
         self._post = None  # a folded post-norm waiting for its matrix op: (src, w_src, w_out or 0)
         self._resid = (self.p("x"), self.p("h"))  # (where the residual is, the other buffer)
 
@@ -195,7 +201,7 @@ class FusedStep:
         groups = {(ly.mixer.cfg.n_head // ly.mixer.cfg.n_head_kv, ly.mixer.cfg.head_dim, ly.mixer.cfg.head_dim_v)
                   for ly in model.layers if isinstance(ly.mixer, Attention)}
         attn = max((fs.attn_bytes(*g) for g in groups), default=0)
-        fold = L.fused_fold_norms and model.cfg.n_embd <= POST_MAX  # (as _Builder decides)
+        fold = _folds(model)
         n_ops = 2 + sum(7 if ly.post_names and not fold else 5 for ly in model.layers)
         lay = fs.layout(dev.max_shared, attn, RED_FLOATS, n_ops)
         if lay is None:

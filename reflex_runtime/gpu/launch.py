@@ -43,6 +43,11 @@ class Launch:
     shmem: int = 0
 
 
+# the one-kernel step's options (gpu/fused.py): what its program or launch depends on beside
+# fused_step itself; the runner rebuilds the step when one changes, and reflex bench reports them
+FUSED_KNOBS = ("fused_x_early", "fused_lookahead", "fused_attn_early", "fused_attn_groups", "fused_fold_norms")
+
+
 class Launcher:
     def __init__(self, device, stream):
         self.dev = device

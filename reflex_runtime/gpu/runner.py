@@ -368,11 +368,12 @@ class CudaRunner:
     def _prepare_fused(self) -> None:
         """The fused decode step (gpu/fused.py), or why not (kept in self.fused_note)."""
         from .fused import FusedStep, Unfusable  # not on the cold path: the first token comes from prefill
+        from .launch import FUSED_KNOBS
 
         L = self.launch
         # what the program or its launch depends on: the bench switches these between graphs
-        knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step, L.fused_x_early, L.fused_lookahead,
-                 L.fused_attn_early, L.fused_attn_groups, L.fused_fold_norms, L.attn_head_groups, L.attn_min_keys)
+        knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step, L.attn_head_groups, L.attn_min_keys) + tuple(
+            getattr(L, k) for k in FUSED_KNOBS)
         if self._fused is not None and self._fused_on == knobs:
             return
         self._fused_on = knobs
