@@ -90,6 +90,60 @@ __device__ __forceinline__ void mvs_load_x(const float* x, int K, bool norm, con
     if constexpr (RL == 4) mvs_quant32(&out.r[0][0], (out.s[0] + out.s[1]) + (out.s[2] + out.s[3]), &out.q);
 }
 
+// A post-norm folded into the next matrix kernel (Gemma's sandwich norms): the launch's x is the
+// residual r, and its input is r + norm(src) * w (norm(v) = v / sqrt(mean(v^2) + eps)), made by every
+// block from the previous block's output src; block (0, 0) also writes it to x_out, the residual
+// the next post-norm adds to (the host alternates two buffers: other blocks still read r). src NULL:
+// none. Saves the norm kernel (reflex_rmsnorm) between the two.
+struct MvsPost {
+    const float* src;
+    const float* w;
+    float* x_out;
+    float eps;
+};
+
+// r + norm(src) * w into shared memory after `used` bytes (the host's xs_bytes(K) of room), and
+// from block (0, 0) into post.x_out; returns the copy. Every thread must call it. The formula is
+// reflex_rmsnorm's (kernels/norm.cuh rx_rmsnorm_row); its sum of squares adds in another order.
+// Not inlined: the staged kernels keep their registers (94 -> 128 inlined), and the struct goes by value.
+__device__ __noinline__ const float* mvs_post_x(const float* r, int K, long used, MvsPost post) {
+    __shared__ float pscr[32];
+    float4* xs = reinterpret_cast<float4*>(rx_dyn_smem + ((used + 15) & ~15L));
+    const float4 *s4 = reinterpret_cast<const float4*>(post.src), *r4 = reinterpret_cast<const float4*>(r),
+                 *w4 = reinterpret_cast<const float4*>(post.w);
+    int n4 = K >> 2, t = threadIdx.x;
+    float4 r0 = make_float4(0.f, 0.f, 0.f, 0.f), w0 = r0;
+    if (t < n4) r0 = r4[t], w0 = w4[t];  // issued with src: one round trip for K <= 1024
+    float ss = 0.f;
+    for (int c = t; c < n4; c += MVS_THREADS) {
+        float4 v = s4[c];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        xs[c] = v;
+    }
+    float inv = rsqrtf(block_sum(ss, pscr) / K + post.eps);
+    bool writer = blockIdx.x == 0 && blockIdx.y == 0;
+    for (int c = t; c < n4; c += MVS_THREADS) {
+        float4 v = xs[c], rr = c == t ? r0 : r4[c], ww = c == t ? w0 : w4[c], o;
+        o.x = rr.x + v.x * inv * ww.x, o.y = rr.y + v.y * inv * ww.y;
+        o.z = rr.z + v.z * inv * ww.z, o.w = rr.w + v.w * inv * ww.w;
+        xs[c] = o;
+        if (writer) reinterpret_cast<float4*>(post.x_out)[c] = o;
+    }
+    __syncthreads();
+    return reinterpret_cast<const float*>(xs);
+}
+
+// The input of a staged kernel: with POST (the reflex_mvs*_post kernels), mvs_post_x's copy of
+// r + norm(src) * w; else x itself, the code of the kernels without it unchanged. Then x' in
+// registers as mvs_load_x makes it.
+template <int RL, bool POST>
+__device__ __forceinline__ void mvs_load_input(const float* x, int K, long used, const MvsPost& post, bool norm,
+                                               const float (&nw)[MVS_NX][8], float eps, int part, int wpr, MvsX& out,
+                                               float* scratch) {
+    if constexpr (POST) mvs_load_x<RL>(mvs_post_x(x, K, used, post), K, norm, nw, eps, part, wpr, out, scratch);
+    else mvs_load_x<RL>(x, K, norm, nw, eps, part, wpr, out, scratch);
+}
+
 // x' with no norm (ones as norm weights).
 template <int RL>
 __device__ __forceinline__ void mvs_load_x_plain(const float* x, int K, int part, int wpr, MvsX& out) {
@@ -225,9 +279,12 @@ __device__ void mvs_pick(const MvsPick& pick, float bv, int bi) {
 }
 
 // y[r0 + i] (+)= dot for rows r0 .. r0 + rb of one matrix (the block's share of its segment).
-template <int T>
+// POST: the input is r + norm(post.src) * post.w (mvs_post_x), made after `x_row_bytes` rows of
+// staged weights and the row sums (reflex_mvs_mixed_post: the largest segment's rows, as the host planned).
+template <int T, bool POST>
 __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_bytes, int b, const float* x, int K, int rb,
-                             int wpr, int accumulate, const float* norm_w, float eps, const MvsPick& pick) {
+                             int wpr, int accumulate, const float* norm_w, float eps, const MvsPick& pick,
+                             const MvsPost& post, long x_row_bytes) {
     __shared__ float scratch[MVS_WARPS];
     int r0 = b * rb, n = min(rb, rows - r0);  // the host sizes the grid: n >= 1
     long span = rx_stage_bytes((long)rb * row_bytes);
@@ -240,7 +297,8 @@ __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_byte
     mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
     rx_pdl_begin();  // weights are in flight; x comes from the predecessor
     float prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
-    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
+    mvs_load_input<RL, POST>(x, K, rx_stage_bytes((long)rb * x_row_bytes) + 4L * rb * wpr, post, norm_w != nullptr, nw, eps,
+                       part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);
@@ -254,6 +312,58 @@ __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_byte
         y[r0 + i] = v;
         if (v != v) v = -INFINITY;  // NaN never wins
         if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
+    }
+    if (pick.part_v) mvs_pick(pick, bv, bi);
+}
+
+// The LM head streamed (reflex_mvs_head_*): block b owns rows [b rpb, (b + 1) rpb) and walks them in
+// chunks of `chunk` rows through a ring of MVS_STAGES shared-memory slots, MVS_STAGES - 1 chunks
+// in flight while one is computed (the first ones issued before the wait). One block per SM or
+// two stay resident for the whole matrix, so an SM always has copies in flight; mvs_seg_body's
+// blocks issue theirs only when they start, in waves. Same outputs and pick as mvs_seg_body.
+#define MVS_STAGES 4
+template <int T>
+__device__ void mvs_stream_body(const uint8_t* w, float* y, int rows, long row_bytes, const float* x, int K, int rpb,
+                                int chunk, int wpr, const float* norm_w, float eps, const MvsPick& pick) {
+    __shared__ float scratch[MVS_WARPS];
+    int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);  // the host sizes the grid: non-empty
+    int n_chunks = (r_end - r_begin + chunk - 1) / chunk;
+    long span = rx_stage_bytes((long)chunk * row_bytes);
+    float* red = reinterpret_cast<float*>(rx_dyn_smem + MVS_STAGES * span);
+    auto issue = [&](int c) {  // chunk c into slot c % MVS_STAGES; a group per chunk, empty past the end
+        if (c < n_chunks) {
+            int r0 = r_begin + c * chunk;
+            rx_stage(rx_dyn_smem + (c % MVS_STAGES) * span, w + (long)r0 * row_bytes,
+                     (long)min(chunk, r_end - r0) * row_bytes);
+        }
+        rx_cp_commit();
+    };
+    for (int c = 0; c < MVS_STAGES - 1; c++) issue(c);
+    constexpr int RL = MvsRun<T>::RL;
+    int part = (threadIdx.x >> 5) % wpr;
+    float nw[MVS_NX][8];
+    MvsX xin;
+    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+    rx_pdl_begin();  // the first chunks are in flight; x comes from the predecessor
+    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int c = 0; c < n_chunks; c++) {
+        issue(c + MVS_STAGES - 1);  // into the slot chunk c - 1 left (the loop's last barrier freed it)
+        rx_cp_wait_prior<MVS_STAGES - 1>();  // chunk c has landed (this thread's copies)
+        __syncthreads();                      // ... everyone's
+        int r0 = r_begin + c * chunk, n = min(chunk, r_end - r0);
+        uintptr_t src = reinterpret_cast<uintptr_t>(w + (long)r0 * row_bytes);
+        const uint8_t* srow = rx_dyn_smem + (c % MVS_STAGES) * span + (src & 15);  // where rx_stage put it
+        mvs_range<T>(srow, row_bytes, n, xin, K >> 3, wpr, red, 0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += MVS_THREADS) {
+            float v = mvs_total(red, i, wpr);
+            y[r0 + i] = v;
+            if (v != v) v = -INFINITY;  // NaN never wins
+            if (rx_better(v, r0 + i, bv, bi)) bv = v, bi = r0 + i;
+        }
+        __syncthreads();  // red and the chunk's slot are free again
     }
     if (pick.part_v) mvs_pick(pick, bv, bi);
 }
@@ -285,10 +395,10 @@ __device__ __forceinline__ int mvs_segment(const Segs& segs, int rb, int* b) {
 // rows start expert_bytes apart in the stacked tensors), staged after the wait that makes the
 // ids visible; dense weights are staged before it. With ids and Sg / Su (a shared expert of the
 // experts' type and size), the last slot (blockIdx.y = k) is the shared expert's, staged early.
-template <int T>
+template <int T, bool POST>
 __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_bytes, long expert_bytes, const int* ids,
                              const float* x, const float* norm_w, float eps, float* y, int n_rows, int K, int rb,
-                             int wpr, int act, const uint8_t* Sg, const uint8_t* Su) {
+                             int wpr, int act, const uint8_t* Sg, const uint8_t* Su, const MvsPost& post) {
     __shared__ float scratch[MVS_WARPS];
     int s = blockIdx.y, r0 = blockIdx.x * rb, n = min(rb, n_rows - r0);
     long span = rx_stage_bytes((long)rb * row_bytes);
@@ -310,7 +420,7 @@ __device__ void mvs_glu_body(const uint8_t* Wg, const uint8_t* Wu, long row_byte
         su = rx_stage(rx_dyn_smem + span, Wu + off, (long)n * row_bytes);
     }
     rx_cp_commit();
-    mvs_load_x<RL>(x, K, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
+    mvs_load_input<RL, POST>(x, K, 2 * span + 8L * rb * wpr, post, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + 2 * span);

@@ -61,6 +61,31 @@ def test_check_passes_gemma3(outtype):
     assert res["result"] == "PASS", res
 
 
+@pytest.mark.parametrize("outtype", ["f32", "q4_k_m"])
+def test_gemma3_post_norms_folded_into_the_next_kernel(outtype, monkeypatch):
+    """REFLEX_POST_FOLD=1: each post-norm of a Gemma decode step done by the next matrix kernel
+    (the residual alternating two buffers) instead of a norm launch: check PASS, and 32 greedy
+    tokens equal to the reference, twice (the decode graph replayed from the first buffer)."""
+    from reflex_runtime.commands.check import run_check
+    from reflex_runtime.families import load_reference
+    from reflex_runtime.sampling import SamplingParams
+
+    monkeypatch.setenv("REFLEX_POST_FOLD", "1")
+    eng = engine_for(fixture("gemma3", outtype))
+    assert eng.runner.model.launch.post_fold
+    ref = load_reference(eng.gguf, eng.config)
+    res = run_check(eng, ref, "one two three four five six seven eight nine ten eleven", 12)
+    assert res["result"] == "PASS", res
+    ids = eng.prompt_ids(PROMPT)
+    expect = reference_greedy(ref, ids, 32)
+    assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect
+    assert list(eng.runner.generate_ids(ids, SamplingParams(), 32, frozenset())) == expect
+    # the step folded them: one norm launch left (the last layer's), the rest in the q/k/v and gate/up launches
+    step = eng.runner.decode_step_launches(16)
+    assert sum(ln.kernel.name == "reflex_rmsnorm" for ln in step) == 1
+    assert sum(bool(getattr(ln.args[-1], "src", 0)) for ln in step) == 2 * eng.config.n_layers - 1
+
+
 def test_long_prompt_uses_chunks_and_tensor_cores(qwen3_q8):
     from reflex_runtime.commands.check import run_check
 

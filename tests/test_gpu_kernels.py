@@ -752,7 +752,8 @@ def knobs(gpu):
     L = gpu.launch
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
-                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups)
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups,
+                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -808,6 +809,49 @@ def test_staged_matvec_segments_any_split(gpu, knobs, qtype, blocks_per_sm, budg
         assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
 
 
+@pytest.mark.parametrize("types", [(Q.Q8_0,) * 3, (Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.F16,) * 3],
+                         ids=lambda ts: "-".join(t.name for t in ts))
+@pytest.mark.parametrize("k", [768, 2304])  # one float4 a thread at most, and more (mvs_post_x's second loads)
+def test_post_norm_folded_into_segments_and_glu(gpu, knobs, types, k):
+    """Gemma's post-norm folded into the next one-token launch (mvs.Post): the launch's input is
+    r + norm(src) * w, normalized again with its own pre-norm weights, and block (0, 0) leaves that
+    residual in x_out; q/k/v of one type (reflex_mvs_*) or mixed (reflex_mvs_mixed), and gate/up."""
+    rng = np.random.default_rng([int(t) for t in types] + [k])
+    knobs.post_fold = True
+    mats = [weight(gpu, t, rows, k, rng) for t, rows in zip(types, (389, 64, 64))]
+    r = (rng.standard_normal((1, k)) * 2).astype(np.float32)
+    src = (rng.standard_normal((1, k)) * 30).astype(np.float32)  # a block's raw output: any scale
+    pw = (rng.random(k) + 0.5).astype(np.float32)
+    nw = (rng.random(k) + 0.5).astype(np.float32)
+    eps = 1e-6
+    x_new = r.astype(np.float64) + _rms(src, pw, eps)
+    xn = _rms(x_new.astype(np.float32), nw, eps).astype(np.float32)
+    assert mvs.folds_post(gpu.launch, [w for w, _ in mats])
+    x_out = gpu.poisoned((1, k))
+    post = mvs.Post(gpu.put(src), gpu.put(pw), x_out, eps)
+    ys = [gpu.poisoned((1, w.rows)) for w, _ in mats]
+    names = _kernels(gpu, lambda: products.matmul_many(gpu.launch, [w for w, _ in mats], gpu.put(r), ys, 1,
+                                                       norm_w=gpu.put(nw), eps=eps, post=post))
+    assert names == ["reflex_mvs_mixed_post" if len(set(types)) > 1 else f"reflex_mvs_post_{mats[0][0].suffix}"]
+    np.testing.assert_allclose(gpu.get(x_out, (1, k)), x_new, rtol=2e-5, atol=2e-5 * np.abs(x_new).max())
+    for (w, dense), y in zip(mats, ys):
+        assert_matmul_close(gpu.get(y, (1, w.rows)), xn, dense, rtol=2e-4)
+    # gate/up of the first type, 333 rows
+    (wg, dg), (wu, du) = (weight(gpu, types[0], 333, k, rng) for _ in range(2))
+    assert mvs.folds_post(gpu.launch, [wg, wu], ranges=2)
+    x_out2, out = gpu.poisoned((1, k)), gpu.poisoned((1, 333))
+    names = _kernels(gpu, lambda: products.gated_ffn_in(gpu.launch, wg, wu, gpu.put(r), out, 1, 1, 0, 0,
+                                                        norm_w=gpu.put(nw), eps=eps,
+                                                        post=mvs.Post(post.src, post.w, x_out2, eps)))
+    assert names == [f"reflex_mvs_glu_post_{wg.suffix}"]
+    np.testing.assert_allclose(gpu.get(x_out2, (1, k)), x_new, rtol=2e-5, atol=2e-5 * np.abs(x_new).max())
+    g, u = xn.astype(np.float64) @ dg.T, xn.astype(np.float64) @ du.T
+    expect = _act(g, 1) * u
+    tol = 6e-4 * (np.abs(xn) @ np.abs(dg).T) * (np.abs(xn) @ np.abs(du).T) + 1e-5
+    got = gpu.get(out, (1, 333))
+    assert not np.isnan(got).any() and (np.abs(got - expect) <= tol).all(), np.abs(got - expect).max()
+
+
 def test_staged_matvec_legacy_switch(gpu, knobs):
     """With staged off (the bench's comparison), one token takes the legacy kernel again."""
     rng = np.random.default_rng(11)
@@ -843,10 +887,12 @@ def test_staged_glu_one_token(gpu, knobs, qtype, act, fused_norm, k):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
-def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
+@pytest.mark.parametrize("stream", [0, 1, 2])
+def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype, stream):
     """Logits of 20011 rows in blocks of 61 rows, the greedy pick fused: a tie between two copies of
     the best row goes to the lower id (across blocks), a NaN row never wins, and the last block
-    leaves its counter at zero for the next replay."""
+    leaves its counter at zero for the next replay. stream 1 / 2: the streamed head, 1 or 2
+    resident blocks an SM walking their rows (152 or 76 a block on 132 SMs) in chunks of 15."""
     from quant_blocks import random_matrix
 
     from reflex_runtime.gpu.ops.common import Weight
@@ -867,6 +913,7 @@ def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
         raw[nan_row] = np.full(k, np.nan, np.float32).view(np.uint8)
     w = Weight(gpu.put(raw), TYPE_NAMES[qtype], rows, k, rb_bytes)
     knobs.mvs_budget = 61 * rb_bytes + 64
+    knobs.mvs_head_stream = stream
     logits = gpu.poisoned((1, rows))
     part_v, part_i = gpu.poisoned((rows,)), gpu.poisoned((rows,), np.int32)
     counter = gpu.put(np.zeros(1, np.int32))
@@ -877,7 +924,7 @@ def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
         st, bufs = _state(gpu, 1, 9, 9)
         names = _kernels(gpu, lambda: mvs.head(gpu.launch, w, gpu.put(x), logits, gpu.put(nw), 1e-6,
                                                (part_v, part_i, counter, st, 0)))
-        assert names == [f"reflex_mvs_{w.suffix}"]
+        assert names == [f"reflex_mvs_{'head_' if stream else ''}{w.suffix}"]
         got = gpu.get(logits, (1, rows))
         ok = ~np.isnan(expect)
         assert np.isnan(got[~ok]).all() and not np.isnan(got[ok]).any()
@@ -889,12 +936,15 @@ def test_staged_lm_head_with_fused_argmax(gpu, knobs, qtype):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q6_K], ids=lambda t: t.name)
-def test_staged_lm_head_without_pick_writes_logits_only(gpu, knobs, qtype):
-    rng = np.random.default_rng(int(qtype) + 100)
-    w, dense = weight(gpu, qtype, 4099, 256, rng)
-    x = rng.standard_normal((1, 256)).astype(np.float32)
+@pytest.mark.parametrize("stream,k", [(0, 256), (2, 256), (2, 2304)])  # 2304: 3 warps a row in the streamed head
+def test_staged_lm_head_without_pick_writes_logits_only(gpu, knobs, qtype, stream, k):
+    knobs.mvs_head_stream = stream
+    rng = np.random.default_rng([int(qtype) + 100, k])
+    w, dense = weight(gpu, qtype, 4099, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
     y = gpu.poisoned((1, 4099))
-    assert mvs.head(gpu.launch, w, gpu.put(x), y, 0, 0.0)
+    names = _kernels(gpu, lambda: mvs.head(gpu.launch, w, gpu.put(x), y, 0, 0.0))
+    assert names == [f"reflex_mvs_{'head_' if stream else ''}{w.suffix}"]
     assert_matmul_close(gpu.get(y, (1, 4099)), x, dense, rtol=2e-4)
 
 

@@ -93,6 +93,7 @@ def test_ops_constants_match_the_kernels():
         define("mla_flash.cu", n) for n in ("MLF_ROWS", "MLF_BKV", "MLF_D", "MLF_R"))
     assert moe_route.MAX_GROUPS == define("moe_route.cu", "ROUTE_MAX_GROUPS")
     assert mvs.MVS_NX == define("mvs.cuh", "MVS_NX")
+    assert mvs.MVS_STAGES == define("mvs.cuh", "MVS_STAGES")
     from reflex_runtime.gpu.ops import fused_step
 
     assert (fused_step.X_EARLY, fused_step.LOOKAHEAD, fused_step.ATTN_EARLY) == tuple(
@@ -331,6 +332,44 @@ PROMPT_KERNELS = {
              "qwen3moe": ("reflex_moe_gemm_glu_", "reflex_moe_gemm_down_")},
     (7, 5): {"all": ("reflex_mm_",), "gemma3": ("reflex_glu",), "qwen3moe": ("reflex_moe_mm_", "reflex_moe_combine")},
 }
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_decode_step_knobs_launch_matching_abi(ptx_params, name, tmp_path, monkeypatch):
+    """The decode step's paths on by default: the streamed LM head (REFLEX_MVS_HEAD_STREAM, with
+    the greedy pick fused where there is no soft-capping), and Gemma's post-norms folded into the
+    next matrix kernel (REFLEX_POST_FOLD, the _post kernels): one norm launch left a step, the
+    residual alternating buffers."""
+    from reflex_runtime.gpu.ops.sample import RxState
+
+    monkeypatch.delenv("REFLEX_MVS_HEAD_STREAM", raising=False)
+    monkeypatch.delenv("REFLEX_POST_FOLD", raising=False)
+    arch, overrides = ABI_MODELS[name]
+    dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
+    st = RxState(*[dec.p(n) for n in ("tokens", "pos", "slot", "n_kv", "step", "out_tokens")])
+    dec.launch.pdl = True
+    for step in range(2):  # the second step starts from the first residual buffer again
+        n0 = len(dev.launches)
+        dec.forward(1, pick=(st, 0))
+        launches = dev.launches[n0:]
+        names = [n for n, _, _ in launches]
+        heads = [g for n, g, _ in launches if n.startswith("reflex_mvs_head_")]
+        assert len(heads) == 1 and heads[0][0] <= 2 * dev.sm_count, heads
+        assert "reflex_attn_decode" in names
+        posts = [a for (n, _, _), a in zip(launches, dev.last_args[n0:]) if isinstance(a, mvs.MvsPost) and a.src]
+        # an MvsPost only ever goes to the _post kernels; the others keep main's arguments
+        assert all(("_post" in n) == isinstance(a, mvs.MvsPost) for (n, _, _), a in zip(launches, dev.last_args[n0:])
+                   if n.startswith("reflex_mvs")), names
+        if name == "gemma3":  # post-norms folded into the next q/k/v or gate/up launch, but the last layer's
+            assert names.count("reflex_rmsnorm") == 1 and len(posts) == 2 * dec.cfg.n_layers - 1
+            assert dec.res.x == dec.p("x" if len(posts) % 2 == 0 else "x2")
+        else:
+            assert not posts
+    n0 = len(dev.launches)
+    dec.forward(5)  # a prompt: no folding; Gemma's post-norms are norm launches again
+    assert not any(isinstance(a, mvs.MvsPost) and a.src for a in dev.last_args[n0:])
+    if name == "gemma3":
+        assert sum(n == "reflex_rmsnorm" for n, _, _ in dev.launches[n0:]) >= 2 * dec.cfg.n_layers
 
 
 @pytest.mark.parametrize("cc", list(PROMPT_KERNELS), ids=lambda cc: f"sm{cc[0]}{cc[1]}")

@@ -93,25 +93,44 @@ class Batch:
 @dataclass(frozen=True)
 class Input:
     """What a block's matrices read: `ptr`, RMS-normalized on the fly with `norm_w` when that is
-    non-zero (matrix-vector path only)."""
+    non-zero (matrix-vector path only); with `post` (mvs.Post, one token), ptr + norm(post.src) *
+    post.w first: the previous block's post-norm, folded in (the block said it takes one)."""
 
     ptr: int
     norm_w: int = 0
+    post: mvs.Post | None = None
 
 
 class Residual:
     """The residual stream x (n x n_embd floats) and h, where a normalized copy of x is kept when
     the tensor-core path needs one. `normed(b, w)` is a block's pre-norm: folded into the matrix
-    kernels for small batches, else one norm kernel into h (skipped when h already holds it)."""
+    kernels for small batches, else one norm kernel into h (skipped when h already holds it).
+    A post-norm may wait for the next block's matrix kernel to fold it in (add_normed(fold=True)):
+    that kernel reads x and leaves x + norm(src) * w in x2, which becomes x (its other blocks still
+    read the old one); begin() makes the first buffer x again for the next forward."""
 
     BUFFERS = ("x", "h", "o")
+    ONE_ROW = ("x2",)  # n_embd floats: the other residual of a one-token forward with folded post-norms
 
-    def __init__(self, launch: Launcher, x: int, h: int, o: int, n_embd: int, eps: float):
+    def __init__(self, launch: Launcher, x: int, h: int, o: int, n_embd: int, eps: float, x2: int = 0):
         self.launch, self.x, self.h, self.o, self.n_embd, self.eps = launch, x, h, o, n_embd, eps
+        self.x2, self._first = x2, (x, x2)
         self.h_holds = 0  # the norm weight h was last normalized with (0: h is stale)
+        self.pending: tuple[int, int] | None = None  # a post-norm (src, w) the next block folds in
+
+    def begin(self) -> None:
+        """A forward starts: x is the first buffer (a one-token step may have left it in x2)."""
+        self.x, self.x2 = self._first
+        self.h_holds, self.pending = 0, None
 
     def normed(self, b: Batch, norm_w: int, fold: bool = True) -> Input:
         """fold=False: always norm(x) in h, for blocks that read it while others add into x."""
+        if self.pending is not None:  # the block said it takes the post-norm (add_normed(fold=True))
+            assert fold and b.matvec
+            src, w = self.pending
+            inp = Input(self.x, norm_w, mvs.Post(src, w, self.x2, self.eps))
+            self.x, self.x2, self.pending = self.x2, self.x, None
+            return inp
         if self.h_holds == norm_w:
             return Input(self.h, 0)
         if b.matvec and fold:
@@ -124,9 +143,14 @@ class Residual:
         """x changed (a block accumulated into it): h no longer holds its norm."""
         self.h_holds = 0
 
-    def add_normed(self, b: Batch, src: int, post_w: int, next_w: int = 0) -> None:
+    def add_normed(self, b: Batch, src: int, post_w: int, next_w: int = 0, fold: bool = False) -> None:
         """x += norm(src) * post_w (a post-norm, as Gemma's); with next_w, the same kernel also
-        leaves norm(x) * next_w in h for the next block (free here, unlike folding it later)."""
+        leaves norm(x) * next_w in h for the next block (free here, unlike folding it later).
+        fold (the next block takes it, one token, a post weight): no launch here; the next block's
+        matrix kernel does both (normed())."""
+        if fold and next_w and post_w and self.x2 and not any(p % 16 for p in (src, post_w, next_w, self.x, self.x2)):
+            self.pending, self.h_holds = (src, post_w), 0  # (the staged kernels read all of them 16 bytes at a time)
+            return
         out = self.h if next_w else 0
         norm.rmsnorm(self.launch, src, next_w, out, b.n, self.n_embd, self.eps, resid=self.x, w_src=post_w)
         self.h_holds = next_w
@@ -263,7 +287,12 @@ class Attention:
         """q, k, v projections: one launch when the three share a type (most files), else three."""
         ws = [self.w.q, self.w.k, self.w.v]
         with self.launch.role("qkv", sum(w.nbytes for w in ws)):
-            products.matmul_many(self.launch, ws, inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps)
+            products.matmul_many(self.launch, ws, inp.ptr, [q, k, v], b.n, norm_w=inp.norm_w, eps=self.eps,
+                                 post=inp.post)
+
+    def takes_post(self, b: Batch) -> bool:
+        """Whether its q/k/v launch can fold the previous block's post-norm in (Input.post)."""
+        return b.n == 1 and not b.rows and mvs.folds_post(self.launch, [self.w.q, self.w.k, self.w.v])
 
 
 @dataclass
@@ -308,9 +337,15 @@ class GatedFFN:
         L, p, w = self.launch, self.p, self.w
         with L.role("ffn gate/up + act", w.gate.nbytes + w.up.nbytes):
             products.gated_ffn_in(L, w.gate, w.up, inp.ptr, p("act"), b.n, self.act, p("g"), p("u"),
-                                  norm_w=inp.norm_w, eps=self.eps)
+                                  norm_w=inp.norm_w, eps=self.eps, post=inp.post)
         with L.role("ffn down", w.down.nbytes):
             products.matmul(L, w.down, p("act"), out, b.n, accumulate=accumulate)
+
+    def takes_post(self, b: Batch) -> bool:
+        """Whether its gate/up launch can fold the previous block's post-norm in (Input.post)."""
+        g, u = self.w.gate, self.w.up
+        return (b.n == 1 and not b.rows and g.type_name == u.type_name and g.row_bytes == u.row_bytes
+                and mvs.folds_post(self.launch, [g, u], ranges=2))
 
 
 class LmHead:

@@ -123,7 +123,7 @@ class _Builder:
         f.kv_blocks = self.m.kv_table(0) or None
         op.u.attn.max_split = max(1, min(attn_decode.SPLITS_MAX, self.grid // c.n_head_kv))
         # blocks sharing a KV head's query heads at short contexts, as the graph's attention does
-        # (Gemma 3 270M: its one KV head on 4 blocks, not 1); a knob until measured
+        # (Gemma 3 270M: its one KV head on 4 blocks, not 1: 940 -> 1,007 tok/s, s29)
         op.u.attn.n_hg = attn_decode.head_groups(L, c.n_head // c.n_head_kv) if L.fused_attn_groups else 1
         self._add(op, "attention + qk-norm + rope + cache store")
         self.attn_bytes = max(self.attn_bytes, fs.attn_bytes(c.n_head // c.n_head_kv, c.head_dim, c.head_dim_v))

@@ -67,6 +67,10 @@ class Launcher:
         # Decode-step kernels and their knobs (kernels/mvs.cu, attn_decode.cu; the bench varies them).
         self.staged = self.attn_decode = DECODE_KERNELS != "legacy"
         self.mvs_blocks_per_sm = knob("REFLEX_MVS_BLOCKS_PER_SM", 1, minimum=1)
+        # the LM head streamed by this many resident blocks an SM (kernels/mvs.cuh mvs_stream_body);
+        # 0: staged blocks in waves like the other matrices. 2: LM head 95 -> 63 us a token on the
+        # 0.6B Q8_0 shape, 106 -> 90 on Gemma 3 270M's (1: slower; results/2026-12-05-h200-s29)
+        self.mvs_head_stream = knob("REFLEX_MVS_HEAD_STREAM", 2, choices=(0, 1, 2))
         # Weight bytes one block stages: two blocks of consecutive kernels must fit on an SM together,
         # so the next kernel's copies can run while this one computes.
         per_sm, per_block = device.smem_per_sm, device.max_shared
@@ -74,6 +78,10 @@ class Launcher:
             8 * 1024, min(96 * 1024, per_block - STATIC_SMEM_RESERVE - 8 * 1024, per_sm // 2 - 12 * 1024))
         # staged launches' blocks made larger when that saves a wave (mvs.plan); 0 turns it off
         self.mvs_waves = os.environ.get("REFLEX_MVS_WAVES", "1") != "0"
+        # 1: Gemma's post-norms folded into the next matrix kernel of a decode step (kernels/mvs.cuh
+        # mvs_post_x, the _post kernels) instead of a reflex_rmsnorm launch each: Gemma 3 270M's
+        # shape 1,391 -> 1,588 tok/s (results/2026-12-05-h200-s29)
+        self.post_fold = bool(knob("REFLEX_POST_FOLD", 1, choices=(0, 1)))
         # a prompt's float32 router logits through a tiled GEMM (moe.router_mm), not the matrix-vector kernel
         self.router_mm = os.environ.get("REFLEX_ROUTER_MM", "1") != "0"
         # at most this many K slices of that GEMM while its tiles leave SMs idle (moe.router_mm_splits); 1: none
@@ -91,18 +99,19 @@ class Launcher:
         # a dense model's decode step as one persistent kernel (gpu/fused.py): off until it beats the
         # kernel-per-op graph (issue 27's notes); the bench measures both
         self.fused_step = os.environ.get("REFLEX_FUSED_STEP", "0") == "1"
-        # that kernel's flags (kernels/fused_step.cu; knobs until measured): x_early, a matrix op's x
-        # copied into shared memory (once a block) before the next op's weight copies leave, its norm
-        # weights staged an op earlier; lookahead, a matrix op stages the next matrix op's first tile
-        # past the attention or a norm between them
-        self.fused_x_early = bool(knob("REFLEX_FUSED_X_EARLY", 0, choices=(0, 1)))
-        self.fused_lookahead = bool(knob("REFLEX_FUSED_LOOKAHEAD", 0, choices=(0, 1)))
+        # that kernel's options (kernels/fused_step.cu), all on: with the five 848 vs 803 tok/s on the
+        # 0.6B Q8_0 shape, 1,158 vs 940 on Gemma 3 270M's (results/2026-12-05-h200-s29 call 1). x_early, a
+        # matrix op's x copied into shared memory (once a block) before the next op's weight copies
+        # leave, its norm weights staged an op earlier; lookahead, a matrix op stages the next matrix
+        # op's first tile past the attention or a norm between them
+        self.fused_x_early = bool(knob("REFLEX_FUSED_X_EARLY", 1, choices=(0, 1)))
+        self.fused_lookahead = bool(knob("REFLEX_FUSED_LOOKAHEAD", 1, choices=(0, 1)))
         # and attn_early, the attention's first item reads what it may before the barrier ending q/k/v
-        self.fused_attn_early = bool(knob("REFLEX_FUSED_ATTN_EARLY", 0, choices=(0, 1)))
+        self.fused_attn_early = bool(knob("REFLEX_FUSED_ATTN_EARLY", 1, choices=(0, 1)))
         # and attn_groups, its attention's query heads shared by attn_head_groups blocks at short contexts
-        self.fused_attn_groups = bool(knob("REFLEX_FUSED_ATTN_GROUPS", 0, choices=(0, 1)))
+        self.fused_attn_groups = bool(knob("REFLEX_FUSED_ATTN_GROUPS", 1, choices=(0, 1)))
         # and fold_norms, Gemma's post-norms folded into the matrix op after each (no op of their own)
-        self.fused_fold_norms = bool(knob("REFLEX_FUSED_FOLD_NORMS", 0, choices=(0, 1)))
+        self.fused_fold_norms = bool(knob("REFLEX_FUSED_FOLD_NORMS", 1, choices=(0, 1)))
         # 4: the decode attention at 16,384 tokens of context 564 vs 430 tok/s with 2 (results/2026-12-03-h200-s14)
         self.attn_blocks_per_sm = knob("REFLEX_ATTN_BLOCKS_PER_SM", 4.0, float, minimum=0.25, maximum=64)
         # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the

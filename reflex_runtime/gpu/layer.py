@@ -39,16 +39,24 @@ class DecoderLayer:
         """Weight bytes a token does not read (routed experts not chosen)."""
         return sum(getattr(block, "unread_bytes", lambda: 0)() for block in (self.mixer, self.ffn))
 
-    def __call__(self, res: Residual, b: Batch, next_norm: int = 0) -> None:
+    def __call__(self, res: Residual, b: Batch, next_norm: int = 0, next_mixer=None) -> None:
         """This layer over batch b; next_norm: the next layer's pre-norm weight (post-norm layers
-        leave norm(x) for it in the same kernel), 0 after the last layer."""
+        leave norm(x) for it in the same kernel), 0 after the last layer; next_mixer: that layer's
+        mixer (a post-norm may be folded into its first matrix kernel when it takes one)."""
         if self.post_names:
             self.mixer(b, res.normed(b, self.attn_norm), res.o, accumulate=False)
-            res.add_normed(b, res.o, self.post_attn_norm, next_w=self.ffn_norm)
+            res.add_normed(b, res.o, self.post_attn_norm, next_w=self.ffn_norm, fold=_takes_post(self.ffn, b))
             self.ffn(b, res.normed(b, self.ffn_norm), res.o, accumulate=False)
-            res.add_normed(b, res.o, self.post_ffn_norm, next_w=next_norm)
+            res.add_normed(b, res.o, self.post_ffn_norm, next_w=next_norm,
+                           fold=next_mixer is not None and _takes_post(next_mixer, b))
             return
         self.mixer(b, res.normed(b, self.attn_norm), res.x, accumulate=True)
         res.added()
         self.ffn(b, res.normed(b, self.ffn_norm, fold=getattr(self.ffn, "fold_input", True)), res.x, accumulate=True)
         res.added()
+
+
+def _takes_post(block, b: Batch) -> bool:
+    """Whether the block's first matrix kernel folds the previous post-norm in (Input.post)."""
+    takes = getattr(block, "takes_post", None)
+    return takes is not None and takes(b)

@@ -59,7 +59,7 @@ class GpuModel:
         self.arena.reserve("weights", self.weights_bytes)
         self._needs: dict[str, int] = {}
         c, t = config, max_batch
-        self.need([(name, t * c.n_embd) for name in Residual.BUFFERS])
+        self.need([(name, t * c.n_embd) for name in Residual.BUFFERS] + [(name, c.n_embd) for name in Residual.ONE_ROW])
         # argmax partials: ARGMAX_PARTS for reflex_argmax_*, one per block (<= one per row) for the
         # LM head with the pick fused; mvs_counters: [0] that head's, [1] the MoE router's (zeroed)
         self.need([("logits", max_seqs * c.vocab_size), ("amax_v", max(ARGMAX_PARTS, c.vocab_size)),
@@ -166,7 +166,8 @@ class GpuModel:
             launch.dev.htod(self.p(name), addr, 8 * n, launch.stream)
         self.tensors = TensorReader(self.gguf, self.p("weights"))
         self.embedding = self.tensors.matrix(T.TOKEN_EMBD)
-        self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps)
+        self.res = Residual(launch, self.p("x"), self.p("h"), self.p("o"), self.cfg.n_embd, self.cfg.rms_eps,
+                            x2=self.p("x2"))
         for il, ly in enumerate(self.layers):
             ly.bind(self, il)
         self.head.bind(self, self.tensors, self.embedding)
@@ -223,6 +224,7 @@ class GpuModel:
         L = self.launch
         L.decode_rows = rows
         try:
+            self.res.begin()
             with L.role("embedding", n * self.embedding.row_bytes):
                 embed.embed(L, self.embedding, b.tokens, self.res.x, n, self.embed_scale)
             self.res.added()
@@ -233,7 +235,7 @@ class GpuModel:
                 last = il + 1 == len(self.layers)
                 if ws is not None and not last:
                     ws.ensure_base(il + 1)  # this layer's end applies the next one's attention norm
-                ly(self.res, b, 0 if last else self.layers[il + 1].attn_norm)
+                ly(self.res, b, 0 if last else self.layers[il + 1].attn_norm, None if last else self.layers[il + 1].mixer)
             if ws is not None:
                 ws.forward_done()
             if logit_rows <= 0:

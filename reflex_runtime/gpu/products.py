@@ -50,15 +50,17 @@ def matmul(L, w: Weight, x: int, y: int, n_tok: int, accumulate: bool = False, x
 
 
 def matmul_many(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
-                norm_w: int = 0, eps: float = 0.0) -> None:
+                norm_w: int = 0, eps: float = 0.0, post=None) -> None:
     """ys[i] (+)= ws[i] x' for up to three matrices of one input (q, k, v): one launch when they
-    share a type and row length (either path), else one each."""
+    share a type and row length (either path), else one each. post (mvs.Post, one token, where
+    mvs.folds_post said so): a post-norm folded into the staged launch."""
     w0 = ws[0]
     x_stride = x_stride or w0.k
-    if (norm_w or matvec_path(n_tok, w0.type_name, L.decode_rows)) and all(w.k == w0.k for w in ws):
+    if (norm_w or post or matvec_path(n_tok, w0.type_name, L.decode_rows)) and all(w.k == w0.k for w in ws):
         # matrix-vector path: segments() splits types where its kernel needs it (not one token)
-        segments(L, ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps)
+        segments(L, ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps, post)
         return
+    assert post is None, "a folded post-norm needs the staged one-token kernels"
     if not all(w.type_name == w0.type_name and w.k == w0.k for w in ws):
         for w, y in zip(ws, ys):
             matmul_many(L, [w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
@@ -73,13 +75,14 @@ def matmul_many(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumula
 
 
 def segments(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
-             norm_w: int = 0, eps: float = 0.0) -> None:
+             norm_w: int = 0, eps: float = 0.0, post=None) -> None:
     """Up to three matrix-vector products of the same row length in one launch (q, k, v); one
     launch per type where the types differ, except for one token (reflex_mvs_mixed)."""
     w0 = ws[0]
     assert 1 <= len(ws) <= 3 and all(w.k == w0.k for w in ws)
-    if n_tok == 1 and mvs.segments(L, ws, x, ys, accumulate, norm_w, eps):
+    if n_tok == 1 and mvs.segments(L, ws, x, ys, accumulate, norm_w, eps, post):
         return
+    assert post is None, "a folded post-norm needs the staged one-token kernels (mvs.folds_post)"
     if any(w.type_name != w0.type_name for w in ws):  # the matrix-vector kernel reads one type: one launch each
         for w, y in zip(ws, ys):
             segments(L, [w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
@@ -88,14 +91,16 @@ def segments(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate:
 
 
 def gated_ffn_in(L, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, g_buf: int, u_buf: int,
-                 norm_w: int = 0, eps: float = 0.0) -> None:
+                 norm_w: int = 0, eps: float = 0.0, post=None) -> None:
     """out = act(Wg x') * (Wu x'); one fused pass when both weights share a type and row length
     (x' normalized on the fly when norm_w is given, matrix-vector path only; larger batches must
     pass a normalized x), else two products and the activation (g_buf, u_buf). One token goes
-    through the staged kernel (weights read before the previous kernel ends) where it fits."""
+    through the staged kernel (weights read before the previous kernel ends) where it fits; post
+    (mvs.Post): a post-norm folded into it (where mvs.folds_post said so)."""
     alike = wg.type_name == wu.type_name and wg.row_bytes == wu.row_bytes
-    if alike and n_tok == 1 and mvs.glu(L, wg, wu, x, out, act, norm_w, eps):
+    if alike and n_tok == 1 and mvs.glu(L, wg, wu, x, out, act, norm_w, eps, post):
         return
+    assert post is None, "a folded post-norm needs the staged one-token kernels (mvs.folds_post)"
     if alike and (norm_w or matvec_path(n_tok, wg.type_name, L.decode_rows)):
         matvec.glu(L, wg, wu, x, out, n_tok, act, norm_w, eps)
         return

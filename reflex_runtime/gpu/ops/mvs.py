@@ -14,8 +14,10 @@ from .common import Weight, per_type
 from .matvec import MvSegs
 from .sample import RxState
 
-KERNELS = per_type("reflex_mvs_{}", "reflex_mvs_glu_{}") + ("reflex_mvs_mixed",)
+KERNELS = per_type("reflex_mvs_{}", "reflex_mvs_post_{}", "reflex_mvs_glu_{}", "reflex_mvs_glu_post_{}",
+                   "reflex_mvs_head_{}") + ("reflex_mvs_mixed", "reflex_mvs_mixed_post")
 MVS_NX = 4  # a warp part covers 32 * 4 groups of 8 weights = 1024 weights of a row
+MVS_STAGES = 4  # the streamed LM head's ring of shared-memory slots (kernels/mvs.cuh)
 STATIC_SMEM_RESERVE = 5 * 1024  # static shared memory of the staged kernels (the router's top-k: 4.5 KB)
 
 
@@ -42,22 +44,45 @@ class MvsPick(Structure):
     _fields_ = [("part_v", c_void_p), ("part_i", c_void_p), ("counter", c_void_p), ("st", RxState), ("last", c_int)]
 
 
+class MvsPost(Structure):
+    """Mirror of kernels/mvs.cuh's MvsPost: a post-norm folded into a staged launch (src NULL: none)."""
+
+    _fields_ = [("src", c_void_p), ("w", c_void_p), ("x_out", c_void_p), ("eps", c_float)]
+
+
+@dataclass(frozen=True)
+class Post:
+    """A post-norm the next staged launch folds in (Gemma's sandwich): its input is x + norm(src) * w,
+    which block (0, 0) also leaves in x_out (kernels/mvs.cuh mvs_post_x)."""
+
+    src: int
+    w: int
+    x_out: int
+    eps: float
+
+
+def _post_args(post: Post | None) -> tuple[str, list]:
+    """The kernel name's infix and the trailing argument: the _post kernels take an MvsPost, the
+    others (the code most files run, unchanged by the fold) none."""
+    return ("post_", [MvsPost(post.src, post.w, post.x_out, post.eps)]) if post else ("", [])
+
+
 def stage_bytes(n: int) -> int:
     """kernels/stage.cuh rx_stage_bytes: shared memory that staging n bytes takes."""
     return (n + 30 + 15) & ~15
 
 
-def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, groups: int = 1) -> MvsPlan | None:
+def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, groups: int = 1,
+         post: bool = False) -> MvsPlan | None:
     """Rows per block for `rows` rows of `row_bytes` (each block stages `ranges` runs of rb rows
     plus `extra` bytes; groups: the rows are that many equal runs, each in its own blocks, as the
     routed experts' slots): about one block per SM (L.mvs_blocks_per_sm) while the weights fit the
     budget (L.mvs_budget), else budget-sized blocks in waves (at least one row each, past the
-    budget if the device has room), larger where that saves a partly empty last wave (_whole_waves). None
-    when that does not fit the device."""
-    wpr = 1
-    while k > 8 * 32 * MVS_NX * wpr:
-        wpr *= 2
-    if wpr > 8 or k % 8:
+    budget if the device has room), larger where that saves a partly empty last wave (_whole_waves);
+    with post (a folded post-norm), room for x in shared memory, where kernels/mvs.cuh mvs_post_x
+    makes it. None when that does not fit the device."""
+    wpr = _warps_per_row(k)
+    if wpr is None:
         return None
 
     def smem_of(r: int) -> int:
@@ -70,7 +95,36 @@ def plan(L, rows: int, row_bytes: int, k: int, ranges: int = 1, extra: int = 0, 
     smem = smem_of(rb)
     if smem > L.dev.max_shared - STATIC_SMEM_RESERVE:
         return None
+    if post:  # the room for x is needed: refused where it would cost an SM one of two blocks
+        if not _x_fits(L, smem, xs_bytes(k)):
+            return None
+        smem += xs_bytes(k)
     return MvsPlan(rb, wpr, smem)
+
+
+def _warps_per_row(k: int) -> int | None:
+    """Warps sharing a row of k weights (a warp part covers 32 * MVS_NX groups of 8); None past 8."""
+    wpr = 1
+    while k > 8 * 32 * MVS_NX * wpr:
+        wpr *= 2
+    return None if wpr > 8 or k % 8 else wpr
+
+
+def _blocks_per_sm(L, smem: int) -> int:
+    """Staged blocks of `smem` dynamic shared memory an SM holds (8 at most: 256 threads each)."""
+    return min(8, L.dev.smem_per_sm // (smem + STATIC_SMEM_RESERVE + 1024))
+
+
+def xs_bytes(k: int) -> int:
+    """Shared memory for x (k floats) in kernels/mvs.cuh mvs_post_x, after the block's 16-byte aligned sums."""
+    return 4 * k + 16
+
+
+def _x_fits(L, smem: int, xs: int) -> bool:
+    """Whether a block may take xs more bytes: they fit, and an SM still holds two of its blocks
+    where it held two (the next kernel's copies overlap this one)."""
+    return (smem + xs <= L.dev.max_shared - STATIC_SMEM_RESERVE
+            and _blocks_per_sm(L, smem + xs) >= min(2, _blocks_per_sm(L, smem)))
 
 
 def _whole_waves(L, rb: int, rows: int, groups: int, smem_of) -> int:
@@ -82,8 +136,8 @@ def _whole_waves(L, rb: int, rows: int, groups: int, smem_of) -> int:
     work): smaller ones in more blocks an SM measured slower (12 rows, 512 blocks: 901 us)."""
     sm, room = L.dev.sm_count, L.dev.max_shared - STATIC_SMEM_RESERVE
 
-    def per_sm(r: int) -> int:  # blocks an SM holds (8 at most: 256 threads each)
-        return min(8, L.dev.smem_per_sm // (smem_of(r) + STATIC_SMEM_RESERVE + 1024))
+    def per_sm(r: int) -> int:
+        return _blocks_per_sm(L, smem_of(r))
 
     def waves(r: int) -> int:
         return -(-groups * -(-rows // r) // (sm * max(1, per_sm(r))))
@@ -109,40 +163,98 @@ def _pick(part_v: int = 0, part_i: int = 0, counter: int = 0, state=None, last: 
     return pick
 
 
-def segments(L, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_w: int, eps: float) -> bool:
-    """ys[i] (+)= ws[i] x' for one token, matrices of one K (reflex_mvs_*, or reflex_mvs_mixed
-    when their types differ). False: not applicable, nothing launched."""
+def folds_post(L, ws: list[Weight], ranges: int = 1) -> bool:
+    """Whether segments(ws) (ranges 1) or glu(*ws) (ranges 2) would take a folded post-norm
+    (L.post_fold; the launch has room for x in shared memory)."""
     w0 = ws[0]
-    if not stageable(L, ws, x, norm_w) or any(w.k != w0.k for w in ws):
+    if not (L.post_fold and stageable(L, ws) and all(w.k == w0.k for w in ws)):
         return False
-    p = plan(L, sum(w.rows for w in ws), max(w.row_bytes for w in ws), w0.k)
+    rows = sum(w.rows for w in ws) if ranges == 1 else w0.rows
+    return plan(L, rows, max(w.row_bytes for w in ws), w0.k, ranges=ranges, post=True) is not None
+
+
+def _post_ok(L, post: Post | None) -> bool:
+    return post is None or stageable(L, [], post.src, post.w, post.x_out)
+
+
+def segments(L, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_w: int, eps: float,
+             post: Post | None = None) -> bool:
+    """ys[i] (+)= ws[i] x' for one token, matrices of one K (reflex_mvs_*, or reflex_mvs_mixed
+    when their types differ); post: a post-norm folded in. False: not applicable, nothing launched."""
+    w0 = ws[0]
+    if not stageable(L, ws, x, norm_w) or any(w.k != w0.k for w in ws) or not _post_ok(L, post):
+        return False
+    p = plan(L, sum(w.rows for w in ws), max(w.row_bytes for w in ws), w0.k, post=post is not None)
     if p is None:
         return False
     blocks = sum(-(-w.rows // p.rb) for w in ws)
+    infix, post_arg = _post_args(post)
     if any(w.type_name != w0.type_name for w in ws):
         mixed = MvSegsMixed()
         for i, (w, y) in enumerate(zip(ws, ys)):
             mixed.w[i], mixed.y[i], mixed.row_bytes[i], mixed.rows[i], mixed.type[i] = (
                 w.ptr, y, w.row_bytes, w.rows, GGML_TYPES_BY_NAME[w.type_name].type_id)
-        L.go("reflex_mvs_mixed", blocks, 256,
+        L.go(f"reflex_mvs_mixed{'_post' if post else ''}", blocks, 256,
              [mixed, c_void_p(x), c_int(w0.k), c_int(p.rb), c_int(p.wpr), c_int(int(accumulate)),
-              c_void_p(norm_w or None), c_float(eps)], p.smem)
+              c_void_p(norm_w or None), c_float(eps), *post_arg], p.smem)
         return True
     segs = MvSegs()
     for i, (w, y) in enumerate(zip(ws, ys)):
         segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
-    L.go(f"reflex_mvs_{w0.suffix}", blocks, 256,
+    L.go(f"reflex_mvs_{infix}{w0.suffix}", blocks, 256,
          [segs, c_long(w0.row_bytes), c_void_p(x), c_int(w0.k), c_int(p.rb), c_int(p.wpr),
-          c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), _pick()], p.smem)
+          c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), _pick(), *post_arg], p.smem)
     return True
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """The streamed LM head's split: rpb rows per block walked in chunks of `chunk` rows."""
+
+    blocks: int
+    rpb: int
+    chunk: int
+    wpr: int
+    smem: int
+
+
+def plan_stream(L, rows: int, row_bytes: int, k: int) -> StreamPlan | None:
+    """L.mvs_head_stream resident blocks per SM (fewer if their ring does not fit), each with a
+    ring of MVS_STAGES chunks of about L.mvs_budget / MVS_STAGES bytes; None when one row's ring
+    does not fit."""
+    wpr = _warps_per_row(k)
+    if wpr is None:
+        return None
+    room = L.dev.max_shared - STATIC_SMEM_RESERVE
+    chunk = max(1, L.mvs_budget // MVS_STAGES // row_bytes)
+
+    def smem_of(c: int) -> int:
+        return MVS_STAGES * stage_bytes(c * row_bytes) + c * wpr * 4
+
+    while chunk > 1 and smem_of(chunk) > room:
+        chunk -= 1
+    if smem_of(chunk) > room:
+        return None
+    per_sm = max(1, min(L.mvs_head_stream, _blocks_per_sm(L, smem_of(chunk))))
+    rpb = -(-rows // (L.dev.sm_count * per_sm))
+    chunk = min(chunk, rpb)  # a small matrix: no slots for rows a block does not have
+    return StreamPlan(-(-rows // rpb), rpb, chunk, wpr, smem_of(chunk))
 
 
 def head(L, w: Weight, x: int, y: int, norm_w: int, eps: float, pick=None) -> bool:
     """logits = W x' for one token. pick = (part_v, part_i, counter, state, last): also take the
     greedy argmax and advance the decode state (float part_v / int part_i arrays of at least
-    w.rows entries, a zeroed int counter). False: not applicable, nothing launched."""
+    w.rows entries, a zeroed int counter). With L.mvs_head_stream, resident blocks stream their
+    rows (reflex_mvs_head_*). False: not applicable, nothing launched."""
     if not stageable(L, [w], x, norm_w):
         return False
+    sp = plan_stream(L, w.rows, w.row_bytes, w.k) if L.mvs_head_stream else None
+    if sp is not None:
+        L.go(f"reflex_mvs_head_{w.suffix}", sp.blocks, 256,
+             [c_void_p(w.ptr), c_void_p(y), c_int(w.rows), c_long(w.row_bytes), c_void_p(x), c_int(w.k),
+              c_int(sp.rpb), c_int(sp.chunk), c_int(sp.wpr), c_void_p(norm_w or None), c_float(eps),
+              _pick(*pick) if pick else _pick()], sp.smem)
+        return True
     p = plan(L, w.rows, w.row_bytes, w.k)
     if p is None:
         return False
@@ -154,18 +266,20 @@ def head(L, w: Weight, x: int, y: int, norm_w: int, eps: float, pick=None) -> bo
     return True
 
 
-def glu(L, wg: Weight, wu: Weight, x: int, out: int, act: int, norm_w: int = 0, eps: float = 0.0) -> bool:
-    """out = act(Wg x') * (Wu x') for one token, both of one type and row length. False: not
-    applicable, nothing launched."""
-    if not stageable(L, [wg, wu], x, norm_w):
+def glu(L, wg: Weight, wu: Weight, x: int, out: int, act: int, norm_w: int = 0, eps: float = 0.0,
+        post: Post | None = None) -> bool:
+    """out = act(Wg x') * (Wu x') for one token, both of one type and row length; post: a post-norm
+    folded in. False: not applicable, nothing launched."""
+    if not stageable(L, [wg, wu], x, norm_w) or not _post_ok(L, post):
         return False
-    p = plan(L, wg.rows, wg.row_bytes, wg.k, ranges=2)
+    p = plan(L, wg.rows, wg.row_bytes, wg.k, ranges=2, post=post is not None)
     if p is None:
         return False
-    L.go(f"reflex_mvs_glu_{wg.suffix}", -(-wg.rows // p.rb), 256,
+    infix, post_arg = _post_args(post)
+    L.go(f"reflex_mvs_glu_{infix}{wg.suffix}", -(-wg.rows // p.rb), 256,
          [c_void_p(wg.ptr), c_void_p(wu.ptr), c_long(wg.row_bytes), c_long(0), c_void_p(None),
           c_void_p(x), c_void_p(norm_w or None), c_float(eps), c_void_p(out), c_int(wg.rows),
-          c_int(wg.k), c_int(p.rb), c_int(p.wpr), c_int(act), c_void_p(None), c_void_p(None)], p.smem)
+          c_int(wg.k), c_int(p.rb), c_int(p.wpr), c_int(act), c_void_p(None), c_void_p(None), *post_arg], p.smem)
     return True
 
 

@@ -1,0 +1,3 @@
+# s29 call 2 (tree: main 2c9f919 + results/2026-12-05-cpu-s28/decode-knobs.patch, same bundle and warm machine
+# as call 1): Gemma's folded post-norm tests, decode_ab against main, coldstart_ab.
+R=/tmp/real; OUT=$OUT TESTS="tests/test_gpu_engine.py -k 'post_norms_folded or check_passes_gemma3'" AB_FILES="$R/qwen3-0.6b-q8_0.gguf $R/gemma-3-270m-q4_k_m-shaped.gguf" AB_VARIANTS="win:REFLEX_MVS_HEAD_STREAM=2,REFLEX_POST_FOLD=1 winshare:REFLEX_MVS_HEAD_STREAM=2,REFLEX_POST_FOLD=1,REFLEX_MVS_SHARE_X=1 fused:REFLEX_FUSED_STEP=1,REFLEX_FUSED_X_EARLY=1,REFLEX_FUSED_LOOKAHEAD=1,REFLEX_FUSED_ATTN_EARLY=1,REFLEX_FUSED_ATTN_GROUPS=1,REFLEX_FUSED_FOLD_NORMS=1" bash scripts/gpu_run.sh tests,decode_ab,coldstart_ab 2>&1 | grep -v "^===" | tail -30
