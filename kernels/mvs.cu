@@ -34,9 +34,8 @@
 
 // The segments and gate/up kernels, each without and with a folded post-norm (_post): two
 // instantiations, so the kernels most files run keep their code and registers.
-#define MVS_SEGS_PARAMS                                                                                      \
-    MvSegs segs, long row_bytes, const float *x, int K, int rb, int wpr, int accumulate, const float *norm_w, \
-        float eps, MvsPick pick
+// (The segments' body is a macro, not a function: as a function taking MvSegs by reference the plain
+// kernels' SASS moved away from the measured one.)
 #define MVS_SEGS_BODY(T, POST, POST_V)                                                                         \
     {                                                                                                          \
         int b, s = mvs_segment(segs, rb, &b);                                                                  \
@@ -46,33 +45,32 @@
         mvs_seg_body<T, POST>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps, pick, POST_V,   \
                               row_bytes);                                                                      \
     }
+#define MVS_SEGS_PARAMS                                                                                      \
+    MvSegs segs, long row_bytes, const float *x, int K, int rb, int wpr, int accumulate, const float *norm_w, \
+        float eps, MvsPick pick
 #define MVS_GLU_PARAMS                                                                                       \
     const uint8_t *Wg, const uint8_t *Wu, long row_bytes, long expert_bytes, const int *ids, const float *x,   \
         const float *norm_w, float eps, float *y, int n_rows, int K, int rb, int wpr, int act, const uint8_t *Sg, \
         const uint8_t *Su
-#define MVS_GLU_BODY(T, POST, POST_V)                                                                          \
-    {                                                                                                          \
-        mvs_glu_body<T, POST>(Wg, Wu, row_bytes, expert_bytes, ids, x, norm_w, eps, y, n_rows, K, rb, wpr, act, \
-                              Sg, Su, POST_V);                                                                 \
-    }
+#define MVS_GLU_ARGS Wg, Wu, row_bytes, expert_bytes, ids, x, norm_w, eps, y, n_rows, K, rb, wpr, act, Sg, Su
 #define RX_MVS(name, T)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_##name(MVS_SEGS_PARAMS) {          \
         rx_pdl_weights_first();                                                                                \
-        MVS_SEGS_BODY(T, false, MvsPost{})                                                                     \
+        MVS_SEGS_BODY(T, false, MvsPost{})                                                                      \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_post_##name(MVS_SEGS_PARAMS,       \
                                                                                         MvsPost post) {       \
         rx_pdl_weights_first();                                                                                \
-        MVS_SEGS_BODY(T, true, post)                                                                           \
+        MVS_SEGS_BODY(T, true, post)                                                                            \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_glu_##name(MVS_GLU_PARAMS) {       \
         rx_pdl_weights_first();                                                                                \
-        MVS_GLU_BODY(T, false, MvsPost{})                                                                      \
+        mvs_glu_body<T, false>(MVS_GLU_ARGS, MvsPost{});                                                        \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_glu_post_##name(MVS_GLU_PARAMS,    \
                                                                                             MvsPost post) {   \
         rx_pdl_weights_first();                                                                                \
-        MVS_GLU_BODY(T, true, post)                                                                            \
+        mvs_glu_body<T, true>(MVS_GLU_ARGS, post);                                                              \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_head_##name(                       \
         const uint8_t* w, float* y, int rows, long row_bytes, const float* x, int K, int rpb, int chunk, int wpr, \

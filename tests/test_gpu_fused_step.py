@@ -19,10 +19,9 @@ CHECK_PROMPT = "one two three four five six seven eight nine ten eleven"
 
 
 # kernels/fused_step.cu's options (Launcher knobs, all on by default): none, each alone, all
-_OPTIONS = FUSED_KNOBS
-PLAIN = dict.fromkeys(_OPTIONS, False)
-KNOBS = {"plain": PLAIN, **{o.removeprefix("fused_"): {**PLAIN, o: True} for o in _OPTIONS},
-         "all": dict.fromkeys(_OPTIONS, True)}
+PLAIN = dict.fromkeys(FUSED_KNOBS, False)
+KNOBS = {"plain": PLAIN, **{o.removeprefix("fused_"): {**PLAIN, o: True} for o in FUSED_KNOBS},
+         "all": dict.fromkeys(FUSED_KNOBS, True)}
 
 
 def fused_engine(arch, outtype, knobs=(), **overrides):
