@@ -76,11 +76,12 @@ def cuda_include() -> str | None:
 
 
 def build_host_harness(tmp_dir, entry_points: str, kernel_file: str, headers=(), emu_headers=(),
-                       patches: dict | None = None) -> HostHarness:
+                       patches: dict | None = None, header_patches: dict | None = None) -> HostHarness:
     """Compile tests/host_emu/<entry_points> (which #includes kernels/<kernel_file>) into a
     shared library in tmp_dir; skips when g++ is missing. headers: more kernels/ files the kernel
     includes as they are; emu_headers: tests/host_emu stand-ins for kernels/ headers of the same
-    name; patches: {kernels/ line: its host form} (a declaration g++ cannot take). With headers or
+    name; patches: {kernels/ line: its host form} (a declaration g++ cannot take), header_patches
+    the same for headers ({header: {line: host form}}). With headers or
     stand-ins, or an entry file that includes cuda_fp16.h, the CUDA toolkit's include folder is on
     the path (cuda_fp16.h's host half)."""
     gxx = shutil.which("g++")
@@ -91,11 +92,13 @@ def build_host_harness(tmp_dir, entry_points: str, kernel_file: str, headers=(),
                 *(os.path.join(ROOT, "tests", "host_emu", h) for h in emu_headers),
                 *(os.path.join(ROOT, "kernels", h) for h in (kernel_file, *headers))):
         shutil.copy(src, tmp_dir)  # the kernel's #include "common.cuh" then finds the host stand-in
-    for old, new in (patches or {}).items():
-        path = os.path.join(tmp_dir, kernel_file)
+    for name, edits in [(kernel_file, patches or {}), *(header_patches or {}).items()]:
+        path = os.path.join(tmp_dir, name)
         text = open(path).read()
-        assert old in text, f"{kernel_file} no longer has {old!r}"
-        open(path, "w").write(text.replace(old, new))
+        for old, new in edits.items():
+            assert old in text, f"{name} no longer has {old!r}"
+            text = text.replace(old, new)
+        open(path, "w").write(text)
     flags = []
     if headers or emu_headers or "<cuda_fp16.h>" in open(os.path.join(tmp_dir, entry_points)).read():
         inc = cuda_include()

@@ -753,7 +753,7 @@ def knobs(gpu):
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
                  attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups,
-                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold)
+                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold, attn_short_keys=L.attn_short_keys)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -977,16 +977,26 @@ DECODE_ATTN_CASES = {
     "gqa16_hd32_softcap": (16, 1, 32, 333, 0, 30.0, 7, True),
     "mha_hd64_odd_keys": (6, 6, 64, 77, 20, 0.0, 1, False),
     "hd96_one_key_per_slice": (6, 3, 96, 50, 0, 0.0, 1, True),
+    # short contexts (attn_short_keys 64: the short path; at 65 the tiled one)
+    "short_qwen3_ctx2": (16, 8, 128, 2, 0, 0.0, 32, True),
+    "short_qwen3_ctx32": (16, 8, 128, 32, 0, 0.0, 32, False),
+    "short_smollm_hd64_g3_ctx64": (9, 3, 64, 64, 0, 0.0, 32, True),
+    "short_gemma_hd256_window_ctx63": (4, 1, 256, 63, 20, 0.0, 32, True),
+    "short_gqa16_hd32_softcap_ctx41": (16, 1, 32, 41, 0, 30.0, 7, True),  # 4 heads a warp
+    "short_qwen3_ctx65_tiled": (16, 8, 128, 65, 0, 0.0, 32, True),
 }
 
 
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
 @pytest.mark.parametrize("head_groups", [1, 4])
-def test_attention_decode(gpu, knobs, case, head_groups):
+@pytest.mark.parametrize("short", [0, 64])
+def test_attention_decode(gpu, knobs, case, head_groups, short):
     """head_groups 4: a KV head's query heads shared by up to 4 blocks while the slices leave room
-    (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all."""
+    (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all.
+    short 64: contexts of up to 64 keys take the short path (kernels/attn_short.cuh)."""
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
+    knobs.attn_short_keys = short
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = n_vis + 37
     kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
@@ -1013,6 +1023,8 @@ def test_attention_decode(gpu, knobs, case, head_groups):
         assert ok
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
+    if short and n_vis <= short:  # the short path ran: it writes no partials, where the tiled one splits
+        assert np.isnan(gpu.get(part_ml, (n_head * attn_decode.SPLITS_MAX * 2,))).all()
 
 
 def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
@@ -1078,19 +1090,29 @@ FUSED_ROPE_CASES = {
     "far_position": (16, 8, 128, 128, 300, 0, 0, False, True, True, 32, None),  # positions from FAR_POSITION
     "new_key_in_second_tile": (8, 2, 128, 128, 50, 0, 0, False, True, True, 64, 1),  # one slice of 50 keys
     "new_key_in_eighth_tile": (16, 8, 128, 128, 2000, 0, 0, False, True, True, 32, 8),  # slices of 250 keys
+    # short contexts (the short path with attn_short_keys 64)
+    "short_neox_norms_ctx5": (16, 8, 128, 128, 5, 0, 0, False, True, True, 32, None),
+    "short_pairwise_partial_factors_ctx40": (8, 2, 128, 64, 40, 0, 1, True, False, False, 5, None),
+    "short_neox_partial_ctx17": (8, 4, 128, 64, 17, 0, 0, False, True, False, 32, None),
+    "short_gemma_window_hd256_ctx64": (4, 1, 256, 256, 64, 20, 0, False, True, True, 32, None),
+    "short_smollm_hd64_g3_ctx30": (9, 3, 64, 64, 30, 0, 0, True, False, True, 32, None),
+    "short_neox_rope96_tiled": (4, 2, 128, 96, 10, 0, 0, False, True, True, 32, None),  # rope_dim % 64: tiled
 }
 FAR_POSITION = {"far_position": 250_000}  # angles of ~40,000 turns: the kernel's reduction to [-pi, pi]
 
 
 @pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
 @pytest.mark.parametrize("head_groups", [1, 2])
-def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups):
+@pytest.mark.parametrize("short", [0, 64])
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups, short):
     """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
     normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
     value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
-    cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it."""
+    cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it.
+    short 64: contexts of up to 64 keys in registers, a warp per head (kernels/attn_short.cuh)."""
     from reflex_runtime.gpu.ops.attn_decode import AtdRope
 
+    knobs.attn_short_keys = short
     n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
         FUSED_ROPE_CASES[case]
     rng = np.random.default_rng(list(case.encode()))

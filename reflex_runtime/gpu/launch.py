@@ -91,6 +91,10 @@ class Launcher:
         # a prompt's latent attention (DeepSeek) on tensor cores (kernels/mla_flash.cu); 0: mla.cu's kernel
         self.mla_flash = os.environ.get("REFLEX_MLA_FLASH", "1") != "0"
         self.attn_min_keys = knob("REFLEX_ATTN_MIN_KEYS", 32, minimum=1)
+        # contexts of up to this many keys take the decode attention's short path (kernels/attn_short.cuh:
+        # a warp per query head, no block barrier after the wait); 0: the tiled path at every length.
+        # Off until measured on a GPU (issue 27)
+        self.attn_short_keys = knob("REFLEX_ATTN_SHORT_KEYS", 0, minimum=0, maximum=64)
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;
         # results/2026-12-03-h200-s17)

@@ -142,6 +142,20 @@ using std::max;
 using std::min;
 
 inline void rx_pdl_begin() {}
+inline void rx_pdl_weights_first() {}
+
+// device memory intrinsics: fibers run in turn, so nothing interleaves and every load is coherent
+inline void __threadfence() {}
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
+template <class T>
+inline T atomicAdd(T* p, T v) {
+    T old = *p;
+    *p += v;
+    return old;
+}
 
 // kernels/common.cuh's paged-cache row
 #define RX_KV_BLOCK 16

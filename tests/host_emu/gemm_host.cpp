@@ -10,15 +10,6 @@
 
 #define __align__(n) alignas(n)
 #define __trap() std::abort()
-inline void __threadfence() {}
-template <class T>
-inline T __ldcg(const T* p) { return *p; }
-template <class T>
-inline T atomicAdd(T* p, T v) {  // fibers run in turn: nothing interleaves
-    T old = *p;
-    *p += v;
-    return old;
-}
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     uint64_t v = ((uint64_t)y << 32) | x;
     uint32_t r = 0;

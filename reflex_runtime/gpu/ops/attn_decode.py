@@ -9,6 +9,7 @@ from ctypes import Structure, c_float, c_int, c_void_p
 KERNELS = ("reflex_attn_decode",)
 SPLITS_MAX = 128  # most slices per KV head (ATD_MAXSPLIT)
 MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
+SHORT_KEYS = 64  # the short-context path's most keys (ATS_KEYS)
 MERGE_RUN = 16  # slices one block merges (ATD_MERGE)
 COUNTERS_PER_HEAD = 1 + SPLITS_MAX // MERGE_RUN  # ATD_COUNTERS: the top merge's and one per run
 
@@ -42,7 +43,8 @@ class AtdArgs(Structure):
                 ("out", c_void_p), ("part_o", c_void_p), ("part_ml", c_void_p), ("counters", c_void_p),
                 ("n_head", c_int), ("n_head_kv", c_int), ("hd", c_int), ("hd_v", c_int), ("n_rows", c_int),
                 ("window", c_int), ("scale", c_float), ("softcap", c_float), ("min_keys", c_int),
-                ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p)]
+                ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p),
+                ("short_keys", c_int)]
 
 
 def splits(L, n_head_kv: int) -> int:
@@ -62,6 +64,15 @@ def head_groups(L, group: int) -> int:
 def smem_bytes(group: int, hd: int, hd_v: int) -> int:
     """Dynamic shared memory of one block (reflex_fused_step gives its attention the same)."""
     return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
+
+
+def short_keys(L, rope: AtdRope | None) -> int:
+    """The kernel's short-context path (kernels/attn_short.cuh) serves up to this many visible keys
+    (L.attn_short_keys, at most SHORT_KEYS; 0: off); a fused NeoX rope needs rope_dim a multiple of 64."""
+    n = min(SHORT_KEYS, L.attn_short_keys)
+    if rope is not None and rope.k and rope.mode == 0 and rope.rope_dim % 64:
+        return 0
+    return n
 
 
 def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
@@ -97,5 +108,6 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
           c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
-          rope if rope is not None else AtdRope(), c_int(n_hg), c_void_p(blocks or None)], smem)
+          rope if rope is not None else AtdRope(), c_int(short_keys(L, rope)), c_int(n_hg),
+          c_void_p(blocks or None)], smem)
     return True
