@@ -1065,12 +1065,17 @@ def test_step_breakdown_times_every_role_on_the_fake_device(ptx_params):
     """reflex bench's role-by-role step (commands/bench.py step_breakdown -> role_times): every
     role of a decode step gets a row (the fake device's clock reads 0), the state-advancing pick
     only while its replays fit the context."""
-    from reflex_runtime.commands.bench import role_times, step_breakdown
+    from reflex_runtime.commands.bench import attention_by_context, role_times, step_breakdown
 
     runner, _ = _fake_runner(ptx_params)
     rows = step_breakdown(runner, context=8, repeats=2)
     roles = {r["role"] for r in rows}
     assert {"qkv", "attn output"} <= roles and all(r["launches"] >= 1 and r["us"] == 0 for r in rows)
+    # the attention alone at a few contexts (one launch a layer, the rope fused in), past the context: skipped
+    by_ctx = attention_by_context(runner, (4, 16, runner.model.max_new), repeats=2)
+    assert [r["context"] for r in by_ctx] == [4, 16, runner.model.max_new]
+    assert all(r["role"].startswith("attention") and r["launches"] == runner.config.n_layers for r in by_ctx[:2])
+    assert "skipped" in by_ctx[2]
     launches = runner.decode_step_launches(8)
     assert any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 100))
     assert not any("argmax" in r["role"] or r["role"].startswith("pick") for r in role_times(runner, launches, 2, 1))

@@ -66,6 +66,28 @@ def step_breakdown(runner, context: int = 256, repeats: int = 20) -> list[dict]:
     return role_times(runner, launches, repeats, max_replays=runner.model.max_new - context - 2)
 
 
+ATTENTION_CONTEXTS = (16, 64, 256)
+
+
+def attention_by_context(runner, contexts=ATTENTION_CONTEXTS, repeats: int = 20) -> list[dict]:
+    """The decode step's attention roles alone (no weights; attention, rope, cache store) at a few
+    context lengths, as step_breakdown times them: issue 27 asks what attention costs a layer at
+    a short context, where the step breakdown's 256 tokens is not short. us_per_launch: one
+    layer's launch of that role."""
+    out = []
+    for c in contexts:
+        if c + 3 > runner.model.max_new:
+            out.append({"context": c, "skipped": f"context {runner.model.max_new}"})
+            continue
+        launches = [ln for ln in runner.decode_step_launches(c)
+                    if not ln.weight_bytes and ("attention" in ln.role or "rope" in ln.role)]
+        for r in role_times(runner, launches, repeats, max_replays=runner.model.max_new - c - 2):
+            us = min(r["us"], r.get("us_pdl", r["us"]))
+            out.append({"context": c, "role": r["role"], "launches": r["launches"], "us": us,
+                        "us_per_launch": round(us / r["launches"], 2)})
+    return out
+
+
 def role_times(runner, launches, repeats: int, max_replays: int) -> list[dict]:
     """step_breakdown's rows for recorded launches (gpu.launch.Launch), grouped by role; roles
     that advance the decode state are left out when replaying them would advance it more than
@@ -200,6 +222,7 @@ def main(args) -> int:
         res["decode_at_depth"] = decode_at_depths(runner, depths, args.decode_tokens, max(1, min(args.repeats, 3)))
     res["prefill"] = [prefill_rate(runner, int(n), args.repeats) for n in args.prefill.split(",") if n]
     res["decode_step_breakdown"] = step_breakdown(runner)
+    res["attention_by_context"] = attention_by_context(runner)
     n_pb = args.prefill_breakdown
     if n_pb and n_pb + 2 > runner.max_context:  # as decode_at_depths skips a depth past the context
         res["prefill_breakdown"] = {"tokens": n_pb, "skipped": f"context {runner.max_context}", "roles": []}
@@ -250,6 +273,10 @@ def main(args) -> int:
         best = min(r["us"], r.get("us_pdl", r["us"]))
         print(f"  {r['role']:<34} {r['launches']:>8} {r['us']:>9} {r.get('us_pdl', ''):>9} {best / r['launches']:>9.2f} "
               f"{r['gb_s'] if r['gb_s'] is not None else '':>8}")
+    print("the step's attention alone by context (us a layer, the best of plain and PDL-chained):")
+    for r in res["attention_by_context"]:
+        print(f"  {r['context']:>5} tokens  " + (f"skipped ({r['skipped']})" if "skipped" in r else
+                                                 f"{r['role']:<40} {r['us_per_launch']:>7.2f} us a layer"))
     if "prefill_breakdown" in res:
         pb = res["prefill_breakdown"]
         print(f"one {pb['tokens']}-token prefill by role (the pick left out)"
