@@ -43,7 +43,7 @@
 // Bound by reading K and V once per KV head: n_vis * (hd + hd_v) * 2 bytes.
 #include "attn_short.cuh"
 
-extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
+extern "C" __global__ void __launch_bounds__(ATD_THREADS, 4) reflex_attn_decode(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
     const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
     int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,

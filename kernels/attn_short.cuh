@@ -6,15 +6,16 @@
 // wait in phases of a few warps between block barriers (q / k loads, norm and rope, the new key into
 // the tile, scores, softmax, P V) for a few KB of keys (results/2026-12-04-h200-s24). Here the keys
 // older than the newest land in shared memory before the wait (written two or more launches back,
-// like the tiled path's first tile), with the norm weights and the rope angles in registers; after
-// it each warp works alone: lane l holds dimensions l, l + 32, ... of its head, so the RMSNorm is one
-// warp sum and a NeoX pair (i, i + rope_dim / 2) sits in one lane (rope_dim a multiple of 64; a
-// pairwise pair in lanes l and l ^ 1: one shuffle). The new key and value stay in registers (each
-// warp makes them from the raw projections; the first warp of head group 0 stores them), a chunk of
-// 32 keys' partial dot products is summed by transposing it across the lanes (31 shuffles: lane t
-// ends with key t's score), and the softmax over <= 64 keys needs no running maximum.
-// A function of its own, not inlined into the kernel: the tiled path keeps its registers (125, no
-// spills) and its code.
+// like the tiled path's first tile), with the norm weights in registers and the rope angles in shared
+// memory; after it each warp works alone: lane l holds dimensions l, l + 32, ... of its head, so the
+// RMSNorm is one warp sum and a NeoX pair (i, i + rope_dim / 2) sits in one lane (rope_dim a multiple
+// of 64; a pairwise pair in lanes l and l ^ 1: one shuffle). The new key and value stay in registers
+// (each warp makes them from the raw projections; the first warp of head group 0 stores them), 8 keys'
+// partial dot products are summed by transposing them across the lanes (9 shuffles, 1 more to hand
+// each lane its key's score), and the softmax over <= 64 keys needs no running maximum.
+// Inlined into the kernel before the tiled body: as a function of its own (__noinline__) the kernel
+// kept its AtdArgs on the stack and spilled more. The tiled path went from 125 registers and no spill
+// to 128 and 8 bytes spilled outside its tile loop (sm_90; sm_75 spills 24 bytes, inside the loop).
 #pragma once
 
 #include "attn_decode.cuh"
@@ -189,10 +190,10 @@ __device__ __forceinline__ void ats_head(const AtsIn& s, const AtsLane& w, int g
             if (r < RV) vn[r] = __half2float(s.vbase[at * s.hd_v + lane + 32 * r]);
         }
     }
-    int kp0 = 0, kp1 = 0;
+    int kp0 = 0, kp1 = 0;  // not the new key's (fused: a block of this launch writes it)
     if (s.window > 0) {
-        if (lane < n) kp0 = s.kv_pos[s.lo + lane];
-        if (32 + lane < n) kp1 = s.kv_pos[s.lo + 32 + lane];
+        if (lane < n && !(fused && lane == rn)) kp0 = s.kv_pos[s.lo + lane];
+        if (32 + lane < n && !(fused && 32 + lane == rn)) kp1 = s.kv_pos[s.lo + 32 + lane];
     }
     if (fused) {
         ats_norm_rope(qv, R, s.rope.q_norm, w.nq, s.rope, s.cs, lane);
@@ -262,8 +263,10 @@ __device__ __forceinline__ bool atd_short(const AtdArgs& a, int kvh, int split, 
     const int* q_slot = a.q_slot + row;
     AtdPlan p = atd_plan(*a.n_kv_ptr, *q_slot, first, a.window, a.window_slots, a.min_keys, max_split, n_hg);
     if (!ats_fits(a.short_keys, p.n_vis - p.lo, a.rope)) return false;
-    if (split || hg >= p.ng) return true;  // split 0 of each head group takes every key
-    const int G_kv = a.n_head / a.n_head_kv, G = G_kv / p.ng, hd = a.hd, hd_v = a.hd_v;
+    // split 0 of each of the n_hg head groups takes every key (the tiled plan's ng shrinks with the
+    // grid's slices, which do not matter here: a big batch's rows may have one)
+    if (split) return true;
+    const int G_kv = a.n_head / a.n_head_kv, G = G_kv / n_hg, hd = a.hd, hd_v = a.hd_v;
     const int ks = 2 * hd + ATD_PAD, vs = 2 * hd_v + ATD_PAD;
     const bool fused = a.rope.k != nullptr;
     half* kbase = static_cast<half*>(a.k_cache) + (long)kvh * a.n_rows * hd;

@@ -16,7 +16,8 @@ from host_emu_harness import build_host_harness
 # the block's named barrier over its 128 threads: every thread of an emulated block
 BARRIER = {"attn_decode.cuh": {'asm volatile("bar.sync 1, %0;" ::"n"(ATD_THREADS) : "memory");': "__syncthreads();"}}
 SHORT = [c for c in K.DECODE_ATTN_CASES if c.startswith("short_")] + ["qwen3_ctx1", "qwen3_ctx33_one_slice",
-                                                                       "hd96_one_key_per_slice", "mha_hd64_odd_keys"]
+                                                                       "hd96_one_key_per_slice", "mha_hd64_odd_keys",
+                                                                       "hd64_values128_ctx300"]
 SHORT_ROPE = [c for c in K.FUSED_ROPE_CASES if c.startswith("short_")] + ["first_token", "empty_last_slice",
                                                                           "partial_pairwise_factors"]
 
@@ -56,6 +57,10 @@ def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_grou
 @pytest.mark.parametrize("prefetch,head_groups,short", [(True, 1, 0), (False, 1, 64), (True, 2, 64)])
 def test_decode_attention_rows(host, knobs, case, prefetch, head_groups, short):
     B.test_decode_attention_rows(host, knobs, case, prefetch, head_groups, short)
+
+
+def test_decode_attention_rows_one_slice_each(host, knobs):
+    B.test_decode_attention_rows_one_slice_each(host, knobs)
 
 
 @pytest.mark.parametrize("kernel", ["decode_prefetch", "decode_short"])

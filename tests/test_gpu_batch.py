@@ -75,6 +75,14 @@ def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, short):
     assert not gpu.get(counters, (attn_decode.counters(n_head, R),), np.int32).any()
 
 
+def test_decode_attention_rows_one_slice_each(gpu, knobs):
+    """A big batch's grid may give each row one slice: the tiled path's first head group then takes
+    every query head, the short path still shares them among the head groups."""
+    knobs.attn_blocks_per_sm = 0.25
+    assert attn_decode.splits(gpu.launch, 8 * 4) == 1  # short_rows: 8 KV heads, 4 rows
+    test_decode_attention_rows(gpu, knobs, "short_rows", True, 2, 64)
+
+
 @pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2", "short_after_long"])
 def test_scalar_attention_rows_start_at_their_range(gpu, case):
     """The legacy kernel (GPUs or head sizes the decode kernel does not serve) on the same rows."""

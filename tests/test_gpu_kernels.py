@@ -984,7 +984,11 @@ DECODE_ATTN_CASES = {
     "short_gemma_hd256_window_ctx63": (4, 1, 256, 63, 20, 0.0, 32, True),
     "short_gqa16_hd32_softcap_ctx41": (16, 1, 32, 41, 0, 30.0, 7, True),  # 4 heads a warp
     "short_qwen3_ctx65_tiled": (16, 8, 128, 65, 0, 0.0, 32, True),
+    "short_hd128_values64": (8, 2, 128, 37, 0, 0.0, 32, True),
+    "short_hd64_values128": (8, 2, 64, 64, 0, 0.0, 32, False),
+    "hd64_values128_ctx300": (8, 2, 64, 300, 0, 0.0, 32, True),
 }
+DECODE_ATTN_HD_V = {"short_hd128_values64": 64, "short_hd64_values128": 128, "hd64_values128_ctx300": 128}
 
 
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
@@ -996,11 +1000,12 @@ def test_attention_decode(gpu, knobs, case, head_groups, short):
     short 64: contexts of up to 64 keys take the short path (kernels/attn_short.cuh)."""
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
+    hd_v = DECODE_ATTN_HD_V.get(case, hd)  # values as wide as keys, or not
     knobs.attn_short_keys = short
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = n_vis + 37
     kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    vc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd_v)).astype(np.float16)
     q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
     kv_pos = np.arange(n_ctx, dtype=np.int32) + 3
     q_slot = np.array([n_vis - 1], np.int32)
@@ -1009,7 +1014,7 @@ def test_attention_decode(gpu, knobs, case, head_groups, short):
     expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, None, 0, n_vis, window, scale, softcap)
     knobs.attn_min_keys = min_keys
     knobs.attn_head_groups = head_groups
-    part_o = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,))
+    part_o = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd_v,))
     part_ml = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(attn_decode.counters(n_head), np.int32))
     args = [gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos), gpu.put(q_pos), gpu.put(q_slot),
@@ -1017,11 +1022,11 @@ def test_attention_decode(gpu, knobs, case, head_groups, short):
     # the merge must leave its counters ready for the next replay; with a window, also walk only
     # the window's slots (kv_pos = slot + 3 here, as the flag promises)
     for replay, window_slots in enumerate([False, window > 0]):
-        out = gpu.poisoned((1, n_head, hd))
-        ok = attn_decode.attention(gpu.launch, *args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd, n_ctx,
+        out = gpu.poisoned((1, n_head, hd_v))
+        ok = attn_decode.attention(gpu.launch, *args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd_v, n_ctx,
                                    window, scale, softcap, prefetch, window_slots)
         assert ok
-        np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=2e-4, atol=2e-4)
+        np.testing.assert_allclose(gpu.get(out, (1, n_head, hd_v)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
     if short and n_vis <= short:  # the short path ran: it writes no partials, where the tiled one splits
         assert np.isnan(gpu.get(part_ml, (n_head * attn_decode.SPLITS_MAX * 2,))).all()
