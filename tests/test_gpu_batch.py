@@ -52,17 +52,20 @@ def _rows_problem(case):
 
 
 @pytest.mark.parametrize("case", list(ROW_CASES))
-@pytest.mark.parametrize("prefetch,head_groups,short", [(False, 1, 0), (True, 1, 0), (True, 2, 0), (False, 1, 64),
-                                                         (True, 2, 64)])
-def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, short):
+@pytest.mark.parametrize("prefetch,head_groups,short,stream", [
+    (False, 1, 0, False), (True, 1, 0, False), (True, 2, 0, False), (False, 1, 64, False), (True, 2, 64, False),
+    (False, 1, 0, True), (True, 2, 64, True)])
+def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, short, stream=False):
     """Row r sees its own range only (keys seq_lo[r] .. its slot), whatever the other rows hold
     (head_groups 2: each row's counters are n_head_kv * 2 of its n_head). short 64: rows of up to
-    64 keys take the short path, the others the tiled one, in one launch."""
+    64 keys take the short path, the others the tiled one, in one launch. stream: kernels/attn_stream.cu
+    where it serves the heads."""
     (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, expect = _rows_problem(case)
     q, kc, vc, kv_pos, q_pos, q_slot, seq_lo = (gpu.put(a) for a in arrays)
     knobs.attn_min_keys = 16
     knobs.attn_head_groups = head_groups
     knobs.attn_short_keys = short
+    knobs.attn_stream = stream
     part_o = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * hd,))
     part_ml = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(attn_decode.counters(n_head, R), np.int32))

@@ -753,7 +753,8 @@ def knobs(gpu):
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
                  attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups,
-                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold, attn_short_keys=L.attn_short_keys)
+                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold, attn_short_keys=L.attn_short_keys,
+                 attn_stream=L.attn_stream, attn_stream_blocks_per_sm=L.attn_stream_blocks_per_sm)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -987,21 +988,37 @@ DECODE_ATTN_CASES = {
     "short_hd128_values64": (8, 2, 128, 37, 0, 0.0, 32, True),
     "short_hd64_values128": (8, 2, 64, 64, 0, 0.0, 32, False),
     "hd64_values128_ctx300": (8, 2, 64, 300, 0, 0.0, 32, True),
+    # long slices: many groups of 8 keys per warp of the streaming kernel (its running max and sum)
+    "long_slices_ctx600": (16, 8, 128, 600, 0, 0.0, 256, True),
+    "long_slices_window_hd64": (8, 4, 64, 500, 100, 0.0, 256, False),
 }
 DECODE_ATTN_HD_V = {"short_hd128_values64": 64, "short_hd64_values128": 128, "hd64_values128_ctx300": 128}
+
+
+def _attn_kernel(gpu, fn, stream: bool, group: int, hd: int, hd_v: int):
+    """Run fn (one decode attention launch); assert which kernel it took: kernels/attn_stream.cu's
+    where asked for and it serves the heads, else attn_decode.cu's."""
+    from reflex_runtime.gpu.ops import attn_stream
+
+    names = _kernels(gpu, fn)
+    serves = stream and group <= attn_stream.MAX_GROUP and max(hd, hd_v) <= attn_stream.MAX_HEAD
+    assert names == ["reflex_attn_stream" if serves else "reflex_attn_decode"], names
 
 
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
 @pytest.mark.parametrize("head_groups", [1, 4])
 @pytest.mark.parametrize("short", [0, 64])
-def test_attention_decode(gpu, knobs, case, head_groups, short):
+@pytest.mark.parametrize("stream", [False, True])
+def test_attention_decode(gpu, knobs, case, head_groups, short, stream):
     """head_groups 4: a KV head's query heads shared by up to 4 blocks while the slices leave room
     (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all.
-    short 64: contexts of up to 64 keys take the short path (kernels/attn_short.cuh)."""
+    short 64: contexts of up to 64 keys take the short path (kernels/attn_short.cuh). stream: the
+    warps stream their own keys (kernels/attn_stream.cu) where it serves the heads."""
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
     hd_v = DECODE_ATTN_HD_V.get(case, hd)  # values as wide as keys, or not
     knobs.attn_short_keys = short
+    knobs.attn_stream = stream
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = n_vis + 37
     kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
@@ -1023,9 +1040,9 @@ def test_attention_decode(gpu, knobs, case, head_groups, short):
     # the window's slots (kv_pos = slot + 3 here, as the flag promises)
     for replay, window_slots in enumerate([False, window > 0]):
         out = gpu.poisoned((1, n_head, hd_v))
-        ok = attn_decode.attention(gpu.launch, *args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd_v, n_ctx,
-                                   window, scale, softcap, prefetch, window_slots)
-        assert ok
+        _attn_kernel(gpu, lambda: attn_decode.attention(gpu.launch, *args, out, part_o, part_ml, counters, n_head, n_kvh,
+                                                        hd, hd_v, n_ctx, window, scale, softcap, prefetch, window_slots),
+                     stream, n_head // n_kvh, hd, hd_v)
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd_v)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
     if short and n_vis <= short:  # the short path ran: it writes no partials, where the tiled one splits
@@ -1109,15 +1126,18 @@ FAR_POSITION = {"far_position": 250_000}  # angles of ~40,000 turns: the kernel'
 @pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
 @pytest.mark.parametrize("head_groups", [1, 2])
 @pytest.mark.parametrize("short", [0, 64])
-def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups, short):
+@pytest.mark.parametrize("stream", [False, True])
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups, short, stream):
     """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
     normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
     value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
     cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it.
-    short 64: contexts of up to 64 keys in registers, a warp per head (kernels/attn_short.cuh)."""
+    short 64: contexts of up to 64 keys in registers, a warp per head (kernels/attn_short.cuh);
+    stream: kernels/attn_stream.cu where it serves the heads."""
     from reflex_runtime.gpu.ops.attn_decode import AtdRope
 
     knobs.attn_short_keys = short
+    knobs.attn_stream = stream
     n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
         FUSED_ROPE_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
@@ -1137,8 +1157,11 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
     knobs.attn_min_keys = min_keys
     knobs.attn_head_groups = head_groups
     if splits:
+        from reflex_runtime.gpu.ops import attn_stream
+
         knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
-        assert attn_decode.splits(gpu.launch, n_kvh) == splits
+        knobs.attn_stream_blocks_per_sm = (splits + 0.5) * n_kvh / gpu.dev.sm_count  # it rounds down
+        assert attn_decode.splits(gpu.launch, n_kvh) == splits == attn_stream.splits(gpu.launch, n_kvh)
     d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
     rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
                    gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode,
@@ -1146,11 +1169,11 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
     scale = 1.0 / np.sqrt(hd)
     out = gpu.poisoned((1, n_head, hd))
     counters = gpu.put(np.zeros(attn_decode.counters(n_head), np.int32))
-    assert attn_decode.attention(gpu.launch, 
-        gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)), gpu.put(np.array([slot], np.int32)),
-        gpu.put(np.array([n_vis], np.int32)), out, gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,)),
-        gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,)), counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0,
-        prefetch, window > 0, rope)
+    _attn_kernel(gpu, lambda: attn_decode.attention(
+        gpu.launch, gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)),
+        gpu.put(np.array([slot], np.int32)), gpu.put(np.array([n_vis], np.int32)), out,
+        gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,)), gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,)),
+        counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0, prefetch, window > 0, rope), stream, n_head // n_kvh, hd, hd)
     # the stored key and value, and kv_pos
     ke = _rms(k_raw, kn, eps) if norms else k_raw.astype(np.float64)
     ke = _rope_modes(ke, pos, rope_dim, base, mode, factors)

@@ -22,6 +22,8 @@ DEV = SimpleNamespace(sm_count=132, cc=(9, 0), max_shared=232448, smem_per_sm=23
     ("REFLEX_MVS_BLOCKS_PER_SM", "2.5", "an integer"),
     ("REFLEX_ATTN_MIN_KEYS", "0", "at least 1"),
     ("REFLEX_ATTN_SHORT_KEYS", "65", "from 0 to 64"),
+    ("REFLEX_ATTN_STREAM", "2", "one of 0, 1"),
+    ("REFLEX_ATTN_STREAM_BLOCKS_PER_SM", "0", "from 1 to 16"),
     ("REFLEX_MVS_HEAD_STREAM", "4", "one of 0, 1, 2"),
     ("REFLEX_POST_FOLD", "yes", "an integer"),
     ("REFLEX_SMEM_CARVEOUT", "101", "from -1 to 100"),
