@@ -7,7 +7,7 @@
 // block barriers, so an SM has little in flight most of the time, and a third tile (or fewer
 // blocks) did not help (results/2026-12-04-h200-s26: "bound per block"). Here a block's slice is
 // dealt to its 4 warps 8 keys at a time (warp w takes groups w, w + 4, ...), and each warp keeps
-// its own ring of ATS_STAGES slots in shared memory, two groups in flight while it computes a
+// its own ring of STR_STAGES slots in shared memory, two groups in flight while it computes a
 // third, with no block barrier between the first group and the last. A lane holds dimensions l,
 // l + 32, ... as in attn_short.cuh: 8 keys' partial dots are summed by transposing them across
 // the lanes, and an online softmax per query head runs over each group. The warps' (max, sum,
@@ -15,7 +15,7 @@
 // Before the wait (`prefetch`, as the tiled kernel): the plan, the norm weights, the rope angles and
 // each warp's first two groups of keys older than the newest. The newest key (made here from the
 // raw projections with rope.k, else read from the cache) reaches its slot from shared memory.
-// Serves G <= ATS_GM query heads per block and hd, hd_v <= 32 ATS_MR (gpu/ops/attn_stream.py fits);
+// Serves G <= STR_GM query heads per block and hd, hd_v <= 32 STR_MR (gpu/ops/attn_stream.py fits);
 // a context of at most short_keys keys takes attn_short.cuh's path.
 // Dynamic smem: attn_stream.py smem_bytes (the rings, the warps' merge, q, and at least the tiled
 // layout attn_short.cuh uses).
@@ -35,19 +35,40 @@ struct StrRing {  // one warp's ring: slot s holds 8 key rows (2 hd bytes) then 
     }
 };
 
+// A lane's share of every group's copies, made once (the loop then divides nothing): 16-byte chunk
+// c = lane + 32 i of the group's key rows (hd / 8 chunks a row) and of its value rows, as
+// (row t << 16) | (offset in halves); t = 8: none.
+#define STR_CP 4  // copies of each kind a lane makes per group: 8 rows x 16 chunks / 32 lanes at most
+struct StrLane {
+    int k[STR_CP], v[STR_CP];
+    __device__ __forceinline__ StrLane(int hd, int hd_v, int lane) {
+#pragma unroll
+        for (int i = 0; i < STR_CP; i++) {
+            int c = lane + 32 * i, nk = hd / 8, nv = hd_v / 8, tk = min(c / nk, STR_GROUP), tv = min(c / nv, STR_GROUP);
+            k[i] = (tk << 16) | (8 * (c - tk * nk) & 0xffff);
+            v[i] = (tv << 16) | (8 * (c - tv * nv) & 0xffff);
+        }
+    }
+};
+
 // Copy keys [r0, min(r0 + 8, j1)) but jn into slot s (every lane of the warp; 16-byte copies).
-__device__ __forceinline__ void str_stage(const StrRing& ring, int s, const half* kbase, const half* vbase, int r0,
-                                          int j1, int jn, const int* blocks, int lane) {
-    int nk = ring.hd / 8, nv = ring.hd_v / 8;  // 16-byte chunks a row
-    for (int c = lane; c < STR_GROUP * (nk + nv); c += 32) {
-        bool key = c < STR_GROUP * nk;
-        int cc = key ? c : c - STR_GROUP * nk, per = key ? nk : nv, t = cc / per, ch = cc - t * per, j = r0 + t;
-        if (j >= j1 || j == jn) continue;
-        long row = rx_kv_row(blocks, j);
-        if (key) rx_cp16(ring.k(s) + t * ring.hd + 8 * ch, kbase + row * ring.hd + 8 * ch);
-        else rx_cp16(ring.v(s) + t * ring.hd_v + 8 * ch, vbase + row * ring.hd_v + 8 * ch);
+__device__ __forceinline__ void str_stage(const StrRing& ring, const StrLane& l, int s, const half* kbase,
+                                          const half* vbase, int r0, int j1, int jn, const int* blocks) {
+    half *kd = ring.k(s), *vd = ring.v(s);
+#pragma unroll
+    for (int i = 0; i < STR_CP; i++) {
+        int t = l.k[i] >> 16, o = l.k[i] & 0xffff, j = r0 + t;
+        if (t < STR_GROUP && j < j1 && j != jn) rx_cp16(kd + t * ring.hd + o, kbase + rx_kv_row(blocks, j) * ring.hd + o);
+        t = l.v[i] >> 16, o = l.v[i] & 0xffff, j = r0 + t;
+        if (t < STR_GROUP && j < j1 && j != jn)
+            rx_cp16(vd + t * ring.hd_v + o, vbase + rx_kv_row(blocks, j) * ring.hd_v + o);
     }
 }
+
+template <int N>
+struct StrN {  // a head count as a type, for the generic lambda below
+    static constexpr int v = N;
+};
 
 extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
@@ -80,6 +101,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
     // shared memory: the rings, then q (G_kv x hd floats), then the warps' merge (4 x G x (hd_v + 2))
     const int slot_bytes = STR_GROUP * 2 * (hd + hd_v);
     const StrRing ring{rx_dyn_smem + warp * STR_STAGES * slot_bytes, hd, hd_v, slot_bytes};
+    const StrLane cl(hd, hd_v, lane);
     float* qs = reinterpret_cast<float*>(rx_dyn_smem + ATD_THREADS / 32 * STR_STAGES * slot_bytes);
     float* mrg = qs + G_kv * hd;
 
@@ -101,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
         if (fused) atd_angles(rope, *q_pos, cs);
         for (int k = 0; k < STR_STAGES - 1; k++) {
             int g = warp + 4 * k;
-            if (g < n_groups) str_stage(ring, k, kbase, vbase, j0 + STR_GROUP * g, j1, jn, kv_blocks, lane);
+            if (g < n_groups) str_stage(ring, cl, k, kbase, vbase, j0 + STR_GROUP * g, j1, jn, kv_blocks);
             rx_cp_commit();
         }
     };
@@ -147,124 +169,132 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
         atd_sync();  // kv16 complete
     }
 
-    // this warp's heads: q in registers, scaled; running max, sum and output per head
-    const int R = hd >> 5, RV = hd_v >> 5;
-    float qv[STR_GM][STR_MR], acc[STR_GM][STR_MR], m_run[STR_GM], l_run[STR_GM];
+    // The loop and the warp's partials, for at most GM heads (registers sized to the block's G: a
+    // 2-head block does not multiply zeros for 4)
+    auto run = [&](auto gm) {
+        constexpr int GM = decltype(gm)::v;
+        // this warp's heads: q in registers, scaled; running max, sum and output per head
+        const int R = hd >> 5, RV = hd_v >> 5;
+        float qv[GM][STR_MR], acc[GM][STR_MR], m_run[GM], l_run[GM];
 #pragma unroll
-    for (int h = 0; h < STR_GM; h++) {
-        m_run[h] = -INFINITY, l_run[h] = 0.f;
+        for (int h = 0; h < GM; h++) {
+            m_run[h] = -INFINITY, l_run[h] = 0.f;
 #pragma unroll
-        for (int r = 0; r < STR_MR; r++) {
-            qv[h][r] = h < G && r < R ? qs[h * hd + lane + 32 * r] * scale : 0.f;
-            acc[h][r] = 0.f;
-        }
-    }
-    for (int k = 0;; k++) {
-        int g = warp + 4 * k;
-        if (g >= n_groups) break;
-        rx_cp_wait_prior<STR_STAGES - 2>();  // this group's copies (each lane's own) have landed
-        __syncwarp();                        // every lane's; and the slot refilled below was read
-        {
-            int gn = g + 4 * (STR_STAGES - 1);
-            if (gn < n_groups) str_stage(ring, (k + STR_STAGES - 1) % STR_STAGES, kbase, vbase, j0 + STR_GROUP * gn, j1, jn,
-                                         kv_blocks, lane);
-            rx_cp_commit();
-        }
-        const int s = k % STR_STAGES, r0 = j0 + STR_GROUP * g;
-        half *ks = ring.k(s), *vs = ring.v(s);
-        if (jn >= r0 && jn < min(r0 + STR_GROUP, j1)) {  // the newest key and value, from kv16
-            int t = jn - r0;
-            for (int d = lane; d < hd; d += 32) ks[t * hd + d] = kv16[d];
-            for (int d = lane; d < hd_v; d += 32) vs[t * hd_v + d] = kv16[256 + d];
-            __syncwarp();
-        }
-        // scores: part[h][t] this lane's share of key t against head h, summed across the lanes
-        float sc[STR_GM];
-        {
-            float part[STR_GM][STR_GROUP];
-#pragma unroll
-            for (int t = 0; t < STR_GROUP; t++) {
-                float kf[STR_MR];
-                const half* kr = ks + t * hd + lane;
-#pragma unroll
-                for (int r = 0; r < STR_MR; r++) kf[r] = r < R ? __half2float(kr[32 * r]) : 0.f;
-#pragma unroll
-                for (int h = 0; h < STR_GM; h++) {
-                    float x = 0.f;
-#pragma unroll
-                    for (int r = 0; r < STR_MR; r++) x += qv[h][r] * kf[r];
-                    part[h][t] = x;
-                }
+            for (int r = 0; r < STR_MR; r++) {
+                qv[h][r] = h < G && r < R ? qs[h * hd + lane + 32 * r] * scale : 0.f;
+                acc[h][r] = 0.f;
             }
-            // as attn_short.cuh ats_scores8: lane l ends with key (l >> 2) & 7's sum
+        }
+        for (int k = 0;; k++) {
+            int g = warp + 4 * k;
+            if (g >= n_groups) break;
+            rx_cp_wait_prior<STR_STAGES - 2>();  // this group's copies (each lane's own) have landed
+            __syncwarp();                        // every lane's; and the slot refilled below was read
+            {
+                int gn = g + 4 * (STR_STAGES - 1);
+                if (gn < n_groups)
+                    str_stage(ring, cl, (k + STR_STAGES - 1) % STR_STAGES, kbase, vbase, j0 + STR_GROUP * gn, j1, jn, kv_blocks);
+                rx_cp_commit();
+            }
+            const int s = k % STR_STAGES, r0 = j0 + STR_GROUP * g;
+            half *ks = ring.k(s), *vs = ring.v(s);
+            if (jn >= r0 && jn < min(r0 + STR_GROUP, j1)) {  // the newest key and value, from kv16
+                int t = jn - r0;
+                for (int d = lane; d < hd; d += 32) ks[t * hd + d] = kv16[d];
+                for (int d = lane; d < hd_v; d += 32) vs[t * hd_v + d] = kv16[256 + d];
+                __syncwarp();
+            }
+            // scores: part[h][t] this lane's share of key t against head h, summed across the lanes
+            float sc[GM];
+            {
+                float part[GM][STR_GROUP];
 #pragma unroll
-            for (int h = 0; h < STR_GM; h++) {
-                if (h >= G) break;
+                for (int t = 0; t < STR_GROUP; t++) {
+                    float kf[STR_MR];
+                    const half* kr = ks + t * hd + lane;
 #pragma unroll
-                for (int o = 16, w = 4; o >= 4; o >>= 1, w >>= 1) {
-                    bool up = lane & o;
+                    for (int r = 0; r < STR_MR; r++) kf[r] = r < R ? __half2float(kr[32 * r]) : 0.f;
 #pragma unroll
-                    for (int t = 0; t < w; t++) {
-                        float send = up ? part[h][t] : part[h][t + w], keep = up ? part[h][t + w] : part[h][t];
-                        part[h][t] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+                    for (int h = 0; h < GM; h++) {
+                        float x = 0.f;
+#pragma unroll
+                        for (int r = 0; r < STR_MR; r++) x += qv[h][r] * kf[r];
+                        part[h][t] = x;
                     }
                 }
-                float v = part[h][0] + __shfl_xor_sync(0xffffffffu, part[h][0], 2);
-                sc[h] = v + __shfl_xor_sync(0xffffffffu, v, 1);
+                // as attn_short.cuh ats_scores8: lane l ends with key (l >> 2) & 7's sum
+#pragma unroll
+                for (int h = 0; h < GM; h++) {
+                    if (h >= G) break;
+#pragma unroll
+                    for (int o = 16, w = 4; o >= 4; o >>= 1, w >>= 1) {
+                        bool up = lane & o;
+#pragma unroll
+                        for (int t = 0; t < w; t++) {
+                            float send = up ? part[h][t] : part[h][t + w], keep = up ? part[h][t + w] : part[h][t];
+                            part[h][t] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+                        }
+                    }
+                    float v = part[h][0] + __shfl_xor_sync(0xffffffffu, part[h][0], 2);
+                    sc[h] = v + __shfl_xor_sync(0xffffffffu, v, 1);
+                }
             }
-        }
-        // lane l's key: r0 + ((l >> 2) & 7); masked past the slice and outside a window
-        const int j = r0 + ((lane >> 2) & 7);
-        bool ok = j < j1;
-        if (ok && window > 0 && j != jn) ok = my_pos - kv_pos[j] < window;  // the new key's kv_pos: it is at my_pos
-        float vf[STR_GROUP][STR_MR];  // the group's values, read once for every head
-#pragma unroll
-        for (int t = 0; t < STR_GROUP; t++) {
-            const half* vr = vs + t * hd_v + lane;
-#pragma unroll
-            for (int r = 0; r < STR_MR; r++) vf[t][r] = r < RV && r0 + t < j1 ? __half2float(vr[32 * r]) : 0.f;
-        }
-#pragma unroll
-        for (int h = 0; h < STR_GM; h++) {
-            if (h >= G) break;
-            float x = sc[h];
-            if (softcap > 0.f && ok) x = softcap * tanhf(x / softcap);
-            x = ok ? x : -INFINITY;
-            float mg = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));  // the group's max: 8 keys, 4 lanes each
-            mg = fmaxf(mg, __shfl_xor_sync(0xffffffffu, mg, 8));
-            mg = fmaxf(mg, __shfl_xor_sync(0xffffffffu, mg, 16));
-            float mn = fmaxf(m_run[h], mg);
-            float c = 1.f, p = 0.f;
-            if (mn != -INFINITY) {
-                c = m_run[h] == -INFINITY ? 0.f : __expf(m_run[h] - mn);
-                p = ok ? __expf(x - mn) : 0.f;
-            }
-            float ps = p + __shfl_xor_sync(0xffffffffu, p, 4);
-            ps += __shfl_xor_sync(0xffffffffu, ps, 8);
-            ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-            m_run[h] = mn, l_run[h] = l_run[h] * c + ps;
-#pragma unroll
-            for (int r = 0; r < STR_MR; r++) acc[h][r] *= c;
+            // lane l's key: r0 + ((l >> 2) & 7); masked past the slice and outside a window
+            const int j = r0 + ((lane >> 2) & 7);
+            bool ok = j < j1;
+            if (ok && window > 0 && j != jn) ok = my_pos - kv_pos[j] < window;  // the new key's kv_pos: it is at my_pos
+            float vf[STR_GROUP][STR_MR];  // the group's values, read once for every head
 #pragma unroll
             for (int t = 0; t < STR_GROUP; t++) {
-                float pt = __shfl_sync(0xffffffffu, p, 4 * t);  // lane 4 t holds key t's
+                const half* vr = vs + t * hd_v + lane;
 #pragma unroll
-                for (int r = 0; r < STR_MR; r++) acc[h][r] += pt * vf[t][r];
+                for (int r = 0; r < STR_MR; r++) vf[t][r] = r < RV && r0 + t < j1 ? __half2float(vr[32 * r]) : 0.f;
+            }
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                if (h >= G) break;
+                float x = sc[h];
+                if (softcap > 0.f && ok) x = softcap * tanhf(x / softcap);
+                x = ok ? x : -INFINITY;
+                float mg = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));  // the group's max: 8 keys, 4 lanes each
+                mg = fmaxf(mg, __shfl_xor_sync(0xffffffffu, mg, 8));
+                mg = fmaxf(mg, __shfl_xor_sync(0xffffffffu, mg, 16));
+                float mn = fmaxf(m_run[h], mg);
+                float c = 1.f, p = 0.f;
+                if (mn != -INFINITY) {
+                    c = m_run[h] == -INFINITY ? 0.f : __expf(m_run[h] - mn);
+                    p = ok ? __expf(x - mn) : 0.f;
+                }
+                float ps = p + __shfl_xor_sync(0xffffffffu, p, 4);
+                ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+                ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+                m_run[h] = mn, l_run[h] = l_run[h] * c + ps;
+#pragma unroll
+                for (int r = 0; r < STR_MR; r++) acc[h][r] *= c;
+#pragma unroll
+                for (int t = 0; t < STR_GROUP; t++) {
+                    float pt = __shfl_sync(0xffffffffu, p, 4 * t);  // lane 4 t holds key t's
+#pragma unroll
+                    for (int r = 0; r < STR_MR; r++) acc[h][r] += pt * vf[t][r];
+                }
             }
         }
-    }
-    rx_cp_wait_all();  // no copy may land in the rings after this (they become merge buffers)
+        rx_cp_wait_all();  // no copy may land in the rings after this (they become merge buffers)
 
-    // the warps' partials of each head, merged: warp w's (m, l, o) at mrg[(w * G + h) * (hd_v + 2)]
+        // the warps' partials of each head, merged: warp w's (m, l, o) at mrg[(w * G + h) * (hd_v + 2)]
 #pragma unroll
-    for (int h = 0; h < STR_GM; h++) {
-        if (h >= G) break;
-        float* mw = mrg + (warp * G + h) * (hd_v + 2);
+        for (int h = 0; h < GM; h++) {
+            if (h >= G) break;
+            float* mw = mrg + (warp * G + h) * (hd_v + 2);
 #pragma unroll
-        for (int r = 0; r < STR_MR; r++)
-            if (r < RV) mw[2 + lane + 32 * r] = acc[h][r];
-        if (lane == 0) mw[0] = m_run[h], mw[1] = l_run[h];
-    }
+            for (int r = 0; r < STR_MR; r++)
+                if (r < RV) mw[2 + lane + 32 * r] = acc[h][r];
+            if (lane == 0) mw[0] = m_run[h], mw[1] = l_run[h];
+        }
+    };
+    if (G <= 1) run(StrN<1>{});
+    else if (G <= 2) run(StrN<2>{});
+    else run(StrN<STR_GM>{});
     atd_sync();
     for (int h = warp; h < G; h += ATD_THREADS / 32) {
         float M = -INFINITY, L = 0.f, e[ATD_THREADS / 32];
