@@ -8,9 +8,9 @@
 // blocks) did not help (results/2026-12-04-h200-s26: "bound per block"). Here a block's slice is
 // dealt to its 4 warps 8 keys at a time (warp w takes groups w, w + 4, ...), and each warp keeps
 // its own ring of STR_STAGES slots in shared memory, two groups in flight while it computes a
-// third, with no block barrier between the first group and the last. A lane holds dimensions l,
-// l + 32, ... as in attn_short.cuh: 8 keys' partial dots are summed by transposing them across
-// the lanes, and an online softmax per query head runs over each group. The warps' (max, sum,
+// third, with no block barrier between the first group and the last. A lane holds dimension pairs
+// (2 l, 2 l + 1) + 64 p (one 4-byte shared load a pair): 8 keys' partial dots are summed by
+// transposing them across the lanes (as attn_short.cuh), and an online softmax per query head runs over each group. The warps' (max, sum,
 // output) merge in shared memory, and the slices merge as the tiled kernel's (split_merge_done).
 // Before the wait (`prefetch`, as the tiled kernel): the plan, the norm weights, the rope angles and
 // each warp's first two groups of keys older than the newest. The newest key (made here from the
@@ -62,6 +62,17 @@ __device__ __forceinline__ void str_stage(const StrRing& ring, const StrLane& l,
         t = l.v[i] >> 16, o = l.v[i] & 0xffff, j = r0 + t;
         if (t < STR_GROUP && j < j1 && j != jn)
             rx_cp16(vd + t * ring.hd_v + o, vbase + rx_kv_row(blocks, j) * ring.hd_v + o);
+    }
+}
+
+// A row's dimension pairs this lane holds ((2 l, 2 l + 1) + 64 p, p < 2), one 4-byte load each; zeros
+// past the row, or everywhere when !use (a stale row).
+__device__ __forceinline__ void str_pairs(const half* row, int n, int lane, bool use, float* f) {
+#pragma unroll
+    for (int p = 0; p < STR_MR / 2; p++) {
+        float2 v = make_float2(0.f, 0.f);
+        if (use && 2 * lane + 64 * p < n) v = __half22float2(*reinterpret_cast<const half2*>(row + 2 * lane + 64 * p));
+        f[2 * p] = v.x, f[2 * p + 1] = v.y;
     }
 }
 
@@ -174,14 +185,15 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
     auto run = [&](auto gm) {
         constexpr int GM = decltype(gm)::v;
         // this warp's heads: q in registers, scaled; running max, sum and output per head
-        const int R = hd >> 5, RV = hd_v >> 5;
+        // lane l holds dimension pairs (2 l, 2 l + 1) + 64 p: element r is dimension str_dim(r)
+        auto str_dim = [&](int r) { return 2 * lane + 64 * (r >> 1) + (r & 1); };
         float qv[GM][STR_MR], acc[GM][STR_MR], m_run[GM], l_run[GM];
 #pragma unroll
         for (int h = 0; h < GM; h++) {
             m_run[h] = -INFINITY, l_run[h] = 0.f;
 #pragma unroll
             for (int r = 0; r < STR_MR; r++) {
-                qv[h][r] = h < G && r < R ? qs[h * hd + lane + 32 * r] * scale : 0.f;
+                qv[h][r] = h < G && str_dim(r) < hd ? qs[h * hd + str_dim(r)] * scale : 0.f;
                 acc[h][r] = 0.f;
             }
         }
@@ -211,9 +223,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
 #pragma unroll
                 for (int t = 0; t < STR_GROUP; t++) {
                     float kf[STR_MR];
-                    const half* kr = ks + t * hd + lane;
-#pragma unroll
-                    for (int r = 0; r < STR_MR; r++) kf[r] = r < R ? __half2float(kr[32 * r]) : 0.f;
+                    str_pairs(ks + t * hd, hd, lane, true, kf);
 #pragma unroll
                     for (int h = 0; h < GM; h++) {
                         float x = 0.f;
@@ -246,9 +256,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
             float vf[STR_GROUP][STR_MR];  // the group's values, read once for every head
 #pragma unroll
             for (int t = 0; t < STR_GROUP; t++) {
-                const half* vr = vs + t * hd_v + lane;
-#pragma unroll
-                for (int r = 0; r < STR_MR; r++) vf[t][r] = r < RV && r0 + t < j1 ? __half2float(vr[32 * r]) : 0.f;
+                str_pairs(vs + t * hd_v, hd_v, lane, r0 + t < j1, vf[t]);
             }
 #pragma unroll
             for (int h = 0; h < GM; h++) {
@@ -288,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS, 3) reflex_attn_stream(
             float* mw = mrg + (warp * G + h) * (hd_v + 2);
 #pragma unroll
             for (int r = 0; r < STR_MR; r++)
-                if (r < RV) mw[2 + lane + 32 * r] = acc[h][r];
+                if (str_dim(r) < hd_v) mw[2 + str_dim(r)] = acc[h][r];
             if (lane == 0) mw[0] = m_run[h], mw[1] = l_run[h];
         }
     };

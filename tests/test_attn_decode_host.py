@@ -61,7 +61,7 @@ def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_grou
 STREAM = ["qwen3_0.6b_ctx256", "qwen3_ctx1", "qwen3_ctx33_one_slice", "moe_gqa8_empty_runs", "gqa16_hd32_softcap",
           "mha_hd64_odd_keys", "hd96_one_key_per_slice", "short_smollm_hd64_g3_ctx64", "short_hd128_values64",
           "hd64_values128_ctx300", "gemma_window_longer_than_context", "long_slices_ctx600",
-          "long_slices_window_hd64"]
+          "long_slices_window_hd64", "hd32_g2_ctx200", "softcap_g4_hd64_ctx150"]
 STREAM_ROPE = ["qwen3_neox_norms", "partial_pairwise_factors", "first_token", "empty_last_slice",
                "new_key_in_second_tile", "new_key_in_eighth_tile", "short_smollm_hd64_g3_ctx30"]
 
