@@ -22,8 +22,10 @@ def smem_bytes(group: int, hd: int, hd_v: int, short: int) -> int:
 
 
 def fits(L, group: int, hd: int, hd_v: int) -> bool:
-    """Whether L asks for the kernel and it serves these heads (else reflex_attn_decode)."""
-    return bool(L.attn_stream) and group <= MAX_GROUP and hd <= MAX_HEAD and hd_v <= MAX_HEAD
+    """Whether L asks for the kernel and it serves these heads on this device (else reflex_attn_decode):
+    a Turing's 64 KB of shared memory a block does not hold 4 heads of 128 with the short path's layout."""
+    return (bool(L.attn_stream) and group <= MAX_GROUP and hd <= MAX_HEAD and hd_v <= MAX_HEAD
+            and smem_bytes(group, hd, hd_v, L.attn_short_keys) <= L.dev.max_shared - 8 * 1024)
 
 
 def splits(L, n_head_kv: int) -> int:
