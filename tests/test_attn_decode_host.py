@@ -81,7 +81,7 @@ def test_attention_stream_with_fused_rope_and_store(host, knobs, case, head_grou
 @pytest.mark.parametrize("case", ["short_rows", "gemma_window_rows4", "hd96_rows2"])
 @pytest.mark.parametrize("prefetch,head_groups,short", [(True, 1, 0), (False, 1, 64), (True, 2, 64)])
 def test_decode_attention_rows(host, knobs, case, prefetch, head_groups, short):
-    B.test_decode_attention_rows(host, knobs, case, prefetch, head_groups, short)
+    B.test_decode_attention_rows(host, knobs, case, prefetch, head_groups, short, False)
 
 
 def test_decode_attention_rows_one_slice_each(host, knobs):

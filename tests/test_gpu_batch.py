@@ -55,7 +55,7 @@ def _rows_problem(case):
 @pytest.mark.parametrize("prefetch,head_groups,short,stream", [
     (False, 1, 0, False), (True, 1, 0, False), (True, 2, 0, False), (False, 1, 64, False), (True, 2, 64, False),
     (False, 1, 0, True), (True, 2, 64, True)])
-def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, short, stream=False):
+def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, short, stream):
     """Row r sees its own range only (keys seq_lo[r] .. its slot), whatever the other rows hold
     (head_groups 2: each row's counters are n_head_kv * 2 of its n_head). short 64: rows of up to
     64 keys take the short path, the others the tiled one, in one launch. stream: kernels/attn_stream.cu
@@ -83,7 +83,7 @@ def test_decode_attention_rows_one_slice_each(gpu, knobs):
     every query head, the short path still shares them among the head groups."""
     knobs.attn_blocks_per_sm = 0.25
     assert attn_decode.splits(gpu.launch, 8 * 4) == 1  # short_rows: 8 KV heads, 4 rows
-    test_decode_attention_rows(gpu, knobs, "short_rows", True, 2, 64)
+    test_decode_attention_rows(gpu, knobs, "short_rows", True, 2, 64, False)
 
 
 @pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2", "short_after_long"])
