@@ -1,6 +1,7 @@
 """kernels/attn_stream.cu: reflex_attn_decode's attention (the same parameters, grid, partials and
-counters: ops/attn_decode.py launches it) with each warp streaming its own keys through a ring of
-shared-memory slots; chosen by L.attn_stream (REFLEX_ATTN_STREAM) for the heads it serves."""
+counters: ops/attn_decode.py launches it, passing what it needs of the tiled kernel's layout) with
+each warp streaming its own keys through a ring of shared-memory slots; chosen by L.attn_stream
+(REFLEX_ATTN_STREAM) for the heads it serves."""
 
 from __future__ import annotations
 
@@ -12,25 +13,20 @@ MAX_HEAD = 128  # hd and hd_v at most (32 * STR_MR)
 WARPS = 4
 
 
-def smem_bytes(group: int, hd: int, hd_v: int, short: int) -> int:
-    """Dynamic shared memory: each warp's ring, q, the warps' merge; with the short path
-    (attn_short.cuh, short > 0) at least the tiled kernel's layout it reuses."""
-    from .attn_decode import smem_bytes as tiled
-
-    own = WARPS * STAGES * GROUP * 2 * (hd + hd_v) + 4 * group * hd + 4 * WARPS * group * (hd_v + 2)
-    return max(own, tiled(group, hd, hd_v)) if short else own
+def smem_bytes(group: int, hd: int, hd_v: int, at_least: int = 0) -> int:
+    """Dynamic shared memory: each warp's ring, q, the warps' merge; at_least: the tiled kernel's
+    layout, which the short path (attn_short.cuh) reuses when it is on."""
+    return max(at_least, WARPS * STAGES * GROUP * 2 * (hd + hd_v) + 4 * group * hd + 4 * WARPS * group * (hd_v + 2))
 
 
-def fits(L, group: int, hd: int, hd_v: int) -> bool:
+def fits(L, group: int, hd: int, hd_v: int, at_least: int = 0) -> bool:
     """Whether L asks for the kernel and it serves these heads on this device (else reflex_attn_decode):
-    a Turing's 64 KB of shared memory a block does not hold 4 heads of 128 with the short path's layout."""
+    a Turing's 64 KB of shared memory a block does not hold 4 heads of 128."""
     return (bool(L.attn_stream) and group <= MAX_GROUP and hd <= MAX_HEAD and hd_v <= MAX_HEAD
-            and smem_bytes(group, hd, hd_v, L.attn_short_keys) <= L.dev.max_shared - 8 * 1024)
+            and smem_bytes(group, hd, hd_v, at_least) <= L.dev.max_shared - 8 * 1024)
 
 
-def splits(L, n_head_kv: int) -> int:
-    """The grid's y: the blocks an SM holds (L.attn_stream_blocks_per_sm: the kernel's registers
-    allow 3) times the SMs, in one wave (rounded down, where the tiled kernel's rounds)."""
-    from .attn_decode import SPLITS_MAX
-
-    return max(1, min(SPLITS_MAX, int(L.attn_stream_blocks_per_sm * L.dev.sm_count // n_head_kv)))
+def splits(L, n_head_kv: int, most: int) -> int:
+    """The grid's y, at most `most`: the blocks an SM holds (L.attn_stream_blocks_per_sm: the kernel's
+    registers allow 3) times the SMs, in one wave (rounded down, where the tiled kernel's rounds)."""
+    return max(1, min(most, int(L.attn_stream_blocks_per_sm * L.dev.sm_count // n_head_kv)))
