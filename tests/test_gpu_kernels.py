@@ -1163,7 +1163,7 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
 
         knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
         knobs.attn_stream_blocks_per_sm = (splits + 0.5) * n_kvh / gpu.dev.sm_count  # it rounds down
-        assert attn_decode.splits(gpu.launch, n_kvh) == splits == attn_stream.splits(gpu.launch, n_kvh, 128)
+        assert attn_decode.splits(gpu.launch, n_kvh) == splits == attn_stream.splits(gpu.launch, n_kvh, 128, attn_stream.smem_bytes(n_head // n_kvh, hd, hd))
     d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
     rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
                    gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode,

@@ -108,8 +108,8 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
     tiled = smem_bytes(group, hd, hd_v) if short else 0  # the short path's layout, in either kernel
     if attn_stream.fits(L, group, hd, hd_v, tiled):  # the same arguments, its own grid and shared memory
-        kernel, n_split, smem = ("reflex_attn_stream", attn_stream.splits(L, n_head_kv * rows, SPLITS_MAX),
-                                 attn_stream.smem_bytes(group, hd, hd_v, tiled))
+        smem = attn_stream.smem_bytes(group, hd, hd_v, tiled)
+        kernel, n_split = "reflex_attn_stream", attn_stream.splits(L, n_head_kv * rows, SPLITS_MAX, smem)
     else:
         kernel, n_split, smem = "reflex_attn_decode", splits(L, n_head_kv * rows), smem_bytes(group, hd, hd_v)
     L.go(kernel, (n_head_kv * n_hg, n_split, rows), 128,

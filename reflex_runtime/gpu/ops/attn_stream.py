@@ -26,7 +26,9 @@ def fits(L, group: int, hd: int, hd_v: int, at_least: int = 0) -> bool:
             and smem_bytes(group, hd, hd_v, at_least) <= L.dev.max_shared - 8 * 1024)
 
 
-def splits(L, n_head_kv: int, most: int) -> int:
-    """The grid's y, at most `most`: the blocks an SM holds (L.attn_stream_blocks_per_sm: the kernel's
-    registers allow 3) times the SMs, in one wave (rounded down, where the tiled kernel's rounds)."""
-    return max(1, min(most, int(L.attn_stream_blocks_per_sm * L.dev.sm_count // n_head_kv)))
+def splits(L, n_head_kv: int, most: int, smem: int) -> int:
+    """The grid's y, at most `most`: the blocks an SM holds (L.attn_stream_blocks_per_sm, the 3 the
+    kernel's registers allow, or fewer where the driver says fewer fit) times the SMs, in one wave
+    (rounded down, where the tiled kernel's rounds)."""
+    per_sm = min(L.attn_stream_blocks_per_sm, max(1, L.dev.kernel(KERNELS[0]).blocks_per_sm(WARPS * 32, smem)))
+    return max(1, min(most, int(per_sm * L.dev.sm_count // n_head_kv)))
