@@ -35,22 +35,19 @@
 // the G query heads are shared by n_hg blocks of G / n_hg heads each, over the same keys (the few
 // KV heads of a big GQA model would otherwise run a handful of blocks, each through all G heads);
 // past that group 0 of each KV head takes all G heads. Counters: rows * n_head_kv * n_hg * ATD_COUNTERS.
-// short_keys > 0: a row with at most that many (<= 64) visible keys takes attn_short.cuh's path
-// instead (split 0 of each head group, a warp per query head, no partials); 0: the tiled path always.
 // Output rows and partials as reflex_attn (attention.cu) with n_split = gridDim.y.
 // Dynamic smem: 4 G (hd + 32) + 2 * 32 * (2 hd + 64) + 2 * 32 * (2 hd_v + 64) bytes.
 // Requirements (host-checked): hd and hd_v multiples of 32 up to 256, G <= 16, gridDim.y <= 128.
 // Bound by reading K and V once per KV head: n_vis * (hd + hd_v) * 2 bytes.
-#include "attn_short.cuh"
+#include "attn_decode.cuh"
 
-extern "C" __global__ void __launch_bounds__(ATD_THREADS, 4) reflex_attn_decode(
+extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
     const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
     int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
-    AtdRope rope, int short_keys, int n_hg, const int* kv_blocks) {
+    AtdRope rope, int n_hg, const int* kv_blocks) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
     AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml, counters, n_head,
-              n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, prefetch, window_slots, rope, kv_blocks, short_keys};
-    if (short_keys && atd_short(a, blockIdx.x / n_hg, blockIdx.y, blockIdx.z, blockIdx.x % n_hg, n_hg, gridDim.y)) return;
+              n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, prefetch, window_slots, rope, kv_blocks};
     atd_body(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z, blockIdx.x % n_hg, n_hg);
 }

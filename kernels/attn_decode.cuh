@@ -46,22 +46,20 @@ struct AtdStager {
     }
 };
 
-// cos / sin of rope pair i's angle at position pos: angle_i = pos * theta_i / factors_i in double
-// (theta: the host's table), reduced to [-pi, pi] in double, then sincosf. As exact as rope.cu's
-// double pow / sincos to float rounding, without their instructions and constants on the kernel's path.
-__device__ __forceinline__ float2 atd_angle(const AtdRope& r, int pos, int i) {
-    double a = (double)pos * __ldg(r.theta + i);
-    if (r.factors) a /= (double)r.factors[i];
-    double k = rint(a * 0.15915494309189535);                                      // a / (2 pi)
-    double red = fma(-k, 2.4492935982947064e-16, fma(-k, 6.283185307179586, a));  // 2 pi = hi + lo
-    float sn, cn;
-    sincosf((float)red, &sn, &cn);
-    return make_float2(cn, sn);
-}
-
-// The rope_dim / 2 pairs' cos / sin at position pos (atd_angle), into shared memory.
+// cos / sin of the rope_dim / 2 angles at position pos: angle_i = pos * theta_i / factors_i in
+// double (theta: the host's table), reduced to [-pi, pi] in double, then sincosf. As exact as
+// rope.cu's double pow / sincos to float rounding, without their instructions and constants on
+// the kernel's path.
 __device__ void atd_angles(const AtdRope& r, int pos, float2* cs) {
-    for (int i = threadIdx.x; i < r.rope_dim / 2; i += ATD_THREADS) cs[i] = atd_angle(r, pos, i);
+    for (int i = threadIdx.x; i < r.rope_dim / 2; i += ATD_THREADS) {
+        double a = (double)pos * __ldg(r.theta + i);
+        if (r.factors) a /= (double)r.factors[i];
+        double k = rint(a * 0.15915494309189535);                      // a / (2 pi)
+        double red = fma(-k, 2.4492935982947064e-16, fma(-k, 6.283185307179586, a));  // 2 pi = hi + lo
+        float sn, cn;
+        sincosf((float)red, &sn, &cn);
+        cs[i] = make_float2(cn, sn);
+    }
 }
 
 // One warp: head h (hd floats in shared memory) RMS-normalized with nw (if given), then rotated.
@@ -144,6 +142,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     int min_keys = a.min_keys, prefetch = a.prefetch, window_slots = a.window_slots;
     AtdRope rope = a.rope;
     const int* kv_blocks = a.kv_blocks;
+rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
     __shared__ float2 cs[128];            // rope: cos / sin per pair (rope_dim <= 256)
     __shared__ float knew[256];           // rope: the new key, normalized and rotated

@@ -36,5 +36,4 @@ typedef struct {
     int min_keys, prefetch, window_slots;
     AtdRope rope;
     const int* kv_blocks;
-    int short_keys;  // reflex_attn_decode: up to this many visible keys (<= 64) take attn_short.cuh's path; 0: never
 } AtdArgs;

@@ -49,7 +49,8 @@
 #   fidelity   reflex check on CHECK_FILES (e.g. a big shape made with --layers 2-4) and GREEDY_N (32) greedy tokens
 #              against llama-server's on GREEDY_FILES, teacher-forced near-ties told apart (scripts/greedy_vs_llama.py;
 #              needs --peers); GREEDY_REFERENCE=1 asks the numpy reference too where they differ (small files);
-#              GREEDY_LLAMA_ARGS: more llama-server options (e.g. "-fa off")
+#              GREEDY_LLAMA_ARGS: more llama-server options (e.g. "-fa off"); GREEDY_PROMPT_PATH=1: llama-server also gets each position's
+#              context as a prompt (greedy_vs_llama.py --llama-prompt-path)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),
@@ -374,7 +375,7 @@ if has fidelity; then  # issue 31: reflex check on CHECK_FILES (same-shaped file
     n=$(basename $f .gguf); step "greedy $n"
     if [ ! -x "${PEER:-/nonexistent}/llama-server" ]; then echo "no llama-server: carry gpu_bundle.sh --peers" | tee -a "$W/steps.txt"; break; fi
     timeout ${GREEDY_TIMEOUT:-400} python3 scripts/greedy_vs_llama.py $f --llama-server $PEER/llama-server -n ${GREEDY_N:-32} \
-      ${GREEDY_REFERENCE:+--reference} --llama-args="${GREEDY_LLAMA_ARGS:-}" --out "$W/greedy-$n.json" 2> "$W/greedy-$n.err" | tee -a "$W/steps.txt" || tail -3 "$W/greedy-$n.err"
+      ${GREEDY_REFERENCE:+--reference} ${GREEDY_PROMPT_PATH:+--llama-prompt-path} --llama-args="${GREEDY_LLAMA_ARGS:-}" --out "$W/greedy-$n.json" 2> "$W/greedy-$n.err" | tee -a "$W/steps.txt" || tail -3 "$W/greedy-$n.err"
   done
 fi
 if has extra && [ -n "${EXTRA:-}" ]; then step extra; bash -c "$EXTRA" 2>&1 | tee "$W/extra.log" | tail -40; fi

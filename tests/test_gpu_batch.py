@@ -28,7 +28,7 @@ ROW_CASES = {
     # a short row after a long one: the scalar kernel's rows take fewer slices than the launch's
     # and must still keep to their own partials
     "short_after_long": (16, 8, 128, (300, 3, 200, 1, 17), 0),
-    "short_rows": (16, 8, 128, (1, 64, 5, 33), 0),  # every row on the short path (attn_short_keys 64)
+    "short_rows": (16, 8, 128, (1, 64, 5, 33), 0),  # every row in one or two tiles
 }
 
 
@@ -52,20 +52,14 @@ def _rows_problem(case):
 
 
 @pytest.mark.parametrize("case", list(ROW_CASES))
-@pytest.mark.parametrize("prefetch,head_groups,short,stream", [
-    (False, 1, 0, False), (True, 1, 0, False), (True, 2, 0, False), (False, 1, 64, False), (True, 2, 64, False),
-    (False, 1, 0, True), (True, 2, 64, True)])
-def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, short, stream):
+@pytest.mark.parametrize("prefetch,head_groups", [(False, 1), (True, 1), (True, 2)])
+def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups):
     """Row r sees its own range only (keys seq_lo[r] .. its slot), whatever the other rows hold
-    (head_groups 2: each row's counters are n_head_kv * 2 of its n_head). short 64: rows of up to
-    64 keys take the short path, the others the tiled one, in one launch. stream: kernels/attn_stream.cu
-    where it serves the heads."""
+    (head_groups 2: each row's counters are n_head_kv * 2 of its n_head)."""
     (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, expect = _rows_problem(case)
     q, kc, vc, kv_pos, q_pos, q_slot, seq_lo = (gpu.put(a) for a in arrays)
     knobs.attn_min_keys = 16
     knobs.attn_head_groups = head_groups
-    knobs.attn_short_keys = short
-    knobs.attn_stream = stream
     part_o = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * hd,))
     part_ml = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(attn_decode.counters(n_head, R), np.int32))
@@ -79,11 +73,11 @@ def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, short, s
 
 
 def test_decode_attention_rows_one_slice_each(gpu, knobs):
-    """A big batch's grid may give each row one slice: the tiled path's first head group then takes
-    every query head, the short path still shares them among the head groups."""
+    """A big batch's grid may give each row one slice: the first head group then takes every query
+    head (the plan's head groups need room among the slices)."""
     knobs.attn_blocks_per_sm = 0.25
     assert attn_decode.splits(gpu.launch, 8 * 4) == 1  # short_rows: 8 KV heads, 4 rows
-    test_decode_attention_rows(gpu, knobs, "short_rows", True, 2, 64, False)
+    test_decode_attention_rows(gpu, knobs, "short_rows", True, 2)
 
 
 @pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2", "short_after_long"])

@@ -753,8 +753,7 @@ def knobs(gpu):
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
                  attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups,
-                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold, attn_short_keys=L.attn_short_keys,
-                 attn_stream=L.attn_stream, attn_stream_blocks_per_sm=L.attn_stream_blocks_per_sm)
+                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -978,17 +977,17 @@ DECODE_ATTN_CASES = {
     "gqa16_hd32_softcap": (16, 1, 32, 333, 0, 30.0, 7, True),
     "mha_hd64_odd_keys": (6, 6, 64, 77, 20, 0.0, 1, False),
     "hd96_one_key_per_slice": (6, 3, 96, 50, 0, 0.0, 1, True),
-    # short contexts (attn_short_keys 64: the short path; at 65 the tiled one)
+    # short contexts (one tile, two), values narrower or wider than keys
     "short_qwen3_ctx2": (16, 8, 128, 2, 0, 0.0, 32, True),
     "short_qwen3_ctx32": (16, 8, 128, 32, 0, 0.0, 32, False),
     "short_smollm_hd64_g3_ctx64": (9, 3, 64, 64, 0, 0.0, 32, True),
     "short_gemma_hd256_window_ctx63": (4, 1, 256, 63, 20, 0.0, 32, True),
     "short_gqa16_hd32_softcap_ctx41": (16, 1, 32, 41, 0, 30.0, 7, True),  # 4 heads a warp
-    "short_qwen3_ctx65_tiled": (16, 8, 128, 65, 0, 0.0, 32, True),
+    "short_qwen3_ctx65": (16, 8, 128, 65, 0, 0.0, 32, True),
     "short_hd128_values64": (8, 2, 128, 37, 0, 0.0, 32, True),
     "short_hd64_values128": (8, 2, 64, 64, 0, 0.0, 32, False),
     "hd64_values128_ctx300": (8, 2, 64, 300, 0, 0.0, 32, True),
-    # long slices: many groups of 8 keys per warp of the streaming kernel (its running max and sum)
+    # long slices: many tiles a block (the running max and sum)
     "long_slices_ctx600": (16, 8, 128, 600, 0, 0.0, 256, True),
     "long_slices_window_hd64": (8, 4, 64, 500, 100, 0.0, 256, False),
     "hd32_g2_ctx200": (4, 2, 32, 200, 0, 0.0, 16, True),
@@ -997,30 +996,14 @@ DECODE_ATTN_CASES = {
 DECODE_ATTN_HD_V = {"short_hd128_values64": 64, "short_hd64_values128": 128, "hd64_values128_ctx300": 128}
 
 
-def _attn_kernel(gpu, fn, stream: bool, group: int, hd: int, hd_v: int):
-    """Run fn (one decode attention launch); assert which kernel it took: kernels/attn_stream.cu's
-    where asked for and it serves the heads, else attn_decode.cu's."""
-    from reflex_runtime.gpu.ops import attn_stream
-
-    names = _kernels(gpu, fn)
-    serves = stream and group <= attn_stream.MAX_GROUP and max(hd, hd_v) <= attn_stream.MAX_HEAD
-    assert names == ["reflex_attn_stream" if serves else "reflex_attn_decode"], names
-
-
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
 @pytest.mark.parametrize("head_groups", [1, 4])
-@pytest.mark.parametrize("short", [0, 64])
-@pytest.mark.parametrize("stream", [False, True])
-def test_attention_decode(gpu, knobs, case, head_groups, short, stream):
+def test_attention_decode(gpu, knobs, case, head_groups):
     """head_groups 4: a KV head's query heads shared by up to 4 blocks while the slices leave room
-    (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all.
-    short 64: contexts of up to 64 keys take the short path (kernels/attn_short.cuh). stream: the
-    warps stream their own keys (kernels/attn_stream.cu) where it serves the heads."""
+    (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all."""
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
     hd_v = DECODE_ATTN_HD_V.get(case, hd)  # values as wide as keys, or not
-    knobs.attn_short_keys = short
-    knobs.attn_stream = stream
     rng = np.random.default_rng(list(case.encode()))
     n_ctx = n_vis + 37
     kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
@@ -1042,13 +1025,10 @@ def test_attention_decode(gpu, knobs, case, head_groups, short, stream):
     # the window's slots (kv_pos = slot + 3 here, as the flag promises)
     for replay, window_slots in enumerate([False, window > 0]):
         out = gpu.poisoned((1, n_head, hd_v))
-        _attn_kernel(gpu, lambda: attn_decode.attention(gpu.launch, *args, out, part_o, part_ml, counters, n_head, n_kvh,
-                                                        hd, hd_v, n_ctx, window, scale, softcap, prefetch, window_slots),
-                     stream, n_head // n_kvh, hd, hd_v)
+        assert attn_decode.attention(gpu.launch, *args, out, part_o, part_ml, counters, n_head, n_kvh, hd, hd_v, n_ctx,
+                                     window, scale, softcap, prefetch, window_slots)
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd_v)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
-    if short and n_vis <= short:  # the short path ran: it writes no partials, where the tiled one splits
-        assert np.isnan(gpu.get(part_ml, (n_head * attn_decode.SPLITS_MAX * 2,))).all()
 
 
 def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
@@ -1114,32 +1094,26 @@ FUSED_ROPE_CASES = {
     "far_position": (16, 8, 128, 128, 300, 0, 0, False, True, True, 32, None),  # positions from FAR_POSITION
     "new_key_in_second_tile": (8, 2, 128, 128, 50, 0, 0, False, True, True, 64, 1),  # one slice of 50 keys
     "new_key_in_eighth_tile": (16, 8, 128, 128, 2000, 0, 0, False, True, True, 32, 8),  # slices of 250 keys
-    # short contexts (the short path with attn_short_keys 64)
+    # short contexts: one tile, partial rotary, a window inside it
     "short_neox_norms_ctx5": (16, 8, 128, 128, 5, 0, 0, False, True, True, 32, None),
     "short_pairwise_partial_factors_ctx40": (8, 2, 128, 64, 40, 0, 1, True, False, False, 5, None),
     "short_neox_partial_ctx17": (8, 4, 128, 64, 17, 0, 0, False, True, False, 32, None),
     "short_gemma_window_hd256_ctx64": (4, 1, 256, 256, 64, 20, 0, False, True, True, 32, None),
     "short_smollm_hd64_g3_ctx30": (9, 3, 64, 64, 30, 0, 0, True, False, True, 32, None),
-    "short_neox_rope96_tiled": (4, 2, 128, 96, 10, 0, 0, False, True, True, 32, None),  # rope_dim % 64: tiled
+    "short_neox_rope96": (4, 2, 128, 96, 10, 0, 0, False, True, True, 32, None),
 }
 FAR_POSITION = {"far_position": 250_000}  # angles of ~40,000 turns: the kernel's reduction to [-pi, pi]
 
 
 @pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
 @pytest.mark.parametrize("head_groups", [1, 2])
-@pytest.mark.parametrize("short", [0, 64])
-@pytest.mark.parametrize("stream", [False, True])
-def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups, short, stream):
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups):
     """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
     normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
     value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
-    cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it.
-    short 64: contexts of up to 64 keys in registers, a warp per head (kernels/attn_short.cuh);
-    stream: kernels/attn_stream.cu where it serves the heads."""
+    cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it."""
     from reflex_runtime.gpu.ops.attn_decode import AtdRope
 
-    knobs.attn_short_keys = short
-    knobs.attn_stream = stream
     n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
         FUSED_ROPE_CASES[case]
     rng = np.random.default_rng(list(case.encode()))
@@ -1159,11 +1133,8 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
     knobs.attn_min_keys = min_keys
     knobs.attn_head_groups = head_groups
     if splits:
-        from reflex_runtime.gpu.ops import attn_stream
-
         knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
-        knobs.attn_stream_blocks_per_sm = (splits + 0.5) * n_kvh / gpu.dev.sm_count  # it rounds down
-        assert attn_decode.splits(gpu.launch, n_kvh) == splits == attn_stream.splits(gpu.launch, n_kvh, 128, attn_stream.smem_bytes(n_head // n_kvh, hd, hd))
+        assert attn_decode.splits(gpu.launch, n_kvh) == splits
     d_kc, d_vc, d_kv_pos = gpu.put(kc), gpu.put(vc), gpu.put(kv_pos)
     rope = AtdRope(gpu.put(k_raw), gpu.put(v_raw), gpu.put(qn) if norms else None, gpu.put(kn) if norms else None,
                    gpu.put(factors) if use_factors else None, eps, base, 1.0, rope_dim, mode,
@@ -1171,11 +1142,11 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
     scale = 1.0 / np.sqrt(hd)
     out = gpu.poisoned((1, n_head, hd))
     counters = gpu.put(np.zeros(attn_decode.counters(n_head), np.int32))
-    _attn_kernel(gpu, lambda: attn_decode.attention(
+    assert attn_decode.attention(
         gpu.launch, gpu.put(q), d_kc, d_vc, d_kv_pos, gpu.put(np.array([pos], np.int32)),
         gpu.put(np.array([slot], np.int32)), gpu.put(np.array([n_vis], np.int32)), out,
         gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd,)), gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,)),
-        counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0, prefetch, window > 0, rope), stream, n_head // n_kvh, hd, hd)
+        counters, n_head, n_kvh, hd, hd, n_ctx, window, scale, 0.0, prefetch, window > 0, rope)
     # the stored key and value, and kv_pos
     ke = _rms(k_raw, kn, eps) if norms else k_raw.astype(np.float64)
     ke = _rope_modes(ke, pos, rope_dim, base, mode, factors)

@@ -92,11 +92,9 @@ def test_flash_attention_paged(gpu, case):
 
 
 @pytest.mark.parametrize("case", list(ROW_CASES))
-@pytest.mark.parametrize("kernel", ["decode", "decode_prefetch", "decode_short", "decode_stream", "scalar"])
+@pytest.mark.parametrize("kernel", ["decode", "decode_prefetch", "scalar"])
 def test_decode_rows_paged(gpu, knobs, case, kernel):
-    """Decode rows of a batch, each in its own range (continuous batching's step); decode_short:
-    rows of up to 64 keys on the short path (kernels/attn_short.cuh); decode_stream: the streaming
-    kernel (kernels/attn_stream.cu) where it serves the heads."""
+    """Decode rows of a batch, each in its own range (continuous batching's step)."""
     (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, _ = _rows_problem(case)
     q, kc, vc, kv_pos, q_pos, q_slot, seq_lo = arrays
     n = _up(n_ctx)
@@ -104,8 +102,6 @@ def test_decode_rows_paged(gpu, knobs, case, kernel):
     rng = np.random.default_rng(list(case.encode()) + [7])
     (kp, vp), table, n_rows, _ = _scatter(rng, [kc, vc], 1)
     knobs.attn_min_keys = 16
-    knobs.attn_short_keys = 64 if kernel == "decode_short" else 0
-    knobs.attn_stream = kernel == "decode_stream"
     outs = []
     for k, v, rows, blocks in ((kc, vc, n, 0), (kp, vp, n_rows, gpu.put(table) + 4 * SKIP)):
         d = [gpu.put(x) for x in (q, k, v, kv_pos, q_pos, q_slot)]
@@ -121,7 +117,7 @@ def test_decode_rows_paged(gpu, knobs, case, kernel):
             assert attn_decode.attention(gpu.launch, *d, n_kv, out,
                                          gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * hd,)),
                                          gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * 2,)), counters, n_head,
-                                         n_kvh, hd, hd, rows, window, scale, 0.0, kernel != "decode",
+                                         n_kvh, hd, hd, rows, window, scale, 0.0, kernel == "decode_prefetch",
                                          window > 0, rows=R, seq_lo=gpu.put(seq_lo), blocks=blocks)
         outs.append(gpu.get(out, (R, n_head, hd)))
     assert not np.isnan(outs[0]).any()
@@ -158,16 +154,13 @@ def test_rope_store_paged(gpu):
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("n_vis,short,stream", [(300, 0, False), (20, 0, False), (20, 64, False), (300, 0, True)])
-def test_fused_rope_decode_paged(gpu, knobs, prefetch, n_vis, short, stream):
-    """The decode attention's fused rope + store: the new key and value go to the slot's row
-    (short 64: from the short path's registers, kernels/attn_short.cuh; stream: kernels/attn_stream.cu)."""
+@pytest.mark.parametrize("n_vis", [300, 20])
+def test_fused_rope_decode_paged(gpu, knobs, prefetch, n_vis):
+    """The decode attention's fused rope + store: the new key and value go to the slot's row."""
     from reflex_runtime.gpu.ops.attn_decode import AtdRope
 
     rng = np.random.default_rng([5, prefetch, n_vis])
     n_head, n_kvh, hd = 16, 8, 128
-    knobs.attn_short_keys = short
-    knobs.attn_stream = stream
     n_ctx = _up(n_vis + 21)
     slot, pos = n_vis - 1, n_vis + 4
     kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)

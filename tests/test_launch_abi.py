@@ -672,16 +672,6 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
         fits = not (hd == 256 and smem[0] < 80 * 1024)  # sm_75: 256-wide heads (78 KB of tiles) stay legacy
         assert attn_decode.attention(L, *([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
         assert attn_decode.splits(L, n_kv) <= attn_decode.SPLITS_MAX
-        # the streaming kernel (with and without the short path's layout) where it serves the heads
-        for short in (0, 64):
-            L.attn_stream, L.attn_short_keys = True, short
-            n_before = len(dev.launches)
-            assert attn_decode.attention(L, *([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
-            # 4 heads of 128: 59.5 KB + 5 KB static, past a Turing's 64 KB a block (the tiled kernel then)
-            stream = n_head // n_kv <= 4 and hd <= 128 and not (n_head // n_kv == 4 and smem[0] == 65536)
-            assert [n for n, _, _ in dev.launches[n_before:]] == (
-                [("reflex_attn_stream" if stream else "reflex_attn_decode")] if fits else [])
-            L.attn_stream, L.attn_short_keys = False, 0
     # blocks sharing a KV head's query heads: whole divisors of the group, the grid's x times them
     for want, group in ((1, 1), (2, 2), (4, 8), (3, 3), (3, 6)):
         L.attn_head_groups = 4
@@ -693,7 +683,7 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
     L.attn_head_groups = 1
     names = {n for n, _, _ in dev.launches}
     assert not any(n.startswith(("reflex_mv_", "reflex_moe_mv_", "reflex_attn_")) or n == "reflex_attn" for n in names
-                   if n not in ("reflex_attn_decode", "reflex_attn_stream")), names
+                   if n != "reflex_attn_decode"), names
     assert "reflex_mvs_mixed" in names
 
 

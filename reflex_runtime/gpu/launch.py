@@ -91,14 +91,6 @@ class Launcher:
         # a prompt's latent attention (DeepSeek) on tensor cores (kernels/mla_flash.cu); 0: mla.cu's kernel
         self.mla_flash = os.environ.get("REFLEX_MLA_FLASH", "1") != "0"
         self.attn_min_keys = knob("REFLEX_ATTN_MIN_KEYS", 32, minimum=1)
-        # contexts of up to this many keys take the decode attention's short path (kernels/attn_short.cuh:
-        # a warp per query head, no block barrier after the wait); 0: the tiled path at every length.
-        # Off until measured on a GPU (issue 27)
-        self.attn_short_keys = knob("REFLEX_ATTN_SHORT_KEYS", 0, minimum=0, maximum=64)
-        # the decode attention with each warp streaming its own keys (kernels/attn_stream.cu; up to 4
-        # query heads a KV head, heads of up to 128) and its blocks an SM; off until measured (issue 27)
-        self.attn_stream = bool(knob("REFLEX_ATTN_STREAM", 0, choices=(0, 1)))
-        self.attn_stream_blocks_per_sm = knob("REFLEX_ATTN_STREAM_BLOCKS_PER_SM", 3, minimum=1, maximum=16)
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;
         # results/2026-12-03-h200-s17)

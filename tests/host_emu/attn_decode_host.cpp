@@ -1,6 +1,5 @@
-// kernels/attn_decode.cu (the tiled path, attn_decode.cuh, and the short one, attn_short.cuh) and
-// kernels/attn_stream.cu compiled for the host against tests/host_emu/common.cuh and stage.cuh; one C
-// entry point a kernel taking the launch shape first, then the kernel's own arguments (ctypes calls them).
+// kernels/attn_decode.cu compiled for the host against tests/host_emu/common.cuh and stage.cuh; its C
+// entry point takes the launch shape first, then the kernel's own arguments (ctypes calls it).
 #define dim3 cuda_dim3  // the toolkit's own dim3 (vector_types.h) under another name: the stand-in has one
 #include <cuda_fp16.h>
 #include <vector_functions.h>
@@ -23,19 +22,14 @@ inline bool split_last(int* counter, int n, int& flag, Sync sync) {
 
 #include "stage.cuh"
 #include "attn_decode.cu"
-#include "attn_stream.cu"
 
-// reflex_attn_decode and reflex_attn_stream take the same arguments
-#define EMU_ATTN(entry, kernel)                                                                                     \
-    extern "C" void entry(unsigned gx, unsigned gy, unsigned gz, unsigned threads, const float* q, half* k_cache,    \
-                          half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot, const int* seq_lo,        \
-                          const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, \
-                          int n_head_kv, int hd, int hd_v, int n_rows, int window, float scale, float softcap,       \
-                          int min_keys, int prefetch, int window_slots, AtdRope rope, int short_keys, int n_hg,      \
-                          const int* kv_blocks) {                                                                    \
-        emu_launch(kernel, dim3{gx, gy, gz}, threads, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr,  \
-                   out, part_o, part_ml, counters, n_head, n_head_kv, hd, hd_v, n_rows, window, scale, softcap,      \
-                   min_keys, prefetch, window_slots, rope, short_keys, n_hg, kv_blocks);                             \
-    }
-EMU_ATTN(emu_attn_decode, reflex_attn_decode)
-EMU_ATTN(emu_attn_stream, reflex_attn_stream)
+extern "C" void emu_attn_decode(unsigned gx, unsigned gy, unsigned gz, unsigned threads, const float* q, half* k_cache,
+                                half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot, const int* seq_lo,
+                                const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters,
+                                int n_head, int n_head_kv, int hd, int hd_v, int n_rows, int window, float scale,
+                                float softcap, int min_keys, int prefetch, int window_slots, AtdRope rope, int n_hg,
+                                const int* kv_blocks) {
+    emu_launch(reflex_attn_decode, dim3{gx, gy, gz}, threads, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo,
+               n_kv_ptr, out, part_o, part_ml, counters, n_head, n_head_kv, hd, hd_v, n_rows, window, scale, softcap,
+               min_keys, prefetch, window_slots, rope, n_hg, kv_blocks);
+}

@@ -1,18 +1,14 @@
 """kernels/attn_decode.cu: one query token's attention, all query heads of a KV head per block,
-the context split by its length; optionally with reflex_qk_rope_store's work fused in (AtdRope).
-attention() launches kernels/attn_stream.cu's kernel instead where L.attn_stream asks for it."""
+the context split by its length; optionally with reflex_qk_rope_store's work fused in (AtdRope)."""
 
 from __future__ import annotations
 
 from array import array
 from ctypes import Structure, c_float, c_int, c_void_p
 
-from . import attn_stream
-
 KERNELS = ("reflex_attn_decode",)
 SPLITS_MAX = 128  # most slices per KV head (ATD_MAXSPLIT)
 MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
-SHORT_KEYS = 64  # the short-context path's most keys (ATS_KEYS)
 MERGE_RUN = 16  # slices one block merges (ATD_MERGE)
 COUNTERS_PER_HEAD = 1 + SPLITS_MAX // MERGE_RUN  # ATD_COUNTERS: the top merge's and one per run
 
@@ -46,8 +42,7 @@ class AtdArgs(Structure):
                 ("out", c_void_p), ("part_o", c_void_p), ("part_ml", c_void_p), ("counters", c_void_p),
                 ("n_head", c_int), ("n_head_kv", c_int), ("hd", c_int), ("hd_v", c_int), ("n_rows", c_int),
                 ("window", c_int), ("scale", c_float), ("softcap", c_float), ("min_keys", c_int),
-                ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p),
-                ("short_keys", c_int)]
+                ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p)]
 
 
 def splits(L, n_head_kv: int) -> int:
@@ -67,15 +62,6 @@ def head_groups(L, group: int) -> int:
 def smem_bytes(group: int, hd: int, hd_v: int) -> int:
     """Dynamic shared memory of one block (reflex_fused_step gives its attention the same)."""
     return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
-
-
-def short_keys(L, rope: AtdRope | None) -> int:
-    """The kernel's short-context path (kernels/attn_short.cuh) serves up to this many visible keys
-    (L.attn_short_keys, at most SHORT_KEYS; 0: off); a fused NeoX rope needs rope_dim a multiple of 64."""
-    n = min(SHORT_KEYS, L.attn_short_keys)
-    if rope is not None and rope.k and rope.mode == 0 and rope.rope_dim % 64:
-        return 0
-    return n
 
 
 def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
@@ -102,21 +88,14 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
         return False
     assert rope is None or not rope.k or rope.theta, "a fused rope needs its angle table (rope_theta)"
     group = n_head // n_head_kv
+    smem = smem_bytes(group, hd, hd_v)
     n_hg = head_groups(L, group)
-    short = short_keys(L, rope)
     # rows share the GPU: about the same number of blocks in all, so a row of a large batch walks
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
-    tiled = smem_bytes(group, hd, hd_v) if short else 0  # the short path's layout, in either kernel
-    if attn_stream.fits(L, group, hd, hd_v, tiled):  # the same arguments, its own grid and shared memory
-        smem = attn_stream.smem_bytes(group, hd, hd_v, tiled)
-        kernel, n_split = "reflex_attn_stream", attn_stream.splits(L, n_head_kv * rows, SPLITS_MAX, smem)
-    else:
-        kernel, n_split, smem = "reflex_attn_decode", splits(L, n_head_kv * rows), smem_bytes(group, hd, hd_v)
-    L.go(kernel, (n_head_kv * n_hg, n_split, rows), 128,
+    L.go("reflex_attn_decode", (n_head_kv * n_hg, splits(L, n_head_kv * rows), rows), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
           c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
-          rope if rope is not None else AtdRope(), c_int(short), c_int(n_hg),
-          c_void_p(blocks or None)], smem)
+          rope if rope is not None else AtdRope(), c_int(n_hg), c_void_p(blocks or None)], smem)
     return True

@@ -1,0 +1,13 @@
+# s31 call 3: this tree (the short path and the stream kernel taken out: reflex_attn_decode is 980f923's again, the
+# fatbin byte-identical to the old tree's) through the decode attention's GPU tests with their new cases (values
+# narrower / wider than keys, long slices, 32-wide heads, softcap); then tg128 through the engine against 980f923
+# (a control: the same kernels) and with one slice a KV head up to 64 / 128 keys (REFLEX_ATTN_MIN_KEYS; call 2's
+# attention alone cost 6.5 us a layer at 16 keys, one slice, and 9.3 at 64, two slices and their merge).
+# Here first: python3 scripts/build_kernels.py --archs 90; bash scripts/gpu_bundle.sh --kernels-xz --lean --old 980f923 --skeleton F
+# carry [".gpu"]; ~250 s there.
+R=/tmp/real
+OUT=$OUT MAKE_06B=q8_0 \
+  TESTS="tests/test_gpu_kernels.py::test_attention_decode tests/test_gpu_kernels.py::test_attention_decode_with_fused_rope_and_store tests/test_gpu_kernels.py::test_attention_decode_refuses_what_it_cannot_serve tests/test_gpu_batch.py tests/test_gpu_paged.py" \
+  AB_FILES="$R/qwen3-0.6b-q8_0.gguf $R/gemma-3-270m-q4_k_m-shaped.gguf" \
+  AB_VARIANTS="mk64:REFLEX_ATTN_MIN_KEYS=64 mk128:REFLEX_ATTN_MIN_KEYS=128" \
+  bash scripts/gpu_run.sh tests,decode_ab 2>&1 | grep -v "^===" | tail -12
