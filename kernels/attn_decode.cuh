@@ -112,7 +112,8 @@ __device__ __forceinline__ AtdPlan atd_plan(int n_kv, int slot, int first, int w
     AtdPlan p;
     p.n_vis = min(n_kv, slot + 1);
     p.lo = window > 0 && window_slots ? max(first, p.n_vis - window) : first;
-    p.n_split = p.n_vis - p.lo <= one_slice ? 1 : min(max_split, max(1, (p.n_vis - p.lo + min_keys - 1) / min_keys));
+    int n = p.n_vis - p.lo;
+    p.n_split = n <= one_slice ? 1 : min(max_split, max(1, (n + min_keys - 1) / min_keys));
     p.ng = n_hg > 1 && p.n_split * n_hg <= max_split ? n_hg : 1;
     return p;
 }
@@ -144,7 +145,6 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     int min_keys = a.min_keys, one_slice = a.one_slice, prefetch = a.prefetch, window_slots = a.window_slots;
     AtdRope rope = a.rope;
     const int* kv_blocks = a.kv_blocks;
-rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
     __shared__ float2 cs[128];            // rope: cos / sin per pair (rope_dim <= 256)
     __shared__ float knew[256];           // rope: the new key, normalized and rotated

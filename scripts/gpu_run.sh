@@ -49,8 +49,8 @@
 #   fidelity   reflex check on CHECK_FILES (e.g. a big shape made with --layers 2-4) and GREEDY_N (32) greedy tokens
 #              against llama-server's on GREEDY_FILES, teacher-forced near-ties told apart (scripts/greedy_vs_llama.py;
 #              needs --peers); GREEDY_REFERENCE=1 asks the numpy reference too where they differ (small files);
-#              GREEDY_LLAMA_ARGS: more llama-server options (e.g. "-fa off"); GREEDY_PROMPT_PATH=1: llama-server also gets each position's
-#              context as a prompt (greedy_vs_llama.py --llama-prompt-path)
+#              GREEDY_LLAMA_ARGS: more llama-server options (e.g. "-fa off"); GREEDY_PROMPT_PATH=1: llama-server
+#              also gets each position's context as a prompt (greedy_vs_llama.py --llama-prompt-path)
 #   extra      $EXTRA: any further command line (helpers' benchmarks)
 # Files made here: Qwen3-0.6B shapes with random weights and the real Qwen3 tokenizer
 # (make_fixtures.py --preset qwen3-0.6b: Q8_0 by llama.cpp's converter, Q4_K_M by our quantizer),

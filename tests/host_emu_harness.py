@@ -18,15 +18,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _HostKernel:
-    def __init__(self, fn, name: str = ""):
-        self.fn, self.name = fn, name
+    def __init__(self, fn):
+        self.fn = fn
 
     def launch(self, grid, block, args, stream, shmem=0, pdl=False, carveout=None):
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
         self.fn(gx, gy, gz, block, *args)
-
-    def blocks_per_sm(self, block, shmem):  # by threads and shared memory (the registers are the GPU's)
-        return min(2048 // block, _HostDevice.smem_per_sm // (shmem + 1024))
 
 
 class _HostDevice:
@@ -37,7 +34,7 @@ class _HostDevice:
         self.lib = lib
 
     def kernel(self, name):
-        return _HostKernel(getattr(self.lib, "emu_" + name.removeprefix("reflex_")), name)
+        return _HostKernel(getattr(self.lib, "emu_" + name.removeprefix("reflex_")))
 
 
 class HostHarness:

@@ -38,7 +38,7 @@ def check(result, call: str):
 
 
 class Kernel:
-    __slots__ = ("name", "func", "shared_limit", "carveout", "_resident")
+    __slots__ = ("name", "func", "shared_limit", "carveout")
 
     def __init__(self, name: str, func):
         self.name, self.func = name, func
@@ -46,7 +46,6 @@ class Kernel:
         # 48 KB minus the kernel's static shared memory, which a launch cannot see)
         self.shared_limit = 0
         self.carveout = -1  # the preferred shared-memory carveout set on it (-1: the driver's choice)
-        self._resident: dict[tuple[int, int], int] = {}  # blocks_per_sm's answers (launchers ask per launch)
 
     def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False, cooperative: bool = False,
                carveout: int | None = None) -> None:
@@ -82,13 +81,9 @@ class Kernel:
 
     def blocks_per_sm(self, block: int, shmem: int) -> int:
         """How many blocks of this shape an SM holds at once (0: not one)."""
-        n = self._resident.get((block, shmem))
-        if n is None:
-            self._allow_shared(shmem)
-            n = self._resident[(block, shmem)] = int(check(
-                cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.func, block, shmem),
-                f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})"))
-        return n
+        self._allow_shared(shmem)
+        return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.func, block, shmem),
+                         f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})"))
 
 
 def _launch_config(gx: int, gy: int, gz: int, block: int, shmem: int, stream, cooperative: bool = False):
