@@ -5,9 +5,9 @@
 // Grid (n_head_kv * n_hg, max_split, rows), 128 threads. Each z is one row: the decode token of one
 // sequence of a batch (rows > 1: continuous batching), whose keys are the cache slots
 // seq_lo[row] .. its slot (seq_lo NULL: from 0); rows share nothing but the weights of the launch.
-// n_split = clamp(ceil(n_vis / min_keys), 1, max_split) slices (1 while n_vis <= one_slice) of the
-// n_vis visible keys; blocks past n_split leave at once, so a short context runs few blocks and a
-// long one up to max_split per KV head. A block walks its slice in tiles of 32 keys:
+// n_split = clamp(ceil(n_vis / min_keys), 1, max_split) slices of the n_vis visible keys; blocks
+// past n_split leave at once, so a short context runs few blocks and a long one up to max_split per
+// KV head. A block walks its slice in tiles of 32 keys:
 // cp.async copies the next tile's K and V rows into shared memory while the current one is
 // computed; 4 threads per key score it against the G heads, one warp per head folds the tile into
 // an online softmax, and each thread accumulates 4 output dimensions of a head. Slices merge in
@@ -45,11 +45,10 @@
 extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
     const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
-    int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int one_slice, int prefetch,
-    int window_slots, AtdRope rope, int n_hg, const int* kv_blocks) {
+    int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
+    AtdRope rope, int n_hg, const int* kv_blocks) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
     AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml, counters, n_head,
-              n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, one_slice, prefetch, window_slots, rope,
-              kv_blocks};
+              n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, prefetch, window_slots, rope, kv_blocks};
     atd_body(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z, blockIdx.x % n_hg, n_hg);
 }

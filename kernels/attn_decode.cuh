@@ -101,19 +101,16 @@ struct AtdSync {  // split_merge's barrier: atd_sync
 
 // A KV head's slices and head groups (atd_body's plan; the same numbers in every block of it, and
 // in fused_step.cu, which maps its work items by them): the visible keys [lo, n_vis) in n_split
-// slices of about min_keys (one slice while they are at most one_slice: two blocks and their merge
-// cost more than one block walking a few tiles), and ng blocks sharing the query heads (1: group 0
-// takes them all).
+// slices of about min_keys, and ng blocks sharing the query heads (1: group 0 takes them all).
 struct AtdPlan {
     int n_vis, lo, n_split, ng;
 };
 __device__ __forceinline__ AtdPlan atd_plan(int n_kv, int slot, int first, int window, int window_slots, int min_keys,
-                                            int one_slice, int max_split, int n_hg) {
+                                            int max_split, int n_hg) {
     AtdPlan p;
     p.n_vis = min(n_kv, slot + 1);
     p.lo = window > 0 && window_slots ? max(first, p.n_vis - window) : first;
-    int n = p.n_vis - p.lo;
-    p.n_split = n <= one_slice ? 1 : min(max_split, max(1, (n + min_keys - 1) / min_keys));
+    p.n_split = min(max_split, max(1, (p.n_vis - p.lo + min_keys - 1) / min_keys));
     p.ng = n_hg > 1 && p.n_split * n_hg <= max_split ? n_hg : 1;
     return p;
 }
@@ -142,7 +139,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     int* counters = a.counters;
     int n_head = a.n_head, n_head_kv = a.n_head_kv, hd = a.hd, hd_v = a.hd_v, n_rows = a.n_rows, window = a.window;
     float scale = a.scale, softcap = a.softcap;
-    int min_keys = a.min_keys, one_slice = a.one_slice, prefetch = a.prefetch, window_slots = a.window_slots;
+    int min_keys = a.min_keys, prefetch = a.prefetch, window_slots = a.window_slots;
     AtdRope rope = a.rope;
     const int* kv_blocks = a.kv_blocks;
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
@@ -176,7 +173,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
 
     int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
     auto plan = [&]() {  // the same numbers in every block of the KV head
-        AtdPlan p = atd_plan(*n_kv_ptr, *q_slot, first, window, window_slots, min_keys, one_slice, max_split, n_hg);
+        AtdPlan p = atd_plan(*n_kv_ptr, *q_slot, first, window, window_slots, min_keys, max_split, n_hg);
         n_vis = p.n_vis, lo = p.lo, n_split = p.n_split;
         chunk = (n_vis - lo + n_split - 1) / n_split;
         j0 = min(n_vis, lo + split * chunk);

@@ -33,7 +33,7 @@ typedef struct {
     int* counters;
     int n_head, n_head_kv, hd, hd_v, n_rows, window;
     float scale, softcap;
-    int min_keys, one_slice, prefetch, window_slots;
+    int min_keys, prefetch, window_slots;
     AtdRope rope;
     const int* kv_blocks;
 } AtdArgs;

@@ -97,7 +97,7 @@ __device__ __forceinline__ int fs_attn_groups(const FsAttn& f) {
     if (f.n_hg <= 1) return 1;
     const AtdArgs& a = f.a;
     return atd_plan(*a.n_kv_ptr, *a.q_slot, a.seq_lo ? a.seq_lo[0] : 0, a.window, a.window_slots, a.min_keys,
-                    a.one_slice, f.max_split, f.n_hg).ng;
+                    f.max_split, f.n_hg).ng;
 }
 
 // atd_body for item w of attention op f (threads 0 .. ATD_THREADS - 1)

@@ -37,7 +37,7 @@ def host(tmp_path_factory):
 def knobs(host):
     L = host.launch
     saved = dict(attn_min_keys=L.attn_min_keys, attn_head_groups=L.attn_head_groups,
-                 attn_blocks_per_sm=L.attn_blocks_per_sm, attn_one_slice=L.attn_one_slice)
+                 attn_blocks_per_sm=L.attn_blocks_per_sm)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -45,22 +45,20 @@ def knobs(host):
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("head_groups", [1, 4])
-@pytest.mark.parametrize("one_slice", [0, 128])
-def test_attention_decode(host, knobs, case, head_groups, one_slice):
-    K.test_attention_decode(host, knobs, case, head_groups, one_slice)
+def test_attention_decode(host, knobs, case, head_groups):
+    K.test_attention_decode(host, knobs, case, head_groups)
 
 
 @pytest.mark.parametrize("case", ROPE)
 @pytest.mark.parametrize("head_groups", [1, 2])
-@pytest.mark.parametrize("one_slice", [0, 64])
-def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups, one_slice):
-    K.test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups, one_slice)
+def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups):
+    K.test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups)
 
 
 @pytest.mark.parametrize("case", ["short_rows", "gemma_window_rows4", "hd96_rows2", "qwen3_rows5"])
-@pytest.mark.parametrize("prefetch,head_groups,one_slice", [(False, 1, 0), (True, 1, 0), (True, 2, 0), (True, 2, 64)])
-def test_decode_attention_rows(host, knobs, case, prefetch, head_groups, one_slice):
-    B.test_decode_attention_rows(host, knobs, case, prefetch, head_groups, one_slice)
+@pytest.mark.parametrize("prefetch,head_groups", [(False, 1), (True, 1), (True, 2)])
+def test_decode_attention_rows(host, knobs, case, prefetch, head_groups):
+    B.test_decode_attention_rows(host, knobs, case, prefetch, head_groups)
 
 
 def test_decode_attention_rows_one_slice_each(host, knobs):

@@ -52,16 +52,14 @@ def _rows_problem(case):
 
 
 @pytest.mark.parametrize("case", list(ROW_CASES))
-@pytest.mark.parametrize("prefetch,head_groups,one_slice", [(False, 1, 0), (True, 1, 0), (True, 2, 0), (True, 2, 64)])
-def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups, one_slice):
+@pytest.mark.parametrize("prefetch,head_groups", [(False, 1), (True, 1), (True, 2)])
+def test_decode_attention_rows(gpu, knobs, case, prefetch, head_groups):
     """Row r sees its own range only (keys seq_lo[r] .. its slot), whatever the other rows hold
-    (head_groups 2: each row's counters are n_head_kv * 2 of its n_head). one_slice 64: rows of up
-    to 64 keys in one slice, the others in several, in one launch."""
+    (head_groups 2: each row's counters are n_head_kv * 2 of its n_head)."""
     (n_head, n_kvh, hd, window, R, n_ctx, scale), arrays, expect = _rows_problem(case)
     q, kc, vc, kv_pos, q_pos, q_slot, seq_lo = (gpu.put(a) for a in arrays)
     knobs.attn_min_keys = 16
     knobs.attn_head_groups = head_groups
-    knobs.attn_one_slice = one_slice
     part_o = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * hd,))
     part_ml = gpu.poisoned((R * n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(attn_decode.counters(n_head, R), np.int32))
@@ -79,7 +77,7 @@ def test_decode_attention_rows_one_slice_each(gpu, knobs):
     head (the plan's head groups need room among the slices)."""
     knobs.attn_blocks_per_sm = 0.25
     assert attn_decode.splits(gpu.launch, 8 * 4) == 1  # short_rows: 8 KV heads, 4 rows
-    test_decode_attention_rows(gpu, knobs, "short_rows", True, 2, 0)
+    test_decode_attention_rows(gpu, knobs, "short_rows", True, 2)
 
 
 @pytest.mark.parametrize("case", ["qwen3_rows5", "hd96_rows2", "short_after_long"])

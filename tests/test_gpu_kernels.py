@@ -751,7 +751,7 @@ def knobs(gpu):
     """The launcher's decode-kernel settings, restored after the test."""
     L = gpu.launch
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
-                 mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys, attn_one_slice=L.attn_one_slice,
+                 mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
                  attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups,
                  mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold)
     yield L
@@ -998,11 +998,9 @@ DECODE_ATTN_HD_V = {"short_hd128_values64": 64, "short_hd64_values128": 128, "hd
 
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
 @pytest.mark.parametrize("head_groups", [1, 4])
-@pytest.mark.parametrize("one_slice", [0, 128])
-def test_attention_decode(gpu, knobs, case, head_groups, one_slice):
+def test_attention_decode(gpu, knobs, case, head_groups):
     """head_groups 4: a KV head's query heads shared by up to 4 blocks while the slices leave room
-    (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all.
-    one_slice 128: up to 128 visible keys in one slice (no partials), more as min_keys says."""
+    (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all."""
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
     hd_v = DECODE_ATTN_HD_V.get(case, hd)  # values as wide as keys, or not
@@ -1018,7 +1016,6 @@ def test_attention_decode(gpu, knobs, case, head_groups, one_slice):
     expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, None, 0, n_vis, window, scale, softcap)
     knobs.attn_min_keys = min_keys
     knobs.attn_head_groups = head_groups
-    knobs.attn_one_slice = one_slice
     part_o = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd_v,))
     part_ml = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,))
     counters = gpu.put(np.zeros(attn_decode.counters(n_head), np.int32))
@@ -1032,8 +1029,6 @@ def test_attention_decode(gpu, knobs, case, head_groups, one_slice):
                                      window, scale, softcap, prefetch, window_slots)
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd_v)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
-    if n_vis <= one_slice:  # one block a KV head (and head group) wrote the output itself
-        assert np.isnan(gpu.get(part_ml, (n_head * attn_decode.SPLITS_MAX * 2,))).all()
 
 
 def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):
@@ -1112,13 +1107,11 @@ FAR_POSITION = {"far_position": 250_000}  # angles of ~40,000 turns: the kernel'
 
 @pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
 @pytest.mark.parametrize("head_groups", [1, 2])
-@pytest.mark.parametrize("one_slice", [0, 64])
-def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups, one_slice):
+def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_groups):
     """The decode attention doing reflex_qk_rope_store's work for one token: q and the new key
     normalized and rotated (NeoX or pairwise, frequency factors, partial rotary), the new key and
     value stored as f16 at the token's slot (and its position in kv_pos), then attention over the
-    cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it.
-    one_slice 64: up to 64 visible keys in one slice (the block that stores the new key is that one)."""
+    cache with them. head_groups 2: every block sharing the KV head makes the new key, one stores it."""
     from reflex_runtime.gpu.ops.attn_decode import AtdRope
 
     n_head, n_kvh, hd, rope_dim, n_vis, window, mode, use_factors, norms, prefetch, min_keys, splits = \
@@ -1139,7 +1132,6 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
     factors = (rng.random(rope_dim // 2) * 3 + 0.5).astype(np.float32) if use_factors else None
     knobs.attn_min_keys = min_keys
     knobs.attn_head_groups = head_groups
-    knobs.attn_one_slice = one_slice
     if splits:
         knobs.attn_blocks_per_sm = splits * n_kvh / gpu.dev.sm_count
         assert attn_decode.splits(gpu.launch, n_kvh) == splits

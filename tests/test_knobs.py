@@ -21,7 +21,6 @@ DEV = SimpleNamespace(sm_count=132, cc=(9, 0), max_shared=232448, smem_per_sm=23
     ("REFLEX_MVS_BUDGET", "-1", "at least 0"),
     ("REFLEX_MVS_BLOCKS_PER_SM", "2.5", "an integer"),
     ("REFLEX_ATTN_MIN_KEYS", "0", "at least 1"),
-    ("REFLEX_ATTN_ONE_SLICE_KEYS", "-1", "from 0 to 1048576"),
     ("REFLEX_MVS_HEAD_STREAM", "4", "one of 0, 1, 2"),
     ("REFLEX_POST_FOLD", "yes", "an integer"),
     ("REFLEX_SMEM_CARVEOUT", "101", "from -1 to 100"),

@@ -214,8 +214,7 @@ def main(args) -> int:
                              "mvs_budget": launch.mvs_budget, "mvs_blocks_per_sm": launch.mvs_blocks_per_sm,
                              "mvs_waves": launch.mvs_waves, "mvs_head_stream": launch.mvs_head_stream,
                              "post_fold": launch.post_fold,
-                             "attn_min_keys": launch.attn_min_keys, "attn_one_slice": launch.attn_one_slice,
-                             "attn_blocks_per_sm": launch.attn_blocks_per_sm,
+                             "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
                              "attn_head_groups": launch.attn_head_groups,
                              "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step,
                              **{k: getattr(launch, k) for k in FUSED_KNOBS}}

@@ -114,7 +114,6 @@ class _Builder:
         f.window, f.scale, f.softcap = a.window, a.scale, 0.0
         # prefetch: what the attention may read before its wait (FS_ATTN_EARLY: before the barrier)
         f.min_keys, f.prefetch, f.window_slots = max(1, L.attn_min_keys), int(L.fused_attn_early), 1
-        f.one_slice = L.attn_one_slice
         r = f.rope
         r.k, r.v, r.q_norm, r.k_norm, r.factors = p("k"), p("v"), w.q_norm or None, w.k_norm or None, \
             a.rope_factors or None

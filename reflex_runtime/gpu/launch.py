@@ -91,10 +91,6 @@ class Launcher:
         # a prompt's latent attention (DeepSeek) on tensor cores (kernels/mla_flash.cu); 0: mla.cu's kernel
         self.mla_flash = os.environ.get("REFLEX_MLA_FLASH", "1") != "0"
         self.attn_min_keys = knob("REFLEX_ATTN_MIN_KEYS", 32, minimum=1)
-        # a row with at most this many visible keys takes one slice a KV head, whatever min_keys says (0:
-        # off): at 33-64 keys the second block and its merge cost 2.9 us a layer (16 keys 6.5 us, 64 keys
-        # 9.3, 256 keys 9.9; results/2026-12-05-h100-s31). Off until a GPU measures it (issue 27)
-        self.attn_one_slice = knob("REFLEX_ATTN_ONE_SLICE_KEYS", 0, minimum=0, maximum=1 << 20)
         # blocks sharing a KV head's query heads at short contexts (kernels/attn_decode.cu): up to 4
         # (the 30B-A3B shape's decode 299 -> 324 tok/s, attention 687 -> 471 us a token; 2: 316, 8: 323;
         # results/2026-12-03-h200-s17)

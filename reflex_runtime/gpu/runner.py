@@ -372,8 +372,8 @@ class CudaRunner:
 
         L = self.launch
         # what the program or its launch depends on: the bench switches these between graphs
-        knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step, L.attn_head_groups, L.attn_min_keys,
-                 L.attn_one_slice, *(getattr(L, k) for k in FUSED_KNOBS))
+        knobs = (L.staged, L.attn_decode, L.fuse_rope, L.fused_step, L.attn_head_groups, L.attn_min_keys) + tuple(
+            getattr(L, k) for k in FUSED_KNOBS)
         if self._fused is not None and self._fused_on == knobs:
             return
         self._fused_on = knobs

@@ -42,7 +42,7 @@ class AtdArgs(Structure):
                 ("out", c_void_p), ("part_o", c_void_p), ("part_ml", c_void_p), ("counters", c_void_p),
                 ("n_head", c_int), ("n_head_kv", c_int), ("hd", c_int), ("hd_v", c_int), ("n_rows", c_int),
                 ("window", c_int), ("scale", c_float), ("softcap", c_float), ("min_keys", c_int),
-                ("one_slice", c_int), ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p)]
+                ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p)]
 
 
 def splits(L, n_head_kv: int) -> int:
@@ -96,6 +96,6 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
-          c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(L.attn_one_slice), c_int(int(prefetch)),
-          c_int(int(window_slots)), rope if rope is not None else AtdRope(), c_int(n_hg), c_void_p(blocks or None)], smem)
+          c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
+          rope if rope is not None else AtdRope(), c_int(n_hg), c_void_p(blocks or None)], smem)
     return True
