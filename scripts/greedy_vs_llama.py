@@ -102,8 +102,13 @@ def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int
             except subprocess.TimeoutExpired:
                 proc.kill()
     out = {"tokens": toks, "steps": [_top(p) for p in res["completion_probabilities"]], "prompt_ids": theirs}
-    if prompt_path:
-        out["prompt_steps"] = [_top(r["completion_probabilities"][0]) for r in again]
+    if prompt_path:  # an answer without log-probs (seen once, on a 4-layer 35B-A3B file) leaves that position empty
+        out["prompt_steps"] = [_top(r["completion_probabilities"][0]) if r.get("completion_probabilities") else {}
+                               for r in again]
+        out["prompt_path_unanswered"] = [j for j, r in enumerate(again) if not r.get("completion_probabilities")]
+        # and its pick there (the sampled token, which need not be the top of the log-probs it lists)
+        out["prompt_picks"] = [int(r["completion_probabilities"][0]["id"]) if r.get("completion_probabilities") else None
+                               for r in again]
     return out
 
 
@@ -166,7 +171,7 @@ def reference_verdicts(path: str, ids: list[int], llama_tokens: list[int], res: 
 
     from reflex_runtime.families import load_reference
 
-    ref = load_reference(path)
+    ref = load_reference(path)  # keeps its weights only where they fit (a 35B-A3B file's do not)
     cache = ref.new_cache(len(ids) + len(llama_tokens) + 1)
     row = ref.forward(ids, cache)[-1]
     for i, p in enumerate(res["positions"]):
@@ -176,6 +181,7 @@ def reference_verdicts(path: str, ids: list[int], llama_tokens: list[int], res: 
             continue
         top, scale = int(np.argmax(row)), float(np.abs(row).max()) or 1.0
         p["reference"] = "reflex" if row[top] == row[p["reflex"]] else "llama" if row[top] == row[p["llama"]] else "neither"
+        p["reference_top"] = top
         p["reference_gap"] = float(row[p["reflex"]] - row[p["llama"]]) / scale
     sides = [p["reference"] for p in res["positions"] if "reference" in p]
     res["reference_sides_with"] = {k: sides.count(k) for k in ("reflex", "llama", "neither")}
@@ -185,8 +191,14 @@ def prompt_path_verdicts(theirs: dict, res: dict) -> None:
     """llama.cpp's prompt path (theirs["prompt_steps"]) at each position: its top token
     ("llama_prompt"), how far its log-probs are from its own decode's over the tokens both list
     ("llama_decode_vs_prompt"); and at each `differ` position whose pick its top is."""
-    sides, worst = [], 0.0
-    for p, dec, pro in zip(res["positions"], theirs["steps"], theirs["prompt_steps"]):
+    sides, picks, worst = [], [], 0.0
+    for p, dec, pro, pick in zip(res["positions"], theirs["steps"], theirs["prompt_steps"], theirs["prompt_picks"]):
+        p["llama_prompt_pick"] = pick
+        if p["kind"] == "differ" and pick is not None:
+            picks.append("reflex" if pick == p["reflex"] else "llama" if pick == p["llama"] else "neither")
+        if not pro:
+            p["llama_prompt"] = None
+            continue
         p["llama_prompt"] = top = max(pro, key=pro.get)
         d = common_gap(dec, pro)
         p["llama_decode_vs_prompt"] = float("nan") if d is None else d
@@ -194,7 +206,28 @@ def prompt_path_verdicts(theirs: dict, res: dict) -> None:
         if p["kind"] == "differ":
             sides.append("reflex" if top == p["reflex"] else "llama" if top == p["llama"] else "neither")
     res["llama_prompt_path_sides_with"] = {k: sides.count(k) for k in ("reflex", "llama", "neither")}
+    res["llama_prompt_pick_sides_with"] = {k: picks.count(k) for k in ("reflex", "llama", "neither")}
     res["llama_decode_vs_prompt_max"] = worst
+    res["llama_prompt_path_unanswered"] = theirs["prompt_path_unanswered"]
+
+
+def reference_from(path: str, saved: str, out: str) -> int:
+    """The reference's verdicts for a saved comparison (its llama.cpp tokens replayed), printed and saved."""
+    with open(saved) as f:
+        res = json.load(f)
+    if os.path.basename(path) != res["model"]:
+        raise ValueError(f"{saved} compares {res['model']}, not {os.path.basename(path)}")
+    reference_verdicts(path, res["prompt_ids"], res["llama_tokens"], res)
+    for p in res["positions"]:
+        if "reference" in p:
+            print(f"{p['pos']:3d} reflex {p['reflex']:7d} llama {p['llama']:7d} reference {p['reference_top']:7d} "
+                  f"sides with {p['reference']:7s} gap reflex-llama: reflex {p['reflex_gap']:.4f} reference "
+                  f"{p['reference_gap']:.4f} of max|logit|")
+    print(f"{res['model']}: the reference sides with {res['reference_sides_with']} at the {len(res['differ'])} "
+          f"differing positions")
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
 
 
 def reflex_engine(path: str, backend: str):
@@ -206,7 +239,7 @@ def reflex_engine(path: str, backend: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
-    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--llama-server", help="llama-server to run (required unless --reference-from)")
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--tie", type=float, default=TIE, help="near-tie distance, a fraction of max|logit| (default %(default)s)")
@@ -217,8 +250,16 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-prompt-path", action="store_true",
                     help="also send each position's context to llama-server as a prompt (its tokens evaluated "
                          "together): whose pick that path makes at the differing positions")
+    ap.add_argument("--reference-from", metavar="JSON",
+                    help="run no engine: add the numpy reference's verdicts to a result this script saved (--out) "
+                         "for MODEL, e.g. on a CPU machine with the memory a big file needs (written to --out, "
+                         "else back to JSON)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.reference_from:
+        return reference_from(a.model, a.reference_from, a.out or a.reference_from)
+    if not a.llama_server:
+        ap.error("--llama-server is required (or --reference-from)")
     from reflex_runtime.sampling import SamplingParams
 
     engine = reflex_engine(a.model, a.backend)
@@ -236,14 +277,20 @@ def main(argv=None) -> int:
     res = {"model": os.path.basename(a.model), "prompt": a.prompt, "prompt_ids": ids,
            "same_prompt_tokenization": theirs["prompt_ids"] == ids, "tokens": a.n,
            "reflex_tokens": free, "llama_tokens": theirs["tokens"],
-           "reflex_text": engine.tokenizer.decode(free), "llama_text": engine.tokenizer.decode(theirs["tokens"]), **res}
+           "reflex_text": engine.tokenizer.decode(free), "llama_text": engine.tokenizer.decode(theirs["tokens"]), **res,
+           # llama.cpp's top log-probs at each position, decode and prompt path: is its pick the top of its own list?
+           "llama_top": [sorted(d.items(), key=lambda kv: -kv[1]) for d in theirs["steps"]],
+           "llama_prompt_top": [sorted(d.items(), key=lambda kv: -kv[1]) for d in theirs.get("prompt_steps", [])],
+           "llama_pick_not_its_listed_top": [j for j, (t, d) in enumerate(zip(theirs["tokens"], theirs["steps"]))
+                                             if d and t != max(d, key=d.get)]}
     worst = max([p["reflex_gap"] for p in res["positions"] if "reflex_gap" in p], default=0.0)
     print(f"{res['model']:40s} greedy {a.n} tokens: {res['result']} (free-running common {res['free_running_common_tokens']}; "
           f"teacher-forced same {res['same']}, equal rows {len(res['ties'])}, near-ties {len(res['near_ties'])}, "
           f"differ {len(res['differ'])}; largest gap {worst:.4f} of max|logit|, tie {a.tie}; same prompt tokens: "
           f"{res['same_prompt_tokenization']}" + (f"; the reference sides with {res['reference_sides_with']}"
                                                   if "reference_sides_with" in res else "")
-          + (f"; llama.cpp's prompt path sides with {res['llama_prompt_path_sides_with']}, its decode and prompt "
+          + (f"; llama.cpp's prompt path picks {res['llama_prompt_pick_sides_with']}, its listed top "
+             f"{res['llama_prompt_path_sides_with']}, its decode and prompt "
              f"log-probs {res['llama_decode_vs_prompt_max']:.4f} apart at most" if a.llama_prompt_path else "") + ")")
     if a.out:
         with open(a.out, "w") as f:

@@ -76,6 +76,8 @@ class H(BaseHTTPRequestHandler):
         open({str(seen)!r}, "w").write(json.dumps(body))
         probs = [{{"id": t, "logprob": -0.1, "top_logprobs": [{{"id": t, "logprob": -0.1}}, {{"id": 0, "logprob": -2.5}}]}}
                  for t in (5, 6, 7)[:body["n_predict"]]]
+        if body["prompt"] == [11, 12, 5, 6]:  # the last prompt-path request: answered without log-probs
+            return self._send({{"content": "x"}})
         self._send({{"content": "x", "completion_probabilities": probs}})
 HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
@@ -89,9 +91,23 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
     # llama.cpp's prompt path: each position's context sent as a prompt, its first token's log-probs
     out = g.llama_server_greedy(str(server), "m.gguf", "Hi there", [11, 12], 3, log=str(tmp_path / "s.log"),
                                 start_timeout=30, extra=("-fa", "off"), prompt_path=True)
-    assert out["tokens"] == [5, 6, 7] and out["prompt_steps"] == [{5: -0.1, 0: -2.5}] * 3
+    assert out["tokens"] == [5, 6, 7] and out["prompt_steps"] == [{5: -0.1, 0: -2.5}] * 2 + [{}]
+    assert out["prompt_path_unanswered"] == [2] and out["prompt_picks"] == [5, 5, None]
     req = json.loads(seen.read_text())  # the last one: the context of position 2
     assert req["prompt"] == [11, 12, 5, 6] and req["n_predict"] == 2 and not req["cache_prompt"]
+
+
+def test_a_prompt_path_answer_without_log_probs_leaves_its_position_empty():
+    """Once (a 4-layer 35B-A3B file, s32) llama-server answered a prompt-path request without
+    completion_probabilities: that position has no prompt-path verdict; the others keep theirs."""
+    res = {"positions": [{"pos": 0, "llama": 5, "reflex": 5, "kind": "same"},
+                         {"pos": 1, "llama": 6, "reflex": 9, "kind": "differ"}]}
+    theirs = {"steps": [{5: -0.1}, {6: -0.2, 9: -1.9}], "prompt_steps": [{5: -0.1}, {}],
+              "prompt_path_unanswered": [1], "prompt_picks": [5, None]}
+    g.prompt_path_verdicts(theirs, res)
+    assert [p["llama_prompt"] for p in res["positions"]] == [5, None]
+    assert res["llama_prompt_path_sides_with"] == {"reflex": 0, "llama": 0, "neither": 0}
+    assert res["llama_prompt_path_unanswered"] == [1]
 
 
 def test_the_prompt_path_says_whose_pick_it_makes():
@@ -100,10 +116,12 @@ def test_the_prompt_path_says_whose_pick_it_makes():
                          {"pos": 1, "llama": 6, "reflex": 9, "kind": "differ"},
                          {"pos": 2, "llama": 7, "reflex": 8, "kind": "differ"}]}
     theirs = {"steps": [{5: -0.1, 1: -3.0}, {6: -0.2, 9: -1.9}, {7: -0.3, 8: -1.0}],
-              "prompt_steps": [{5: -0.1, 1: -3.0}, {9: -0.15, 6: -2.0}, {7: -0.35, 8: -1.1}]}
+              "prompt_steps": [{5: -0.1, 1: -3.0}, {9: -0.15, 6: -2.0}, {7: -0.35, 8: -1.1}],
+              "prompt_path_unanswered": [], "prompt_picks": [5, 9, 4]}  # position 2: a pick it does not list first
     g.prompt_path_verdicts(theirs, res)
     assert [p["llama_prompt"] for p in res["positions"]] == [5, 9, 7]
     assert res["llama_prompt_path_sides_with"] == {"reflex": 1, "llama": 1, "neither": 0}
+    assert res["llama_prompt_pick_sides_with"] == {"reflex": 1, "llama": 0, "neither": 1}
     assert abs(res["llama_decode_vs_prompt_max"] - 1.8) < 1e-9
 
 
@@ -144,12 +162,8 @@ def test_lm_head_rows_equal_reads_the_file(tmp_path):
     assert same(1, 4) and same(2, 2) and not same(0, 1) and not same(3, 4)
 
 
-def test_the_reference_says_whose_pick_it_shares(monkeypatch):
-    """reference_verdicts feeds the reference the same teacher-forced tokens and, at each differing
-    position, names the engine whose pick it shares."""
+def _fake_reference(monkeypatch, fed: list, loaded: list):
     import reflex_runtime.families as fam
-
-    fed = []
 
     class Ref:
         def new_cache(self, n):
@@ -159,10 +173,44 @@ def test_the_reference_says_whose_pick_it_shares(monkeypatch):
             fed.append(list(toks))
             return [_row(16, 7 if len(fed) == 1 else 9)]  # position 0: reflex's 7; position 1: llama's 9
 
-    monkeypatch.setattr(fam, "load_reference", lambda path: Ref())
+    monkeypatch.setattr(fam, "load_reference", lambda path: loaded.append(path) or Ref())
+
+
+def test_the_reference_says_whose_pick_it_shares(monkeypatch):
+    """reference_verdicts feeds the reference the same teacher-forced tokens and, at each differing
+    position, names the engine whose pick it shares."""
+    fed, loaded = [], []
+    _fake_reference(monkeypatch, fed, loaded)
     rows = [_row(16, 7, 9, gap=0.5), _row(16, 7, 9, gap=0.5)]
     res = g.compare([9, 9], [{9: -0.1}, {9: -0.1}], rows, [7, 7])
     g.reference_verdicts("m.gguf", [1, 2], [9, 9], res)
-    assert fed == [[1, 2], [9]]
+    assert fed == [[1, 2], [9]] and loaded == ["m.gguf"]
     assert [p["reference"] for p in res["positions"]] == ["reflex", "llama"]
+    assert [p["reference_top"] for p in res["positions"]] == [7, 9]
     assert res["reference_sides_with"] == {"reflex": 1, "llama": 1, "neither": 0}
+
+
+def test_reference_from_a_saved_result_needs_no_engine(monkeypatch, tmp_path, capsys):
+    """--reference-from: the reference's verdicts for a comparison saved on the GPU machine (for a file too
+    big for the reference there), with the same teacher-forced tokens, saved back to --out."""
+    fed = []
+    _fake_reference(monkeypatch, fed, [])
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    rows = [_row(16, 7, 9, gap=0.5), _row(16, 7, 9, gap=0.5)]
+    saved = {"model": "m.gguf", "prompt_ids": [1, 2], "llama_tokens": [9, 9],
+             **g.compare([9, 9], [{9: -0.1}, {9: -0.1}], rows, [7, 7])}
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    assert g.main([str(model), "--reference-from", str(tmp_path / "saved.json"), "--out", str(tmp_path / "r.json")]) == 0
+    assert fed == [[1, 2], [9]]
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["reference_sides_with"] == {"reflex": 1, "llama": 1, "neither": 0}
+    assert "sides with {'reflex': 1, 'llama': 1, 'neither': 0}" in capsys.readouterr().out
+    # a result saved for another file is refused, not compared
+    with pytest.raises(ValueError, match="compares m.gguf"):
+        g.main([str(tmp_path / "other.gguf"), "--reference-from", str(tmp_path / "saved.json")])
+
+
+def test_the_llama_server_option_is_required_for_a_comparison():
+    with pytest.raises(SystemExit):
+        g.main(["m.gguf"])

@@ -202,6 +202,24 @@ def test_prefill_equals_token_by_token(cfg, reference_for):
     assert_prefill_equals_steps(ref, ids)
 
 
+def test_weights_not_kept_give_the_same_logits(fixture_paths):
+    """A file whose weights as float32 would not fit (a 35B-A3B's experts: ~140 GB) is run with
+    nothing kept: each forward dequantizes what it uses, only the routed experts' rows. Same logits;
+    the choice follows the machine's memory (half of it at most)."""
+    from reflex_runtime.families import load_reference, reference_keeps_weights
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
+
+    g = GGUFFile(fixture_paths(ARCH, "q8_0", **CONFIGS["e16k4"]).gguf)
+    need = 4 * sum(t.n_elements for t in g.tensors.values())
+    assert reference_keeps_weights(g, memory=2 * need) and not reference_keeps_weights(g, memory=2 * need - 8)
+    ids = prompt(9, seed=3)
+    kept, lean = load_reference(g, keep_weights=True), load_reference(g, keep_weights=False)
+    a = kept.forward(ids, kept.new_cache(16))
+    b = lean.forward(ids, lean.new_cache(16))
+    np.testing.assert_array_equal(a, b)
+    assert kept.w.nbytes_held() > 0 and lean.w.nbytes_held() == 0
+
+
 def test_tree_mask_branches_equal_separate_runs(reference_for):
     ref = reference_for(ARCH, **CONFIGS["e16k4"])
     ids = prompt(15, seed=9)

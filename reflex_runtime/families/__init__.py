@@ -14,6 +14,7 @@ Adding a family: write its package, then add its architecture names to FAMILIES.
 from __future__ import annotations
 
 import importlib
+import os
 
 from ..errors import UnsupportedModelError
 from ..modelfile.gguf_file import printable
@@ -55,13 +56,25 @@ def _class(fam, spec: str):
     return getattr(importlib.import_module(f"{fam.__name__}.{module}"), cls)
 
 
-def load_reference(gguf, config: ModelConfig | None = None, keep_weights: bool = True):
+def reference_keeps_weights(gguf, memory: int | None = None) -> bool:
+    """Whether every tensor of `gguf` as float32 fits in half of `memory` (default: this machine's).
+    A 35B-A3B file's experts alone are ~140 GB as float32: kept, they end the process (s32)."""
+    need = 4 * sum(t.n_elements for t in gguf.tensors.values())
+    if memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return need <= memory // 2
+
+
+def load_reference(gguf, config: ModelConfig | None = None, keep_weights: bool | None = None):
     """The numpy reference model of an open GGUFFile (or a path). Weights are dequantized lazily,
-    the first time a forward needs them, and kept unless keep_weights=False."""
+    the first time a forward needs them, and kept if keep_weights (None: if they fit,
+    reference_keeps_weights); otherwise dequantized on every use (only the routed experts' rows)."""
     if not hasattr(gguf, "tensors"):
         from ..modelfile.gguf_file import GGUFFile
 
         gguf = GGUFFile(gguf)
+    if keep_weights is None:
+        keep_weights = reference_keeps_weights(gguf)
     config = config or read_config(gguf)
     fam = family(config.arch)
     return _class(fam, fam.REFERENCE)(gguf, config, keep_weights=keep_weights)
