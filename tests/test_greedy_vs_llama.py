@@ -147,6 +147,24 @@ def test_equal_lm_head_rows_are_a_tie_not_a_disagreement():
     assert res["differ"] == [0]
 
 
+def test_a_listed_copy_of_our_row_stands_for_our_token():
+    """llama.cpp's top log-probs may list only copies of rows (a random-weight 35B-A3B shape repeats its
+    LM head every 16,381 rows): a listed token whose row is ours gives our log-prob, so a near-tie is
+    still told from a disagreement; the prompt path's pick of a copy is that token's pick."""
+    row = _row(16, 7, 9, gap=0.025)
+    row[12] = row[7]  # 12 is a copy of our 7; they list 12, not 7
+    copies = lambda a, b: {a, b} == {7, 12}  # noqa: E731
+    res = g.compare([9], [{9: -0.690, 12: -0.692}], [row], [7], same_rows=copies)
+    assert res["near_ties"] == [0] and res["positions"][0]["llama_gap"] == pytest.approx(0.002)
+    res = g.compare([9], [{9: -0.690, 12: -0.692}], [row], [7])  # without the rows: not listed
+    assert res["differ"] == [0] and res["positions"][0]["llama_gap"] is None
+    res = {"positions": [{"pos": 0, "llama": 9, "reflex": 7, "kind": "differ"}]}
+    theirs = {"steps": [{9: -0.1}], "prompt_steps": [{12: -0.1}], "prompt_path_unanswered": [], "prompt_picks": [12]}
+    g.prompt_path_verdicts(theirs, res, copies)
+    assert res["llama_prompt_pick_sides_with"] == {"reflex": 1, "llama": 0, "neither": 0}
+    assert res["llama_prompt_path_sides_with"] == {"reflex": 1, "llama": 0, "neither": 0}
+
+
 def test_lm_head_rows_equal_reads_the_file(tmp_path):
     gguf = pytest.importorskip("gguf")
     w = np.arange(5 * 8, dtype=np.float32).reshape(5, 8)
