@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine (no network): `bash scripts/gpu_run.sh STEPS`, after
-# `bash scripts/gpu_bundle.sh [...]` here and with carry [".gpu", "reflex_runtime/_kernels"].
+# `bash scripts/gpu_bundle.sh [...]` here and with carry [".gpu"] (--kernels-xz; or also "reflex_runtime/_kernels").
+# llama.cpp's binaries (gpu_bundle.sh --peers-apart: 43 MB, more than fits beside .gpu and the tree) come
+# alone in .peers/ in a later call on the same warm machine; .gpu is kept from the first under /tmp/keep.
 #
 # STEPS, a comma list, run in this order (each under its own timeout; logs and JSON under $OUT):
 #   smoke      reflex smoke
