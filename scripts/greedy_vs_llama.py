@@ -221,12 +221,28 @@ def prompt_path_verdicts(theirs: dict, res: dict, same_rows=None) -> None:
     res["llama_prompt_path_unanswered"] = theirs["prompt_path_unanswered"]
 
 
+def fingerprint(path: str, span: int = 16 << 20) -> str:
+    """The file's size and a SHA-256 of its first and last `span` bytes: the same random-weight file remade
+    elsewhere by the same maker (a full hash of 21 GB would take minutes)."""
+    import hashlib
+
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(span))
+        f.seek(max(0, size - span))
+        h.update(f.read(span))
+    return f"{size}:{h.hexdigest()[:32]}"
+
+
 def reference_from(path: str, saved: str, out: str) -> int:
     """The reference's verdicts for a saved comparison (its llama.cpp tokens replayed), printed and saved."""
     with open(saved) as f:
         res = json.load(f)
     if os.path.basename(path) != res["model"]:
         raise ValueError(f"{saved} compares {res['model']}, not {os.path.basename(path)}")
+    if res.get("fingerprint") and res["fingerprint"] != fingerprint(path):
+        raise ValueError(f"{path} is not the file {saved} compared (size and first / last 16 MB differ)")
     reference_verdicts(path, res["prompt_ids"], res["llama_tokens"], res)
     for p in res["positions"]:
         if "reference" in p:
@@ -285,7 +301,7 @@ def main(argv=None) -> int:
         reference_verdicts(a.model, ids, theirs["tokens"], res)
     if a.llama_prompt_path:
         prompt_path_verdicts(theirs, res, same_rows)
-    res = {"model": os.path.basename(a.model), "prompt": a.prompt, "prompt_ids": ids,
+    res = {"model": os.path.basename(a.model), "fingerprint": fingerprint(a.model), "prompt": a.prompt, "prompt_ids": ids,
            "same_prompt_tokenization": theirs["prompt_ids"] == ids, "tokens": a.n,
            "reflex_tokens": free, "llama_tokens": theirs["tokens"],
            "reflex_text": engine.tokenizer.decode(free), "llama_text": engine.tokenizer.decode(theirs["tokens"]), **res,

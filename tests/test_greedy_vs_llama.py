@@ -224,9 +224,15 @@ def test_reference_from_a_saved_result_needs_no_engine(monkeypatch, tmp_path, ca
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["reference_sides_with"] == {"reflex": 1, "llama": 1, "neither": 0}
     assert "sides with {'reflex': 1, 'llama': 1, 'neither': 0}" in capsys.readouterr().out
-    # a result saved for another file is refused, not compared
+    # a result saved for another file is refused, not compared: by name, and by content where it kept a fingerprint
     with pytest.raises(ValueError, match="compares m.gguf"):
         g.main([str(tmp_path / "other.gguf"), "--reference-from", str(tmp_path / "saved.json")])
+    saved["fingerprint"] = g.fingerprint(str(model))
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    assert g.main([str(model), "--reference-from", str(tmp_path / "saved.json"), "--out", str(tmp_path / "r.json")]) == 0
+    model.write_bytes(b"y")  # the same name and size, other bytes
+    with pytest.raises(ValueError, match="is not the file"):
+        g.main([str(model), "--reference-from", str(tmp_path / "saved.json")])
 
 
 def test_the_llama_server_option_is_required_for_a_comparison():
