@@ -36,10 +36,10 @@ import time
 import urllib.request
 
 PROMPT = "The history of the city begins"
-TIE = 0.02
+TIE = 0.02  # of max|logit|: twice the q4_k check tolerance (reflex vs the exact reference), for two engines
 # log-probs asked of llama-server a position: a random-weight file's LM head repeats (the 35B-A3B shape's every
 # 16,381 rows, ~15 copies of each), so its top 8 can be one row's copies, with no other token to compare (s32)
-TOP = 64  # of max|logit|: twice the q4_k check tolerance (reflex vs the exact reference), for two engines
+TOP = 64
 
 
 def _post(port: int, path: str, body: dict, timeout: float = 600) -> dict:
@@ -109,7 +109,7 @@ def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int
         out["prompt_steps"] = [_top(r["completion_probabilities"][0]) if r.get("completion_probabilities") else {}
                                for r in again]
         out["prompt_path_unanswered"] = [j for j, r in enumerate(again) if not r.get("completion_probabilities")]
-        # and its pick there (the sampled token, which need not be the top of the log-probs it lists)
+        # and its pick there (the sampled token: any copy of the top row's, not always the first id it lists)
         out["prompt_picks"] = [int(r["completion_probabilities"][0]["id"]) if r.get("completion_probabilities") else None
                                for r in again]
     return out
