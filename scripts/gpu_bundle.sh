@@ -5,10 +5,10 @@
 #
 #   bash scripts/gpu_bundle.sh [--peers] [--old REV] [--skeleton GGUF]...
 #     --peers         llama.cpp's llama-bench/llama-simple/llama-quantize (41.5 MB of the 64 MiB a call may carry)
-#                     and the llama-server addon (1.4 MB)
+#                     and the llama-server addon (1.4 MB), in .gpu: beside the tree (21.7 MB since s32) they no
+#                     longer fit one call; use --peers-apart
 #     --peers-apart   the same two tarballs in .peers/ instead: carry [".peers"] alone in a second call on the same
-#                     warm machine (gpu_run.sh unpacks them to /tmp/peers, where later calls find them), when .gpu with
-#                     --old, a skeleton or the full wheels leaves no room for them in one call's 64 MiB
+#                     warm machine (gpu_run.sh unpacks them to /tmp/peers, where later calls find them)
 #     --old REV       that commit's package and fatbin, to benchmark against in the same run
 #     --skeleton F    the header of a GGUF (scripts/gguf_skeleton.py), to rebuild a same-shaped file there
 #     --smol          the real SmolLM2's wheel split in .smolA/ (40 MiB) and .smolB/ (the rest): carry .smolA with

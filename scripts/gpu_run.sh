@@ -377,7 +377,7 @@ if has fidelity; then  # issue 31: reflex check on CHECK_FILES (same-shaped file
   done
   for f in ${GREEDY_FILES:-}; do
     n=$(basename $f .gguf); step "greedy $n"
-    if [ ! -x "${PEER:-/nonexistent}/llama-server" ]; then echo "no llama-server: carry gpu_bundle.sh --peers" | tee -a "$W/steps.txt"; break; fi
+    if [ ! -x "${PEER:-/nonexistent}/llama-server" ]; then echo "no llama-server: carry .peers (gpu_bundle.sh --peers-apart)" | tee -a "$W/steps.txt"; break; fi
     timeout ${GREEDY_TIMEOUT:-400} python3 scripts/greedy_vs_llama.py $f --llama-server $PEER/llama-server -n ${GREEDY_N:-32} \
       ${GREEDY_REFERENCE:+--reference} ${GREEDY_PROMPT_PATH:+--llama-prompt-path} --llama-args="${GREEDY_LLAMA_ARGS:-}" --out "$W/greedy-$n.json" 2> "$W/greedy-$n.err" | tee -a "$W/steps.txt" || tail -3 "$W/greedy-$n.err"
   done

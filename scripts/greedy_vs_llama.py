@@ -108,10 +108,10 @@ def llama_server_greedy(exe: str, path: str, prompt: str, ids: list[int], n: int
     if prompt_path:  # an answer without log-probs (seen once, on a 4-layer 35B-A3B file) leaves that position empty
         out["prompt_steps"] = [_top(r["completion_probabilities"][0]) if r.get("completion_probabilities") else {}
                                for r in again]
-        out["prompt_path_unanswered"] = [j for j, r in enumerate(again) if not r.get("completion_probabilities")]
         # and its pick there (the sampled token: any copy of the top row's, not always the first id it lists)
         out["prompt_picks"] = [int(r["completion_probabilities"][0]["id"]) if r.get("completion_probabilities") else None
                                for r in again]
+        out["prompt_path_unanswered"] = [j for j, t in enumerate(out["prompt_picks"]) if t is None]
     return out
 
 
