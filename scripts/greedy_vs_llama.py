@@ -239,6 +239,9 @@ def reference_from(path: str, saved: str, out: str) -> int:
     """The reference's verdicts for a saved comparison (its llama.cpp tokens replayed), printed and saved."""
     with open(saved) as f:
         res = json.load(f)
+    missing = [k for k in ("model", "prompt_ids", "llama_tokens", "positions", "differ") if k not in res]
+    if missing:
+        raise ValueError(f"{saved} is not a result this script saved with --out (no {', '.join(missing)})")
     if os.path.basename(path) != res["model"]:
         raise ValueError(f"{saved} compares {res['model']}, not {os.path.basename(path)}")
     if res.get("fingerprint") and res["fingerprint"] != fingerprint(path):

@@ -224,6 +224,9 @@ def test_reference_from_a_saved_result_needs_no_engine(monkeypatch, tmp_path, ca
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["reference_sides_with"] == {"reflex": 1, "llama": 1, "neither": 0}
     assert "sides with {'reflex': 1, 'llama': 1, 'neither': 0}" in capsys.readouterr().out
+    (tmp_path / "other.json").write_text(json.dumps({"model": "m.gguf"}))
+    with pytest.raises(ValueError, match="not a result this script saved .*no prompt_ids"):
+        g.main([str(model), "--reference-from", str(tmp_path / "other.json")])
     # a result saved for another file is refused, not compared: by name, and by content where it kept a fingerprint
     with pytest.raises(ValueError, match="compares m.gguf"):
         g.main([str(tmp_path / "other.gguf"), "--reference-from", str(tmp_path / "saved.json")])
