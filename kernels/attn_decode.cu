@@ -36,7 +36,8 @@
 // the G query heads are shared by n_hg blocks of G / n_hg heads each, over the same keys (the few
 // KV heads of a big GQA model would otherwise run a handful of blocks, each through all G heads);
 // past that group 0 of each KV head takes all G heads. Counters: rows * n_head_kv * n_hg * ATD_COUNTERS.
-// Output rows and partials as reflex_attn (attention.cu) with n_split = gridDim.y.
+// Output rows and partials as reflex_attn (attention.cu) with n_split = gridDim.y. defer (<= ATD_DEFER_MAX, one
+// row): a launch of 2 .. defer slices writes only its partials; the next kernel merges them (mvs.cuh MvsMerge).
 // Dynamic smem: 4 G (hd + 32) + 2 * 32 * (2 hd + 64) + 2 * 32 * (2 hd_v + 64) bytes.
 // Requirements (host-checked): hd and hd_v multiples of 32 up to 256, G <= 16, gridDim.y <= 128.
 // Bound by reading K and V once per KV head: n_vis * (hd + hd_v) * 2 bytes.
@@ -46,9 +47,10 @@ extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
     const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
     const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
     int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
-    AtdRope rope, int n_hg, const int* kv_blocks) {
+    AtdRope rope, int n_hg, int defer, const int* kv_blocks) {
     rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
     AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml, counters, n_head,
               n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, prefetch, window_slots, rope, kv_blocks};
-    atd_body(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z, blockIdx.x % n_hg, n_hg);
+    atd_body(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z, blockIdx.x % n_hg, n_hg, AtdPdlWait(),
+             defer);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "attention.cuh"  // split_merge_done
+#include "attn_plan.cuh"
 #include "attn_decode_args.cuh"
 #include "stage.cuh"
 
@@ -99,22 +100,6 @@ struct AtdSync {  // split_merge's barrier: atd_sync
     __device__ __forceinline__ void operator()() const { atd_sync(); }
 };
 
-// A KV head's slices and head groups (atd_body's plan; the same numbers in every block of it, and
-// in fused_step.cu, which maps its work items by them): the visible keys [lo, n_vis) in n_split
-// slices of about min_keys, and ng blocks sharing the query heads (1: group 0 takes them all).
-struct AtdPlan {
-    int n_vis, lo, n_split, ng;
-};
-__device__ __forceinline__ AtdPlan atd_plan(int n_kv, int slot, int first, int window, int window_slots, int min_keys,
-                                            int max_split, int n_hg) {
-    AtdPlan p;
-    p.n_vis = min(n_kv, slot + 1);
-    p.lo = window > 0 && window_slots ? max(first, p.n_vis - window) : first;
-    p.n_split = min(max_split, max(1, (p.n_vis - p.lo + min_keys - 1) / min_keys));
-    p.ng = n_hg > 1 && p.n_split * n_hg <= max_split ? n_hg : 1;
-    return p;
-}
-
 // What atd_body waits for between what it may read early (with `prefetch`) and the rest: the
 // predecessor kernel (reflex_attn_decode); fused_step.cu passes its grid barrier instead.
 struct AtdPdlWait {
@@ -128,9 +113,13 @@ struct AtdPdlWait {
 // whose few slices would leave most SMs idle), else group 0 takes all G heads and the rest leave.
 // wait(): called once; with `prefetch` only when the block has something to do (it returns before
 // the wait otherwise).
+// defer (<= ATD_DEFER_MAX): a row of 2 .. defer slices is left as its partials (atd_deferred), merged
+// by the kernel that reads the output (the output projection, mvs.cuh MvsMerge) as it loads it: the
+// merge's fence, counter and the last block's two L2 round trips were ~2.9 us of a 64-key launch
+// (9.3 against 6.5 us at 16 keys, results/2026-12-05-h100-s31), all of it after the other blocks.
 template <class Wait = AtdPdlWait>
 __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row,
-                                         int hg = 0, int n_hg = 1, Wait wait = Wait()) {
+                                         int hg = 0, int n_hg = 1, Wait wait = Wait(), int defer = 0) {
     const float* q = a.q;
     half *k_cache = static_cast<half*>(a.k_cache), *v_cache = static_cast<half*>(a.v_cache);
     int* kv_pos = a.kv_pos;
@@ -387,6 +376,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
         part_ml[((h0 + tid) * max_split + split) * 2] = m_run[tid];
         part_ml[((h0 + tid) * max_split + split) * 2 + 1] = l_run[tid];
     }
+    if (atd_deferred(n_split, defer)) return;  // the output's reader merges them (no copy is in flight)
     // Merge in two levels (attention.cuh split_merge_done): runs of ATD_MERGE slices, then the
     // runs; the tiles' memory holds the weights (V tiles) and the partial sums (K tiles).
     rx_cp_wait_all();  // no copy may still land there

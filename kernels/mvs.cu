@@ -5,6 +5,8 @@
 //                      with pick.part_v set (one matrix: the LM head) the greedy pick is fused:
 //                      each block keeps its rows' argmax, the last block to finish picks the
 //                      token (ties to the lower id, NaN never wins) and advances the decode state
+//   reflex_mvs_merge_* one matrix (the attention output projection) whose x is the decode attention's
+//                      output, merged from its slices here when the attention left them (mvs.cuh MvsMerge)
 //   reflex_mvs_mixed   the same for matrices of different types (a switch per block)
 //   reflex_mvs_head_*  one matrix (the LM head) streamed: resident blocks walk their rows through a
 //                      ring of shared-memory slots (mvs.cuh mvs_stream_body), the pick fused as above
@@ -36,14 +38,14 @@
 // instantiations, so the kernels most files run keep their code and registers.
 // (The segments' body is a macro, not a function: as a function taking MvSegs by reference the plain
 // kernels' SASS moved away from the measured one.)
-#define MVS_SEGS_BODY(T, POST, POST_V)                                                                         \
+#define MVS_SEGS_BODY(T, POST, POST_V, MERGE, MERGE_V)                                                         \
     {                                                                                                          \
         int b, s = mvs_segment(segs, rb, &b);                                                                  \
         const uint8_t* w = s == 0 ? segs.w[0] : s == 1 ? segs.w[1] : segs.w[2];                                \
         float* y = s == 0 ? segs.y[0] : s == 1 ? segs.y[1] : segs.y[2];                                        \
         int rows = s == 0 ? segs.rows[0] : s == 1 ? segs.rows[1] : segs.rows[2];                               \
-        mvs_seg_body<T, POST>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps, pick, POST_V,   \
-                              row_bytes);                                                                      \
+        mvs_seg_body<T, POST, MERGE>(w, y, rows, row_bytes, b, x, K, rb, wpr, accumulate, norm_w, eps, pick,    \
+                                     POST_V, row_bytes, MERGE_V);                                              \
     }
 #define MVS_SEGS_PARAMS                                                                                      \
     MvSegs segs, long row_bytes, const float *x, int K, int rb, int wpr, int accumulate, const float *norm_w, \
@@ -56,12 +58,17 @@
 #define RX_MVS(name, T)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_##name(MVS_SEGS_PARAMS) {          \
         rx_pdl_weights_first();                                                                                \
-        MVS_SEGS_BODY(T, false, MvsPost{})                                                                      \
+        MVS_SEGS_BODY(T, false, MvsPost{}, false, MvsMerge{})                                                  \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_post_##name(MVS_SEGS_PARAMS,       \
                                                                                         MvsPost post) {       \
         rx_pdl_weights_first();                                                                                \
-        MVS_SEGS_BODY(T, true, post)                                                                            \
+        MVS_SEGS_BODY(T, true, post, false, MvsMerge{})                                                        \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_merge_##name(MVS_SEGS_PARAMS,      \
+                                                                                         MvsMerge merge) {    \
+        rx_pdl_weights_first();                                                                                \
+        MVS_SEGS_BODY(T, false, MvsPost{}, true, merge)                                                               \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(MVS_THREADS, 2) reflex_mvs_glu_##name(MVS_GLU_PARAMS) {       \
         rx_pdl_weights_first();                                                                                \

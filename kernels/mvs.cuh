@@ -3,6 +3,7 @@
 #pragma once
 
 #include "matvec.cuh"  // MvSegs
+#include "attn_plan.cuh"  // MvsMerge plans as the decode attention
 #include "mvs_decode.cuh"
 #include "stage.cuh"
 #include "state.cuh"
@@ -131,6 +132,66 @@ __device__ __noinline__ const float* mvs_post_x(const float* r, int K, long used
     }
     __syncthreads();
     return reinterpret_cast<const float*>(xs);
+}
+
+// The decode attention's slices merged here, by the kernel that reads its output (the output
+// projection), instead of by the attention's last block (attn_decode.cuh, its `defer`): x is the
+// attention output of one row, n_head * hd_v floats, made from the slices' partials (m, l, o) as
+// attention.cuh split_merge makes it. The attention leaves a row of 2 .. defer slices unmerged; this
+// kernel plans as it does (attn_plan.cuh) from the same device ints and launch numbers, read before
+// its wait (the previous step's pick wrote them, launches ago, as the attention reads them early).
+struct MvsMerge {
+    const float *part_o, *part_ml;  // the attention's partials: head h's slice s at h * max_split + s
+    const int *n_kv, *slot;        // its n_kv_ptr and q_slot
+    int max_split, min_keys, n_hg, window, window_slots, hd_v, defer;
+};
+
+// The row's slices when the attention left them to this kernel, else 0 (x is its output), from its
+// n_kv and slot. Their loads go first in the kernel, ahead of its weights' copies: an SM returns
+// loads in order (results/2026-12-04-h200-s25), so behind a tile the choice between the two inputs,
+// and then x, would wait for the whole tile. (The kernel is still ~1.6 us a launch slower than
+// reflex_mvs_* on Qwen3-0.6B's 2,048-wide projection, merging or not: PERFORMANCE_NOTES, s33.)
+__device__ __forceinline__ int mvs_merge_splits(const MvsMerge& m, int n_kv, int slot) {
+    AtdPlan p = atd_plan(n_kv, slot, 0, m.window, m.window_slots, m.min_keys, m.max_split, m.n_hg);
+    return atd_deferred(p.n_split, m.defer) ? p.n_split : 0;
+}
+
+// x (K floats) merged from n (2 .. ATD_DEFER_MAX) slices into xs (shared memory); every thread must
+// call it. A thread takes a float4 of one head and issues all its slices' loads at once: one L2
+// round trip. The weights' sum adds in warp_sum's order (lanes past n add zeros) and the slices in
+// order: split_merge's numbers for n <= 4. Inlined, before the kernel's x is live, and in kernels
+// without a pre-norm (its weights would be live too): 80 registers and no stack, where a
+// __noinline__ call took 121 (or 96 and a 32-byte stack).
+__device__ __forceinline__ void mvs_merge_x(int K, float4* xs, const MvsMerge& m, int n) {
+    int n4 = K >> 2, c4s = m.hd_v >> 2;
+    for (int c = threadIdx.x; c < n4; c += MVS_THREADS) {
+        int h = c / c4s;
+        const float* ml = m.part_ml + (long)h * m.max_split * 2;
+        const float4* po = reinterpret_cast<const float4*>(m.part_o + (long)h * m.max_split * m.hd_v) + (c - h * c4s);
+        float mm[ATD_DEFER_MAX], ll[ATD_DEFER_MAX];
+        float4 v[ATD_DEFER_MAX];
+#pragma unroll
+        for (int s = 0; s < ATD_DEFER_MAX; s++) {
+            mm[s] = s < n ? __ldcg(ml + 2 * s) : -INFINITY;
+            ll[s] = s < n ? __ldcg(ml + 2 * s + 1) : 0.f;
+            v[s] = s < n ? __ldcg(po + (long)s * c4s) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float M = mm[0];
+#pragma unroll
+        for (int s = 1; s < ATD_DEFER_MAX; s++) M = fmaxf(M, mm[s]);
+        auto e = [&](int s) { return mm[s] == -INFINITY ? 0.f : __expf(mm[s] - M); };  // a slice's weight
+        auto d = [&](int s) { return ll[s] * e(s); };
+        float den = ((d(0) + d(4)) + (d(2) + d(6))) + ((d(1) + d(5)) + (d(3) + d(7)));  // warp_sum's order
+        float inv = den > 0.f ? 1.f / den : 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int s = 0; s < ATD_DEFER_MAX; s++) {
+            if (s >= n) break;
+            float w = e(s) * inv;
+            o.x += v[s].x * w, o.y += v[s].y * w, o.z += v[s].z * w, o.w += v[s].w * w;
+        }
+        xs[c] = o;
+    }
 }
 
 // The input of a staged kernel: with POST (the reflex_mvs*_post kernels), mvs_post_x's copy of
@@ -281,12 +342,16 @@ __device__ void mvs_pick(const MvsPick& pick, float bv, int bi) {
 // y[r0 + i] (+)= dot for rows r0 .. r0 + rb of one matrix (the block's share of its segment).
 // POST: the input is r + norm(post.src) * post.w (mvs_post_x), made after `x_row_bytes` rows of
 // staged weights and the row sums (reflex_mvs_mixed_post: the largest segment's rows, as the host planned).
-template <int T, bool POST>
+// MERGE (reflex_mvs_merge_*): x is the decode attention's output, merged here from its slices when
+// it left them (mvs_merge_x) in the same room.
+template <int T, bool POST, bool MERGE = false>
 __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_bytes, int b, const float* x, int K, int rb,
                              int wpr, int accumulate, const float* norm_w, float eps, const MvsPick& pick,
-                             const MvsPost& post, long x_row_bytes) {
+                             const MvsPost& post, long x_row_bytes, const MvsMerge& merge = MvsMerge{}) {
     __shared__ float scratch[MVS_WARPS];
     int r0 = b * rb, n = min(rb, rows - r0);  // the host sizes the grid: n >= 1
+    int n_kv = 0, slot = 0;
+    if constexpr (MERGE) n_kv = *merge.n_kv, slot = *merge.slot;  // before the weights (mvs_merge_splits)
     long span = rx_stage_bytes((long)rb * row_bytes);
     const uint8_t* srow = rx_stage(rx_dyn_smem, w + (long)r0 * row_bytes, (long)n * row_bytes);
     rx_cp_commit();
@@ -294,11 +359,26 @@ __device__ void mvs_seg_body(const uint8_t* w, float* y, int rows, long row_byte
     int part = (threadIdx.x >> 5) % wpr;
     float nw[MVS_NX][8];
     MvsX xin;
-    mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
-    rx_pdl_begin();  // weights are in flight; x comes from the predecessor
-    float prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
-    mvs_load_input<RL, POST>(x, K, rx_stage_bytes((long)rb * x_row_bytes) + 4L * rb * wpr, post, norm_w != nullptr, nw, eps,
-                       part, wpr, xin, scratch);
+    float prev = 0.f;
+    long used = rx_stage_bytes((long)rb * x_row_bytes) + 4L * rb * wpr;
+    if constexpr (MERGE) {  // no pre-norm here (the host's promise): x' = x
+        int n_merge = mvs_merge_splits(merge, n_kv, slot);
+        rx_pdl_begin();  // weights are in flight; x comes from the predecessor
+        prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
+        if (n_merge) {
+            float4* xs = reinterpret_cast<float4*>(rx_dyn_smem + ((used + 15) & ~15L));
+            mvs_merge_x(K, xs, merge, n_merge);
+            __syncthreads();
+            mvs_load_x_plain<RL>(reinterpret_cast<const float*>(xs), K, part, wpr, xin);
+        } else {
+            mvs_load_x_plain<RL>(x, K, part, wpr, xin);
+        }
+    } else {
+        mvs_load_nw<RL>(norm_w, K, part, wpr, nw);
+        rx_pdl_begin();  // weights are in flight; x comes from the predecessor
+        prev = accumulate && (int)threadIdx.x < n ? y[r0 + threadIdx.x] : 0.f;  // issued now, used last
+        mvs_load_input<RL, POST>(x, K, used, post, norm_w != nullptr, nw, eps, part, wpr, xin, scratch);
+    }
     rx_cp_wait_all();
     __syncthreads();
     float* red = reinterpret_cast<float*>(rx_dyn_smem + span);

@@ -29,7 +29,7 @@ ROPE = [c for c in K.FUSED_ROPE_CASES if c.startswith("short_")] + [
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     return build_host_harness(tmp_path_factory.mktemp("emu"), "attn_decode_host.cpp", "attn_decode.cu",
-                              headers=("attn_decode.cuh", "attention.cuh", "attn_decode_args.cuh"),
+                              headers=("attn_decode.cuh", "attention.cuh", "attn_decode_args.cuh", "attn_plan.cuh"),
                               emu_headers=("stage.cuh",), header_patches=BARRIER)
 
 
@@ -74,3 +74,9 @@ def test_decode_rows_paged(host, knobs, kernel):
 @pytest.mark.parametrize("n_vis", [20, 300])
 def test_fused_rope_decode_paged(host, knobs, prefetch, n_vis):
     P.test_fused_rope_decode_paged(host, knobs, prefetch, n_vis)
+
+
+@pytest.mark.parametrize("case", K.DEFER_CASES)
+@pytest.mark.parametrize("head_groups", [1, 4])
+def test_attention_decode_leaves_a_few_slices_unmerged(host, knobs, case, head_groups):
+    K.test_attention_decode_leaves_a_few_slices_unmerged(host, knobs, case, head_groups)

@@ -996,6 +996,24 @@ DECODE_ATTN_CASES = {
 DECODE_ATTN_HD_V = {"short_hd128_values64": 64, "short_hd64_values128": 128, "hd64_values128_ctx300": 128}
 
 
+def _decode_attn_inputs(case, salt=()):
+    """DECODE_ATTN_CASES[case]'s random inputs (one decode token whose slot is the last visible one,
+    kv_pos = slot + 3) and its float64 reference: hd_v, n_ctx, (q, k cache, v cache, kv_pos, q_slot),
+    scale, expected output."""
+    n_head, n_kvh, hd, n_vis, window, softcap, _, _ = DECODE_ATTN_CASES[case]
+    hd_v = DECODE_ATTN_HD_V.get(case, hd)  # values as wide as keys, or not
+    rng = np.random.default_rng(list(case.encode()) + list(salt))
+    n_ctx = n_vis + 37
+    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
+    vc = rng.standard_normal((n_kvh, n_ctx, hd_v)).astype(np.float16)
+    q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
+    kv_pos = np.arange(n_ctx, dtype=np.int32) + 3
+    q_slot = np.array([n_vis - 1], np.int32)
+    scale = 1.0 / np.sqrt(hd)
+    expect = _attention_ref(q, kc, vc, kv_pos, kv_pos[q_slot], q_slot, None, 0, n_vis, window, scale, softcap)
+    return hd_v, n_ctx, (q, kc, vc, kv_pos, q_slot), scale, expect
+
+
 @pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
 @pytest.mark.parametrize("head_groups", [1, 4])
 def test_attention_decode(gpu, knobs, case, head_groups):
@@ -1003,17 +1021,8 @@ def test_attention_decode(gpu, knobs, case, head_groups):
     (short contexts; G = 2 takes 2, G = 1 one); past that the first block of each takes them all."""
 
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
-    hd_v = DECODE_ATTN_HD_V.get(case, hd)  # values as wide as keys, or not
-    rng = np.random.default_rng(list(case.encode()))
-    n_ctx = n_vis + 37
-    kc = rng.standard_normal((n_kvh, n_ctx, hd)).astype(np.float16)
-    vc = rng.standard_normal((n_kvh, n_ctx, hd_v)).astype(np.float16)
-    q = (rng.standard_normal((1, n_head, hd)) * 2).astype(np.float32)
-    kv_pos = np.arange(n_ctx, dtype=np.int32) + 3
-    q_slot = np.array([n_vis - 1], np.int32)
+    hd_v, n_ctx, (q, kc, vc, kv_pos, q_slot), scale, expect = _decode_attn_inputs(case)
     q_pos = kv_pos[q_slot]
-    scale = 1.0 / np.sqrt(hd)
-    expect = _attention_ref(q, kc, vc, kv_pos, q_pos, q_slot, None, 0, n_vis, window, scale, softcap)
     knobs.attn_min_keys = min_keys
     knobs.attn_head_groups = head_groups
     part_o = gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd_v,))
@@ -1029,6 +1038,83 @@ def test_attention_decode(gpu, knobs, case, head_groups):
                                      window, scale, softcap, prefetch, window_slots)
         np.testing.assert_allclose(gpu.get(out, (1, n_head, hd_v)), expect, rtol=2e-4, atol=2e-4)
     assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
+
+
+# one slice (written as the output), 2 .. 8 (left to the output projection), 10 and 13 (merged in the
+# attention): G of 1, 2, 3 and 4, values narrower or wider than keys, a window, softcap
+DEFER_CASES = ["short_qwen3_ctx2", "short_qwen3_ctx65", "qwen3_0.6b_ctx256", "short_smollm_hd64_g3_ctx64",
+               "short_gemma_hd256_window_ctx63", "gemma_window_longer_than_context", "short_hd128_values64",
+               "short_hd64_values128", "hd64_values128_ctx300", "hd32_g2_ctx200", "softcap_g4_hd64_ctx150"]
+
+
+def _deferred_case(gpu, knobs, case, head_groups, defer=attn_decode.DEFER_MAX):
+    """One decode attention launch of DECODE_ATTN_CASES[case] with `defer`: (the case's
+    numbers, the reference output, the GPU buffers, the MvsMerge the output projection would take,
+    the slices attn_plan.cuh makes)."""
+    n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
+    hd_v, n_ctx, (q, kc, vc, kv_pos, q_slot), scale, expect = _decode_attn_inputs(case, [7])
+    knobs.attn_min_keys, knobs.attn_head_groups = min_keys, head_groups
+    max_split, n_hg = attn_decode.grid_splits(gpu.launch, n_head, n_kvh)
+    lo = max(0, n_vis - window) if window > 0 else 0  # window_slots: kv_pos = slot + 3
+    n_split = min(max_split, max(1, -(-(n_vis - lo) // min_keys)))  # attn_plan.cuh atd_plan
+    b = dict(part_o=gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd_v,)),
+             part_ml=gpu.poisoned((n_head * attn_decode.SPLITS_MAX * 2,)),
+             counters=gpu.put(np.zeros(attn_decode.counters(n_head), np.int32)), out=gpu.poisoned((1, n_head, hd_v)),
+             n_kv=gpu.put(np.array([n_vis], np.int32)), slot=gpu.put(q_slot))
+    assert attn_decode.attention(gpu.launch, gpu.put(q), gpu.put(kc), gpu.put(vc), gpu.put(kv_pos),
+                                 gpu.put(kv_pos[q_slot]), b["slot"], b["n_kv"], b["out"], b["part_o"], b["part_ml"],
+                                 b["counters"], n_head, n_kvh, hd, hd_v, n_ctx, window, scale, softcap, prefetch,
+                                 window > 0, defer=defer)
+    merge = mvs.MvsMerge(b["part_o"], b["part_ml"], b["n_kv"], b["slot"], max_split, min_keys, n_hg, window,
+                         int(window > 0), hd_v, defer)
+    return (n_head, hd_v, max_split), expect, b, merge, n_split
+
+
+@pytest.mark.parametrize("case", DEFER_CASES)
+@pytest.mark.parametrize("head_groups", [1, 4])
+def test_attention_decode_leaves_a_few_slices_unmerged(gpu, knobs, case, head_groups):
+    """With defer, a row of 2 .. defer slices writes only its partials (the output stays poisoned,
+    no counter moves); merging them as split_merge does gives the attention. One slice, or more
+    than defer, writes the output as before."""
+    (n_head, hd_v, max_split), expect, b, _, n_split = _deferred_case(gpu, knobs, case, head_groups)
+    out = gpu.get(b["out"], (1, n_head, hd_v))
+    assert not gpu.get(b["counters"], (attn_decode.counters(n_head),), np.int32).any()
+    if not 2 <= n_split <= attn_decode.DEFER_MAX:
+        np.testing.assert_allclose(out, expect, rtol=2e-4, atol=2e-4)
+        return
+    assert np.isnan(out).all(), "a deferred row's output is the next kernel's to write"
+    po = gpu.get(b["part_o"], (n_head, max_split, hd_v))[:, :n_split].astype(np.float64)  # the grid's slices apart
+    ml = gpu.get(b["part_ml"], (n_head, max_split, 2))[:, :n_split].astype(np.float64)
+    m, l = ml[..., 0], ml[..., 1]
+    e = np.where(np.isneginf(m), 0.0, np.exp(m - m.max(axis=1, keepdims=True)))
+    merged = (e[..., None] * po).sum(axis=1) / (e * l).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(merged[None], expect, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("case", DEFER_CASES)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
+def test_output_projection_merges_the_attention_slices(gpu, knobs, case, qtype):
+    """reflex_mvs_merge_*: y = base + Wo att, where att is merged from the deferred slices in the
+    launch (mvs.cuh mvs_merge_x) or read as the attention wrote it (one slice, more than defer);
+    the same as the attention merging them itself (defer 0) within rounding."""
+    (n_head, hd_v, _), expect, b, merge, n_split = _deferred_case(gpu, knobs, case, 4)
+    k = n_head * hd_v
+    if qtype == Q.Q4_K and k % 256:
+        qtype = Q.Q8_0  # K-quant rows are whole 256-weight blocks
+    rng = np.random.default_rng(list(case.encode()) + [int(qtype)])
+    w, dense = weight(gpu, qtype, 333, k, rng)
+    base = rng.standard_normal((1, 333)).astype(np.float32)
+    assert mvs.takes_merge(gpu.launch, w, b["out"]) == (k <= knobs.attn_out_merge_k)  # the kernel serves any K
+    y = gpu.put(base)
+    names = _kernels(gpu, lambda: products.matmul(gpu.launch, w, b["out"], y, 1, accumulate=True, merge=merge))
+    assert names == [f"reflex_mvs_merge_{w.suffix}"]
+    got = gpu.get(y, (1, 333))
+    assert_matmul_close(got, expect.reshape(1, k).astype(np.float32), dense, base, rtol=5e-4)
+    # the attention merging its own slices (defer 0): the same kernel reads x as it was written
+    _, _, b0, merge0, _ = _deferred_case(gpu, knobs, case, 4, defer=0)
+    y0 = gpu.put(base)
+    products.matmul(gpu.launch, w, b0["out"], y0, 1, accumulate=True, merge=merge0)
+    np.testing.assert_allclose(got, gpu.get(y0, (1, 333)), rtol=1e-5, atol=1e-5 * np.abs(got).max())
 
 
 def test_attention_decode_refuses_what_it_cannot_serve(gpu, knobs):

@@ -128,6 +128,7 @@ class FakeKernel:
         self.dev.launches.append((self.name, g, block))
         self.dev.shmem.append(shmem)
         self.dev.last_args.append(args[-1])
+        self.dev.args.append(args)
 
 
     def blocks_per_sm(self, block, shmem):
@@ -175,6 +176,7 @@ class FakeDevice:
         self.carveouts = set()  # the shared-memory carveouts the PDL-chained launches asked for
         self.shmem = []
         self.last_args = []  # each launch's last argument
+        self.args = []  # and all of them
         self.copies = []
         self._next = 1 << 32
         self._ranges = []
@@ -370,6 +372,40 @@ def test_decode_step_knobs_launch_matching_abi(ptx_params, name, tmp_path, monke
     assert not any(isinstance(a, mvs.MvsPost) and a.src for a in dev.last_args[n0:])
     if name == "gemma3":
         assert sum(n == "reflex_rmsnorm" for n, _, _ in dev.launches[n0:]) >= 2 * dec.cfg.n_layers
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3moe", "llama", "qwen35"])
+@pytest.mark.parametrize("out_merge,k_max", [(8, None), (0, None), (8, 8)], ids=["on", "off", "wider_than_k_max"])
+def test_decode_attention_leaves_its_merge_to_the_output_projection(ptx_params, name, out_merge, k_max, tmp_path):
+    """REFLEX_ATTN_OUT_MERGE: in a one-token forward every decode attention launch defers a context
+    of up to 8 slices (its `defer`) exactly where the launch after it is reflex_mvs_merge_* reading
+    its output, whose MvsMerge plans as the attention's grid does (slices per KV head, head groups,
+    min_keys, the layer's window). Qwen3.5's gated output (a sigmoid between them) never defers;
+    nor does a prompt, 0, or an output projection wider than REFLEX_ATTN_OUT_MERGE_K."""
+    arch, overrides = ABI_MODELS[name]
+    dec, dev = _model(arch, ptx_params, str(tmp_path), **overrides)
+    L = dec.launch
+    L.attn_out_merge = out_merge
+    if k_max:
+        L.attn_out_merge_k = k_max
+    for n in (1, 5):
+        n0 = len(dev.launches)
+        dec.forward(n)
+        launches, args = dev.launches[n0:], dev.args[n0:]
+        attn = [i for i, (k, _, _) in enumerate(launches) if k == "reflex_attn_decode"]
+        merges = [i for i, (k, _, _) in enumerate(launches) if k.startswith("reflex_mvs_merge_")]
+        assert bool(attn) == (n == 1)
+        if n > 1 or not out_merge or k_max or name == "qwen35":
+            assert not merges and all(args[i][-2].value == 0 for i in attn), name
+            continue
+        assert merges == [i + 1 for i in attn], [k for k, _, _ in launches]
+        for i in attn:
+            (_, grid, _), a, m = launches[i], args[i], args[i + 1][-1]
+            assert isinstance(m, mvs.MvsMerge) and a[-2].value == m.defer == 8
+            # the attention's att, part_o, part_ml, n_kv, q_slot and window are what the merge reads
+            assert args[i + 1][2].value == a[8].value and (m.part_o, m.part_ml) == (a[9].value, a[10].value)
+            assert (m.n_kv, m.slot, m.window, m.hd_v) == (a[7].value, a[5].value, a[17].value, a[15].value)
+            assert (m.max_split, m.n_hg, m.min_keys) == (grid[1], a[-3].value, a[20].value)
 
 
 @pytest.mark.parametrize("cc", list(PROMPT_KERNELS), ids=lambda cc: f"sm{cc[0]}{cc[1]}")

@@ -215,7 +215,8 @@ def main(args) -> int:
                              "mvs_waves": launch.mvs_waves, "mvs_head_stream": launch.mvs_head_stream,
                              "post_fold": launch.post_fold,
                              "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
-                             "attn_head_groups": launch.attn_head_groups,
+                             "attn_head_groups": launch.attn_head_groups, "attn_out_merge": launch.attn_out_merge,
+                             "attn_out_merge_k": launch.attn_out_merge_k,
                              "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step,
                              **{k: getattr(launch, k) for k in FUSED_KNOBS}}
     if depths:

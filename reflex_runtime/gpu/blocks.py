@@ -235,16 +235,29 @@ class Attention:
         L, p, w = self.launch, self.p, self.w
         q, k, v, att = p("q"), p("k"), p("v"), p("att")
         self.project_qkv(b, inp, q, k, v)
-        self.attend(b, q, k, v, att)
+        merge = self.attend(b, q, k, v, att, merge=self.out_merge(b, att))
         with L.role("attn output", w.o.nbytes):
-            products.matmul(L, w.o, att, out, b.n, accumulate=accumulate)
+            products.matmul(L, w.o, att, out, b.n, accumulate=accumulate, merge=merge)
 
-    def attend(self, b: Batch, q: int, k: int, v: int, att: int) -> None:
+    def out_merge(self, b: Batch, att: int) -> mvs.MvsMerge | None:
+        """For one token: the output projection's merge of the decode attention's slices (att is its
+        input as it is), where the launcher allows it (L.attn_out_merge) and both kernels serve it."""
+        c, L = self.cfg, self.launch
+        if not (L.attn_out_merge and b.n == 1 and not b.rows and not b.seg_lo and mvs.takes_merge(L, self.w.o, att)):
+            return None
+        max_split, n_hg = attn_decode.grid_splits(L, c.n_head, c.n_head_kv)
+        p = self.p
+        return mvs.MvsMerge(p("part_o"), p("part_ml"), b.n_kv, b.slot, max_split, max(1, L.attn_min_keys), n_hg,
+                            self.window, int(b.slots_in_order), c.head_dim_v, min(L.attn_out_merge, attn_decode.DEFER_MAX))
+
+    def attend(self, b: Batch, q: int, k: int, v: int, att: int, merge: mvs.MvsMerge | None = None) -> mvs.MvsMerge | None:
         """q/k norms, RoPE and the cache store of the new keys and values, then att = softmax(q K^T) V.
         One token: the decode kernel (K/V read once per KV head, slices by context length; in a PDL
         graph its first keys are copied before it waits, being older launches' writes), with the
-        qk-norm + rope + cache store fused in where the launcher allows it. Prompts and system1's
-        trees: flash attention on tensor cores (sm_80+), else the split-K scalar kernel."""
+        qk-norm + rope + cache store fused in where the launcher allows it; with `merge`
+        (out_merge), a context of a few slices is left unmerged for the output projection. Prompts
+        and system1's trees: flash attention on tensor cores (sm_80+), else the split-K scalar kernel.
+        Returns `merge` when the decode kernel took it (the output projection must then merge)."""
         c, L, p, w = self.cfg, self.launch, self.p, self.w
         fits = attn_decode.fits(L, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         decode = (b.rows or (b.n == 1 and not b.seg_lo)) and fits
@@ -269,8 +282,8 @@ class Attention:
                     L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.n_kv, att, p("part_o"),
                     p("part_ml"), p("attn_counters"), c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, self.n_rows,
                     self.window, self.scale, 0.0, prefetch=L.pdl, window_slots=b.slots_in_order, rope=fused,
-                    rows=rows, seq_lo=b.seg_lo if b.rows else 0, blocks=blocks):
-                return
+                    rows=rows, seq_lo=b.seg_lo if b.rows else 0, blocks=blocks, defer=merge.defer if merge else 0):
+                return merge
             assert fused is None, "the rope was left to the decode attention"
             if not b.rows and flash_attn.ok(L, b.n, c.head_dim, c.head_dim_v, c.n_head, c.n_head_kv):
                 flash_attn.attention(L, q, k_cache, v_cache, kv_pos, b.pos, b.slot, b.seg_lo,

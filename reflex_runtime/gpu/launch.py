@@ -96,6 +96,12 @@ class Launcher:
         # results/2026-12-03-h200-s17)
         self.attn_head_groups = knob("REFLEX_ATTN_HEAD_GROUPS", 4, minimum=1, maximum=64)
         self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
+        # a one-token context of 2 .. N slices is merged by the output projection as it reads the
+        # attention's output (kernels/mvs.cuh MvsMerge), not by the attention's last block; 0: never.
+        # Only where that projection's input is at most ..._K wide (mvs.takes_merge: Gemma 3 270M's
+        # shape 1.027x, Qwen3-0.6B's, K = 2,048, 0.90x; results/2026-12-05-h100-s33)
+        self.attn_out_merge = knob("REFLEX_ATTN_OUT_MERGE", 8, minimum=0, maximum=8)
+        self.attn_out_merge_k = knob("REFLEX_ATTN_OUT_MERGE_K", 1024, minimum=0)
         # a dense model's decode step as one persistent kernel (gpu/fused.py): off until it beats the
         # kernel-per-op graph (issue 27's notes); the bench measures both
         self.fused_step = os.environ.get("REFLEX_FUSED_STEP", "0") == "1"

@@ -43,24 +43,26 @@ def matvec_path(n_tok: int, type_name: str | None = None, rows: bool = False) ->
 
 
 def matmul(L, w: Weight, x: int, y: int, n_tok: int, accumulate: bool = False, x_stride: int = 0, norm_w: int = 0,
-           eps: float = 0.0) -> None:
+           eps: float = 0.0, merge=None) -> None:
     """y[t, :] (+)= W x'[t, :] for t < n_tok, with y rows of w.rows floats. x' = x, or x RMS-normalized
-    with weights norm_w (the matrix-vector path fuses it; pass norm_w only for small batches)."""
-    matmul_many(L, [w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
+    with weights norm_w (the matrix-vector path fuses it; pass norm_w only for small batches). merge
+    (mvs.MvsMerge, one token, where mvs.takes_merge said so): x is the decode attention's output,
+    whose slices this launch merges when the attention left them."""
+    matmul_many(L, [w], x, [y], n_tok, accumulate, x_stride, norm_w, eps, merge=merge)
 
 
 def matmul_many(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
-                norm_w: int = 0, eps: float = 0.0, post=None) -> None:
+                norm_w: int = 0, eps: float = 0.0, post=None, merge=None) -> None:
     """ys[i] (+)= ws[i] x' for up to three matrices of one input (q, k, v): one launch when they
     share a type and row length (either path), else one each. post (mvs.Post, one token, where
-    mvs.folds_post said so): a post-norm folded into the staged launch."""
+    mvs.folds_post said so): a post-norm folded into the staged launch; merge: as matmul's."""
     w0 = ws[0]
     x_stride = x_stride or w0.k
-    if (norm_w or post or matvec_path(n_tok, w0.type_name, L.decode_rows)) and all(w.k == w0.k for w in ws):
+    if (norm_w or post or merge or matvec_path(n_tok, w0.type_name, L.decode_rows)) and all(w.k == w0.k for w in ws):
         # matrix-vector path: segments() splits types where its kernel needs it (not one token)
-        segments(L, ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps, post)
+        segments(L, ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps, post, merge)
         return
-    assert post is None, "a folded post-norm needs the staged one-token kernels"
+    assert post is None and merge is None, "a folded post-norm or merge needs the staged one-token kernels"
     if not all(w.type_name == w0.type_name and w.k == w0.k for w in ws):
         for w, y in zip(ws, ys):
             matmul_many(L, [w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
@@ -75,14 +77,15 @@ def matmul_many(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumula
 
 
 def segments(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
-             norm_w: int = 0, eps: float = 0.0, post=None) -> None:
+             norm_w: int = 0, eps: float = 0.0, post=None, merge=None) -> None:
     """Up to three matrix-vector products of the same row length in one launch (q, k, v); one
     launch per type where the types differ, except for one token (reflex_mvs_mixed)."""
     w0 = ws[0]
     assert 1 <= len(ws) <= 3 and all(w.k == w0.k for w in ws)
-    if n_tok == 1 and mvs.segments(L, ws, x, ys, accumulate, norm_w, eps, post):
+    if n_tok == 1 and mvs.segments(L, ws, x, ys, accumulate, norm_w, eps, post, merge):
         return
     assert post is None, "a folded post-norm needs the staged one-token kernels (mvs.folds_post)"
+    assert merge is None, "a merged input needs the staged one-token kernel (mvs.takes_merge)"
     if any(w.type_name != w0.type_name for w in ws):  # the matrix-vector kernel reads one type: one launch each
         for w, y in zip(ws, ys):
             segments(L, [w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)

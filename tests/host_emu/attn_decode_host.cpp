@@ -28,8 +28,8 @@ extern "C" void emu_attn_decode(unsigned gx, unsigned gy, unsigned gz, unsigned 
                                 const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters,
                                 int n_head, int n_head_kv, int hd, int hd_v, int n_rows, int window, float scale,
                                 float softcap, int min_keys, int prefetch, int window_slots, AtdRope rope, int n_hg,
-                                const int* kv_blocks) {
+                                int defer, const int* kv_blocks) {
     emu_launch(reflex_attn_decode, dim3{gx, gy, gz}, threads, q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo,
                n_kv_ptr, out, part_o, part_ml, counters, n_head, n_head_kv, hd, hd_v, n_rows, window, scale, softcap,
-               min_keys, prefetch, window_slots, rope, n_hg, kv_blocks);
+               min_keys, prefetch, window_slots, rope, n_hg, defer, kv_blocks);
 }

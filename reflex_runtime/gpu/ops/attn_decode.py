@@ -10,6 +10,7 @@ KERNELS = ("reflex_attn_decode",)
 SPLITS_MAX = 128  # most slices per KV head (ATD_MAXSPLIT)
 MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
 MERGE_RUN = 16  # slices one block merges (ATD_MERGE)
+DEFER_MAX = 8  # most slices a row may leave to the output projection to merge (ATD_DEFER_MAX)
 COUNTERS_PER_HEAD = 1 + SPLITS_MAX // MERGE_RUN  # ATD_COUNTERS: the top merge's and one per run
 
 
@@ -59,6 +60,12 @@ def head_groups(L, group: int) -> int:
     return n
 
 
+def grid_splits(L, n_head: int, n_head_kv: int, rows: int = 1) -> tuple[int, int]:
+    """The launch's (max_split, n_hg): its grid's slices per KV head and head groups, which the
+    kernel that merges a deferred row's slices (mvs.MvsMerge) plans with too."""
+    return splits(L, n_head_kv * rows), head_groups(L, n_head // n_head_kv)
+
+
 def smem_bytes(group: int, hd: int, hd_v: int) -> int:
     """Dynamic shared memory of one block (reflex_fused_step gives its attention the same)."""
     return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
@@ -74,28 +81,30 @@ def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
 
 def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, part_ml, counters, n_head, n_head_kv,
               hd, hd_v, n_rows, window, scale, softcap, prefetch: bool, window_slots: bool = False,
-              rope: AtdRope | None = None, rows: int = 1, seq_lo: int = 0, blocks: int = 0) -> bool:
+              rope: AtdRope | None = None, rows: int = 1, seq_lo: int = 0, blocks: int = 0, defer: int = 0) -> bool:
     """One query token per row (see the module doc): rows > 1 is a batch of sequences, row r's
     keys from slot seq_lo[r] (device ints; 0: every row from slot 0). part_o / part_ml hold
     rows * n_head * SPLITS_MAX slices; counters: counters(n_head, rows) zeroed ints. prefetch: the cache rows before the newest were written two
     or more launches back (the decode graph). window_slots: slot j holds position j + c, so a
     sliding window bounds the slots read. rope: q is raw and the new key / value are rope.k /
     rope.v: the kernel normalizes, rotates and stores them. n_rows: cache rows per KV head; blocks:
-    the paged cache's block table (0: slot = row). False: not applicable, nothing launched."""
+    the paged cache's block table (0: slot = row). defer (one row, <= DEFER_MAX): a context of 2 ..
+    defer slices is left as its partials for the next kernel to merge (mvs.MvsMerge, the output
+    projection): `out` is not written then. False: not applicable, nothing launched."""
     if not fits(L, n_head, n_head_kv, hd, hd_v):
         return False
     if rope is not None and (rope.rope_dim > hd or rope.rope_dim % 2):
         return False
     assert rope is None or not rope.k or rope.theta, "a fused rope needs its angle table (rope_theta)"
-    group = n_head // n_head_kv
-    smem = smem_bytes(group, hd, hd_v)
-    n_hg = head_groups(L, group)
+    assert 0 <= defer <= DEFER_MAX and (rows == 1 or not defer), "a deferred merge is one row's, of at most 8 slices"
+    smem = smem_bytes(n_head // n_head_kv, hd, hd_v)
+    max_split, n_hg = grid_splits(L, n_head, n_head_kv, rows)
     # rows share the GPU: about the same number of blocks in all, so a row of a large batch walks
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
-    L.go("reflex_attn_decode", (n_head_kv * n_hg, splits(L, n_head_kv * rows), rows), 128,
+    L.go("reflex_attn_decode", (n_head_kv * n_hg, max_split, rows), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
           c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
-          rope if rope is not None else AtdRope(), c_int(n_hg), c_void_p(blocks or None)], smem)
+          rope if rope is not None else AtdRope(), c_int(n_hg), c_int(defer), c_void_p(blocks or None)], smem)
     return True

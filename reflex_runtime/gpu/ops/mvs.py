@@ -14,8 +14,8 @@ from .common import Weight, per_type
 from .matvec import MvSegs
 from .sample import RxState
 
-KERNELS = per_type("reflex_mvs_{}", "reflex_mvs_post_{}", "reflex_mvs_glu_{}", "reflex_mvs_glu_post_{}",
-                   "reflex_mvs_head_{}") + ("reflex_mvs_mixed", "reflex_mvs_mixed_post")
+KERNELS = per_type("reflex_mvs_{}", "reflex_mvs_post_{}", "reflex_mvs_merge_{}", "reflex_mvs_glu_{}",
+                   "reflex_mvs_glu_post_{}", "reflex_mvs_head_{}") + ("reflex_mvs_mixed", "reflex_mvs_mixed_post")
 MVS_NX = 4  # a warp part covers 32 * 4 groups of 8 weights = 1024 weights of a row
 MVS_STAGES = 4  # the streamed LM head's ring of shared-memory slots (kernels/mvs.cuh)
 STATIC_SMEM_RESERVE = 5 * 1024  # static shared memory of the staged kernels (the router's top-k: 4.5 KB)
@@ -48,6 +48,15 @@ class MvsPost(Structure):
     """Mirror of kernels/mvs.cuh's MvsPost: a post-norm folded into a staged launch (src NULL: none)."""
 
     _fields_ = [("src", c_void_p), ("w", c_void_p), ("x_out", c_void_p), ("eps", c_float)]
+
+
+class MvsMerge(Structure):
+    """Mirror of kernels/mvs.cuh's MvsMerge: the decode attention's slices of one row, merged by the
+    launch that reads its output (reflex_mvs_merge_*) when the attention left them (its defer)."""
+
+    _fields_ = [("part_o", c_void_p), ("part_ml", c_void_p), ("n_kv", c_void_p), ("slot", c_void_p),
+                ("max_split", c_int), ("min_keys", c_int), ("n_hg", c_int), ("window", c_int),
+                ("window_slots", c_int), ("hd_v", c_int), ("defer", c_int)]
 
 
 @dataclass(frozen=True)
@@ -177,18 +186,34 @@ def _post_ok(L, post: Post | None) -> bool:
     return post is None or stageable(L, [], post.src, post.w, post.x_out)
 
 
+def takes_merge(L, w: Weight, x: int) -> bool:
+    """Whether segments([w], x, ..., merge=...) would launch reflex_mvs_merge_* (staged, room for x
+    in shared memory, where kernels/mvs.cuh mvs_merge_x makes it), for an input of at most
+    L.attn_out_merge_k (by default 1,024: one warp a row). Measured on an H100
+    (results/2026-12-05-h100-s33): the Gemma 3 270M shape's output projection (K = 1,024) decodes
+    1.027x faster with it; Qwen3-0.6B's (K = 2,048, two warps a row) 0.90x, and 0.91x with the
+    kernel merging nothing: its cost there is the kernel's own, not yet understood."""
+    return (w.k <= L.attn_out_merge_k and stageable(L, [w], x)
+            and plan(L, w.rows, w.row_bytes, w.k, post=True) is not None)
+
+
 def segments(L, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_w: int, eps: float,
-             post: Post | None = None) -> bool:
+             post: Post | None = None, merge: MvsMerge | None = None) -> bool:
     """ys[i] (+)= ws[i] x' for one token, matrices of one K (reflex_mvs_*, or reflex_mvs_mixed
-    when their types differ); post: a post-norm folded in. False: not applicable, nothing launched."""
+    when their types differ); post: a post-norm folded in; merge (one matrix, no post, where
+    takes_merge said so): x is the decode attention's output, merged from its slices when it left
+    them (reflex_mvs_merge_*). False: not applicable, nothing launched."""
     w0 = ws[0]
     if not stageable(L, ws, x, norm_w) or any(w.k != w0.k for w in ws) or not _post_ok(L, post):
         return False
-    p = plan(L, sum(w.rows for w in ws), max(w.row_bytes for w in ws), w0.k, post=post is not None)
+    assert merge is None or (len(ws) == 1 and post is None and not norm_w), "a merged input is one matrix's, unnormed"
+    p = plan(L, sum(w.rows for w in ws), max(w.row_bytes for w in ws), w0.k, post=post is not None or merge is not None)
     if p is None:
         return False
     blocks = sum(-(-w.rows // p.rb) for w in ws)
     infix, post_arg = _post_args(post)
+    if merge is not None:
+        infix, post_arg = "merge_", [merge]
     if any(w.type_name != w0.type_name for w in ws):
         mixed = MvSegsMixed()
         for i, (w, y) in enumerate(zip(ws, ys)):
