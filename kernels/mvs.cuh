@@ -5,7 +5,7 @@
 #include "matvec.cuh"  // MvSegs
 #include "attn_plan.cuh"  // MvsMerge plans as the decode attention
 #include "mvs_decode.cuh"
-#include "stage.cuh"
+#include "stage_run.cuh"  // rx_stage
 #include "state.cuh"
 
 #define MVS_THREADS 256

@@ -18,8 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _HostKernel:
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, name):
+        self.fn, self.name = fn, name
 
     def launch(self, grid, block, args, stream, shmem=0, pdl=False, carveout=None):
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
@@ -34,7 +34,7 @@ class _HostDevice:
         self.lib = lib
 
     def kernel(self, name):
-        return _HostKernel(getattr(self.lib, "emu_" + name.removeprefix("reflex_")))
+        return _HostKernel(getattr(self.lib, "emu_" + name.removeprefix("reflex_")), name)
 
 
 class HostHarness:

@@ -8,17 +8,6 @@
 #include "common.cuh"
 
 #define __align__(n) __attribute__((aligned(n)))
-// kernels/common.cuh's pieces the stand-in leaves out
-struct BlockSync {
-    void operator()() const { __syncthreads(); }
-};
-template <typename Sync>
-inline bool split_last(int* counter, int n, int& flag, Sync sync) {
-    sync();
-    if (threadIdx.x == 0) flag = atomicAdd(counter, 1) == n - 1;
-    sync();
-    return flag;
-}
 
 #include "stage.cuh"
 #include "attn_decode.cu"

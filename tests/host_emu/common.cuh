@@ -158,6 +158,18 @@ inline T atomicAdd(T* p, T v) {
     return old;
 }
 
+// kernels/common.cuh's last-block election for split merges (the fence is a no-op here)
+struct BlockSync {
+    void operator()() const { __syncthreads(); }
+};
+template <typename Sync>
+inline bool split_last(int* counter, int n, int& flag, Sync sync) {
+    sync();
+    if (threadIdx.x == 0) flag = atomicAdd(counter, 1) == n - 1;
+    sync();
+    return flag;
+}
+
 // kernels/common.cuh's paged-cache row
 #define RX_KV_BLOCK 16
 inline long rx_kv_row(const int* blocks, int j) {
