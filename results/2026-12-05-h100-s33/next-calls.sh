@@ -8,6 +8,11 @@
 #           the 0.6B step with the merge forced on (PERFORMANCE_NOTES s33: ~1.6 us a launch more, merging or not)
 #   NEXT=B  carry [".peers"]: issue 27's llama-bench rows (s32's next-calls.sh B: tg128, @d1024..16384, pp128/512)
 #   NEXT=C  carry []:         issue 31's greedy check on the full-size Qwen3.5 files (s32's next-calls.sh C)
+#   NEXT=D  (a call of its own, tree with one-kernel.patch applied: `git apply results/2026-12-05-h100-s33/one-kernel.patch`,
+#           then build + bundle with --old main as above; carry [".gpu"]): does the merging kernel's ~1.6 us a
+#           launch on the 0.6B go away when q/k/v, the projection and down all run its code (REFLEX_MVS_ONE_KERNEL=1:
+#           every one-type segments launch through reflex_mvs_merge_*, its plain path taking the pre-norm)? The
+#           patch passes the CPU emulation (staged segments with and without the norm, 3 segments, the merges).
 R=/tmp/real
 G=$R/gemma-3-270m-q4_k_m-shaped.gguf
 case "${NEXT:-A}" in
@@ -19,4 +24,8 @@ case "${NEXT:-A}" in
        PROFILE_KERNELS="reflex_mvs_merge_q8_0|reflex_mvs_q8_0" PROFILE_NCU_ARGS="--cache-control none" \
        bash scripts/gpu_run.sh profile 2>&1 | grep -v "^===" | tail -20 ;;
   B|C) NEXT=$NEXT OUT=$OUT bash results/2026-12-05-h100-s32/next-calls.sh ;;
+  D) OUT=$OUT AB_FILES="$R/qwen3-0.6b-q8_0.gguf $R/qwen3-0.6b-q4_k_m.gguf $G" \
+       AB_VARIANTS="one:REFLEX_MVS_ONE_KERNEL=1,REFLEX_ATTN_OUT_MERGE_K=65536 onenomerge:REFLEX_MVS_ONE_KERNEL=1,REFLEX_ATTN_OUT_MERGE=0 wide:REFLEX_ATTN_OUT_MERGE_K=65536" \
+       KNOBS_FILES=$R/qwen3-0.6b-q8_0.gguf KNOBS="default;mvs_one_kernel=true,attn_out_merge_k=65536;mvs_one_kernel=true,attn_out_merge=0" \
+       KNOBS_ARGS="--tokens 128" bash scripts/gpu_run.sh decode_ab,knobs 2>&1 | grep -v "^===" | tail -20 ;;
 esac
