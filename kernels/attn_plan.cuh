@@ -18,7 +18,6 @@ __device__ __forceinline__ AtdPlan atd_plan(int n_kv, int slot, int first, int w
     return p;
 }
 
-
 // Slices the attention leaves unmerged for the kernel that reads its output (its `defer`): a row
 // of 2 .. defer slices (one slice writes the output itself; more than ATD_DEFER_MAX merge in the
 // attention, whose two-level merge reads fewer bytes per block at long contexts).

@@ -248,7 +248,7 @@ class Attention:
         max_split, n_hg = attn_decode.grid_splits(L, c.n_head, c.n_head_kv)
         p = self.p
         return mvs.MvsMerge(p("part_o"), p("part_ml"), b.n_kv, b.slot, max_split, max(1, L.attn_min_keys), n_hg,
-                            self.window, int(b.slots_in_order), c.head_dim_v, min(L.attn_out_merge, attn_decode.DEFER_MAX))
+                            self.window, int(b.slots_in_order), c.head_dim_v, L.attn_out_merge)
 
     def attend(self, b: Batch, q: int, k: int, v: int, att: int, merge: mvs.MvsMerge | None = None) -> mvs.MvsMerge | None:
         """q/k norms, RoPE and the cache store of the new keys and values, then att = softmax(q K^T) V.

@@ -70,9 +70,11 @@ class Post:
     eps: float
 
 
-def _post_args(post: Post | None) -> tuple[str, list]:
+def _post_args(post: Post | None, merge: MvsMerge | None = None) -> tuple[str, list]:
     """The kernel name's infix and the trailing argument: the _post kernels take an MvsPost, the
-    others (the code most files run, unchanged by the fold) none."""
+    _merge ones an MvsMerge, the others (the code most files run, unchanged by either) none."""
+    if merge is not None:
+        return "merge_", [merge]
     return ("post_", [MvsPost(post.src, post.w, post.x_out, post.eps)]) if post else ("", [])
 
 
@@ -211,9 +213,7 @@ def segments(L, ws: list[Weight], x: int, ys: list[int], accumulate: bool, norm_
     if p is None:
         return False
     blocks = sum(-(-w.rows // p.rb) for w in ws)
-    infix, post_arg = _post_args(post)
-    if merge is not None:
-        infix, post_arg = "merge_", [merge]
+    infix, post_arg = _post_args(post, merge)
     if any(w.type_name != w0.type_name for w in ws):
         mixed = MvSegsMixed()
         for i, (w, y) in enumerate(zip(ws, ys)):
