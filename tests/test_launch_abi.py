@@ -83,6 +83,7 @@ def test_ops_constants_match_the_kernels():
     assert attn_decode.SPLITS_MAX == define("attn_decode.cuh", "ATD_MAXSPLIT")
     assert attn_decode.MAX_GROUP == define("attn_decode.cuh", "ATD_MAXG")
     assert attn_decode.MERGE_RUN == define("attn_decode.cuh", "ATD_MERGE")
+    assert attn_decode.DEFER_MAX == define("attn_plan.cuh", "ATD_DEFER_MAX")
     from reflex_runtime.gpu.ops import mla, moe_route
 
     assert mla.HEADS == define("mla.cu", "MLA_HEADS") and mla.MAX_PAIRS == define("mla.cu", "MLA_MAX_PAIRS")
