@@ -2,7 +2,7 @@
 #   python3 scripts/build_kernels.py --archs 90
 #   bash scripts/gpu_bundle.sh --kernels-xz --peers-apart --skeleton F --old 480c6c3   (F: embedded_model_path())
 # then NEXT=A, B, C as three calls back to back on one warm machine (the machine goes back 30 s after a call).
-#   NEXT=A  carry [".gpu"]:   the 0.6B files made; cold start of this tree against 480c6c3 (the fatbin has the 11
+#   NEXT=A  carry [".gpu"]:   the 0.6B files made; the quick GPU tier (the engine tests with the landed merge); cold start of this tree against 480c6c3 (the fatbin has the 11
 #           reflex_mvs_merge_* kernels more: issue 27 asks for n >= 10 before and after), on the 0.6B Q8_0 and on
 #           the Gemma 3 270M shape (the file that merges); ncu on the merging and the plain projection kernel in
 #           the 0.6B step with the merge forced on (PERFORMANCE_NOTES s33: ~1.6 us a launch more, merging or not)
@@ -19,7 +19,7 @@ case "${NEXT:-A}" in
   A) mkdir -p $OUT/cold $OUT/prof  # two gpu_run.sh runs: each leaves its own run.tgz
      OUT=$OUT/cold RUNS=10 EXTRA="timeout 150 python3 scripts/bench_coldstart.py --model $G --runs 10 --cache warm \
        --tree new=\$PWD --tree old=\$PWD/.gpu/old:\$PWD/.gpu/old/_kernels --out \$OUT/run/coldstart-gemma" \
-       bash scripts/gpu_run.sh coldstart_ab,extra 2>&1 | grep -v "^===" | tail -20
+       bash scripts/gpu_run.sh quick,coldstart_ab,extra 2>&1 | grep -v "^===" | tail -20
      OUT=$OUT/prof MAKE_06B= REFLEX_ATTN_OUT_MERGE_K=65536 REFLEX_ATTN_OUT_MERGE=1 PROFILE_COUNT=16 PROFILE_SKIP=600 \
        PROFILE_KERNELS="reflex_mvs_merge_q8_0|reflex_mvs_q8_0" PROFILE_NCU_ARGS="--cache-control none" \
        bash scripts/gpu_run.sh profile 2>&1 | grep -v "^===" | tail -20 ;;
