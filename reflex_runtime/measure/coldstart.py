@@ -191,7 +191,8 @@ class Timeline:
         if not end or abs(end[0][0] - t_end) > 1e-3:
             out["energy_error"] = f"the energy window closed at another mark than '{end_mark}'"
             return out
-        e = window_energy(m.start_read, end, m.start_watts, idle_watts=m.idle_watts)
+        e = window_energy(m.start_read, end, m.start_watts, idle_watts=m.idle_watts, end_read_at=m.end_read_at,
+                          last_unstepped_at=m.last_unstepped_at)
         if e["error"]:
             out["energy_error"] = e["error"]
             return out

@@ -7,10 +7,14 @@ value of the last step. Reading it often costs the cold path (polling every 10 m
 runs slowed cuInit several-fold on the H200), so it is read:
   - once when NVML is up (time t_n, value V_n: the energy up to the step before t_n);
   - once at the end mark (the first token: value V_e, up to the step before the mark);
-  - then every 5 ms until it steps (time t_s, value V_s), on a thread: at most one period.
-The step seen after the mark fixes the phase of the counter's grid, which dates V_n's step
-(tau_n, the last grid point <= t_n) and V_e's (tau_e = t_s - period). Then
-  measured   E(mark) - V_n over [tau_n, mark], E(mark) interpolated linearly over [tau_e, t_s];
+  - then every 5 ms until it steps (value V_s), on a thread: at most one period.
+The step seen after the mark fixes the phase of the counter's grid: it fell between the start of
+the last read that still returned V_e and the end of the first that did not (a read can take
+milliseconds, and a poll waits for the GIL), taken at the middle. That dates V_n's step (tau_n, the
+last grid point <= t_n) and V_e's (tau_e, a period before). Then
+  measured   E(mark) - V_n over [tau_n, mark], E(mark) interpolated linearly over [tau_e, tau_e +
+             period], or extrapolated back to the mark when the counter stepped between the mark
+             and the read of V_e (1 run in 10 on an H200 lost its figure to that before);
   estimated from process start to tau_n (NVML cannot be read earlier) at the power NVML
              reported when it came up (`start_watts`);
 and the record carries both parts, their spans and the power of the estimate. The net figure
@@ -61,6 +65,8 @@ class EnergyMeter:
         self._device_index = device_index
         self.start_read: tuple[float, int] | None = None  # (t_n, V_n)
         self.end_reads: list[tuple[float, int]] = []  # (t, V) at the end mark, then the step after it
+        self.end_read_at: float | None = None  # when the end mark's read returned
+        self.last_unstepped_at: float | None = None  # when the last read still returning V_e began
         self._end_done = threading.Event()
 
     # -- NVML -----------------------------------------------------------------------------
@@ -120,17 +126,22 @@ class EnergyMeter:
         if self.method != "total_energy_counter" or self.end_reads or self._end_done.is_set():
             return
         self.end_reads = [(t_end, self.counter_mj())]
+        self.end_read_at = clock()  # the read may return after a step past the mark
 
         def wait_step():
             try:
                 first = self.end_reads[0][1]
+                last_old = t_end  # the read of V_e began at the mark
                 deadline = clock() + max_wait_s
                 while clock() < deadline:
                     time.sleep(POLL_S)
+                    began = clock()
                     v = self.counter_mj()
                     if v is not None and v != first:
+                        self.last_unstepped_at = last_old
                         self.end_reads.append((clock(), v))
                         return
+                    last_old = began
             finally:
                 self._end_done.set()
 
@@ -143,10 +154,14 @@ class EnergyMeter:
 
 
 def window_energy(start: tuple[float, int] | None, end: list[tuple[float, int]], start_watts: float | None,
-                  period: float = NVML_PERIOD_S, poll: float = POLL_S, idle_watts: float | None = None) -> dict:
+                  period: float = NVML_PERIOD_S, poll: float = POLL_S, idle_watts: float | None = None,
+                  end_read_at: float | None = None, last_unstepped_at: float | None = None) -> dict:
     """Joules from process start (t = 0) to the end mark, from the start read (t_n, V_n) and the
     end reads [(t_end, V_e), (t_s, V_s)] (see the module docstring); the span before NVML at
-    start_watts; with idle_watts, the net figure (`joules_above_idle`) less it over the window."""
+    start_watts; with idle_watts, the net figure (`joules_above_idle`) less it over the window.
+    end_read_at: when the read of V_e returned (default t_end); last_unstepped_at: when the last
+    read that still returned V_e began (default one poll before t_s, t_s being when the first
+    read of V_s returned)."""
     out = {"joules": None, "measured_joules": None, "measured_from_ms": None, "estimated_joules": None,
            "estimated_span_ms": None, "estimated_watts": None, "estimated_from": None,
            "counter_period_ms": round(period * 1000, 1), "end_interpolated_over_ms": None, "error": None}
@@ -157,13 +172,18 @@ def window_energy(start: tuple[float, int] | None, end: list[tuple[float, int]],
         out["error"] = "the energy counter did not step after the end of the window"
         return out
     (t_n, v_n), ((t_end, v_e), (t_s, v_s)) = start, end[:2]
-    step = t_s - poll / 2  # when the counter stepped: seen at most one poll after it did
-    tau_e = step - period  # the step whose value V_e holds
-    if t_n >= t_end or tau_e > t_end + poll:
+    t_read = t_end if end_read_at is None else end_read_at
+    t_old = t_s - poll if last_unstepped_at is None else last_unstepped_at
+    half = (t_s - t_old) / 2  # how well the step is dated
+    step = t_s - half  # when the counter stepped
+    tau_e = step - period  # the step whose value V_e holds: before its read returned
+    if t_n >= t_end or t_read < t_end or half > period / 2 or tau_e > t_read + max(poll, half + 1e-3):
         out["error"] = "the counter reads around the window are out of order"
         return out
     tau_n = step - period * max(1, -(-(step - t_n) // period))  # the last grid point <= t_n
-    e_end = v_e + (v_s - v_e) * min(max((t_end - tau_e) / period, 0.0), 1.0)
+    # E(mark) on the line from (tau_e, V_e) to (tau_e + period, V_s): back past tau_e when the
+    # counter stepped after the mark, before V_e was read
+    e_end = v_e + (v_s - v_e) * min(max((t_end - tau_e) / period, -1.0), 1.0)
     t_from = max(tau_n, 0.0)
     measured = (e_end - v_n) / 1000
     if tau_n < 0:  # NVML read the counter less than a period after process start: prorate
