@@ -43,14 +43,21 @@
 // Bound by reading K and V once per KV head: n_vis * (hd + hd_v) * 2 bytes.
 #include "attn_decode.cuh"
 
-extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode(
-    const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,
-    const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters, int n_head, int n_head_kv, int hd,
-    int hd_v, int n_rows, int window, float scale, float softcap, int min_keys, int prefetch, int window_slots,
-    AtdRope rope, int n_hg, int defer, const int* kv_blocks) {
-    rx_pdl_weights_first();  // early reads: cache rows of earlier launches, norm weights (see the header)
-    AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml, counters, n_head,
-              n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys, prefetch, window_slots, rope, kv_blocks};
-    atd_body(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z, blockIdx.x % n_hg, n_hg, AtdPdlWait(),
-             defer);
-}
+// reflex_attn_decode serves any group (G <= 16); _g2 and _g4 the same work for G <= 2 and G <= 4 with
+// registers for that many heads and items only (their own kernels: registers are per kernel).
+#define RX_ATTN_DECODE(suffix, MG, NI)                                                                           \
+    extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode##suffix(                        \
+        const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,          \
+        const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters,        \
+        int n_head, int n_head_kv, int hd, int hd_v, int n_rows, int window, float scale, float softcap,         \
+        int min_keys, int prefetch, int window_slots, AtdRope rope, int n_hg, int defer, const int* kv_blocks) { \
+        rx_pdl_weights_first(); /* early reads: cache rows of earlier launches, norm weights (the header) */     \
+        AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml,            \
+                  counters, n_head, n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys,               \
+                  prefetch, window_slots, rope, kv_blocks};                                                      \
+        atd_body<AtdPdlWait, MG, NI>(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z,       \
+                                     blockIdx.x % n_hg, n_hg, AtdPdlWait(), defer);                              \
+    }
+RX_ATTN_DECODE(, ATD_MAXG, ATD_ITEMS)
+RX_ATTN_DECODE(_g2, 2, 1)  // G * hd_v / 4 <= 2 * 256 / 4: one item a thread
+RX_ATTN_DECODE(_g4, 4, 2)

@@ -117,7 +117,10 @@ struct AtdPdlWait {
 // by the kernel that reads the output (the output projection, mvs.cuh MvsMerge) as it loads it: the
 // merge's fence, counter and the last block's two L2 round trips were ~2.9 us of a 64-key launch
 // (9.3 against 6.5 us at 16 keys, results/2026-12-05-h100-s31), all of it after the other blocks.
-template <class Wait = AtdPdlWait>
+// MG, NI: the most query heads a block serves and (head, 4 dims) items a thread holds, which size
+// its score and accumulator registers: reflex_attn_decode_g2 / _g4 (attn_decode.cu) instantiate it
+// for the small groups most models have (125 registers at 16 / 8: four blocks an SM).
+template <class Wait = AtdPdlWait, int MG = ATD_MAXG, int NI = ATD_ITEMS>
 __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row,
                                          int hg = 0, int n_hg = 1, Wait wait = Wait(), int defer = 0) {
     const float* q = a.q;
@@ -132,10 +135,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     AtdRope rope = a.rope;
     const int* kv_blocks = a.kv_blocks;
     __shared__ float m_run[ATD_MAXG], l_run[ATD_MAXG], corr[ATD_MAXG];
-    __shared__ float2 cs[128];            // rope: cos / sin per pair (rope_dim <= 256)
-    __shared__ float knew[256];           // rope: the new key, normalized and rotated
     __shared__ __align__(16) half kv16[512];  // rope: the new key and value as stored (f16)
-    __shared__ float nwq[256], nwk[256];      // rope: the q / k norm weights (weights: read before the wait)
     __shared__ int is_last;
     const int G_kv = n_head / n_head_kv;
     int G = G_kv;  // this block's query heads (G_kv / n_hg when the heads are shared; set by plan)
@@ -155,6 +155,12 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     float* S = qs + G_kv * hd;                          // G x 32 scores, then probabilities
     uint8_t* kt0 = reinterpret_cast<uint8_t*>(S + G_kv * ATD_TILE);  // 2 K tiles, then 2 V tiles
     uint8_t* vt0 = kt0 + 2 * ATD_TILE * ks;
+    // rope's scratch, used before the tile loop, in the second K tile's room (no copy lands there
+    // before the loop): 4 KB of static shared memory less, so five blocks fit an SM (_g2, _g4)
+    float* nwq = reinterpret_cast<float*>(kt0 + ATD_TILE * ks);  // the q / k norm weights (read before the wait)
+    float* nwk = nwq + hd;
+    float* knew = nwk + hd;                               // the new key, normalized and rotated
+    float2* cs = reinterpret_cast<float2*>(knew + hd);   // cos / sin per pair (rope_dim / 2 <= hd / 2)
     half* kbase = k_cache + (long)kvh * n_rows * hd;
     half* vbase = v_cache + (long)kvh * n_rows * hd_v;
     bool fused = rope.k != nullptr;
@@ -240,9 +246,9 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     }
     if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.f;
     int n_c4 = hd_v / 4, n_items = G * n_c4;
-    float acc[ATD_ITEMS][4];
+    float acc[NI][4];
 #pragma unroll
-    for (int i = 0; i < ATD_ITEMS; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int i = 0; i < NI; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     int kk = tid >> 2, q4 = tid & 3;  // scoring: key kk of the tile, 16-byte chunks q4, q4 + 4, ...
 
     int buf = 0;
@@ -274,9 +280,9 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
             rx_cp_commit();
         }
         // scores of the tile's keys against every head
-        float s[ATD_MAXG];
+        float s[MG];
 #pragma unroll
-        for (int g = 0; g < ATD_MAXG; g++) s[g] = 0.f;
+        for (int g = 0; g < MG; g++) s[g] = 0.f;
         if (kk < nk) {
             const uint8_t* krow = kt + kk * ks;
 #pragma unroll 1
@@ -284,7 +290,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
                 float kf[8];
                 atd_h8(*reinterpret_cast<const uint4*>(krow + 16 * c), kf);
 #pragma unroll
-                for (int g = 0; g < ATD_MAXG; g++) {
+                for (int g = 0; g < MG; g++) {
                     if (g >= G) break;
                     float4 a = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[0];
                     float4 b = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[1];
@@ -294,7 +300,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
             }
         }
 #pragma unroll
-        for (int g = 0; g < ATD_MAXG; g++) {
+        for (int g = 0; g < MG; g++) {
             if (g >= G) break;
             s[g] += __shfl_xor_sync(0xffffffffu, s[g], 1);
             s[g] += __shfl_xor_sync(0xffffffffu, s[g], 2);
@@ -304,7 +310,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
             bool newest = fused && t0 + kk == jn;
             bool ok = kk < nk && !(window > 0 && !newest && my_pos - kv_pos[t0 + kk] >= window);
 #pragma unroll
-            for (int g = 0; g < ATD_MAXG; g++) {
+            for (int g = 0; g < MG; g++) {
                 if (g >= G) break;
                 S[g * ATD_TILE + kk] = ok ? s[g] : -INFINITY;
             }
@@ -330,7 +336,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
         atd_sync();
         // acc = acc * corr + P V, 4 dimensions of one head per item
 #pragma unroll
-        for (int i = 0; i < ATD_ITEMS; i++) {
+        for (int i = 0; i < NI; i++) {
             int idx = tid + ATD_THREADS * i;
             if (idx >= n_items) break;
             int g = idx / n_c4, c4 = idx - g * n_c4;
@@ -354,7 +360,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     long h0 = (long)kvh * G_kv + hg * G;  // the block's first query head
     if (n_split == 1) {
 #pragma unroll
-        for (int i = 0; i < ATD_ITEMS; i++) {
+        for (int i = 0; i < NI; i++) {
             int idx = tid + ATD_THREADS * i;
             if (idx >= n_items) break;
             int g = idx / n_c4, c4 = idx - g * n_c4;
@@ -365,7 +371,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
         return;
     }
 #pragma unroll
-    for (int i = 0; i < ATD_ITEMS; i++) {
+    for (int i = 0; i < NI; i++) {
         int idx = tid + ATD_THREADS * i;
         if (idx >= n_items) break;
         int g = idx / n_c4, c4 = idx - g * n_c4;

@@ -25,6 +25,9 @@ class _HostKernel:
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
         self.fn(gx, gy, gz, block, *args)
 
+    def blocks_per_sm(self, block, shmem):  # the driver's occupancy query, by threads and shared memory only
+        return min(2048 // block, (_HostDevice.smem_per_sm - 1024) // (shmem + 1024))
+
 
 class _HostDevice:
     sm_count, cc = 132, (9, 0)  # an H200's, for the launcher's choices

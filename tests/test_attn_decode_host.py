@@ -30,28 +30,34 @@ ROPE = [c for c in K.FUSED_ROPE_CASES if c.startswith("short_")] + [
 def host(tmp_path_factory):
     return build_host_harness(tmp_path_factory.mktemp("emu"), "attn_decode_host.cpp", "attn_decode.cu",
                               headers=("attn_decode.cuh", "attention.cuh", "attn_decode_args.cuh", "attn_plan.cuh"),
-                              emu_headers=("stage.cuh",), header_patches=BARRIER)
+                              emu_headers=("stage.cuh", "attn_decode_entry.cuh"), header_patches=BARRIER)
 
 
 @pytest.fixture
 def knobs(host):
     L = host.launch
     saved = dict(attn_min_keys=L.attn_min_keys, attn_head_groups=L.attn_head_groups,
-                 attn_blocks_per_sm=L.attn_blocks_per_sm)
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, attn_group_kernels=L.attn_group_kernels)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
 
 
+# group_kernels: reflex_attn_decode_g2 / _g4 for groups of at most 2 / 4 query heads (the default),
+# or reflex_attn_decode for all (REFLEX_ATTN_GROUP_KERNELS=0)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("head_groups", [1, 4])
-def test_attention_decode(host, knobs, case, head_groups):
+@pytest.mark.parametrize("group_kernels", [True, False])
+def test_attention_decode(host, knobs, case, head_groups, group_kernels):
+    knobs.attn_group_kernels = group_kernels
     K.test_attention_decode(host, knobs, case, head_groups)
 
 
 @pytest.mark.parametrize("case", ROPE)
 @pytest.mark.parametrize("head_groups", [1, 2])
-def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups):
+@pytest.mark.parametrize("group_kernels", [True, False])
+def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups, group_kernels):
+    knobs.attn_group_kernels = group_kernels
     K.test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups)
 
 

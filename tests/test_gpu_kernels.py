@@ -1054,7 +1054,7 @@ def _deferred_case(gpu, knobs, case, head_groups, defer=attn_decode.DEFER_MAX):
     n_head, n_kvh, hd, n_vis, window, softcap, min_keys, prefetch = DECODE_ATTN_CASES[case]
     hd_v, n_ctx, (q, kc, vc, kv_pos, q_slot), scale, expect = _decode_attn_inputs(case, [7])
     knobs.attn_min_keys, knobs.attn_head_groups = min_keys, head_groups
-    max_split, n_hg = attn_decode.grid_splits(gpu.launch, n_head, n_kvh)
+    max_split, n_hg = attn_decode.grid_splits(gpu.launch, n_head, n_kvh, hd, hd_v)
     lo = max(0, n_vis - window) if window > 0 else 0  # window_slots: kv_pos = slot + 3
     n_split = min(max_split, max(1, -(-(n_vis - lo) // min_keys)))  # attn_plan.cuh atd_plan
     b = dict(part_o=gpu.poisoned((n_head * attn_decode.SPLITS_MAX * hd_v,)),

@@ -26,6 +26,7 @@ from reflex_runtime.gpu.ops import (attn_decode, constrain, delta_net, flash_att
 from reflex_runtime.gpu import products
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATD = set(attn_decode.KERNELS)  # the decode attention: one kernel for any group, two for small ones
 
 
 def find_nvcc():
@@ -358,7 +359,7 @@ def test_decode_step_knobs_launch_matching_abi(ptx_params, name, tmp_path, monke
         names = [n for n, _, _ in launches]
         heads = [g for n, g, _ in launches if n.startswith("reflex_mvs_head_")]
         assert len(heads) == 1 and heads[0][0] <= 2 * dev.sm_count, heads
-        assert "reflex_attn_decode" in names
+        assert set(names) & ATD
         posts = [a for (n, _, _), a in zip(launches, dev.last_args[n0:]) if isinstance(a, mvs.MvsPost) and a.src]
         # an MvsPost only ever goes to the _post kernels; the others keep main's arguments
         assert all(("_post" in n) == isinstance(a, mvs.MvsPost) for (n, _, _), a in zip(launches, dev.last_args[n0:])
@@ -393,7 +394,7 @@ def test_decode_attention_leaves_its_merge_to_the_output_projection(ptx_params, 
         n0 = len(dev.launches)
         dec.forward(n)
         launches, args = dev.launches[n0:], dev.args[n0:]
-        attn = [i for i, (k, _, _) in enumerate(launches) if k == "reflex_attn_decode"]
+        attn = [i for i, (k, _, _) in enumerate(launches) if k in ATD]
         merges = [i for i, (k, _, _) in enumerate(launches) if k.startswith("reflex_mvs_merge_")]
         assert bool(attn) == (n == 1)
         if n > 1 or not out_merge or k_max or name == "qwen35":
@@ -431,7 +432,7 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
     assert per_layer < 14 * cfg.n_layers + 8, f"{per_layer} launches for one decode step"
     # the one-token kernels: weights staged in shared memory, decode attention, the pick in the head
     if not arch.startswith("deepseek_"):  # (DeepSeek's latent attention has its own kernels)
-        assert "reflex_attn_decode" in step and "reflex_attn" not in step
+        assert step & ATD and "reflex_attn" not in step
         assert "reflex_qk_rope_store" not in step  # fused into the decode attention
     assert not any(n.startswith(("reflex_mv_", "reflex_argmax")) for n in step)
     assert max(dev.shmem) > 0  # staged weights (FakeKernel checks the size against the opt-in limit)
@@ -470,7 +471,7 @@ def test_forward_launches_match_kernel_abi(ptx_params, name, cc, tmp_path):
         assert any(n.startswith(kind) for n in names), f"64 tokens should run {kind}*"
     if cc < (8, 0):
         assert not any(n.startswith(("reflex_gemm", "reflex_flash", "reflex_moe_gemm")) for n in names)
-    assert names & {"reflex_attn", "reflex_attn_decode"}  # decode
+    assert names & ({"reflex_attn"} | ATD)  # decode
     if arch == "gemma3":
         assert any(n.startswith("reflex_mv_glu_") for n in names)
     if arch in ("qwen3moe", "qwen35moe"):  # both expert paths: per-pair matrix-vector, and grouped tensor cores
@@ -707,8 +708,15 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
         assert moe_decode.down(L, down, 2048 * down.row_bytes, buf, buf, 8, buf, buf, 2048, early=True)
     for n_head, n_kv, hd in ((16, 8, 128), (4, 1, 256), (32, 4, 128), (8, 1, 64), (9, 3, 64), (16, 4, 128)):
         fits = not (hd == 256 and smem[0] < 80 * 1024)  # sm_75: 256-wide heads (78 KB of tiles) stay legacy
+        n_before = len(dev.launches)
         assert attn_decode.attention(L, *([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
         assert attn_decode.splits(L, n_kv) <= attn_decode.SPLITS_MAX
+        # the instantiation with registers for the group: 2 -> _g2, 3 or 4 -> _g4, 8 -> the general one
+        want = {2: "_g2", 3: "_g4", 4: "_g4"}.get(n_head // n_kv, "")
+        assert not fits or dev.launches[n_before][0] == "reflex_attn_decode" + want
+    L.attn_group_kernels = False  # REFLEX_ATTN_GROUP_KERNELS=0: the general kernel for every group
+    assert attn_decode.kernel(L, 2) == attn_decode.kernel(L, 16) == "reflex_attn_decode"
+    L.attn_group_kernels = True
     # blocks sharing a KV head's query heads: whole divisors of the group, the grid's x times them
     for want, group in ((1, 1), (2, 2), (4, 8), (3, 3), (3, 6)):
         L.attn_head_groups = 4
@@ -716,11 +724,11 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
         n_before = len(dev.launches)
         assert attn_decode.attention(L, *([buf] * 11), 4 * group, 4, 128, 128, 8192, 0, 0.1, 0.0, True)
         name, grid, _ = dev.launches[n_before]
-        assert name == "reflex_attn_decode" and grid[0] == 4 * want
+        assert name == attn_decode.kernel(L, group) and grid[0] == 4 * want
     L.attn_head_groups = 1
     names = {n for n, _, _ in dev.launches}
     assert not any(n.startswith(("reflex_mv_", "reflex_moe_mv_", "reflex_attn_")) or n == "reflex_attn" for n in names
-                   if n != "reflex_attn_decode"), names
+                   if n not in ATD), names
     assert "reflex_mvs_mixed" in names
 
 
@@ -881,8 +889,8 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     m, bt = runner.model, runner._batch
     table = m.p("kv_blocks")
     assert m.paged and m.range_slots == 64 and bt.pool.n == 13  # 200 tokens in blocks of 16
-    cache_kernels = {"reflex_qk_rope_store", "reflex_attn_decode", "reflex_flash_attn_128", "reflex_attn",
-                     "reflex_mla_rope_store", "reflex_mla_attn"}
+    cache_kernels = {"reflex_qk_rope_store", "reflex_flash_attn_128", "reflex_attn", "reflex_mla_rope_store",
+                     "reflex_mla_attn"} | ATD
     for (n, _, _), last in zip(dev.launches, dev.last_args):  # the table (from a prompt chunk's range's entries)
         if n in cache_kernels:
             assert table <= last.value < table + 4 * 5 * 4 and (last.value - table) % 16 == 0, n
@@ -895,7 +903,7 @@ def test_batch_api_on_the_fake_device(ptx_params, arch, monkeypatch):
     name, axis = {"qwen3": ("reflex_attn_decode", 2), "deepseek_v2lite": ("reflex_mla_attn", 0),
                   "deepseek_v3": ("reflex_mla_attn", 0)}.get(arch, ("reflex_dn_recurrent", 1))
     # the single-row graph and the two-row one (a hooked row decodes alone)
-    assert {1, 2} <= {g[axis] for n, g, _ in dev.launches if n == name}, name
+    assert {1, 2} <= {g[axis] for n, g, _ in dev.launches if n == name or name in ATD and n in ATD}, name
     assert "reflex_pick_rows" in {n for n, _, _ in dev.launches}
     for s in (a, b, c):
         runner.batch_close(s)
@@ -1038,9 +1046,9 @@ def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature, f
     assert not any(n.startswith(("reflex_logit_stats", "reflex_mask_logits", "reflex_token_logit")) for n in names)
     # one step captured: a kernel per op, or the whole step one kernel (gpu/fused.py), its pick inside when greedy
     if fused:
-        assert names.count("reflex_fused_step") == 1 and "reflex_attn_decode" not in names
+        assert names.count("reflex_fused_step") == 1 and not ATD & set(names)
     else:
-        assert "reflex_fused_step" not in names and names.count("reflex_attn_decode") == runner.config.n_layers
+        assert "reflex_fused_step" not in names and sum(n in ATD for n in names) == runner.config.n_layers
     if temperature:  # the prompt's pick and the graph's: the sampler reads its settings from the device
         assert names.count("reflex_sample") == 2
     else:  # the prompt's argmax; the graph's pick is fused into the LM head (mvs.cu, or the fused step's)

@@ -245,7 +245,7 @@ class Attention:
         c, L = self.cfg, self.launch
         if not (L.attn_out_merge and b.n == 1 and not b.rows and not b.seg_lo and mvs.takes_merge(L, self.w.o, att)):
             return None
-        max_split, n_hg = attn_decode.grid_splits(L, c.n_head, c.n_head_kv)
+        max_split, n_hg = attn_decode.grid_splits(L, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
         p = self.p
         return mvs.MvsMerge(p("part_o"), p("part_ml"), b.n_kv, b.slot, max_split, max(1, L.attn_min_keys), n_hg,
                             self.window, int(b.slots_in_order), c.head_dim_v, L.attn_out_merge)

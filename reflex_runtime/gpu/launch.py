@@ -96,6 +96,9 @@ class Launcher:
         # results/2026-12-03-h200-s17)
         self.attn_head_groups = knob("REFLEX_ATTN_HEAD_GROUPS", 4, minimum=1, maximum=64)
         self.fuse_rope = os.environ.get("REFLEX_FUSE_ROPE", "1") != "0"  # rope + cache store inside it
+        # groups of at most 2 or 4 query heads a KV head run reflex_attn_decode_g2 / _g4, registers for
+        # that many (95 / 80 against 117: five blocks an SM fit); 0: reflex_attn_decode for every group
+        self.attn_group_kernels = bool(knob("REFLEX_ATTN_GROUP_KERNELS", 1, choices=(0, 1)))
         # a one-token context of 2 .. N slices is merged by the output projection as it reads the
         # attention's output (kernels/mvs.cuh MvsMerge), not by the attention's last block; 0: never.
         # Only where that projection's input is at most ..._K wide (mvs.takes_merge: Gemma 3 270M's
@@ -118,8 +121,10 @@ class Launcher:
         self.fused_attn_groups = bool(knob("REFLEX_FUSED_ATTN_GROUPS", 1, choices=(0, 1)))
         # and fold_norms, Gemma's post-norms folded into the matrix op after each (no op of their own)
         self.fused_fold_norms = bool(knob("REFLEX_FUSED_FOLD_NORMS", 1, choices=(0, 1)))
-        # 4: the decode attention at 16,384 tokens of context 564 vs 430 tok/s with 2 (results/2026-12-03-h200-s14)
-        self.attn_blocks_per_sm = knob("REFLEX_ATTN_BLOCKS_PER_SM", 4.0, float, minimum=0.25, maximum=64)
+        # 4: the decode attention at 16,384 tokens of context 564 vs 430 tok/s with 2 (results/2026-12-03-h200-s14);
+        # 5 where the kernel fits five (attn_decode.splits caps it: reflex_attn_decode_g2 / _g4 do, the general
+        # one four): Qwen3-0.6B tg128 1.014x, @d1024 1.013x, @d16384 1.002x (results/2026-12-05-h200-s34)
+        self.attn_blocks_per_sm = knob("REFLEX_ATTN_BLOCKS_PER_SM", 5.0, float, minimum=0.25, maximum=64)
         # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the
         # products then pick their kernels for decode rows (products.matvec_path, gemm.k_splits)
         self.decode_rows = False

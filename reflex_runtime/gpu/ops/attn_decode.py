@@ -3,10 +3,12 @@ the context split by its length; optionally with reflex_qk_rope_store's work fus
 
 from __future__ import annotations
 
+import functools
 from array import array
 from ctypes import Structure, c_float, c_int, c_void_p
 
-KERNELS = ("reflex_attn_decode",)
+KERNELS = ("reflex_attn_decode", "reflex_attn_decode_g2", "reflex_attn_decode_g4")
+GROUP_KERNELS = ((2, "reflex_attn_decode_g2"), (4, "reflex_attn_decode_g4"))  # (most query heads a KV head, kernel)
 SPLITS_MAX = 128  # most slices per KV head (ATD_MAXSPLIT)
 MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
 MERGE_RUN = 16  # slices one block merges (ATD_MERGE)
@@ -46,9 +48,16 @@ class AtdArgs(Structure):
                 ("prefetch", c_int), ("window_slots", c_int), ("rope", AtdRope), ("kv_blocks", c_void_p)]
 
 
-def splits(L, n_head_kv: int) -> int:
-    """The grid's y: about L.attn_blocks_per_sm blocks per SM at long contexts."""
-    return max(1, min(SPLITS_MAX, round(L.attn_blocks_per_sm * L.dev.sm_count / n_head_kv)))
+def splits(L, n_head_kv: int, fit: int | None = None) -> int:
+    """The grid's y: about L.attn_blocks_per_sm blocks per SM at long contexts, at most the `fit`
+    an SM holds (a grid past it runs a second wave: 0.79x at 16,384 tokens of context)."""
+    per_sm = L.attn_blocks_per_sm if fit is None else min(L.attn_blocks_per_sm, max(1, fit))
+    return max(1, min(SPLITS_MAX, round(per_sm * L.dev.sm_count / n_head_kv)))
+
+
+@functools.lru_cache(maxsize=64)
+def _fit(kernel, smem: int) -> int:
+    return kernel.blocks_per_sm(128, smem)  # a driver query: once per kernel and size
 
 
 def head_groups(L, group: int) -> int:
@@ -60,10 +69,23 @@ def head_groups(L, group: int) -> int:
     return n
 
 
-def grid_splits(L, n_head: int, n_head_kv: int, rows: int = 1) -> tuple[int, int]:
+def grid_splits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int, rows: int = 1) -> tuple[int, int]:
     """The launch's (max_split, n_hg): its grid's slices per KV head and head groups, which the
     kernel that merges a deferred row's slices (mvs.MvsMerge) plans with too."""
-    return splits(L, n_head_kv * rows), head_groups(L, n_head // n_head_kv)
+    group = n_head // n_head_kv
+    fit = _fit(L.dev.kernel(kernel(L, group)), smem_bytes(group, hd, hd_v))
+    return splits(L, n_head_kv * rows, fit), head_groups(L, group)
+
+
+def kernel(L, group: int) -> str:
+    """The decode attention's kernel for `group` query heads a KV head: the narrowest instantiation
+    that holds them (kernels/attn_decode.cu; every one fits hd_v <= 256), unless L.attn_group_kernels
+    is off."""
+    if L.attn_group_kernels:
+        for most, name in GROUP_KERNELS:
+            if group <= most:
+                return name
+    return KERNELS[0]
 
 
 def smem_bytes(group: int, hd: int, hd_v: int) -> int:
@@ -98,10 +120,10 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
     assert rope is None or not rope.k or rope.theta, "a fused rope needs its angle table (rope_theta)"
     assert 0 <= defer <= DEFER_MAX and (rows == 1 or not defer), "a deferred merge is one row's, of at most 8 slices"
     smem = smem_bytes(n_head // n_head_kv, hd, hd_v)
-    max_split, n_hg = grid_splits(L, n_head, n_head_kv, rows)
+    max_split, n_hg = grid_splits(L, n_head, n_head_kv, hd, hd_v, rows)
     # rows share the GPU: about the same number of blocks in all, so a row of a large batch walks
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
-    L.go("reflex_attn_decode", (n_head_kv * n_hg, max_split, rows), 128,
+    L.go(kernel(L, n_head // n_head_kv), (n_head_kv * n_hg, max_split, rows), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
