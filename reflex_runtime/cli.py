@@ -142,7 +142,7 @@ def _prompt(args) -> str:
         return args.prompt
     from .engine import Limits
 
-    most = Limits().max_prompt_chars * 4
+    most = max(Limits.max_prompt_tokens, getattr(args, "ctx", None) or 0) * Limits.chars_per_token * 4  # engine.context_limits
     data = sys.stdin.buffer.read(most + 1)
     if len(data) > most:
         raise RequestError(f"the prompt on stdin has more than {most} bytes", field="prompt")

@@ -88,6 +88,14 @@ class Limits:
         return self.max_candidate_tokens * self.chars_per_token
 
 
+def context_limits(limits: Limits, max_context: int) -> Limits:
+    """`limits` with the default prompt bound raised to the context a runner was given past it
+    (`--ctx 32768` takes a 20,000-token prompt); a bound someone set is kept."""
+    if limits.max_prompt_tokens == Limits.max_prompt_tokens and max_context > limits.max_prompt_tokens:
+        return replace(limits, max_prompt_tokens=max_context)
+    return limits
+
+
 @dataclass
 class GenerateRequest:
     """A validated generate request (reflex_runtime/api builds them from every transport)."""
@@ -157,7 +165,7 @@ class Engine:
         self.runner = runner
         self.timeline = timeline
         self.model_ref = model_ref
-        self.limits = limits or Limits()
+        self.limits = context_limits(limits or Limits(), runner.max_context)
         self.fallback_reason = fallback_reason  # why the GPU is not used, when it could have been
         self.index_cached = index_cached  # False: persist_index() writes the model index
         self.requests_served = 0

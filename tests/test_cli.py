@@ -242,3 +242,22 @@ def test_chat_on_a_model_without_a_template_says_so(fixture_paths):
     assert rec["chat_template"] == "none (plain Gemma turn fallback)" and rec["notice"] in notes[0]
     r = reflex("generate", "Hi", "-n", "2", "--backend", "cpu", "--model", gguf)
     assert r.returncode == 0 and "chat template" not in r.stderr
+
+
+def test_a_prompt_past_the_default_bound_fits_the_context_asked_for(fixture_paths):
+    """The request layer's prompt bound (8,192 tokens) rises to `--ctx` when that is larger: every
+    front end's engine takes it from its context (engine.context_limits), and the CLI's stdin bound too."""
+    from reflex_runtime.engine import Limits, context_limits
+
+    base = Limits()
+    assert context_limits(base, 4096) is base and context_limits(base, 8192) is base
+    assert context_limits(base, 32768).max_prompt_tokens == 32768
+    assert context_limits(Limits(max_prompt_tokens=100), 32768).max_prompt_tokens == 100  # a bound someone set stays
+    prompt = "x y " * 2150  # 8,601 tokens in this vocabulary
+    r = _generate_tiny(fixture_paths, "-", "--ctx", "9000", input=prompt)
+    assert r.returncode == 0, r.stderr
+    n = json.loads(r.stdout)["record"]["prompt_tokens"]
+    assert 8192 < n <= 9000 - 3, n
+    r = _generate_tiny(fixture_paths, "-", input=prompt)
+    assert r.returncode == RequestError.exit_code
+    assert r.stderr.strip().endswith(f"prompt has {n} tokens, the limit is 8192"), r.stderr
