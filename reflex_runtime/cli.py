@@ -140,9 +140,9 @@ def _prompt(args) -> str:
     need more than the request layer's character limit in UTF-8 bytes)."""
     if args.prompt not in (None, "-"):
         return args.prompt
-    from .engine import Limits
+    from .engine import Limits, context_limits
 
-    most = max(Limits.max_prompt_tokens, getattr(args, "ctx", None) or 0) * Limits.chars_per_token * 4  # engine.context_limits
+    most = context_limits(Limits(), getattr(args, "ctx", None) or 0).max_prompt_chars * 4
     data = sys.stdin.buffer.read(most + 1)
     if len(data) > most:
         raise RequestError(f"the prompt on stdin has more than {most} bytes", field="prompt")

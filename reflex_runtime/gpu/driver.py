@@ -38,7 +38,7 @@ def check(result, call: str):
 
 
 class Kernel:
-    __slots__ = ("name", "func", "shared_limit", "carveout")
+    __slots__ = ("name", "func", "shared_limit", "carveout", "_fits")
 
     def __init__(self, name: str, func):
         self.name, self.func = name, func
@@ -46,6 +46,7 @@ class Kernel:
         # 48 KB minus the kernel's static shared memory, which a launch cannot see)
         self.shared_limit = 0
         self.carveout = -1  # the preferred shared-memory carveout set on it (-1: the driver's choice)
+        self._fits: dict[tuple[int, int], int] = {}  # blocks_per_sm's answers: a launch plan asks every step
 
     def launch(self, grid, block, args, stream, shmem: int = 0, pdl: bool = False, cooperative: bool = False,
                carveout: int | None = None) -> None:
@@ -80,10 +81,13 @@ class Kernel:
             self.shared_limit = shmem
 
     def blocks_per_sm(self, block: int, shmem: int) -> int:
-        """How many blocks of this shape an SM holds at once (0: not one)."""
-        self._allow_shared(shmem)
-        return int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.func, block, shmem),
-                         f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})"))
+        """How many blocks of this shape an SM holds at once (0: not one); the driver is asked once."""
+        n = self._fits.get((block, shmem))
+        if n is None:
+            self._allow_shared(shmem)
+            n = self._fits[block, shmem] = int(check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                self.func, block, shmem), f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})"))
+        return n
 
 
 def _launch_config(gx: int, gy: int, gz: int, block: int, shmem: int, stream, cooperative: bool = False):

@@ -3,7 +3,6 @@ the context split by its length; optionally with reflex_qk_rope_store's work fus
 
 from __future__ import annotations
 
-import functools
 from array import array
 from ctypes import Structure, c_float, c_int, c_void_p
 
@@ -55,11 +54,6 @@ def splits(L, n_head_kv: int, fit: int | None = None) -> int:
     return max(1, min(SPLITS_MAX, round(per_sm * L.dev.sm_count / n_head_kv)))
 
 
-@functools.lru_cache(maxsize=64)
-def _fit(kernel, smem: int) -> int:
-    return kernel.blocks_per_sm(128, smem)  # a driver query: once per kernel and size
-
-
 def head_groups(L, group: int) -> int:
     """Blocks that share a KV head's query heads at short contexts (L.attn_head_groups, whole
     divisors of the group only; 1: one block per KV head and slice)."""
@@ -73,7 +67,7 @@ def grid_splits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int, rows: int = 
     """The launch's (max_split, n_hg): its grid's slices per KV head and head groups, which the
     kernel that merges a deferred row's slices (mvs.MvsMerge) plans with too."""
     group = n_head // n_head_kv
-    fit = _fit(L.dev.kernel(kernel(L, group)), smem_bytes(group, hd, hd_v))
+    fit = L.dev.kernel(kernel(L, group)).blocks_per_sm(128, smem_bytes(group, hd, hd_v))
     return splits(L, n_head_kv * rows, fit), head_groups(L, group)
 
 
