@@ -36,6 +36,9 @@
 // the G query heads are shared by n_hg blocks of G / n_hg heads each, over the same keys (the few
 // KV heads of a big GQA model would otherwise run a handful of blocks, each through all G heads);
 // past that group 0 of each KV head takes all G heads. Counters: rows * n_head_kv * n_hg * ATD_COUNTERS.
+// tc_min (the tensor-core kernels _t2 / _t4 / _t8 only): a block whose slice holds at least that many keys
+// walks them on tensor cores, each warp its own (attn_decode.cuh atd_tc_keys), a shorter one through the tiles;
+// a parameter before kv_blocks, which stays last as in every kernel that reads the caches.
 // Output rows and partials as reflex_attn (attention.cu) with n_split = gridDim.y. defer (<= ATD_DEFER_MAX, one
 // row): a launch of 2 .. defer slices writes only its partials; the next kernel merges them (mvs.cuh MvsMerge).
 // Dynamic smem: 4 G (hd + 32) + 2 * 32 * (2 hd + 64) + 2 * 32 * (2 hd_v + 64) bytes.
@@ -44,20 +47,28 @@
 #include "attn_decode.cuh"
 
 // reflex_attn_decode serves any group (G <= 16); _g2 and _g4 the same work for G <= 2 and G <= 4 with
-// registers for that many heads and items only (their own kernels: registers are per kernel).
-#define RX_ATTN_DECODE(suffix, MG, NI)                                                                           \
-    extern "C" __global__ void __launch_bounds__(ATD_THREADS) reflex_attn_decode##suffix(                        \
-        const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,          \
-        const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters,        \
-        int n_head, int n_head_kv, int hd, int hd_v, int n_rows, int window, float scale, float softcap,         \
-        int min_keys, int prefetch, int window_slots, AtdRope rope, int n_hg, int defer, const int* kv_blocks) { \
-        rx_pdl_weights_first(); /* early reads: cache rows of earlier launches, norm weights (the header) */     \
-        AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml,            \
-                  counters, n_head, n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys,               \
-                  prefetch, window_slots, rope, kv_blocks};                                                      \
-        atd_body<AtdPdlWait, MG, NI>(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z,       \
-                                     blockIdx.x % n_hg, n_hg, AtdPdlWait(), defer);                              \
+// registers for that many heads and items only (their own kernels: registers are per kernel); _t2,
+// _t4 and _t8 walk the keys on tensor cores, a warp each its own (TC).
+#define RX_ATTN_DECODE(suffix, MG, NI, TC, BOUNDS)                                                                   \
+    extern "C" __global__ void __launch_bounds__ BOUNDS reflex_attn_decode##suffix(                                  \
+        const float* q, half* k_cache, half* v_cache, int* kv_pos, const int* q_pos, const int* q_slot,              \
+        const int* seq_lo, const int* n_kv_ptr, float* out, float* part_o, float* part_ml, int* counters,            \
+        int n_head, int n_head_kv, int hd, int hd_v, int n_rows, int window, float scale, float softcap,             \
+        int min_keys, int prefetch, int window_slots, AtdRope rope, int n_hg, int defer, int tc_min,                 \
+        const int* kv_blocks) {                                                                                      \
+        rx_pdl_weights_first(); /* early reads: cache rows of earlier launches, norm weights (the header) */         \
+        AtdArgs a{q, k_cache, v_cache, kv_pos, q_pos, q_slot, seq_lo, n_kv_ptr, out, part_o, part_ml,                \
+                  counters, n_head, n_head_kv, hd, hd_v, n_rows, window, scale, softcap, min_keys,                   \
+                  prefetch, window_slots, rope, kv_blocks};                                                          \
+        atd_body<AtdPdlWait, MG, NI, TC>(a, rx_dyn_smem, blockIdx.x / n_hg, blockIdx.y, gridDim.y, blockIdx.z,       \
+                                         blockIdx.x % n_hg, n_hg, AtdPdlWait(), defer, tc_min);                      \
     }
-RX_ATTN_DECODE(, ATD_MAXG, ATD_ITEMS)
-RX_ATTN_DECODE(_g2, 2, 1)  // G * hd_v / 4 <= 2 * 256 / 4: one item a thread
-RX_ATTN_DECODE(_g4, 4, 2)
+RX_ATTN_DECODE(, ATD_MAXG, ATD_ITEMS, false, (ATD_THREADS))
+RX_ATTN_DECODE(_g2, 2, 1, false, (ATD_THREADS))  // G * hd_v / 4 <= 2 * 256 / 4: one item a thread
+RX_ATTN_DECODE(_g4, 4, 2, false, (ATD_THREADS))
+// the tensor-core kernels (attn_decode.cuh atd_tc_keys): G <= 2 / 4 / 8, hd and hd_v <= 128, sm_80+; three
+// blocks an SM (163-167 registers, none spilled; 191 unbounded: two). A bound of one block an SM is not the same
+// as none: it moved the tile kernels' registers (g2 95 -> 102, which fits four blocks, not five)
+RX_ATTN_DECODE(_t2, 2, 1, true, (ATD_THREADS, 3))
+RX_ATTN_DECODE(_t4, 4, 1, true, (ATD_THREADS, 3))
+RX_ATTN_DECODE(_t8, 8, 2, true, (ATD_THREADS, 3))

@@ -5,6 +5,7 @@
 #include "attention.cuh"  // split_merge_done
 #include "attn_plan.cuh"
 #include "attn_decode_args.cuh"
+#include "mma_ops.cuh"  // the tensor-core kernels' rx_mma, rx_movt
 #include "stage.cuh"
 
 #define ATD_THREADS 128
@@ -106,6 +107,208 @@ struct AtdPdlWait {
     __device__ __forceinline__ void operator()() const { rx_pdl_begin(); }
 };
 
+// ---- The tensor-core kernels (reflex_attn_decode_t2 / _t4 / _t8: G <= 8, hd and hd_v <= 128, sm_80+) ----
+// Each warp walks its own keys, 16 at a time (warp w: keys j0 + 16 w, + 64, ...), loads them from
+// global memory straight into registers, scores them and folds them into its own running softmax
+// with mma.sync; the four warps merge once at the end, so the loop has no block barrier, no shared
+// memory and ~12 warp instructions a key against the tile loop's ~128 (PERFORMANCE_NOTES s35).
+// Both products run on 16-row tiles of which the block's heads fill rows 0..7: rows 8..15 carry
+// what rounding to f16 left of q (and of p), so hi + lo keep ~22 bits and the result matches the
+// f32 tile loop to float rounding. Lane (g = lane / 4, t = lane % 4) loads 16 bytes of each of keys
+// kb + g and kb + 8 + g: dims 32 dg + 8 t .. + 7 of dim group dg, which is the order the scores'
+// k-steps take the dims in (q's fragment is loaded in the same order). For P V, movmatrix turns
+// those key-major registers into operands paired along the keys; the product's lane then holds
+// dims 32 dg + 8 t .. + 7 of head g.
+#define ATD_TC_WARPS (ATD_THREADS / 32)
+#define ATD_TC_KEYS 16  // keys a warp takes at a time: one k-step of P V, two 8-key tiles of scores
+#define ATD_TC_DG 4     // 32-dim groups of a row: hd, hd_v <= 128
+
+// (x0, x1) as the f16 pair hi and the f16 pair lo of what hi leaves: hi + lo = x to ~2^-22
+__device__ __forceinline__ void atd_split_h2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    hi = rx_pack_h2(x0, x1);
+    float2 f = __half22float2(*reinterpret_cast<const half2*>(&hi));
+    lo = rx_pack_h2(x0 - f.x, x1 - f.y);
+}
+
+// 2^x, flushing results below 2^-126 to zero: one instruction, where __expf adds a range check
+__device__ __forceinline__ float atd_ex2(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
+// Row j's first element in a cache of rows `width` wide, the offset in 32 bits (the host checks that
+// n_rows * width fits): one multiply, where a 64-bit product costs three an address.
+__device__ __forceinline__ const half* atd_row(const half* base, const int* blocks, int j, int width) {
+    return base + (unsigned)((int)rx_kv_row(blocks, j) * width);
+}
+
+// The K and V lines of the warp's 16 keys from kb (not slot jn) into L2, two a lane: with `prefetch`
+// the first group's before the wait, and in the loop the next group's.
+__device__ __forceinline__ void atd_tc_prefetch(const half* kbase, const half* vbase, int hd, int hd_v,
+                                                const int* blocks, int kb, int j1, int jn) {
+    // rows of <= 256 bytes (hd, hd_v <= 128): lane (g, t) takes line t / 2 of key kb + 8 (t % 2) + g's K and V rows
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j = kb + 8 * (t & 1) + g, b = 128 * (t >> 1);
+    if (j >= j1 || j == jn) return;
+    if (b < 2 * hd) rx_prefetch_l2(reinterpret_cast<const char*>(atd_row(kbase, blocks, j, hd)) + b);
+    if (b < 2 * hd_v) rx_prefetch_l2(reinterpret_cast<const char*>(atd_row(vbase, blocks, j, hd_v)) + b);
+}
+
+// Keys [j0, j1) against the G heads of qs (f32, pre-scaled): each thread's (head, 4 dims) items in
+// acc and the block's running max and sum in m_run / l_run, as the tile loop leaves them. knew:
+// with a fused rope, the new key (f16, knew[0..hd)) and value (knew[256..)) of slot jn, read from
+// there. scratch: the tiles' room (qs and S not touched), 256 + 16 G hd_v + 4 warps x 1,024 hd / 32
+// bytes: the warps' maxima and sums, their output rows, and each warp's copy of q's fragments
+// (attn_decode.py tc_scratch_bytes; the host checks it fits).
+template <int NI>
+__device__ __forceinline__ void atd_tc_keys(const float* qs, int G, int hd, int hd_v, const half* kbase,
+                                            const half* vbase, const int* blocks, int j0, int j1, int jn,
+                                            const half* knew, int window, int my_pos, const int* kv_pos,
+                                            float softcap, float* scratch, float* m_run, float* l_run,
+                                            float (&acc)[NI][4]) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    int ndk = hd / 32, ndv = hd_v / 32;
+    // q as the A operand, one uint4 a lane and k-step (dg, u): hi, lo of dims 32 dg + 8 t + 4 u, + 1; hi, lo of
+    // + 2, + 3 (rows 8..15 the lo halves). Kept in shared memory (a copy a warp): registers go to the keys.
+    uint4* qf = reinterpret_cast<uint4*>(scratch + 64 + 4 * G * hd_v) + warp * ATD_TC_DG * 2 * 32;
+    for (int dg = 0; dg < ndk; dg++) {
+        const float4* qp = reinterpret_cast<const float4*>(qs + g * hd + 32 * dg + 8 * t);
+        float4 a = g < G ? qp[0] : make_float4(0.f, 0.f, 0.f, 0.f), b = g < G ? qp[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+        uint4 f0, f1;
+        atd_split_h2(a.x, a.y, f0.x, f0.y);
+        atd_split_h2(a.z, a.w, f0.z, f0.w);
+        atd_split_h2(b.x, b.y, f1.x, f1.y);
+        atd_split_h2(b.z, b.w, f1.z, f1.w);
+        qf[(2 * dg) * 32 + lane] = f0, qf[(2 * dg + 1) * 32 + lane] = f1;
+    }
+    __syncwarp();
+    float o[ATD_TC_DG][4][4];  // [dg][r]: head g's dims 32 dg + 8 t + 2 r, + 1 from p's hi rows, then its lo rows
+#pragma unroll
+    for (int dg = 0; dg < ATD_TC_DG; dg++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) o[dg][r][0] = o[dg][r][1] = o[dg][r][2] = o[dg][r][3] = 0.f;
+    float m = -INFINITY, l = 0.f;  // head g's running max, and this lane's share of the sum
+    for (int kb = j0 + ATD_TC_KEYS * warp; kb < j1; kb += ATD_TC_KEYS * ATD_TC_WARPS) {
+        // the warp's next keys into L2 meanwhile: its loads there wait on L2, not on DRAM
+        atd_tc_prefetch(kbase, vbase, hd, hd_v, blocks, kb + ATD_TC_KEYS * ATD_TC_WARPS, j1, knew ? jn : -1);
+        const half* kp[2];
+        const half* vp[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  // past j1: the last key again (masked below), a row that holds numbers
+            int j = min(kb + 8 * h + g, j1 - 1);
+            if (knew && j == jn) {
+                kp[h] = knew, vp[h] = knew + 256;
+            } else {
+                kp[h] = atd_row(kbase, blocks, j, hd), vp[h] = atd_row(vbase, blocks, j, hd_v);
+            }
+        }
+        uint4 kr[2][ATD_TC_DG], vr[2][ATD_TC_DG];
+#pragma unroll
+        for (int dg = 0; dg < ATD_TC_DG; dg++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (dg < ndk) kr[h][dg] = *reinterpret_cast<const uint4*>(kp[h] + 32 * dg + 8 * t);
+                if (dg < ndv) vr[h][dg] = *reinterpret_cast<const uint4*>(vp[h] + 32 * dg + 8 * t);
+            }
+        float sc[4];  // head g against keys kb + 2t, + 1 (h = 0) and kb + 8 + 2t, + 1 (h = 1)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int dg = 0; dg < ATD_TC_DG; dg++) {
+                if (dg >= ndk) break;
+                uint4 a = qf[(2 * dg) * 32 + lane], b = qf[(2 * dg + 1) * 32 + lane];
+                rx_mma(s, a.x, a.y, a.z, a.w, kr[h][dg].x, kr[h][dg].y);
+                rx_mma(s, b.x, b.y, b.z, b.w, kr[h][dg].z, kr[h][dg].w);
+            }
+            sc[2 * h] = s[0] + s[2], sc[2 * h + 1] = s[1] + s[3];  // the hi rows' sum plus the lo rows'
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int j = kb + 8 * (i >> 1) + 2 * t + (i & 1);
+            // the new key's kv_pos may still be on its way (another block writes it): it is at my_pos
+            bool ok = j < j1 && !(window > 0 && !(knew && j == jn) && my_pos - kv_pos[j] >= window);
+            if (ok && softcap > 0.f) sc[i] = softcap * tanhf(sc[i] / softcap);
+            sc[i] = ok ? sc[i] : -INFINITY;
+            mx = fmaxf(mx, sc[i]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float mn = fmaxf(m, mx), corr = 1.f, p[4] = {0.f, 0.f, 0.f, 0.f};
+        if (mn != -INFINITY) {
+            const float log2e = 1.4426950408889634f;
+            corr = atd_ex2((m - mn) * log2e);
+#pragma unroll
+            for (int i = 0; i < 4; i++) p[i] = atd_ex2((sc[i] - mn) * log2e);
+        }
+        l = l * corr + (p[0] + p[1]) + (p[2] + p[3]);
+        m = mn;
+        if (!__all_sync(0xffffffffu, corr == 1.f)) {  // a new maximum somewhere in the warp
+#pragma unroll
+            for (int dg = 0; dg < ATD_TC_DG; dg++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[dg][r][e] *= corr;
+        }
+        uint32_t pa[4];
+        atd_split_h2(p[0], p[1], pa[0], pa[1]);
+        atd_split_h2(p[2], p[3], pa[2], pa[3]);
+#pragma unroll
+        for (int dg = 0; dg < ATD_TC_DG; dg++) {
+            if (dg >= ndv) break;
+            const uint32_t* va = reinterpret_cast<const uint32_t*>(&vr[0][dg]);
+            const uint32_t* vc = reinterpret_cast<const uint32_t*>(&vr[1][dg]);
+#pragma unroll
+            for (int r = 0; r < 4; r++) rx_mma(o[dg][r], pa[0], pa[1], pa[2], pa[3], rx_movt(va[r]), rx_movt(vc[r]));
+        }
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // the warps' results merge through shared memory: max, sum and output rows of each
+    float *mw = scratch, *lw = scratch + 32, *ow = scratch + 64;
+    if (g < G) {
+        if (t == 0) mw[warp * 8 + g] = m, lw[warp * 8 + g] = l;
+        float* orow = ow + (warp * G + g) * hd_v + 8 * t;
+#pragma unroll
+        for (int dg = 0; dg < ATD_TC_DG; dg++) {
+            if (dg >= ndv) break;
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                *reinterpret_cast<float2*>(orow + 32 * dg + 2 * r) =
+                    make_float2(o[dg][r][0] + o[dg][r][2], o[dg][r][1] + o[dg][r][3]);
+        }
+    }
+    atd_sync();
+    int n_c4 = hd_v / 4, n_items = G * n_c4;
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        int idx = tid + ATD_THREADS * i;
+        if (idx >= n_items) break;
+        int h = idx / n_c4, c4 = idx - h * n_c4;
+        float M = fmaxf(fmaxf(mw[h], mw[8 + h]), fmaxf(mw[16 + h], mw[24 + h]));
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATD_TC_WARPS; w++) {
+            float f = mw[w * 8 + h] == -INFINITY ? 0.f : __expf(mw[w * 8 + h] - M);
+            float4 v = reinterpret_cast<const float4*>(ow + (w * G + h) * hd_v)[c4];
+            a0 += f * v.x, a1 += f * v.y, a2 += f * v.z, a3 += f * v.w;
+        }
+        acc[i][0] = a0, acc[i][1] = a1, acc[i][2] = a2, acc[i][3] = a3;
+    }
+    if (tid < G) {
+        float M = fmaxf(fmaxf(mw[tid], mw[8 + tid]), fmaxf(mw[16 + tid], mw[24 + tid])), L = 0.f;
+#pragma unroll
+        for (int w = 0; w < ATD_TC_WARPS; w++) L += mw[w * 8 + tid] == -INFINITY ? 0.f : __expf(mw[w * 8 + tid] - M) * lw[w * 8 + tid];
+        m_run[tid] = M, l_run[tid] = L;
+    }
+}
+
 // The work of block (kvh, split, row) of a grid of max_split slices per KV head; smem: the
 // dynamic shared memory (atd_smem_bytes). Every thread of the block calls it.
 // n_hg > 1: the KV head's G query heads may be shared by n_hg blocks (this one is group hg), each
@@ -120,9 +323,12 @@ struct AtdPdlWait {
 // MG, NI: the most query heads a block serves and (head, 4 dims) items a thread holds, which size
 // its score and accumulator registers: reflex_attn_decode_g2 / _g4 (attn_decode.cu) instantiate it
 // for the small groups most models have (125 registers at 16 / 8: four blocks an SM).
-template <class Wait = AtdPdlWait, int MG = ATD_MAXG, int NI = ATD_ITEMS>
+// TC (reflex_attn_decode_t*): a block whose slice holds tc_min keys or more walks them on tensor
+// cores (atd_tc_keys), a shorter one through the tiles, whose first tile is staged before the wait.
+template <class Wait = AtdPdlWait, int MG = ATD_MAXG, int NI = ATD_ITEMS, bool TC = false>
 __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kvh, int split, int max_split, int row,
-                                         int hg = 0, int n_hg = 1, Wait wait = Wait(), int defer = 0) {
+                                         int hg = 0, int n_hg = 1, Wait wait = Wait(), int defer = 0,
+                                         int tc_min = 0) {
     const float* q = a.q;
     half *k_cache = static_cast<half*>(a.k_cache), *v_cache = static_cast<half*>(a.v_cache);
     int* kv_pos = a.kv_pos;
@@ -167,6 +373,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     const AtdStager atd_stage{kbase, vbase, hd, hd_v, AtdLane(hd), AtdLane(hd_v), kv_blocks};
 
     int n_vis = 0, n_split = 1, j0 = 0, j1 = 0, lo = 0, chunk = 1;
+    bool tc = false;  // this block's keys on tensor cores (TC and a long enough slice)
     auto plan = [&]() {  // the same numbers in every block of the KV head
         AtdPlan p = atd_plan(*n_kv_ptr, *q_slot, first, window, window_slots, min_keys, max_split, n_hg);
         n_vis = p.n_vis, lo = p.lo, n_split = p.n_split;
@@ -174,6 +381,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
         j0 = min(n_vis, lo + split * chunk);
         j1 = min(n_vis, j0 + chunk);
         G = G_kv / p.ng;
+        tc = TC && j1 - j0 >= tc_min;
         return split >= n_split || hg >= p.ng;  // true: nothing for this block
     };
     // Keys staged before the wait: slots older than the newest (written by earlier launches). The
@@ -190,8 +398,12 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
         if (fused) load_norms();
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
-        atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
-        if (jn + 1 < t_end) atd_stage(kt0, vt0, max(j0, jn + 1), t_end, j0);
+        if (tc) {
+            atd_tc_prefetch(kbase, vbase, hd, hd_v, kv_blocks, j0 + ATD_TC_KEYS * warp, j1, jn);
+        } else {
+            atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
+            if (jn + 1 < t_end) atd_stage(kt0, vt0, max(j0, jn + 1), t_end, j0);
+        }
         if (fused) atd_angles(rope, *q_pos, cs);  // the position, like the slot, is the previous step's
     }
     wait();
@@ -200,13 +412,14 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
         if (fused) load_norms();
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
-        if (fused) {  // every key of the tile but the one this kernel makes
+        if (tc) {  // nothing staged: each warp loads its own keys
+        } else if (fused) {  // every key of the tile but the one this kernel makes
             atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
             if (jn + 1 < t_end) atd_stage(kt0, vt0, max(j0, jn + 1), t_end, j0);
         } else {
             atd_stage(kt0, vt0, j0, t_end, j0);
         }
-    } else if (!fused && jn >= j0 && jn < min(j1, j0 + ATD_TILE)) {
+    } else if (!tc && !fused && jn >= j0 && jn < min(j1, j0 + ATD_TILE)) {
         atd_stage(kt0, vt0, jn, jn + 1, j0);  // the newest key
     }
     rx_cp_commit();
@@ -244,115 +457,123 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
             if (kvh == 0 && hg == 0 && tid == 0) kv_pos[jn] = my_pos;  // for sliding windows
         }
     }
-    if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.f;
     int n_c4 = hd_v / 4, n_items = G * n_c4;
     float acc[NI][4];
+    if (TC && tc) {
+        if constexpr (TC) {  // (the tile kernels do not instantiate it)
+            atd_sync();  // q scaled (and, fused, the new key in kv16 and the cache) for every warp
+            atd_tc_keys<NI>(qs, G, hd, hd_v, kbase, vbase, kv_blocks, j0, j1, jn, fused ? kv16 : nullptr, window,
+                            my_pos, kv_pos, softcap, reinterpret_cast<float*>(kt0), m_run, l_run, acc);
+        }
+    } else {
+        if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.f;
 #pragma unroll
-    for (int i = 0; i < NI; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    int kk = tid >> 2, q4 = tid & 3;  // scoring: key kk of the tile, 16-byte chunks q4, q4 + 4, ...
+        for (int i = 0; i < NI; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        int kk = tid >> 2, q4 = tid & 3;  // scoring: key kk of the tile, 16-byte chunks q4, q4 + 4, ...
 
-    int buf = 0;
-    for (int t0 = j0; t0 < j1; t0 += ATD_TILE, buf ^= 1) {
-        int nk = min(ATD_TILE, j1 - t0);
-        const uint8_t* kt = kt0 + buf * ATD_TILE * ks;
-        const uint8_t* vt = vt0 + buf * ATD_TILE * vs;
-        rx_cp_wait_all();
-        atd_sync();  // this tile has landed; nobody still reads the other buffer
-        if (fused && jn >= t0 && jn < t0 + nk) {  // the new key and value, made above
-            uint8_t* kd = const_cast<uint8_t*>(kt) + (jn - t0) * ks;
-            uint8_t* vd = const_cast<uint8_t*>(vt) + (jn - t0) * vs;
-            for (int c = tid; c < hd / 8; c += ATD_THREADS)
-                reinterpret_cast<uint4*>(kd)[c] = reinterpret_cast<const uint4*>(kv16)[c];
-            for (int c = tid; c < hd_v / 8; c += ATD_THREADS)
-                reinterpret_cast<uint4*>(vd)[c] = reinterpret_cast<const uint4*>(kv16 + 256)[c];
-            atd_sync();
-        }
-        if (t0 + ATD_TILE < j1) {
-            int u0 = t0 + ATD_TILE, u1 = min(j1, u0 + ATD_TILE);
-            uint8_t* kn = kt0 + (buf ^ 1) * ATD_TILE * ks;
-            uint8_t* vn = vt0 + (buf ^ 1) * ATD_TILE * vs;
-            if (fused && jn >= u0 && jn < u1) {  // all but the new key: it is not in the cache yet
-                atd_stage(kn, vn, u0, jn, u0);
-                atd_stage(kn, vn, jn + 1, u1, u0);
-            } else {
-                atd_stage(kn, vn, u0, u1, u0);
+        int buf = 0;
+        for (int t0 = j0; t0 < j1; t0 += ATD_TILE, buf ^= 1) {
+            int nk = min(ATD_TILE, j1 - t0);
+            const uint8_t* kt = kt0 + buf * ATD_TILE * ks;
+            const uint8_t* vt = vt0 + buf * ATD_TILE * vs;
+            rx_cp_wait_all();
+            atd_sync();  // this tile has landed; nobody still reads the other buffer
+            if (fused && jn >= t0 && jn < t0 + nk) {  // the new key and value, made above
+                uint8_t* kd = const_cast<uint8_t*>(kt) + (jn - t0) * ks;
+                uint8_t* vd = const_cast<uint8_t*>(vt) + (jn - t0) * vs;
+                for (int c = tid; c < hd / 8; c += ATD_THREADS)
+                    reinterpret_cast<uint4*>(kd)[c] = reinterpret_cast<const uint4*>(kv16)[c];
+                for (int c = tid; c < hd_v / 8; c += ATD_THREADS)
+                    reinterpret_cast<uint4*>(vd)[c] = reinterpret_cast<const uint4*>(kv16 + 256)[c];
+                atd_sync();
             }
-            rx_cp_commit();
-        }
-        // scores of the tile's keys against every head
-        float s[MG];
+            if (t0 + ATD_TILE < j1) {
+                int u0 = t0 + ATD_TILE, u1 = min(j1, u0 + ATD_TILE);
+                uint8_t* kn = kt0 + (buf ^ 1) * ATD_TILE * ks;
+                uint8_t* vn = vt0 + (buf ^ 1) * ATD_TILE * vs;
+                if (fused && jn >= u0 && jn < u1) {  // all but the new key: it is not in the cache yet
+                    atd_stage(kn, vn, u0, jn, u0);
+                    atd_stage(kn, vn, jn + 1, u1, u0);
+                } else {
+                    atd_stage(kn, vn, u0, u1, u0);
+                }
+                rx_cp_commit();
+            }
+            // scores of the tile's keys against every head
+            float s[MG];
 #pragma unroll
-        for (int g = 0; g < MG; g++) s[g] = 0.f;
-        if (kk < nk) {
-            const uint8_t* krow = kt + kk * ks;
+            for (int g = 0; g < MG; g++) s[g] = 0.f;
+            if (kk < nk) {
+                const uint8_t* krow = kt + kk * ks;
 #pragma unroll 1
-            for (int c = q4; c < hd / 8; c += 4) {
-                float kf[8];
-                atd_h8(*reinterpret_cast<const uint4*>(krow + 16 * c), kf);
+                for (int c = q4; c < hd / 8; c += 4) {
+                    float kf[8];
+                    atd_h8(*reinterpret_cast<const uint4*>(krow + 16 * c), kf);
 #pragma unroll
-                for (int g = 0; g < MG; g++) {
-                    if (g >= G) break;
-                    float4 a = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[0];
-                    float4 b = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[1];
-                    s[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
-                            b.z * kf[6] + b.w * kf[7];
+                    for (int g = 0; g < MG; g++) {
+                        if (g >= G) break;
+                        float4 a = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[0];
+                        float4 b = reinterpret_cast<const float4*>(qs + g * hd + 8 * c)[1];
+                        s[g] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
+                                b.z * kf[6] + b.w * kf[7];
+                    }
                 }
             }
-        }
-#pragma unroll
-        for (int g = 0; g < MG; g++) {
-            if (g >= G) break;
-            s[g] += __shfl_xor_sync(0xffffffffu, s[g], 1);
-            s[g] += __shfl_xor_sync(0xffffffffu, s[g], 2);
-        }
-        if (q4 == 0) {
-            // the new key's kv_pos may still be on its way (another block writes it): it is at my_pos
-            bool newest = fused && t0 + kk == jn;
-            bool ok = kk < nk && !(window > 0 && !newest && my_pos - kv_pos[t0 + kk] >= window);
 #pragma unroll
             for (int g = 0; g < MG; g++) {
                 if (g >= G) break;
-                S[g * ATD_TILE + kk] = ok ? s[g] : -INFINITY;
+                s[g] += __shfl_xor_sync(0xffffffffu, s[g], 1);
+                s[g] += __shfl_xor_sync(0xffffffffu, s[g], 2);
             }
-            if (softcap > 0.f && ok) {  // a loop of its own: tanhf unrolled per head is code off the usual path
-#pragma unroll 1
-                for (int g = 0; g < G; g++) S[g * ATD_TILE + kk] = softcap * tanhf(S[g * ATD_TILE + kk] / softcap);
-            }
-        }
-        atd_sync();
-        // online softmax, one warp per head, one key per lane
-        for (int g = warp; g < G; g += ATD_THREADS / 32) {
-            float v = S[g * ATD_TILE + lane];
-            float mo = m_run[g], mn = fmaxf(mo, warp_max(v));
-            float c = 1.f, p = 0.f;
-            if (mn != -INFINITY) {
-                c = mo == -INFINITY ? 0.f : __expf(mo - mn);
-                p = __expf(v - mn);
-            }
-            float ps = warp_sum(p);
-            S[g * ATD_TILE + lane] = p;
-            if (lane == 0) corr[g] = c, m_run[g] = mn, l_run[g] = l_run[g] * c + ps;
-        }
-        atd_sync();
-        // acc = acc * corr + P V, 4 dimensions of one head per item
+            if (q4 == 0) {
+                // the new key's kv_pos may still be on its way (another block writes it): it is at my_pos
+                bool newest = fused && t0 + kk == jn;
+                bool ok = kk < nk && !(window > 0 && !newest && my_pos - kv_pos[t0 + kk] >= window);
 #pragma unroll
-        for (int i = 0; i < NI; i++) {
-            int idx = tid + ATD_THREADS * i;
-            if (idx >= n_items) break;
-            int g = idx / n_c4, c4 = idx - g * n_c4;
-            float cg = corr[g];
-            float a0 = acc[i][0] * cg, a1 = acc[i][1] * cg, a2 = acc[i][2] * cg, a3 = acc[i][3] * cg;
-            const float* pg = S + g * ATD_TILE;
-            const uint8_t* vp = vt + 8 * c4;
-#pragma unroll 2
-            for (int j = 0; j < nk; j++) {
-                float p = pg[j];
-                uint2 raw = *reinterpret_cast<const uint2*>(vp + j * vs);
-                float2 f0 = __half22float2(*reinterpret_cast<const half2*>(&raw.x));
-                float2 f1 = __half22float2(*reinterpret_cast<const half2*>(&raw.y));
-                a0 += p * f0.x, a1 += p * f0.y, a2 += p * f1.x, a3 += p * f1.y;
+                for (int g = 0; g < MG; g++) {
+                    if (g >= G) break;
+                    S[g * ATD_TILE + kk] = ok ? s[g] : -INFINITY;
+                }
+                if (softcap > 0.f && ok) {  // a loop of its own: tanhf unrolled per head is code off the usual path
+#pragma unroll 1
+                    for (int g = 0; g < G; g++) S[g * ATD_TILE + kk] = softcap * tanhf(S[g * ATD_TILE + kk] / softcap);
+                }
             }
-            acc[i][0] = a0, acc[i][1] = a1, acc[i][2] = a2, acc[i][3] = a3;
+            atd_sync();
+            // online softmax, one warp per head, one key per lane
+            for (int g = warp; g < G; g += ATD_THREADS / 32) {
+                float v = S[g * ATD_TILE + lane];
+                float mo = m_run[g], mn = fmaxf(mo, warp_max(v));
+                float c = 1.f, p = 0.f;
+                if (mn != -INFINITY) {
+                    c = mo == -INFINITY ? 0.f : __expf(mo - mn);
+                    p = __expf(v - mn);
+                }
+                float ps = warp_sum(p);
+                S[g * ATD_TILE + lane] = p;
+                if (lane == 0) corr[g] = c, m_run[g] = mn, l_run[g] = l_run[g] * c + ps;
+            }
+            atd_sync();
+            // acc = acc * corr + P V, 4 dimensions of one head per item
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                int idx = tid + ATD_THREADS * i;
+                if (idx >= n_items) break;
+                int g = idx / n_c4, c4 = idx - g * n_c4;
+                float cg = corr[g];
+                float a0 = acc[i][0] * cg, a1 = acc[i][1] * cg, a2 = acc[i][2] * cg, a3 = acc[i][3] * cg;
+                const float* pg = S + g * ATD_TILE;
+                const uint8_t* vp = vt + 8 * c4;
+#pragma unroll 2
+                for (int j = 0; j < nk; j++) {
+                    float p = pg[j];
+                    uint2 raw = *reinterpret_cast<const uint2*>(vp + j * vs);
+                    float2 f0 = __half22float2(*reinterpret_cast<const half2*>(&raw.x));
+                    float2 f1 = __half22float2(*reinterpret_cast<const half2*>(&raw.y));
+                    a0 += p * f0.x, a1 += p * f0.y, a2 += p * f1.x, a3 += p * f1.y;
+                }
+                acc[i][0] = a0, acc[i][1] = a1, acc[i][2] = a2, acc[i][3] = a3;
+            }
         }
     }
     atd_sync();  // m_run / l_run visible even when the slice was empty

@@ -29,6 +29,10 @@ __device__ __forceinline__ void rx_pdl_begin() {
 // why the writer finished two or more launches earlier (see reflex_attn_decode, moe_decode.cu).
 __device__ __forceinline__ void rx_pdl_weights_first() {}
 
+// Ask for the 128-byte line at p in L2 without waiting for it or holding a register: for rows a
+// kernel will read after rx_pdl_begin() but that earlier launches wrote (reflex_attn_decode_t*).
+__device__ __forceinline__ void rx_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // The paged KV cache of serving (gpu/batch.py): a sequence's logical cache slot j lives in
 // physical row blocks[j / RX_KV_BLOCK] * RX_KV_BLOCK + j % RX_KV_BLOCK of the pool; blocks NULL
 // (one sequence: generate, check) is row j. Every kernel that reads or writes the caches maps

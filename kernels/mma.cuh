@@ -1,6 +1,6 @@
 // mma.cuh: the sm_80+ building blocks the prompt kernels (gemm.cu, flash_attn.cu) share:
-// asynchronous global->shared copies (cp.async), warp-wide tensor-core products (mma.sync
-// m16n8k16, f16 inputs, f32 accumulate) and shared-memory fragment loads (ldmatrix).
+// asynchronous global->shared copies (cp.async) and shared-memory fragment loads (ldmatrix), with
+// mma_ops.cuh's warp-wide tensor-core products.
 //
 // Every helper compiles to nothing below sm_80: the kernels that use them are never launched
 // there (gpu/products.py keeps the WMMA and scalar kernels for older GPUs), but their entries
@@ -10,13 +10,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "mma_ops.cuh"  // RX_SM80, rx_mma, rx_pack_h2
 #include "stage.cuh"  // rx_cp_commit, shared with the staged decode kernels
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define RX_SM80 1
-#else
-#define RX_SM80 0
-#endif
 
 // Copy 16 bytes global -> shared without going through registers; only the first src_bytes
 // (0..16) are read, the rest of the 16 shared bytes are zero-filled. Both addresses 16-aligned.
@@ -57,20 +52,6 @@ __device__ __forceinline__ void rx_cp_wait() {
 #endif
 }
 
-// c += a * b for one 16x8 tile: a = 16x16 (row major, 4 registers of 2 halves), b = 16x8
-// (column major, 2 registers), c = 4 floats. Fragment layout (g = lane / 4, t = lane % 4):
-// a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..];
-// b[0] = B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g]; c = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void rx_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-#if RX_SM80
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
 // Four 8x8 half matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void rx_ldsm4(uint32_t* r, const void* smem) {
 #if RX_SM80
@@ -89,9 +70,4 @@ __device__ __forceinline__ void rx_ldsm4_t(uint32_t* r, const void* smem) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s));
 #endif
-}
-
-__device__ __forceinline__ uint32_t rx_pack_h2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
 }

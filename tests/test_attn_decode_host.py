@@ -30,59 +30,82 @@ ROPE = [c for c in K.FUSED_ROPE_CASES if c.startswith("short_")] + [
 def host(tmp_path_factory):
     return build_host_harness(tmp_path_factory.mktemp("emu"), "attn_decode_host.cpp", "attn_decode.cu",
                               headers=("attn_decode.cuh", "attention.cuh", "attn_decode_args.cuh", "attn_plan.cuh"),
-                              emu_headers=("stage.cuh", "attn_decode_entry.cuh"), header_patches=BARRIER)
+                              emu_headers=("stage.cuh", "mma_ops.cuh", "attn_decode_entry.cuh"), header_patches=BARRIER)
 
 
 @pytest.fixture
 def knobs(host):
     L = host.launch
     saved = dict(attn_min_keys=L.attn_min_keys, attn_head_groups=L.attn_head_groups,
-                 attn_blocks_per_sm=L.attn_blocks_per_sm, attn_group_kernels=L.attn_group_kernels)
+                 attn_blocks_per_sm=L.attn_blocks_per_sm, attn_group_kernels=L.attn_group_kernels, attn_tc=L.attn_tc,
+                 attn_tc_min_keys=L.attn_tc_min_keys)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
 
 
-# group_kernels: reflex_attn_decode_g2 / _g4 for groups of at most 2 / 4 query heads (the default),
-# or reflex_attn_decode for all (REFLEX_ATTN_GROUP_KERNELS=0)
+# kernels: "tc", reflex_attn_decode_t2 / _t4 / _t8 where they hold the heads (REFLEX_ATTN_TC=1), every
+# slice on tensor cores (REFLEX_ATTN_TC_MIN_KEYS=0), else the tile loop's narrowest; "tc64", the same with
+# the default threshold (slices of < 64 keys through their tiles: both paths in one launch); "group", the
+# tile loop's reflex_attn_decode_g2 / _g4 for groups of at most 2 / 4 query heads (the default); "general",
+# reflex_attn_decode for all (REFLEX_ATTN_GROUP_KERNELS=0)
+KERNELS = ["tc", "tc64", "group", "general"]
+
+
+def _use(L, kernels):
+    L.attn_tc = kernels.startswith("tc")
+    L.attn_tc_min_keys = 64 if kernels == "tc64" else 0
+    L.attn_group_kernels = kernels != "general"
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("head_groups", [1, 4])
-@pytest.mark.parametrize("group_kernels", [True, False])
-def test_attention_decode(host, knobs, case, head_groups, group_kernels):
-    knobs.attn_group_kernels = group_kernels
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_attention_decode(host, knobs, case, head_groups, kernels):
+    _use(knobs, kernels)
     K.test_attention_decode(host, knobs, case, head_groups)
 
 
 @pytest.mark.parametrize("case", ROPE)
 @pytest.mark.parametrize("head_groups", [1, 2])
-@pytest.mark.parametrize("group_kernels", [True, False])
-def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups, group_kernels):
-    knobs.attn_group_kernels = group_kernels
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups, kernels):
+    _use(knobs, kernels)
     K.test_attention_decode_with_fused_rope_and_store(host, knobs, case, head_groups)
 
 
 @pytest.mark.parametrize("case", ["short_rows", "gemma_window_rows4", "hd96_rows2", "qwen3_rows5"])
 @pytest.mark.parametrize("prefetch,head_groups", [(False, 1), (True, 1), (True, 2)])
-def test_decode_attention_rows(host, knobs, case, prefetch, head_groups):
+@pytest.mark.parametrize("kernels", ["tc", "group"])
+def test_decode_attention_rows(host, knobs, case, prefetch, head_groups, kernels):
+    _use(knobs, kernels)
     B.test_decode_attention_rows(host, knobs, case, prefetch, head_groups)
 
 
-def test_decode_attention_rows_one_slice_each(host, knobs):
+@pytest.mark.parametrize("kernels", ["tc", "group"])
+def test_decode_attention_rows_one_slice_each(host, knobs, kernels):
+    _use(knobs, kernels)
     B.test_decode_attention_rows_one_slice_each(host, knobs)
 
 
 @pytest.mark.parametrize("kernel", ["decode", "decode_prefetch"])
-def test_decode_rows_paged(host, knobs, kernel):
+@pytest.mark.parametrize("kernels", ["tc", "group"])
+def test_decode_rows_paged(host, knobs, kernel, kernels):
+    _use(knobs, kernels)
     P.test_decode_rows_paged(host, knobs, "short_rows", kernel)
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("n_vis", [20, 300])
-def test_fused_rope_decode_paged(host, knobs, prefetch, n_vis):
+@pytest.mark.parametrize("kernels", ["tc", "group"])
+def test_fused_rope_decode_paged(host, knobs, prefetch, n_vis, kernels):
+    _use(knobs, kernels)
     P.test_fused_rope_decode_paged(host, knobs, prefetch, n_vis)
 
 
 @pytest.mark.parametrize("case", K.DEFER_CASES)
 @pytest.mark.parametrize("head_groups", [1, 4])
-def test_attention_decode_leaves_a_few_slices_unmerged(host, knobs, case, head_groups):
+@pytest.mark.parametrize("kernels", ["tc", "group"])
+def test_attention_decode_leaves_a_few_slices_unmerged(host, knobs, case, head_groups, kernels):
+    _use(knobs, kernels)
     K.test_attention_decode_leaves_a_few_slices_unmerged(host, knobs, case, head_groups)

@@ -1,5 +1,5 @@
 """kernels/gemm.cu on the CPU: g++ compiles the prompt kernels against tests/host_emu (fibers for
-threads; mma.sync, cp.async and shared-space addresses emulated in tests/host_emu/mma.cuh) and the
+threads; mma.sync, cp.async and shared-space addresses emulated in tests/host_emu/mma.cuh and mma_ops.cuh) and the
 real Launcher drives them through the GPU tests' own checks (numpy products, NaN-poisoned outputs,
 awkward sizes): the kernels' indexing, copy pipeline, fragment layouts, tiles and epilogues run
 without a GPU. Timing, memory ordering between blocks and the device compiler are left to the GPU
@@ -24,7 +24,7 @@ SHARED = {"extern __shared__ __align__(16) unsigned char rx_smem[];": "unsigned 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     return build_host_harness(tmp_path_factory.mktemp("emu"), "gemm_host.cpp", "gemm.cu",
-                              headers=("dequant.cuh", "quant.cuh", "mvs_decode.cuh"), emu_headers=("mma.cuh",),
+                              headers=("dequant.cuh", "quant.cuh", "mvs_decode.cuh"), emu_headers=("mma.cuh", "mma_ops.cuh"),
                               patches=SHARED)
 
 

@@ -753,7 +753,8 @@ def knobs(gpu):
     saved = dict(staged=L.staged, attn_decode=L.attn_decode, mvs_budget=L.mvs_budget,
                  mvs_blocks_per_sm=L.mvs_blocks_per_sm, attn_min_keys=L.attn_min_keys,
                  attn_blocks_per_sm=L.attn_blocks_per_sm, fuse_rope=L.fuse_rope, attn_head_groups=L.attn_head_groups,
-                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold)
+                 mvs_head_stream=L.mvs_head_stream, post_fold=L.post_fold, attn_tc=L.attn_tc,
+                 attn_tc_min_keys=L.attn_tc_min_keys, attn_group_kernels=L.attn_group_kernels)
     yield L
     for k, v in saved.items():
         setattr(L, k, v)
@@ -1251,3 +1252,30 @@ def test_attention_decode_with_fused_rope_and_store(gpu, knobs, case, head_group
                             window, scale, 0.0)
     np.testing.assert_allclose(gpu.get(out, (1, n_head, hd)), expect, rtol=5e-4, atol=5e-4)
     assert not gpu.get(counters, (attn_decode.counters(n_head),), np.int32).any()
+
+
+# The decode attention's tensor-core kernels (REFLEX_ATTN_TC=1: reflex_attn_decode_t2 / _t4 / _t8 where the
+# heads fit, the tile loop elsewhere) through the same checks, whatever the default: every slice on tensor
+# cores (REFLEX_ATTN_TC_MIN_KEYS=0), or, min_keys 64, the short slices through the tiles
+@pytest.fixture(params=[0, 64], ids=["all", "min64"])
+def tc_knobs(request, gpu, knobs):
+    if tuple(gpu.dev.cc) < (8, 0):
+        pytest.skip("the tensor-core decode attention needs an sm_80+ GPU")
+    knobs.attn_tc, knobs.attn_tc_min_keys = True, request.param
+    return knobs
+
+
+@pytest.mark.parametrize("case", list(DECODE_ATTN_CASES))
+@pytest.mark.parametrize("head_groups", [1, 4])
+def test_attention_decode_on_tensor_cores(gpu, tc_knobs, case, head_groups):
+    test_attention_decode(gpu, tc_knobs, case, head_groups)
+
+
+@pytest.mark.parametrize("case", list(FUSED_ROPE_CASES))
+def test_attention_decode_with_fused_rope_on_tensor_cores(gpu, tc_knobs, case):
+    test_attention_decode_with_fused_rope_and_store(gpu, tc_knobs, case, 2)
+
+
+@pytest.mark.parametrize("case", DEFER_CASES)
+def test_attention_decode_on_tensor_cores_leaves_a_few_slices_unmerged(gpu, tc_knobs, case):
+    test_attention_decode_leaves_a_few_slices_unmerged(gpu, tc_knobs, case, 1)

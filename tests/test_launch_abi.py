@@ -398,16 +398,16 @@ def test_decode_attention_leaves_its_merge_to_the_output_projection(ptx_params, 
         merges = [i for i, (k, _, _) in enumerate(launches) if k.startswith("reflex_mvs_merge_")]
         assert bool(attn) == (n == 1)
         if n > 1 or not out_merge or k_max or name == "qwen35":
-            assert not merges and all(args[i][-2].value == 0 for i in attn), name
+            assert not merges and all(args[i][-3].value == 0 for i in attn), name
             continue
         assert merges == [i + 1 for i in attn], [k for k, _, _ in launches]
         for i in attn:
             (_, grid, _), a, m = launches[i], args[i], args[i + 1][-1]
-            assert isinstance(m, mvs.MvsMerge) and a[-2].value == m.defer == 8
+            assert isinstance(m, mvs.MvsMerge) and a[-3].value == m.defer == 8
             # the attention's att, part_o, part_ml, n_kv, q_slot and window are what the merge reads
             assert args[i + 1][2].value == a[8].value and (m.part_o, m.part_ml) == (a[9].value, a[10].value)
             assert (m.n_kv, m.slot, m.window, m.hd_v) == (a[7].value, a[5].value, a[17].value, a[15].value)
-            assert (m.max_split, m.n_hg, m.min_keys) == (grid[1], a[-3].value, a[20].value)
+            assert (m.max_split, m.n_hg, m.min_keys) == (grid[1], a[-4].value, a[20].value)
 
 
 @pytest.mark.parametrize("cc", list(PROMPT_KERNELS), ids=lambda cc: f"sm{cc[0]}{cc[1]}")
@@ -706,17 +706,27 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
                                           also=[(w("F16", 1, 2048), buf)])  # another type: two launches
         assert mvs.expert_glu(L, gate, up, 768 * gate.row_bytes, buf, 8, buf, buf, 768, 0, buf, 1e-6)
         assert moe_decode.down(L, down, 2048 * down.row_bytes, buf, buf, 8, buf, buf, 2048, early=True)
+    assert not L.attn_tc  # off by default until a GPU run has measured it
+    L.attn_tc = True  # REFLEX_ATTN_TC=1
     for n_head, n_kv, hd in ((16, 8, 128), (4, 1, 256), (32, 4, 128), (8, 1, 64), (9, 3, 64), (16, 4, 128)):
         fits = not (hd == 256 and smem[0] < 80 * 1024)  # sm_75: 256-wide heads (78 KB of tiles) stay legacy
         n_before = len(dev.launches)
         assert attn_decode.attention(L, *([buf] * 11), n_head, n_kv, hd, hd, 8192, 0, 0.1, 0.0, True) == fits
         assert attn_decode.splits(L, n_kv) <= attn_decode.SPLITS_MAX
-        # the instantiation with registers for the group: 2 -> _g2, 3 or 4 -> _g4, 8 -> the general one
-        want = {2: "_g2", 3: "_g4", 4: "_g4"}.get(n_head // n_kv, "")
+        # the instantiation for the group: heads <= 128 wide on tensor cores, 2 -> _t2, 3 or 4 -> _t4,
+        # 8 -> _t8; wider ones the tile loop with registers for it, 2 -> _g2, 3 or 4 -> _g4, 8 -> the general one
+        tile = {2: "_g2", 3: "_g4", 4: "_g4"}.get(n_head // n_kv, "")
+        want = {2: "_t2", 3: "_t4", 4: "_t4", 8: "_t8"}[n_head // n_kv] if hd <= 128 else tile
         assert not fits or dev.launches[n_before][0] == "reflex_attn_decode" + want
-    L.attn_group_kernels = False  # REFLEX_ATTN_GROUP_KERNELS=0: the general kernel for every group
-    assert attn_decode.kernel(L, 2) == attn_decode.kernel(L, 16) == "reflex_attn_decode"
-    L.attn_group_kernels = True
+        assert attn_decode.kernel(L, n_head // n_kv, hd, hd) == "reflex_attn_decode" + want
+        L.attn_tc = False  # REFLEX_ATTN_TC=0: the tile loop for every group
+        assert attn_decode.kernel(L, n_head // n_kv, hd, hd) == "reflex_attn_decode" + tile
+        L.attn_tc = True
+    assert attn_decode.kernel(L, 2, 128, 256) == "reflex_attn_decode_g2"  # values wider than the tensor-core kernels hold
+    assert attn_decode.kernel(L, 16, 128, 128) == "reflex_attn_decode"  # a group past 8
+    L.attn_tc = L.attn_group_kernels = False  # and REFLEX_ATTN_GROUP_KERNELS=0: the general kernel for every group
+    assert attn_decode.kernel(L, 2, 128, 128) == attn_decode.kernel(L, 16) == "reflex_attn_decode"
+    L.attn_tc = L.attn_group_kernels = True
     # blocks sharing a KV head's query heads: whole divisors of the group, the grid's x times them
     for want, group in ((1, 1), (2, 2), (4, 8), (3, 3), (3, 6)):
         L.attn_head_groups = 4
@@ -724,7 +734,7 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
         n_before = len(dev.launches)
         assert attn_decode.attention(L, *([buf] * 11), 4 * group, 4, 128, 128, 8192, 0, 0.1, 0.0, True)
         name, grid, _ = dev.launches[n_before]
-        assert name == attn_decode.kernel(L, group) and grid[0] == 4 * want
+        assert name == attn_decode.kernel(L, group, 128, 128) and grid[0] == 4 * want
     L.attn_head_groups = 1
     names = {n for n, _, _ in dev.launches}
     assert not any(n.startswith(("reflex_mv_", "reflex_moe_mv_", "reflex_attn_")) or n == "reflex_attn" for n in names

@@ -17,7 +17,7 @@ SHARED = {"extern __shared__ __align__(16) unsigned char rx_smem[];": "unsigned 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     return build_host_harness(tmp_path_factory.mktemp("emu"), "mla_flash_host.cpp", "mla_flash.cu",
-                              emu_headers=("mma.cuh",), patches=SHARED)
+                              emu_headers=("mma.cuh", "mma_ops.cuh"), patches=SHARED)
 
 
 @pytest.mark.parametrize("case", list(D.FLASH_CASES))

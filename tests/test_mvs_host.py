@@ -23,7 +23,7 @@ BARRIER = {"attn_decode.cuh": {'asm volatile("bar.sync 1, %0;" ::"n"(ATD_THREADS
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     return build_host_harness(tmp_path_factory.mktemp("emu"), "mvs_host.cpp", "mvs.cu", headers=HEADERS,
-                              emu_headers=("stage.cuh", "attn_decode_entry.cuh"), header_patches=BARRIER)
+                              emu_headers=("stage.cuh", "mma_ops.cuh", "attn_decode_entry.cuh"), header_patches=BARRIER)
 
 
 @pytest.fixture

@@ -216,7 +216,8 @@ def main(args) -> int:
                              "post_fold": launch.post_fold,
                              "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
                              "attn_head_groups": launch.attn_head_groups, "attn_out_merge": launch.attn_out_merge,
-                             "attn_out_merge_k": launch.attn_out_merge_k,
+                             "attn_out_merge_k": launch.attn_out_merge_k, "attn_group_kernels": launch.attn_group_kernels,
+                             "attn_tc": launch.attn_tc, "attn_tc_min_keys": launch.attn_tc_min_keys,
                              "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step,
                              **{k: getattr(launch, k) for k in FUSED_KNOBS}}
     if depths:

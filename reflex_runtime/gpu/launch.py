@@ -99,6 +99,13 @@ class Launcher:
         # groups of at most 2 or 4 query heads a KV head run reflex_attn_decode_g2 / _g4, registers for
         # that many (95 / 80 against 117: five blocks an SM fit); 0: reflex_attn_decode for every group
         self.attn_group_kernels = bool(knob("REFLEX_ATTN_GROUP_KERNELS", 1, choices=(0, 1)))
+        # 1: groups of at most 8 query heads with hd, hd_v <= 128 walk the keys on tensor cores, each warp
+        # its own (reflex_attn_decode_t2 / _t4 / _t8, sm_80+). Off until a GPU run has tested and measured
+        # it: s35 wrote it with no GPU lent (CPU emulation only; PERFORMANCE_NOTES s35)
+        self.attn_tc = bool(knob("REFLEX_ATTN_TC", 0, choices=(0, 1)))
+        # in those kernels, a slice of fewer keys goes through the tiles, whose first tile is staged before the
+        # kernel waits for its predecessor (a short context's few keys: tg128's slices hold <= 32)
+        self.attn_tc_min_keys = knob("REFLEX_ATTN_TC_MIN_KEYS", 64, minimum=0)
         # a one-token context of 2 .. N slices is merged by the output projection as it reads the
         # attention's output (kernels/mvs.cuh MvsMerge), not by the attention's last block; 0: never.
         # Only where that projection's input is at most ..._K wide (mvs.takes_merge: Gemma 3 270M's

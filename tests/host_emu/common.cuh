@@ -137,6 +137,11 @@ inline float __shfl_up_sync(unsigned, float v, int d) {
     int lane = threadIdx.x & 31;
     return emu_exchange(v, lane >= d ? lane - d : lane);
 }
+inline int __all_sync(unsigned, int p) {  // every lane exchanges its vote
+    float v = p ? 1.f : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v = std::fmin(v, emu_exchange(v, (threadIdx.x & 31) ^ o));
+    return v > 0.5f;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 using std::max;
@@ -169,6 +174,8 @@ inline bool split_last(int* counter, int n, int& flag, Sync sync) {
     sync();
     return flag;
 }
+
+inline void rx_prefetch_l2(const void*) {}  // a hint only
 
 // kernels/common.cuh's paged-cache row
 #define RX_KV_BLOCK 16

@@ -6,8 +6,11 @@ from __future__ import annotations
 from array import array
 from ctypes import Structure, c_float, c_int, c_void_p
 
-KERNELS = ("reflex_attn_decode", "reflex_attn_decode_g2", "reflex_attn_decode_g4")
+KERNELS = ("reflex_attn_decode", "reflex_attn_decode_g2", "reflex_attn_decode_g4", "reflex_attn_decode_t2",
+           "reflex_attn_decode_t4", "reflex_attn_decode_t8")
 GROUP_KERNELS = ((2, "reflex_attn_decode_g2"), (4, "reflex_attn_decode_g4"))  # (most query heads a KV head, kernel)
+TC_KERNELS = ((2, "reflex_attn_decode_t2"), (4, "reflex_attn_decode_t4"), (8, "reflex_attn_decode_t8"))
+TC_MAX_DIM = 128  # hd and hd_v the tensor-core kernels hold (ATD_TC_DG groups of 32)
 SPLITS_MAX = 128  # most slices per KV head (ATD_MAXSPLIT)
 MAX_GROUP = 16  # query heads per KV head it serves (ATD_MAXG)
 MERGE_RUN = 16  # slices one block merges (ATD_MERGE)
@@ -67,19 +70,30 @@ def grid_splits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int, rows: int = 
     """The launch's (max_split, n_hg): its grid's slices per KV head and head groups, which the
     kernel that merges a deferred row's slices (mvs.MvsMerge) plans with too."""
     group = n_head // n_head_kv
-    fit = L.dev.kernel(kernel(L, group)).blocks_per_sm(128, smem_bytes(group, hd, hd_v))
+    fit = L.dev.kernel(kernel(L, group, hd, hd_v)).blocks_per_sm(128, smem_bytes(group, hd, hd_v))
     return splits(L, n_head_kv * rows, fit), head_groups(L, group)
 
 
-def kernel(L, group: int) -> str:
-    """The decode attention's kernel for `group` query heads a KV head: the narrowest instantiation
-    that holds them (kernels/attn_decode.cu; every one fits hd_v <= 256), unless L.attn_group_kernels
-    is off."""
+def kernel(L, group: int, hd: int = 0, hd_v: int = 0) -> str:
+    """The decode attention's kernel for `group` query heads a KV head: with L.attn_tc on an sm_80+
+    GPU (L.tc) and hd, hd_v <= 128, the narrowest tensor-core instantiation that holds them; else
+    the narrowest tile-loop one (every one fits hd_v <= 256), unless L.attn_group_kernels is off."""
+    if (L.attn_tc and L.tc and 0 < hd <= TC_MAX_DIM and 0 < hd_v <= TC_MAX_DIM
+            and tc_scratch_bytes(group, hd, hd_v) <= 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)):
+        for most, name in TC_KERNELS:
+            if group <= most:
+                return name
     if L.attn_group_kernels:
         for most, name in GROUP_KERNELS:
             if group <= most:
                 return name
     return KERNELS[0]
+
+
+def tc_scratch_bytes(group: int, hd: int, hd_v: int) -> int:
+    """What the tensor-core kernels keep in the tiles' room (attn_decode.cuh atd_tc_keys): the four
+    warps' maxima and sums, their output rows, and each one's copy of q's fragments."""
+    return 256 + 16 * group * hd_v + 4 * 1024 * (hd // 32)
 
 
 def smem_bytes(group: int, hd: int, hd_v: int) -> int:
@@ -113,14 +127,16 @@ def attention(L, q, k_cache, v_cache, kv_pos, q_pos, q_slot, n_kv, out, part_o, 
         return False
     assert rope is None or not rope.k or rope.theta, "a fused rope needs its angle table (rope_theta)"
     assert 0 <= defer <= DEFER_MAX and (rows == 1 or not defer), "a deferred merge is one row's, of at most 8 slices"
+    assert n_rows * max(hd, hd_v) < 1 << 31, "a KV head's cache rows past 2^31 elements (32-bit offsets in the kernel)"
     smem = smem_bytes(n_head // n_head_kv, hd, hd_v)
     max_split, n_hg = grid_splits(L, n_head, n_head_kv, hd, hd_v, rows)
     # rows share the GPU: about the same number of blocks in all, so a row of a large batch walks
     # its keys in fewer slices (a 64-row Qwen3-0.6B step spent 2.1 ms in attention with 33 per row)
-    L.go(kernel(L, n_head // n_head_kv), (n_head_kv * n_hg, max_split, rows), 128,
+    L.go(kernel(L, n_head // n_head_kv, hd, hd_v), (n_head_kv * n_hg, max_split, rows), 128,
          [c_void_p(q), c_void_p(k_cache), c_void_p(v_cache), c_void_p(kv_pos), c_void_p(q_pos), c_void_p(q_slot),
           c_void_p(seq_lo or None), c_void_p(n_kv), c_void_p(out), c_void_p(part_o), c_void_p(part_ml), c_void_p(counters), c_int(n_head),
           c_int(n_head_kv), c_int(hd), c_int(hd_v), c_int(n_rows), c_int(window), c_float(scale),
           c_float(softcap), c_int(max(1, L.attn_min_keys)), c_int(int(prefetch)), c_int(int(window_slots)),
-          rope if rope is not None else AtdRope(), c_int(n_hg), c_int(defer), c_void_p(blocks or None)], smem)
+          rope if rope is not None else AtdRope(), c_int(n_hg), c_int(defer), c_int(L.attn_tc_min_keys),
+          c_void_p(blocks or None)], smem)
     return True
