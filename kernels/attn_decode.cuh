@@ -110,15 +110,16 @@ struct AtdPdlWait {
 // ---- The tensor-core kernels (reflex_attn_decode_t2 / _t4 / _t8: G <= 8, hd and hd_v <= 128, sm_80+) ----
 // Each warp walks its own keys, 16 at a time (warp w: keys j0 + 16 w, + 64, ...), loads them from
 // global memory straight into registers, scores them and folds them into its own running softmax
-// with mma.sync; the four warps merge once at the end, so the loop has no block barrier, no shared
-// memory and ~12 warp instructions a key against the tile loop's ~128 (PERFORMANCE_NOTES s35).
+// with mma.sync; the four warps merge once at the end, so the loop has no block barrier and a few
+// tens of warp instructions a key against the tile loop's ~128 (PERFORMANCE_NOTES s35).
 // Both products run on 16-row tiles of which the block's heads fill rows 0..7: rows 8..15 carry
-// what rounding to f16 left of q (and of p), so hi + lo keep ~22 bits and the result matches the
-// f32 tile loop to float rounding. Lane (g = lane / 4, t = lane % 4) loads 16 bytes of each of keys
-// kb + g and kb + 8 + g: dims 32 dg + 8 t .. + 7 of dim group dg, which is the order the scores'
-// k-steps take the dims in (q's fragment is loaded in the same order). For P V, movmatrix turns
-// those key-major registers into operands paired along the keys; the product's lane then holds
-// dims 32 dg + 8 t .. + 7 of head g.
+// what rounding to f16 left of q (and of p), so hi + lo keep ~22 bits (a lo under 2^-14 is an f16
+// subnormal: |q| below ~2^-3 keeps an absolute 2^-25; a |q| past 65504 would overflow, which the f32
+// tile loop would not), well inside the tests' 2e-4 of float64. Lane (g = lane / 4, t = lane % 4)
+// loads 16 bytes of each of keys kb + g and kb + 8 + g: dims 32 dg + 8 t .. + 7 of dim group dg,
+// the order the scores' k-steps take the dims in (q's fragment is loaded in the same order). For
+// P V, movmatrix turns those key-major registers into operands paired along the keys; the
+// product's lane then holds dims 32 dg + 8 t .. + 7 of head g.
 #define ATD_TC_WARPS (ATD_THREADS / 32)
 #define ATD_TC_KEYS 16  // keys a warp takes at a time: one k-step of P V, two 8-key tiles of scores
 #define ATD_TC_DG 4     // 32-dim groups of a row: hd, hd_v <= 128
@@ -164,17 +165,18 @@ __device__ __forceinline__ void atd_tc_prefetch(const half* kbase, const half* v
 // there. scratch: the tiles' room (qs and S not touched), 256 + 16 G hd_v + 4 warps x 1,024 hd / 32
 // bytes: the warps' maxima and sums, their output rows, and each warp's copy of q's fragments
 // (attn_decode.py tc_scratch_bytes; the host checks it fits).
-template <int NI>
+template <int MG, int NI>
 __device__ __forceinline__ void atd_tc_keys(const float* qs, int G, int hd, int hd_v, const half* kbase,
                                             const half* vbase, const int* blocks, int j0, int j1, int jn,
                                             const half* knew, int window, int my_pos, const int* kv_pos,
                                             float softcap, float* scratch, float* m_run, float* l_run,
                                             float (&acc)[NI][4]) {
+    static_assert(MG <= 8, "the heads fill rows 0..7 of the products' tiles");
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     int ndk = hd / 32, ndv = hd_v / 32;
     // q as the A operand, one uint4 a lane and k-step (dg, u): hi, lo of dims 32 dg + 8 t + 4 u, + 1; hi, lo of
     // + 2, + 3 (rows 8..15 the lo halves). Kept in shared memory (a copy a warp): registers go to the keys.
-    uint4* qf = reinterpret_cast<uint4*>(scratch + 64 + 4 * G * hd_v) + warp * ATD_TC_DG * 2 * 32;
+    uint4* qf = reinterpret_cast<uint4*>(scratch + 64 + 4 * G * hd_v) + warp * ndk * 2 * 32;  // ndk * 1 KB a warp
     for (int dg = 0; dg < ndk; dg++) {
         const float4* qp = reinterpret_cast<const float4*>(qs + g * hd + 32 * dg + 8 * t);
         float4 a = g < G ? qp[0] : make_float4(0.f, 0.f, 0.f, 0.f), b = g < G ? qp[1] : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -462,7 +464,7 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
     if (TC && tc) {
         if constexpr (TC) {  // (the tile kernels do not instantiate it)
             atd_sync();  // q scaled (and, fused, the new key in kv16 and the cache) for every warp
-            atd_tc_keys<NI>(qs, G, hd, hd_v, kbase, vbase, kv_blocks, j0, j1, jn, fused ? kv16 : nullptr, window,
+            atd_tc_keys<MG, NI>(qs, G, hd, hd_v, kbase, vbase, kv_blocks, j0, j1, jn, fused ? kv16 : nullptr, window,
                             my_pos, kv_pos, softcap, reinterpret_cast<float*>(kt0), m_run, l_run, acc);
         }
     } else {

@@ -18,11 +18,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _HostKernel:
-    def __init__(self, fn, name):
+    def __init__(self, fn, name, lib=None):
         self.fn, self.name = fn, name
+        # stage.cuh's bound on the launch's dynamic shared memory, where the harness includes it
+        self.set_dyn = getattr(lib, "emu_set_dyn_bytes", None) if lib is not None else None
+        if self.set_dyn is not None:
+            self.set_dyn.argtypes = [ctypes.c_size_t]
 
     def launch(self, grid, block, args, stream, shmem=0, pdl=False, carveout=None):
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
+        if self.set_dyn is not None:
+            self.set_dyn(shmem)
         self.fn(gx, gy, gz, block, *args)
 
     def blocks_per_sm(self, block, shmem):  # the driver's occupancy query, by threads and shared memory only
@@ -37,7 +43,7 @@ class _HostDevice:
         self.lib = lib
 
     def kernel(self, name):
-        return _HostKernel(getattr(self.lib, "emu_" + name.removeprefix("reflex_")), name)
+        return _HostKernel(getattr(self.lib, "emu_" + name.removeprefix("reflex_")), name, self.lib)
 
 
 class HostHarness:

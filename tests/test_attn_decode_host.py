@@ -20,7 +20,7 @@ BARRIER = {"attn_decode.cuh": {'asm volatile("bar.sync 1, %0;" ::"n"(ATD_THREADS
 CASES = [c for c in K.DECODE_ATTN_CASES if c.startswith("short_")] + [
     "qwen3_0.6b_ctx256", "qwen3_ctx1", "qwen3_ctx33_one_slice", "moe_gqa8_empty_runs", "gqa16_hd32_softcap",
     "hd96_one_key_per_slice", "mha_hd64_odd_keys", "hd64_values128_ctx300", "gemma_window_longer_than_context",
-    "long_slices_ctx600", "long_slices_window_hd64", "hd32_g2_ctx200", "softcap_g4_hd64_ctx150"]
+    "long_slices_ctx600", "long_slices_window_hd64", "hd32_g2_ctx200", "softcap_g4_hd64_ctx150", "gqa8_hd32_ctx300"]
 ROPE = [c for c in K.FUSED_ROPE_CASES if c.startswith("short_")] + [
     "qwen3_neox_norms", "first_token", "empty_last_slice", "partial_pairwise_factors", "new_key_in_second_tile",
     "new_key_in_eighth_tile"]

@@ -992,6 +992,7 @@ DECODE_ATTN_CASES = {
     "long_slices_ctx600": (16, 8, 128, 600, 0, 0.0, 256, True),
     "long_slices_window_hd64": (8, 4, 64, 500, 100, 0.0, 256, False),
     "hd32_g2_ctx200": (4, 2, 32, 200, 0, 0.0, 16, True),
+    "gqa8_hd32_ctx300": (8, 1, 32, 300, 0, 0.0, 64, True),  # the tensor-core kernels' fullest scratch for the tiles' room
     "softcap_g4_hd64_ctx150": (8, 2, 64, 150, 0, 30.0, 16, True),
 }
 DECODE_ATTN_HD_V = {"short_hd128_values64": 64, "short_hd64_values128": 128, "hd64_values128_ctx300": 128}

@@ -38,6 +38,7 @@ inline unsigned warp_live[32], warp_gen[32], warp_arrived[32];
 inline float warp_buf[32][32];
 inline std::function<void()> body;
 inline void (*block_start)() = nullptr;  // set by a stand-in that keeps per-block state (stage.cuh)
+inline void (*block_end)() = nullptr;    // and one that checks what the block left (stage.cuh)
 
 inline void release_if_complete(int warp) {
     if (block_arrived && block_arrived == live) block_arrived = 0, block_gen++;
@@ -224,5 +225,6 @@ void emu_launch(void (*kernel)(P...), dim3 grid, unsigned threads, A... args) {
                 emu::bid = dim3{x, y, z};
                 if (emu::block_start) emu::block_start();
                 emu::run_block(threads);
+                if (emu::block_end) emu::block_end();
             }
 }
