@@ -287,26 +287,34 @@ __device__ __forceinline__ void atd_tc_keys(const float* qs, int G, int hd, int 
         }
     }
     atd_sync();
+    // head h's weight of warp w's rows: exp(its max - the block's), 0 for a warp that saw no key
+    auto weights = [&](int h, float* f) {
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ATD_TC_WARPS; w++) M = fmaxf(M, mw[w * 8 + h]);
+#pragma unroll
+        for (int w = 0; w < ATD_TC_WARPS; w++) f[w] = mw[w * 8 + h] == -INFINITY ? 0.f : __expf(mw[w * 8 + h] - M);
+        return M;
+    };
     int n_c4 = hd_v / 4, n_items = G * n_c4;
 #pragma unroll
     for (int i = 0; i < NI; i++) {
         int idx = tid + ATD_THREADS * i;
         if (idx >= n_items) break;
         int h = idx / n_c4, c4 = idx - h * n_c4;
-        float M = fmaxf(fmaxf(mw[h], mw[8 + h]), fmaxf(mw[16 + h], mw[24 + h]));
-        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        float f[ATD_TC_WARPS], a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        weights(h, f);
 #pragma unroll
         for (int w = 0; w < ATD_TC_WARPS; w++) {
-            float f = mw[w * 8 + h] == -INFINITY ? 0.f : __expf(mw[w * 8 + h] - M);
             float4 v = reinterpret_cast<const float4*>(ow + (w * G + h) * hd_v)[c4];
-            a0 += f * v.x, a1 += f * v.y, a2 += f * v.z, a3 += f * v.w;
+            a0 += f[w] * v.x, a1 += f[w] * v.y, a2 += f[w] * v.z, a3 += f[w] * v.w;
         }
         acc[i][0] = a0, acc[i][1] = a1, acc[i][2] = a2, acc[i][3] = a3;
     }
     if (tid < G) {
-        float M = fmaxf(fmaxf(mw[tid], mw[8 + tid]), fmaxf(mw[16 + tid], mw[24 + tid])), L = 0.f;
+        float f[ATD_TC_WARPS], L = 0.f, M = weights(tid, f);
 #pragma unroll
-        for (int w = 0; w < ATD_TC_WARPS; w++) L += mw[w * 8 + tid] == -INFINITY ? 0.f : __expf(mw[w * 8 + tid] - M) * lw[w * 8 + tid];
+        for (int w = 0; w < ATD_TC_WARPS; w++) L += f[w] * lw[w * 8 + tid];
         m_run[tid] = M, l_run[tid] = L;
     }
 }
@@ -414,7 +422,8 @@ __device__ __forceinline__ void atd_body(const AtdArgs& a, uint8_t* smem, int kv
         if (fused) load_norms();
         jn = fused ? *q_slot : n_vis - 1;
         int t_end = min(j1, j0 + ATD_TILE);
-        if (tc) {  // nothing staged: each warp loads its own keys
+        if (tc) {
+            // nothing staged: each warp loads its own keys
         } else if (fused) {  // every key of the tile but the one this kernel makes
             atd_stage(kt0, vt0, j0, min(t_end, jn), j0);
             if (jn + 1 < t_end) atd_stage(kt0, vt0, max(j0, jn + 1), t_end, j0);

@@ -79,7 +79,7 @@ def kernel(L, group: int, hd: int = 0, hd_v: int = 0) -> str:
     GPU (L.tc) and hd, hd_v <= 128, the narrowest tensor-core instantiation that holds them; else
     the narrowest tile-loop one (every one fits hd_v <= 256), unless L.attn_group_kernels is off."""
     if (L.attn_tc and L.tc and 0 < hd <= TC_MAX_DIM and 0 < hd_v <= TC_MAX_DIM
-            and tc_scratch_bytes(group, hd, hd_v) <= 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)):
+            and tc_scratch_bytes(group, hd, hd_v) <= tile_bytes(hd, hd_v)):
         for most, name in TC_KERNELS:
             if group <= most:
                 return name
@@ -96,9 +96,14 @@ def tc_scratch_bytes(group: int, hd: int, hd_v: int) -> int:
     return 256 + 16 * group * hd_v + 4 * 1024 * (hd // 32)
 
 
+def tile_bytes(hd: int, hd_v: int) -> int:
+    """The two K and two V tiles of 32 padded rows (the tensor-core kernels' scratch instead)."""
+    return 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
+
+
 def smem_bytes(group: int, hd: int, hd_v: int) -> int:
     """Dynamic shared memory of one block (reflex_fused_step gives its attention the same)."""
-    return 4 * group * (hd + 32) + 64 * (2 * hd + 64) + 64 * (2 * hd_v + 64)
+    return 4 * group * (hd + 32) + tile_bytes(hd, hd_v)
 
 
 def fits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int) -> bool:
