@@ -376,6 +376,27 @@ def test_decode_step_knobs_launch_matching_abi(ptx_params, name, tmp_path, monke
         assert sum(n == "reflex_rmsnorm" for n, _, _ in dev.launches[n0:]) >= 2 * dec.cfg.n_layers
 
 
+def test_decode_attention_slices_fit_one_wave(ptx_params):
+    """attn_decode.splits never asks for more blocks than fit the GPU at once: 3 tensor-core blocks an
+    SM for Qwen3's 8 KV heads is 49 slices (396 places), not 50 (round(49.5): 4 blocks ran a second
+    wave, 58 us at 16,384 keys on an H100); a whole quotient stays whole (5 an SM, 132 SMs, 4 heads)."""
+    from reflex_runtime.gpu.launch import Launcher
+
+    L = Launcher(FakeDevice(ptx_params), stream=None)
+    sm = L.dev.sm_count
+    for per_sm in (0.25, 1, 2.5, 3, 4, 5, 6):
+        L.attn_blocks_per_sm = per_sm
+        for n_kv in (1, 2, 3, 4, 8, 16, 24, 40, 64, 512):
+            for fit in (None, 1, 2, 3, 4, 5):
+                s = attn_decode.splits(L, n_kv, fit)
+                cap = min(per_sm, fit or per_sm) * sm
+                assert 1 <= s <= attn_decode.SPLITS_MAX and (s * n_kv <= cap or s == 1), (per_sm, n_kv, fit, s)
+    L.attn_blocks_per_sm = 5
+    assert attn_decode.splits(L, 8, 3) == 49 and attn_decode.splits(L, 4, 5) == attn_decode.SPLITS_MAX
+    L.attn_blocks_per_sm = 5 * 4 / sm  # exactly 5 slices a head for 4 heads: no float shortfall
+    assert attn_decode.splits(L, 4) == 5
+
+
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "qwen3moe", "llama", "qwen35"])
 @pytest.mark.parametrize("out_merge,k_max", [(8, None), (0, None), (8, 8)], ids=["on", "off", "wider_than_k_max"])
 def test_decode_attention_leaves_its_merge_to_the_output_projection(ptx_params, name, out_merge, k_max, tmp_path):

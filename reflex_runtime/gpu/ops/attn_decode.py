@@ -52,9 +52,10 @@ class AtdArgs(Structure):
 
 def splits(L, n_head_kv: int, fit: int | None = None) -> int:
     """The grid's y: about L.attn_blocks_per_sm blocks per SM at long contexts, at most the `fit`
-    an SM holds (a grid past it runs a second wave: 0.79x at 16,384 tokens of context)."""
+    an SM holds (a grid past it runs a second wave: 0.79x at 16,384 tokens of context). Rounded
+    down: rounding 49.5 up gave the tensor-core kernels (3 an SM) 400 blocks for 396 places."""
     per_sm = L.attn_blocks_per_sm if fit is None else min(L.attn_blocks_per_sm, max(1, fit))
-    return max(1, min(SPLITS_MAX, round(per_sm * L.dev.sm_count / n_head_kv)))
+    return max(1, min(SPLITS_MAX, int(per_sm * L.dev.sm_count / n_head_kv + 1e-6)))
 
 
 def head_groups(L, group: int) -> int:
