@@ -361,7 +361,7 @@ def bench_steps(model_path: str, depths, n_tokens: int, repeats: int) -> dict:
             for k, v in knobs.items():
                 setattr(L, k, v)
             runner.reset_graphs()
-            graph = runner.step_graph(greedy=True)
+            graph = runner.step_graph(greedy=True, context=depth + 1)
             times = []
             for _ in range(repeats):
                 runner.write(Step.of(Seq.prompt([first], start=depth)))  # rewind to just after the prefill

@@ -1093,6 +1093,38 @@ def test_plain_generation_queues_the_step_graph_ahead(ptx_params, temperature, f
         list(runner.decode(Step.of(Seq.prompt([1], pick=Pick()), Seq.prompt([2], pick=Pick())), 2, frozenset()))
 
 
+@pytest.mark.parametrize("hooked", [False, True], ids=["graph", "logprobs"])
+def test_a_long_context_takes_its_own_decode_graph(ptx_params, hooked):
+    """REFLEX_ATTN_TC=1: a decode step over at least REFLEX_ATTN_TC_FROM keys replays a graph with
+    the tensor-core attention in it, a shorter one a graph with the tile kernels (faster there:
+    s36); each captured once, whichever way the tokens are picked; off, one graph for all."""
+    from reflex_runtime.sampling import SamplingParams
+
+    runner, dev = _fake_runner(ptx_params)
+    L = runner.launch
+    L.attn_tc, L.attn_tc_from = True, 8
+    lp = {"logprobs": 1} if hooked else {}
+    n0 = len(dev.launches)
+    list(runner.generate_ids([1, 2, 3, 4, 5], SamplingParams(), 8, frozenset(), **lp))  # steps over 6 .. 12 keys
+    atd = [n for n, _, _ in dev.launches[n0:] if n in ATD]
+    tc = [n for n in atd if n.startswith("reflex_attn_decode_t")]
+    n_layers = runner.config.n_layers
+    assert len(atd) == 2 * n_layers and len(tc) == n_layers, atd  # two captures: short, then long
+    assert atd.index(tc[0]) == n_layers  # the short graph first
+    assert sorted(k[2] for k in runner._graphs) == [False, True]
+    list(runner.generate_ids([1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(), 3, frozenset(), **lp))  # long at once
+    assert len([n for n, _, _ in dev.launches[n0:] if n in ATD]) == 2 * n_layers  # nothing captured again
+    with L.attn_context(7):  # the same rule for a benchmark's recorded step
+        assert not L.attn_tc_for(7) and L.attn_short
+    assert L.attn_tc_for(8) and L.attn_tc_for(None) and not L.attn_short
+    L.attn_tc = False
+    runner.reset_graphs()
+    n1 = len(dev.launches)
+    list(runner.generate_ids([1, 2, 3, 4, 5], SamplingParams(), 8, frozenset(), **lp))
+    assert not any(n.startswith("reflex_attn_decode_t") for n, _, _ in dev.launches[n1:])
+    assert len(runner._graphs) == 1
+
+
 def test_the_prefill_stops_at_the_deadline_between_chunks(ptx_params, monkeypatch):
     """CudaRunner takes the engine's deadline: checked before each MAX_BATCH-token chunk of the
     prompt, after the previous one has finished on the device (RequestTimeout); none: no waits."""

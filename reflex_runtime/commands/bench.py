@@ -120,12 +120,12 @@ def decode_at_depths(runner, depths, n_tokens: int, repeats: int) -> list[dict]:
     n_tokens decode-graph replays back to back after one prefill of `depth` tokens, the state
     rewound to just after the prefill for each repeat (median)."""
     dev, s = runner.dev, runner.stream
-    graph = runner.step_graph(greedy=True)
     out = []
     for depth in depths:
         if depth + n_tokens + 2 > runner.max_context:
             out.append({"depth": depth, "skipped": f"context {runner.max_context}"})
             continue
+        graph = runner.step_graph(greedy=True, context=depth + 1)  # the decode's graph at that depth
         ids = [(7 * i + 11) % min(runner.config.vocab_size, 1000) + 1 for i in range(depth)]
         runner.prefill_greedy(ids)
         dev.sync(s)  # the prefill's input copies have left the pinned buffer we rewrite below
@@ -217,7 +217,7 @@ def main(args) -> int:
                              "attn_min_keys": launch.attn_min_keys, "attn_blocks_per_sm": launch.attn_blocks_per_sm,
                              "attn_head_groups": launch.attn_head_groups, "attn_out_merge": launch.attn_out_merge,
                              "attn_out_merge_k": launch.attn_out_merge_k, "attn_group_kernels": launch.attn_group_kernels,
-                             "attn_tc": launch.attn_tc, "attn_tc_min_keys": launch.attn_tc_min_keys,
+                             "attn_tc": launch.attn_tc, "attn_tc_min_keys": launch.attn_tc_min_keys, "attn_tc_from": launch.attn_tc_from,
                              "fuse_rope": launch.fuse_rope, "fused_step": launch.fused_step,
                              **{k: getattr(launch, k) for k in FUSED_KNOBS}}
     if depths:

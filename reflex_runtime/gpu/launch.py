@@ -100,9 +100,14 @@ class Launcher:
         # that many (95 / 80 against 117: five blocks an SM fit); 0: reflex_attn_decode for every group
         self.attn_group_kernels = bool(knob("REFLEX_ATTN_GROUP_KERNELS", 1, choices=(0, 1)))
         # 1: groups of at most 8 query heads with hd, hd_v <= 128 walk the keys on tensor cores, each warp
-        # its own (reflex_attn_decode_t2 / _t4 / _t8, sm_80+). Off until a GPU run has tested and measured
-        # it: s35 wrote it with no GPU lent (CPU emulation only; PERFORMANCE_NOTES s35)
+        # its own (reflex_attn_decode_t2 / _t4 / _t8, sm_80+), in a decode step over at least
+        # attn_tc_from keys: the runner captures that step's graph apart (attn_context). Off until a GPU
+        # run has measured it faster (PERFORMANCE_NOTES s35, s36)
         self.attn_tc = bool(knob("REFLEX_ATTN_TC", 0, choices=(0, 1)))
+        # a shorter context keeps the tile kernels: the tensor-core ones hold 3 blocks an SM, not 5, and
+        # cost tg128 9% on an H100 with their tile path (s36)
+        self.attn_tc_from = knob("REFLEX_ATTN_TC_FROM", 1024, minimum=0)
+        self.attn_short = False  # set by attn_context: the step's context is under attn_tc_from
         # in those kernels, a slice of fewer keys goes through the tiles, whose first tile is staged before the
         # kernel waits for its predecessor (a short context's few keys: tg128's slices hold <= 32)
         self.attn_tc_min_keys = knob("REFLEX_ATTN_TC_MIN_KEYS", 64, minimum=0)
@@ -157,6 +162,22 @@ class Launcher:
             yield
         finally:
             self._role, self._bytes = prev
+
+    @contextmanager
+    def attn_context(self, context: int | None):
+        """Launch (or capture) the decode attention inside for a step over `context` keys: the
+        tensor-core kernels from attn_tc_from keys on (attn_decode.kernel), the tile kernels below;
+        None: no context known (a batch's rows, a direct op call), every context the same kernel."""
+        prev = self.attn_short
+        self.attn_short = context is not None and context < self.attn_tc_from
+        try:
+            yield
+        finally:
+            self.attn_short = prev
+
+    def attn_tc_for(self, context: int | None) -> bool:
+        """Whether a step over `context` keys takes the tensor-core attention (its graph's key)."""
+        return self.attn_tc and (context is None or context >= self.attn_tc_from)
 
     def go(self, name: str, grid, block: int, args: list, shmem: int = 0, cooperative: bool = False) -> None:
         """Enqueue kernel `name` (grid: an int or a 3-tuple) with its argument pack, in the

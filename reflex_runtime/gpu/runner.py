@@ -78,7 +78,8 @@ class CudaRunner:
         self.error: str | None = None
         self._failure: DeviceError | None = None  # the load's own error, when it raised one
         self.dev = None
-        self._graphs: dict[tuple[str, bool], object] = {}  # ("greedy" | "sample" | "forward", pdl) -> decode graph
+        # ("greedy" | "sample" | "forward" | ..., pdl, under REFLEX_ATTN_TC_FROM keys) -> decode graph (_graph_key)
+        self._graphs: dict[tuple[str, bool, bool], object] = {}
         self._constrain_bufs = None  # gpu/constrained.py StepBuffers, on the first logprobs or grammar request
         self._big_logits = (0, 0)  # (ptr, rows)
         self.upload_stats: dict = {}  # before the first request: upload_ms covers what it waited for
@@ -227,7 +228,7 @@ class CudaRunner:
             out.update(self._weights.stats)
         if self._fused is not None:
             out["decode_fused_step"] = bool(self._fused) or self.fused_note
-        for (_, pdl), g in list(self._graphs.items()):  # the scheduler thread may add one meanwhile
+        for (_, pdl, _), g in list(self._graphs.items()):  # the scheduler thread may add one meanwhile
             out["decode_graph_nodes"] = g.n_nodes
             out["decode_graph_pdl"] = pdl
         return out
@@ -317,12 +318,13 @@ class CudaRunner:
         self.write(step)
         self._forward_chunks(step.n_tokens, deadline=deadline)
 
-    def forward(self, step: Step, pdl: bool | None = None) -> None:
+    def forward(self, step: Step, pdl: bool | None = None, context: int | None = None) -> None:
         """One decode step's forward pass over `step` (one token per sequence, which the previous
-        pick left on the device), replayed from its captured graph, without the pick."""
+        pick left on the device), replayed from its captured graph, without the pick. context: the
+        keys it attends to, where the caller knows them (the graph for it: _graph)."""
         seq = self._one_sequence(step)
         assert seq.n == 1 and seq.tokens is None, "forward() runs decode steps; prefill() runs prompts"
-        self._graph("forward", lambda: self.model.forward(1, first=0), pdl).launch(self.stream)
+        self._graph("forward", lambda: self.model.forward(1, first=0), pdl, context).launch(self.stream)
 
     def pick(self, step: Step, hooks=()) -> bool:
         """Choose the next token of every sequence of `step` that has a pick, from the logits of its
@@ -354,16 +356,17 @@ class CudaRunner:
         return PickHooks(self.launch, self.dev, self.stream, tokens_ptr or self.model.p("tokens"),
                          self.config.vocab_size, self._constrain_bufs, pick)
 
-    def step_graph(self, greedy: bool, pdl: bool | None = None, rows: bool = False):
+    def step_graph(self, greedy: bool, pdl: bool | None = None, rows: bool = False, context: int | None = None):
         """A decode step (forward + the plain pick, fused into the LM head for greedy decoding
         where the head can) as one CUDA graph, captured on first use. Its kernels are chained as
         programmatic dependent launches where the GPU has them (sm_90+): each one's launch then
         overlaps its predecessor's tail. REFLEX_PDL=0 turns that off (bench compares). rows: the
-        token is a batched sequence's one decode row, its keys from its seg_lo (gpu/batch.py)."""
+        token is a batched sequence's one decode row, its keys from its seg_lo (gpu/batch.py).
+        context: the keys the step attends to (_graph: a long one's graph may take other kernels)."""
         kind = ("row1-" if rows else "") + ("greedy" if greedy else "sample")
-        if not rows and (kind, self.pdl_available() if pdl is None else pdl) not in self._graphs:
+        if not rows and self._graph_key(kind, pdl, context) not in self._graphs:
             self._prepare_fused()  # uploads its program: not while capturing
-        return self._graph(kind, lambda: self._step(greedy, rows), pdl)
+        return self._graph(kind, lambda: self._step(greedy, rows), pdl, context)
 
     def _prepare_fused(self) -> None:
         """The fused decode step (gpu/fused.py), or why not (kept in self.fused_note)."""
@@ -404,6 +407,7 @@ class CudaRunner:
         deadline that passes during the prefill raises RequestTimeout."""
         seq = self._one_sequence(step)
         pick = seq.pick
+        keys = seq.start + seq.n  # the prompt's: token q's step attends to keys + q of them
         hooks = [self.pick_hooks(pick)] if pick.hooked else []
         nxt = Step.of(Seq.decode(pick))  # every later step: one device-held token
         try:
@@ -418,14 +422,15 @@ class CudaRunner:
                 if tok in stop_ids or i + 1 >= max_new:
                     return
                 if hooks:
-                    self.forward(nxt)
+                    self.forward(nxt, context=keys + i + 1)
                     if not self.pick(nxt, hooks):
                         return
                     self.read_back(i + 1)
                     continue
-                if graph is None or isinstance(graph, EagerStep):  # a graph once every expert is resident
-                    graph = self.step_graph(pick.greedy)
                 while queued < min(i + 2 + AHEAD, max_new):
+                    # a graph once every expert is resident; another one past REFLEX_ATTN_TC_FROM keys
+                    if graph is None or isinstance(graph, EagerStep) or self.launch.attn_tc:
+                        graph = self.step_graph(pick.greedy, context=keys + queued)
                     graph.launch(self.stream)
                     self.read_back(queued)
                     queued += 1
@@ -497,11 +502,26 @@ class CudaRunner:
         if self._weights is not None:
             self._weights.wait_all()
 
-    def _graph(self, kind: str, body, pdl: bool | None):
-        """The captured graph of body(); while experts are still uploading, an EagerStep that runs
-        body() itself (a graph's forward cannot wait for the experts its tokens route to)."""
+    def _graph_key(self, kind: str, pdl: bool | None, context: int | None) -> tuple:
+        """A decode graph's key: with the tensor-core attention on (REFLEX_ATTN_TC), a step over
+        fewer than L.attn_tc_from keys has a graph of its own, with the tile kernels in it."""
         pdl = self.pdl_available() if pdl is None else pdl
-        g = self._graphs.get((kind, pdl))
+        L = self.launch
+        return kind, pdl, L.attn_tc and context is not None and context < L.attn_tc_from
+
+    def _graph(self, kind: str, body, pdl: bool | None, context: int | None = None):
+        """The captured graph of body(), for a step over `context` keys (None: any; _graph_key);
+        while experts are still uploading, an EagerStep that runs body() itself (a graph's forward
+        cannot wait for the experts its tokens route to)."""
+        key = self._graph_key(kind, pdl, context)
+        pdl = key[1]
+        if context is not None:
+            inner, L = body, self.launch
+
+            def body():
+                with L.attn_context(context):
+                    inner()
+        g = self._graphs.get(key)
         if g is None:
             if not self.resident():
                 self._weights.check()  # a failed upload never completes: say so instead of running eagerly on
@@ -514,7 +534,7 @@ class CudaRunner:
             finally:
                 self.launch.pdl = False
                 g = dev.end_capture(s)
-            self._graphs[(kind, pdl)] = g
+            self._graphs[key] = g
         return g
 
     def reset_graphs(self) -> None:
@@ -592,7 +612,7 @@ class CudaRunner:
         (gpu.launch.Launch: kernel, grid, arguments, the role its block gave it, weight bytes),
         so a benchmark can replay each role over every layer on its own."""
         self.prefill_greedy([(7 * i + 11) % min(self.config.vocab_size, 1000) + 1 for i in range(context)])
-        with self.launch.record() as launches:
+        with self.launch.record() as launches, self.launch.attn_context(context + 1):
             if not self.model.forward(1, pick=(self._state, 0)):
                 with self.launch.role("pick (argmax)"):
                     self._pick(True, 0)

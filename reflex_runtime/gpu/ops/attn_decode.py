@@ -77,9 +77,10 @@ def grid_splits(L, n_head: int, n_head_kv: int, hd: int, hd_v: int, rows: int = 
 
 def kernel(L, group: int, hd: int = 0, hd_v: int = 0) -> str:
     """The decode attention's kernel for `group` query heads a KV head: with L.attn_tc on an sm_80+
-    GPU (L.tc) and hd, hd_v <= 128, the narrowest tensor-core instantiation that holds them; else
-    the narrowest tile-loop one (every one fits hd_v <= 256), unless L.attn_group_kernels is off."""
-    if (L.attn_tc and L.tc and 0 < hd <= TC_MAX_DIM and 0 < hd_v <= TC_MAX_DIM
+    GPU (L.tc), hd, hd_v <= 128 and a context not under L.attn_tc_from (L.attn_context), the
+    narrowest tensor-core instantiation that holds them; else the narrowest tile-loop one (every
+    one fits hd_v <= 256), unless L.attn_group_kernels is off."""
+    if (L.attn_tc and not L.attn_short and L.tc and 0 < hd <= TC_MAX_DIM and 0 < hd_v <= TC_MAX_DIM
             and tc_scratch_bytes(group, hd, hd_v) <= tile_bytes(hd, hd_v)):
         for most, name in TC_KERNELS:
             if group <= most:
