@@ -10,17 +10,7 @@
 # (gpu/launch.py; tests/test_launch_abi.py asserts the default), rebuild and re-bundle, then
 # `OUT=$OUT bash scripts/gpu_run.sh quick,tests,check` (carry [".gpu"]) and NEXT=B of
 # results/2026-12-05-h100-s33/next-calls.sh (carry [".peers"]: issue 27's llama-bench rows).
-R=/tmp/real
 case "${NEXT:-A}" in
   A) bash results/2026-12-05-s36/call3-cmd.sh ;;
-  P) Q8=$R/qwen3-0.6b-q8_0.gguf
-     MAKE_06B=q8_0 OUT=$OUT bash scripts/gpu_run.sh smoke 2>&1 | tail -3
-     export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 REFLEX_ATTN_TC=1
-     timeout 300 ncu --clock-control none --cache-control none --graph-profiling node --profile-from-start off --csv --page details \
-       --kernel-name regex:reflex_attn_decode --launch-count 3 \
-       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-       --section SchedulerStats --section InstructionStats \
-       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-       python3 results/2026-12-05-h200-s34/attn_at_depth.py $Q8 16384 > $OUT/ncu-tc-16k.csv 2> $OUT/ncu-tc-16k.err
-     echo "ncu rc $?"; python3 scripts/ncu_summary.py $OUT/ncu-tc-16k.csv --json $OUT/ncu-tc-16k.json | tail -8 ;;
+  P) NEXT=P bash results/2026-12-05-s35/next-calls.sh ;;  # the same ncu command: REFLEX_ATTN_TC=1, 16,384 keys
 esac
