@@ -1125,6 +1125,28 @@ def test_a_long_context_takes_its_own_decode_graph(ptx_params, hooked):
     assert len(runner._graphs) == 1
 
 
+def test_a_batch_takes_the_long_context_graph_by_its_longest_row(ptx_params):
+    """The batcher's graphs (one row, several rows) follow the same rule, by the longest row's keys."""
+    from reflex_runtime.gpu.step import Pick
+
+    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=2)
+    L = runner.launch
+    L.attn_tc, L.attn_tc_from = True, 8
+    a = runner.batch_open([1, 2, 3], Pick(), 8, frozenset())
+    b = runner.batch_open([4, 5], Pick(), 3, frozenset())
+    got = {a: [], b: []}
+    for sid, toks in runner.batch_step([(a, 3), (b, 2)], []).items():
+        got[sid] += toks
+    while len(got[a]) < 8:
+        live = [s for s, n in ((a, 8), (b, 3)) if len(got[s]) < n]
+        for sid, toks in runner.batch_step([], live).items():
+            got[sid] += toks
+    kinds = {(k[0], k[2]) for k in runner._graphs}
+    assert ("rows2", True) in kinds and ("row1-greedy", False) in kinds, kinds  # b leaves at 5 keys, a goes on
+    names = [n for n, _, _ in dev.launches if n in ATD]
+    assert any(n.startswith("reflex_attn_decode_t") for n in names) and any(n.startswith("reflex_attn_decode_g") for n in names)
+
+
 def test_the_prefill_stops_at_the_deadline_between_chunks(ptx_params, monkeypatch):
     """CudaRunner takes the engine's deadline: checked before each MAX_BATCH-token chunk of the
     prompt, after the previous one has finished on the device (RequestTimeout); none: no waits."""

@@ -243,14 +243,16 @@ class Batcher:
 
     def _graph(self):
         n, r, m = len(self.rows), self.r, self.r.model
+        # the longest row's next step's keys: past REFLEX_ATTN_TC_FROM the graph may take other attention kernels
+        keys = max(len(self.seqs[s].prompt) + self.seqs[s].queued for s in self.rows)
         if n == 1:
-            return r.step_graph(self.seqs[self.rows[0]].pick.greedy, rows=True)
+            return r.step_graph(self.seqs[self.rows[0]].pick.greedy, rows=True, context=keys)
 
         def many():
             m.forward(n, first=0, rows=True, logit_row=0, logit_rows=n)
             sample.pick_rows(r.launch, m.p("logits"), self.vocab, m.p("sampling_rows"), self._rows_state, n)
 
-        return r.graph(f"rows{n}", many)
+        return r.graph(f"rows{n}", many, context=keys)
 
     def _launch_ahead(self) -> None:
         seqs = [self.seqs[s] for s in self.rows]

@@ -407,7 +407,7 @@ class CudaRunner:
         deadline that passes during the prefill raises RequestTimeout."""
         seq = self._one_sequence(step)
         pick = seq.pick
-        keys = seq.start + seq.n  # the prompt's: token q's step attends to keys + q of them
+        keys = (seq.start or 0) + seq.n  # the prompt's: token q's step attends to keys + q of them
         hooks = [self.pick_hooks(pick)] if pick.hooked else []
         nxt = Step.of(Seq.decode(pick))  # every later step: one device-held token
         try:
@@ -470,9 +470,10 @@ class CudaRunner:
         m = getattr(self.tl, "meter", None)
         return m.counter_mj if m is not None and m.method == "total_energy_counter" else None
 
-    def graph(self, kind: str, body):
-        """A decode graph captured once per kind from body() (PDL where the GPU has it)."""
-        return self._graph(kind, body, None)
+    def graph(self, kind: str, body, context: int | None = None):
+        """A decode graph captured once per kind (and side of REFLEX_ATTN_TC_FROM: _graph_key) from
+        body() (PDL where the GPU has it)."""
+        return self._graph(kind, body, None, context)
 
     def read_token(self, ptr: int) -> int:
         """One int from the device, after the work queued before it."""
