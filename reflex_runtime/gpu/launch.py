@@ -105,7 +105,7 @@ class Launcher:
         # run has measured it faster (PERFORMANCE_NOTES s35, s36)
         self.attn_tc = bool(knob("REFLEX_ATTN_TC", 0, choices=(0, 1)))
         # a shorter context keeps the tile kernels: the tensor-core ones hold 3 blocks an SM, not 5, and
-        # cost tg128 9% on an H100 with their tile path (s36)
+        # cost tg128 8% on an H100 with their tile path (s36)
         self.attn_tc_from = knob("REFLEX_ATTN_TC_FROM", 1024, minimum=0)
         self.attn_short = False  # set by attn_context: the step's context is under attn_tc_from
         # in those kernels, a slice of fewer keys goes through the tiles, whose first tile is staged before the
@@ -169,15 +169,19 @@ class Launcher:
         tensor-core kernels from attn_tc_from keys on (attn_decode.kernel), the tile kernels below;
         None: no context known (a batch's rows, a direct op call), every context the same kernel."""
         prev = self.attn_short
-        self.attn_short = context is not None and context < self.attn_tc_from
+        self.attn_short = self.attn_short_for(context)
         try:
             yield
         finally:
             self.attn_short = prev
 
+    def attn_short_for(self, context: int | None) -> bool:
+        """Whether a step over `context` keys is under attn_tc_from (None: not known, not short)."""
+        return context is not None and context < self.attn_tc_from
+
     def attn_tc_for(self, context: int | None) -> bool:
-        """Whether a step over `context` keys takes the tensor-core attention (its graph's key)."""
-        return self.attn_tc and (context is None or context >= self.attn_tc_from)
+        """Whether a step over `context` keys takes the tensor-core attention."""
+        return self.attn_tc and not self.attn_short_for(context)
 
     def go(self, name: str, grid, block: int, args: list, shmem: int = 0, cooperative: bool = False) -> None:
         """Enqueue kernel `name` (grid: an int or a 3-tuple) with its argument pack, in the

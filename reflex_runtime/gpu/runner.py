@@ -507,8 +507,7 @@ class CudaRunner:
         """A decode graph's key: with the tensor-core attention on (REFLEX_ATTN_TC), a step over
         fewer than L.attn_tc_from keys has a graph of its own, with the tile kernels in it."""
         pdl = self.pdl_available() if pdl is None else pdl
-        L = self.launch
-        return kind, pdl, L.attn_tc and context is not None and context < L.attn_tc_from
+        return kind, pdl, self.launch.attn_tc and self.launch.attn_short_for(context)
 
     def _graph(self, kind: str, body, pdl: bool | None, context: int | None = None):
         """The captured graph of body(), for a step over `context` keys (None: any; _graph_key);
@@ -516,14 +515,14 @@ class CudaRunner:
         cannot wait for the experts its tokens route to)."""
         key = self._graph_key(kind, pdl, context)
         pdl = key[1]
-        if context is not None:
-            inner, L = body, self.launch
-
-            def body():
-                with L.attn_context(context):
-                    inner()
         g = self._graphs.get(key)
         if g is None:
+            if context is not None:  # captured (or run eagerly) with the attention for that context
+                inner, L = body, self.launch
+
+                def body():
+                    with L.attn_context(context):
+                        inner()
             if not self.resident():
                 self._weights.check()  # a failed upload never completes: say so instead of running eagerly on
                 return EagerStep(body)
