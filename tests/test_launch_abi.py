@@ -727,7 +727,7 @@ def test_decode_kernels_plan_real_shapes(ptx_params, smem):
                                           also=[(w("F16", 1, 2048), buf)])  # another type: two launches
         assert mvs.expert_glu(L, gate, up, 768 * gate.row_bytes, buf, 8, buf, buf, 768, 0, buf, 1e-6)
         assert moe_decode.down(L, down, 2048 * down.row_bytes, buf, buf, 8, buf, buf, 2048, early=True)
-    assert not L.attn_tc  # off by default until a GPU run has measured it
+    assert L.attn_tc and L.attn_tc_from == 4608  # on from 4,608 keys: faster there on an H100 (s37)
     L.attn_tc = True  # REFLEX_ATTN_TC=1
     for n_head, n_kv, hd in ((16, 8, 128), (4, 1, 256), (32, 4, 128), (8, 1, 64), (9, 3, 64), (16, 4, 128)):
         fits = not (hd == 256 and smem[0] < 80 * 1024)  # sm_75: 256-wide heads (78 KB of tiles) stay legacy

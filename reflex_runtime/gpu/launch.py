@@ -101,12 +101,12 @@ class Launcher:
         self.attn_group_kernels = bool(knob("REFLEX_ATTN_GROUP_KERNELS", 1, choices=(0, 1)))
         # 1: groups of at most 8 query heads with hd, hd_v <= 128 walk the keys on tensor cores, each warp
         # its own (reflex_attn_decode_t2 / _t4 / _t8, sm_80+), in a decode step over at least
-        # attn_tc_from keys: the runner captures that step's graph apart (attn_context). Off until a GPU
-        # run has measured it faster (PERFORMANCE_NOTES s35, s36)
-        self.attn_tc = bool(knob("REFLEX_ATTN_TC", 0, choices=(0, 1)))
+        # attn_tc_from keys: the runner captures that step's graph apart (attn_context). On an H100 they
+        # were 2.5-7% faster from 5,120 keys on, 1% slower at 4,096 (0.6B Q8_0, PERFORMANCE_NOTES s37)
+        self.attn_tc = bool(knob("REFLEX_ATTN_TC", 1, choices=(0, 1)))
         # a shorter context keeps the tile kernels: the tensor-core ones hold 3 blocks an SM, not 5, and
-        # cost tg128 8% on an H100 with their tile path (s36)
-        self.attn_tc_from = knob("REFLEX_ATTN_TC_FROM", 1024, minimum=0)
+        # cost tg128 8% on an H100 with their tile path (s36), 8% at 2,048 keys, 1% at 4,096 (s37)
+        self.attn_tc_from = knob("REFLEX_ATTN_TC_FROM", 4608, minimum=0)
         self.attn_short = False  # set by attn_context: the step's context is under attn_tc_from
         # in those kernels, a slice of fewer keys goes through the tiles, whose first tile is staged before the
         # kernel waits for its predecessor (a short context's few keys: tg128's slices hold <= 32)
