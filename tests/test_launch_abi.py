@@ -1147,6 +1147,33 @@ def test_a_batch_takes_the_long_context_graph_by_its_longest_row(ptx_params):
     assert any(n.startswith("reflex_attn_decode_t") for n in names) and any(n.startswith("reflex_attn_decode_g") for n in names)
 
 
+def test_hooked_and_forced_one_token_steps_follow_the_same_rule(ptx_params, monkeypatch):
+    """The batcher's hooked sequence (logprobs: one eager token a step) and decode_logits' forced
+    tokens launch the tile kernels under REFLEX_ATTN_TC_FROM keys, the tensor-core ones from it."""
+    from reflex_runtime.gpu.step import Pick
+
+    runner, dev = _fake_runner(ptx_params, max_context=64, max_seqs=2)
+    L = runner.launch
+    L.attn_tc, L.attn_tc_from = True, 8
+    a = runner.batch_open([1, 2, 3], Pick(logprobs=1), 8, frozenset())
+    n0, got = len(dev.launches), []
+    for toks in runner.batch_step([(a, 3)], []).values():
+        got += toks
+    while len(got) < 8:
+        for toks in runner.batch_step([], [a]).values():
+            got += toks
+    atd = [n for n, _, _ in dev.launches[n0:] if n in ATD]
+    per_layer = [atd[i] for i in range(0, len(atd), runner.config.n_layers)]  # a step each (the prompt's is not ATD)
+    tc = [n.startswith("reflex_attn_decode_t") for n in per_layer]
+    assert tc == [False] * 4 + [True] * 3, per_layer  # steps over 4 .. 10 keys
+    n1 = len(dev.launches)
+    monkeypatch.setattr(runner, "_fetch", lambda ptr, shape, np: np.zeros(shape, np.float32))  # no device to read
+    runner.decode_logits([1, 2, 3, 4, 5], [6, 7, 8, 9])  # forced tokens over 6 .. 9 keys
+    atd = [n for n, _, _ in dev.launches[n1:] if n in ATD]
+    per_layer = [atd[i] for i in range(0, len(atd), runner.config.n_layers)]
+    assert [n.startswith("reflex_attn_decode_t") for n in per_layer] == [False, False, True, True], per_layer
+
+
 def test_the_prefill_stops_at_the_deadline_between_chunks(ptx_params, monkeypatch):
     """CudaRunner takes the engine's deadline: checked before each MAX_BATCH-token chunk of the
     prompt, after the previous one has finished on the device (RequestTimeout); none: no waits."""

@@ -409,7 +409,8 @@ class Batcher:
         """One token of a hooked sequence: its latest token as a one-token chunk, then the pick."""
         pos = len(seq.prompt) + seq.out - 1
         self._write_chunk([seq.last], pos, steps=seq.out)
-        self.r.model.forward(1, first=self.X, kv_base=seq.base)
+        with self.r.launch.attn_context(pos + 1):  # its keys: the tile kernels below REFLEX_ATTN_TC_FROM
+            self.r.model.forward(1, first=self.X, kv_base=seq.base)
         self.r.forward_passes += 1
         seq.queued += 1
         self._emit(sid, seq, self._pick_at_x(seq), out)

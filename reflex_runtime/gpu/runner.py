@@ -672,7 +672,8 @@ class CudaRunner:
             if self._fused:
                 self._fused.launch(greedy=False)
             else:
-                self.model.forward(1, first=0)
+                with self.launch.attn_context(n + j + 1):
+                    self.model.forward(1, first=0)
             out.append(self._fetch(self.model.p("logits"), (self.config.vocab_size,), np))
         return out
 
