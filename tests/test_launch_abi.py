@@ -1162,16 +1162,15 @@ def test_hooked_and_forced_one_token_steps_follow_the_same_rule(ptx_params, monk
     while len(got) < 8:
         for toks in runner.batch_step([], [a]).values():
             got += toks
-    atd = [n for n, _, _ in dev.launches[n0:] if n in ATD]
-    per_layer = [atd[i] for i in range(0, len(atd), runner.config.n_layers)]  # a step each (the prompt's is not ATD)
-    tc = [n.startswith("reflex_attn_decode_t") for n in per_layer]
-    assert tc == [False] * 4 + [True] * 3, per_layer  # steps over 4 .. 10 keys
+    def tc_by_step(since):  # each one-token step's first decode attention (the prompt's is not ATD)
+        atd = [n for n, _, _ in dev.launches[since:] if n in ATD]
+        return [n.startswith("reflex_attn_decode_t") for n in atd[:: runner.config.n_layers]]
+
+    assert tc_by_step(n0) == [False] * 4 + [True] * 3  # steps over 4 .. 10 keys
     n1 = len(dev.launches)
     monkeypatch.setattr(runner, "_fetch", lambda ptr, shape, np: np.zeros(shape, np.float32))  # no device to read
     runner.decode_logits([1, 2, 3, 4, 5], [6, 7, 8, 9])  # forced tokens over 6 .. 9 keys
-    atd = [n for n, _, _ in dev.launches[n1:] if n in ATD]
-    per_layer = [atd[i] for i in range(0, len(atd), runner.config.n_layers)]
-    assert [n.startswith("reflex_attn_decode_t") for n in per_layer] == [False, False, True, True], per_layer
+    assert tc_by_step(n1) == [False, False, True, True]
 
 
 def test_the_prefill_stops_at_the_deadline_between_chunks(ptx_params, monkeypatch):

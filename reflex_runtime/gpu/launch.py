@@ -167,7 +167,7 @@ class Launcher:
     def attn_context(self, context: int | None):
         """Launch (or capture) the decode attention inside for a step over `context` keys: the
         tensor-core kernels from attn_tc_from keys on (attn_decode.kernel), the tile kernels below;
-        None: no context known (a batch's rows, a direct op call), every context the same kernel."""
+        None: no context known (a direct op call), every context the same kernel."""
         prev = self.attn_short
         self.attn_short = self.attn_short_for(context)
         try:
