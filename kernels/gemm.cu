@@ -43,8 +43,10 @@
 //                                 roundings whatever the schedule (counters are left at zero).
 // Bound by tensor-core math for long prompts; weights are read once per BM tokens (per 64
 // pairs of an expert).
-// Dense products of a few tokens may split K across gridDim.z (partial sums added atomically
-// into an accumulated output): a 64-token decode batch times a 1024-row matrix is 16 tiles.
+// Dense products of a few tokens may split K across gridDim.z: a 64-token decode batch times a
+// 1024-row matrix is 16 tiles, a 128-token prompt's output projection 32. A decode batch adds the
+// partial sums atomically into its accumulated output; a prompt's are summed in slice order by the
+// tile's last slice (deterministic: the same logits every run).
 // The experts' activations travel in f16: the mma rounds them to f16 anyway (the same rounding
 // of the same float, so the same bits as f32 rows rounded here), and f16 rows halve the copies
 // and take the conversions out of the mainloop.
@@ -359,7 +361,46 @@ struct GemmSegs {  // up to three matrices of one type and K; outputs of rows[s]
     float* y[3];
     int rows[3];
     int tile_end[3];  // cumulative row tiles (BN) of segments 0..s
+    // Split-K with a deterministic sum (gridDim.z > 1 and part set): each slice's partial tile goes
+    // to part (slice z of segment s at part + n_tok * (z * sum(rows) + rows of segments before s)),
+    // and the tile's last slice to finish (counters[tile], left at zero) adds them in slice order
+    float* part;
+    int* counters;
 };
+
+// The tile's last slice: y[tk, r] (+)= the slices' partial sums, added in slice order (the same
+// sum whichever block finishes last). part_s: slice 0 of this segment; slice z is z * zstride on.
+template <class C>
+__device__ __forceinline__ void gemm_split_sum(const float* part_s, long zstride, float* y, int rows, int n_tok, int m0,
+                                               int n0, int accumulate) {
+    // float4 rows where every address stays 16-byte aligned (n0 is a multiple of BN)
+    const bool vec = ((rows | zstride) & 3) == 0 && (((uintptr_t)part_s | (uintptr_t)y) & 15) == 0;
+    constexpr int N4 = C::BN / 4;
+    for (int e = threadIdx.x; e < C::BM * N4; e += C::THREADS) {
+        int tk = m0 + e / N4, r = n0 + 4 * (e % N4);
+        if (tk >= n_tok || r >= rows) continue;
+        long at = (long)tk * rows + r;
+        if (vec) {
+            float4 s = __ldcg(reinterpret_cast<const float4*>(part_s + at));
+            for (int z = 1; z < gridDim.z; z++) {
+                float4 v = __ldcg(reinterpret_cast<const float4*>(part_s + z * zstride + at));
+                s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+            }
+            float4* d = reinterpret_cast<float4*>(y + at);
+            if (accumulate) {
+                float4 a = *d;
+                s.x += a.x, s.y += a.y, s.z += a.z, s.w += a.w;
+            }
+            *d = s;
+            continue;
+        }
+        for (int c = 0; c < 4 && r + c < rows; c++) {
+            float s = __ldcg(part_s + at + c);
+            for (int z = 1; z < gridDim.z; z++) s += __ldcg(part_s + z * zstride + at + c);
+            y[at + c] = accumulate ? y[at + c] + s : s;
+        }
+    }
+}
 
 template <int T, class C>
 __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, const float* x, int x_stride, int K,
@@ -373,27 +414,49 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
     float* y = s2 ? sg.y[2] : s1 ? sg.y[1] : sg.y[0];
     const uint8_t* w = s2 ? sg.w[2] : s1 ? sg.w[1] : sg.w[0];
     // Split-K (gridDim.z > 1, for grids too small to fill the GPU: a few tokens times a narrow
-    // matrix): this block takes its share of K's stages and adds its partial sums into y, which
-    // the host guarantees holds what they add to (accumulate).
-    const bool split = gridDim.z > 1;
+    // matrix): this block takes its share of K's stages. Without part (a decode batch) it adds its
+    // partial sums into y atomically, which the host guarantees holds what they add to
+    // (accumulate); with part (prompts) the sum is deterministic (GemmSegs.part).
+    const bool split = gridDim.z > 1, det = split && sg.part;
     int kc = K;
     if (split) {
         using R = GemmRaw<T>;
         int stages = (K + R::KB - 1) / R::KB, per = (stages + gridDim.z - 1) / gridDim.z;
         int s0 = blockIdx.z * per, s1 = min(stages, s0 + per);
-        if (s0 >= s1) return;
+        if (s0 >= s1 && !det) return;
+        s0 = min(s0, s1);  // an empty slice (the host avoids them) still counts, with zeros
         x += (long)s0 * R::KB;
         w += (long)s0 * R::SB;
-        kc = min(K, s1 * R::KB) - s0 * R::KB;
+        kc = max(0, min(K, s1 * R::KB) - s0 * R::KB);
     }
     float acc[C::MT][C::NT][4];
-    gemm_mainloop<T, C>(GemmA<float>{x, x_stride, nullptr, m0, n_tok}, GemmB{w, nullptr, row_bytes, n0, rows, false}, kc,
-                        rx_smem, acc);
+    if (kc > 0) {
+        gemm_mainloop<T, C>(GemmA<float>{x, x_stride, nullptr, m0, n_tok}, GemmB{w, nullptr, row_bytes, n0, rows, false},
+                            kc, rx_smem, acc);
+    } else {
+#pragma unroll
+        for (int i = 0; i < C::MT; i++)
+#pragma unroll
+            for (int j = 0; j < C::NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    }
     bool pairs = (rows & 1) == 0;  // float2 stores stay 8-byte aligned
+    const float* part_s = nullptr;
+    long zstride = 0;
+    if (det) {
+        int before = s2 ? sg.rows[0] + sg.rows[1] : s1 ? sg.rows[0] : 0;
+        zstride = (long)n_tok * (sg.rows[0] + sg.rows[1] + sg.rows[2]);
+        part_s = sg.part + (long)n_tok * before;
+        y = const_cast<float*>(part_s) + blockIdx.z * zstride;  // this slice's partial tile
+    }
     gemm_for_each<C>(acc, [&](int m, int n, float v0, float v1) {
         int tk = m0 + m, r = n0 + n;
         if (tk >= n_tok || r >= rows) return;
         float* dst = y + (long)tk * rows + r;
+        if (det) {  // the partial tile, plain stores
+            dst[0] = v0;
+            if (r + 1 < rows) dst[1] = v1;
+            return;
+        }
         if (split) {
             atomicAdd(dst, v0);
             if (r + 1 < rows) atomicAdd(dst + 1, v1);
@@ -411,6 +474,21 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
         dst[0] = accumulate ? dst[0] + v0 : v0;
         if (r + 1 < rows) dst[1] = accumulate ? dst[1] + v1 : v1;
     });
+    if (!det) return;
+    // the last of the tile's slices to get here sums them: every block's partial stores are made
+    // visible (fence) before its count, and the last block reads them after its own
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* cnt = sg.counters + blockIdx.y * gridDim.x + blockIdx.x;
+        last = atomicAdd(cnt, 1) == (int)gridDim.z - 1;
+        if (last) *cnt = 0;  // every slice has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    gemm_split_sum<C>(part_s, zstride, s2 ? sg.y[2] : s1 ? sg.y[1] : sg.y[0], rows, n_tok, m0, n0, accumulate);
 #else
     __trap();  // never launched below sm_80 (gpu/ops/gemm.py ok); fail loudly if it were
 #endif

@@ -34,6 +34,14 @@ def test_gemm(host, qtype, cfg):
     K.test_gemm_every_type_and_tile(host, qtype, cfg)
 
 
+@pytest.mark.parametrize("qtype,cfg", [(Q.Q8_0, "s"), (Q.Q4_K, "l")], ids=["Q8_0-s", "Q4_K-l"])
+def test_prompt_split_k(host, qtype, cfg):
+    """A prompt's split-K: the partial tiles, the tile's last slice summing them in order, the
+    counters left at zero (the emulation runs blocks one after another: the GPU test checks the
+    ordering between blocks)."""
+    K.test_gemm_prompt_split_k_sums_in_slice_order(host, qtype, cfg)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("cfg", ["l", "s"])
 def test_gate_up(host, qtype, cfg):

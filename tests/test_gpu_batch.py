@@ -135,10 +135,11 @@ def test_gemm_split_k_in_a_decode_batch(gpu, qtype):
         rng = np.random.default_rng([int(qtype), k])
         w, dense = weight(gpu, qtype, 200, k, rng)
         for n_tok in (4, 37, 64):
-            assert gemm.k_splits(L, w, 4, True) == 1  # prompts never split
+            assert gemm.k_splits(L, w, 4, True) == (1, 0)  # a prompt splits only with a scratch (none here)
             L.decode_rows = True
             try:
-                assert gemm.k_splits(L, w, 4, True) > 1 or k <= gemm.stage_weights(w.type_name)
+                z, part = gemm.k_splits(L, w, 4, True)
+                assert (z > 1 or k <= gemm.stage_weights(w.type_name)) and part == 0  # atomically
                 x = rng.standard_normal((n_tok, k)).astype(np.float32)
                 base = rng.standard_normal((n_tok, w.rows)).astype(np.float32)
                 y = gpu.put(base)
@@ -223,11 +224,13 @@ def _run(runner, prompts, params, join_after=None, chunk=5, between=None, scorin
 def test_sequences_together_match_each_alone(arch, outtype):
     """Greedy: the tokens of every sequence are the same whether it decoded alone (the batch path
     with one row: the single-sequence graph) or beside others (N-row graphs, a sequence joining
-    mid-way, prompts in chunks), and alone they equal generate_ids (the CLI path); the reference,
+    mid-way, prompts in chunks), and alone they equal generate_ids (the CLI path; but near-ties where
+    the CLI's whole prompt takes the tensor cores and the 5-token chunks do not); the reference,
     teacher-forced, agrees with every pick of both but near-ties. From 4 rows the matrix products
     run on tensor cores, whose sums round differently from the one-row kernels': where the
     reference's two best tokens are a near-tie (the random-weight fixtures have some, real models
     rarely), the two runs may part there, and only there."""
+    from reflex_runtime.gpu.products import MM_MIN_TOKENS
     from reflex_runtime.sampling import SamplingParams
 
     eng, ref = _engine(arch, outtype)
@@ -237,7 +240,11 @@ def test_sequences_together_match_each_alone(arch, outtype):
     greedy = [SamplingParams()] * len(prompts)
     alone = {i: _run(runner, [p], greedy[:1])[0][0] for i, p in enumerate(prompts)}
     for i, p in enumerate(prompts):
-        assert list(runner.generate_ids(p, SamplingParams(), NEW, frozenset())) == alone[i], i
+        cli = list(runner.generate_ids(p, SamplingParams(), NEW, frozenset()))
+        if len(p) < MM_MIN_TOKENS:  # _run's 5-token chunks and the CLI's one chunk: the same products
+            assert cli == alone[i], i
+        else:  # the CLI's one chunk on tensor cores, _run's chunks on the matrix-vector kernels
+            _same_but_near_ties(ref, p, cli, alone[i])
     together, sizes = _run(runner, prompts, greedy, join_after=2)
     assert max(sizes) == 4 and 3 in sizes
     for i in alone:

@@ -197,6 +197,50 @@ def test_gemm_every_type_and_tile(gpu, qtype, cfg):
             assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, base, rtol=TC_RTOL)
 
 
+@pytest.mark.parametrize("qtype", list(TYPE_NAMES), ids=lambda t: t.name)
+@pytest.mark.parametrize("cfg", ["l", "s"])
+def test_gemm_prompt_split_k_sums_in_slice_order(gpu, qtype, cfg):
+    """A prompt's product whose tiles fill less than the GPU twice splits K when the Launcher has
+    a scratch (a model's arena gives it one): three segments of odd row counts and one, plain and
+    accumulating, K at awkward sizes, against numpy; the same bits on a second run (the tile's last
+    slice sums them in slice order), and the counters left at zero for the next launch."""
+    _sm80(gpu)
+    L = gpu.launch
+    L.gemm_part = gpu.poisoned((gemm.PART_FLOATS,))
+    L.gemm_counters = gpu.put(np.zeros(gemm.PART_COUNTERS, np.int32))
+    try:
+        for k in _gemm_ks(qtype) + [2048]:
+            rng = np.random.default_rng([int(qtype), k, 38])
+            mats = [weight(gpu, qtype, rows, k, rng) for rows in (131, 40, 257)]
+            stages = -(-k // gemm.stage_weights(mats[0][0].type_name))
+            for n_tok in (3, 17, 64, 129):
+                bm, bn = gemm.CFGS[cfg]
+                blocks = sum(-(-w.rows // bn) for w, _ in mats) * -(-n_tok // bm)
+                z, part = gemm.k_splits(L, mats[0][0], blocks, False, n_tok, sum(w.rows for w, _ in mats))
+                assert (z > 1 and part == L.gemm_part) or stages == 1, (k, n_tok, z)
+                x = rng.standard_normal((n_tok, k)).astype(np.float32)
+                xd = gpu.put(x)
+                runs = []
+                for _ in range(2):
+                    ys = [gpu.poisoned((n_tok, w.rows)) for w, _ in mats]
+                    gemm.gemm(L, [w for w, _ in mats], xd, ys, n_tok, cfg=cfg)
+                    runs.append([gpu.get(y, (n_tok, w.rows)) for (w, _), y in zip(mats, ys)])
+                for (w, dense), got, again in zip(mats, *runs):
+                    assert_matmul_close(got, x, dense, rtol=TC_RTOL)
+                    np.testing.assert_array_equal(got, again)
+                w, dense = mats[1]
+                base = rng.standard_normal((n_tok, w.rows)).astype(np.float32)
+                y = gpu.put(base)
+                gemm.gemm(L, [w], xd, [y], n_tok, accumulate=True, cfg=cfg)
+                assert_matmul_close(gpu.get(y, (n_tok, w.rows)), x, dense, base, rtol=TC_RTOL)
+        assert not gpu.get(L.gemm_counters, (gemm.PART_COUNTERS,), np.int32).any()
+        L.prompt_splits = False  # the knob off: one slice
+        assert gemm.k_splits(L, mats[0][0], 4, True, 3, 428) == (1, 0)
+    finally:
+        L.gemm_part = L.gemm_counters = 0
+        L.prompt_splits = True
+
+
 def test_gemm_reads_x_with_a_row_stride(gpu):
     """x rows longer than K (a strided view), more tokens than one grid row of tiles."""
     _sm80(gpu)

@@ -33,6 +33,7 @@ DEV = SimpleNamespace(sm_count=132, cc=(9, 0), max_shared=232448, smem_per_sm=23
     ("REFLEX_ATTN_TC", "yes", "an integer"),
     ("REFLEX_ATTN_TC_MIN_KEYS", "-1", "at least 0"),
     ("REFLEX_ATTN_TC_FROM", "-5", "at least 0"),
+    ("REFLEX_PROMPT_SPLITS", "2", "one of 0, 1"),
 ])
 def test_a_bad_tuning_variable_is_one_line_naming_it(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)

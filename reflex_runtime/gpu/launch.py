@@ -140,6 +140,10 @@ class Launcher:
         # set while a decode step of several sequences is enqueued (GpuModel.forward rows): the
         # products then pick their kernels for decode rows (products.matvec_path, gemm.k_splits)
         self.decode_rows = False
+        # a prompt's products whose tiles fill less than the GPU twice split K, summed in slice order
+        # (gemm.k_splits); the scratch comes from the model's arena at bind (0: none, no split)
+        self.prompt_splits = bool(knob("REFLEX_PROMPT_SPLITS", 1, choices=(0, 1)))
+        self.gemm_part = self.gemm_counters = 0
         self._recorded: list[Launch] | None = None
         self._role = ""
         self._bytes = 0

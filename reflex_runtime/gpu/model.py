@@ -18,7 +18,7 @@ from .arena import Arena
 from .blocks import Attention, Batch, LmHead, Residual, TensorReader
 from .launch import Launcher
 from .layer import DecoderLayer
-from .ops import attn_decode, embed
+from .ops import attn_decode, embed, gemm
 from .ops.fused_step import OP_BYTES
 from .ops.sample import ARGMAX_PARTS
 from .step import int_array
@@ -78,6 +78,7 @@ class GpuModel:
         self.arena.reserve("fused_ops", 2 * self.fused_program_bytes)
         self.arena.reserve_f32([("fused_counters", 2)])
         self.arena.reserve("sampling", 64)
+        self.arena.reserve_f32([("gemm_part", gemm.PART_FLOATS), ("gemm_counters", gemm.PART_COUNTERS)])
         # per decode row, then per first token of the prompts a step ends (gpu/batch.py)
         self.arena.reserve("sampling_rows", 32 * (2 * max_seqs + 1))
         if self.paged:
@@ -151,6 +152,7 @@ class GpuModel:
     def bind(self, base: int, launch: Launcher) -> None:
         self.arena.base = base
         self.launch = launch
+        launch.gemm_part, launch.gemm_counters = self.p("gemm_part"), self.p("gemm_counters")
         for name in self.arena.offsets:  # completion counters (split attention, grouped experts) start and stay at 0
             if name.endswith("counters"):
                 launch.dev.memset32(self.p(name), 0, self.arena.sizes[name] // 4, launch.stream)

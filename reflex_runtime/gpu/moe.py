@@ -34,6 +34,10 @@ from .ops.moe import MAX_EXPERTS, MoeGroups
 # top-k block normalizes with one thread per weight) and 127 (tokens x k in gridDim.y < 65536 for
 # a 512-token batch on the per-pair kernels).
 MAX_USED = 64
+# Fewer prompt tokens keep the per-token expert kernels (glu_mv / down_mv) though the dense products
+# take the tensor cores from products.MM_MIN_TOKENS (16) on: the grouped kernels at 16-63 tokens (one
+# or two pairs an expert) are not measured yet (s38)
+GROUPED_MIN_TOKENS = 64
 
 
 @dataclass
@@ -216,7 +220,7 @@ class MoeFFN:
         if n == 1:
             self._one_token(inp, x, ids, wts, shared)
             return
-        path = None if b.matvec else self.grouped()
+        path = None if b.matvec or n < GROUPED_MIN_TOKENS else self.grouped()
         if path is None:
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
                 moe_ops.glu_mv(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff,

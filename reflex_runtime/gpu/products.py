@@ -13,14 +13,15 @@ from .ops.matmul import mm as mm_wmma  # (this module's matmul is the dispatcher
 from .ops.common import Weight
 
 # From this many tokens a matrix product goes to the tensor-core kernel (weights read once per
-# 64 tokens) instead of the matrix-vector kernel (weights read once per 4 tokens). Below it the
-# matrix-vector path wins on the H200: a 16-token prefill of Qwen3-0.6B took 22 ms through the
-# (WMMA) tensor-core kernel (too few tiles to fill the GPU), and 16/4 weight passes cost ~3 ms.
+# 64 tokens) instead of the matrix-vector kernel (weights read once per 4 tokens). Since a prompt's
+# narrow products split K to fill the GPU (gemm.k_splits), the tensor-core kernels win from 16
+# tokens: a whole 16-token prompt of the Qwen3-0.6B shape 1.95 against 3.81 ms of GPU time, 32
+# tokens 2.36 against 6.90 (Q8_0; Q4_K_M 2.27 / 4.33 and 2.71 / 7.66; H100, s38, scripts/bench_prompt.py).
 # scripts/bench_prefill.py measures the crossover per weight type for the sm_80+ kernels; a type
 # whose matrix-vector kernel keeps winning beyond MM_MIN_TOKENS gets its own (higher) entry in
 # MM_MIN_TOKENS_BY_TYPE (a batch is still normalized once for the tensor-core path from
 # MM_MIN_TOKENS on; such a type then runs the matrix-vector kernel on the normalized input).
-MM_MIN_TOKENS = 64
+MM_MIN_TOKENS = 16
 MM_MIN_TOKENS_BY_TYPE: dict[str, int] = {}
 # A decode batch of several sequences (Launcher.decode_rows) goes to the tensor-core kernels from
 # this many rows: the matrix-vector kernels read the weights once per 4 rows, and a decode step

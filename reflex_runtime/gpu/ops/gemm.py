@@ -6,6 +6,7 @@ their input rows). Two tile configurations each."""
 from __future__ import annotations
 
 from ctypes import Structure, c_int, c_long, c_void_p
+from functools import lru_cache
 
 from ...modelfile.ggml_types import GGML_TYPES_BY_NAME
 from .common import Weight, per_type
@@ -21,17 +22,29 @@ MOE_CFG = {TILE: ("w", ""), SMALL_TILE: ("n", "_n")}  # pairs per tile -> (confi
 
 
 class GemmSegs(Structure):
-    """Mirror of kernels/gemm.cu's GemmSegs: up to three matrices, their row tiles numbered across."""
+    """Mirror of kernels/gemm.cu's GemmSegs: up to three matrices, their row tiles numbered across;
+    part / counters: a prompt's split-K scratch (0: partial sums added atomically, or no split)."""
 
-    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("rows", c_int * 3), ("tile_end", c_int * 3)]
+    _fields_ = [("w", c_void_p * 3), ("y", c_void_p * 3), ("rows", c_int * 3), ("tile_end", c_int * 3),
+                ("part", c_void_p), ("counters", c_void_p)]
 
 
+# A prompt's split-K scratch in a model's arena (GpuModel.bind hands it to the Launcher): slices x
+# tokens x rows floats, and one zeroed counter per tile. Split grids have fewer than 2 x SMs tiles of
+# 64 x 64, so 2 x 264 x 4096 floats cover an H100's / H200's worst case; k_splits takes fewer slices
+# where a product would not fit.
+PART_FLOATS = 1 << 21
+PART_COUNTERS = 1024
+
+
+@lru_cache(maxsize=None)  # (these three are asked per launch: a prompt's host time is per launch, s38)
 def stage_weights(type_name: str) -> int:
     """Weights of a row per pipeline stage (GemmRaw<T>::KB)."""
     qk = GGML_TYPES_BY_NAME[type_name].block_size
     return 32 if type_name == "F32" else 64 if qk == 1 else 256 if qk == 256 else 128
 
 
+@lru_cache(maxsize=None)
 def shared_bytes(type_name: str, cfg: str, x_bytes: int = 4) -> int:
     """Dynamic shared memory of a kernel (GemmSmem<T, C, XT>::BYTES): two stages of raw weight rows
     (each the 16-byte chunks covering the stage's bytes) and a ring of NA x tiles of 32 k
@@ -54,7 +67,12 @@ def down_col_tiles(n_embd: int) -> int:
 def ok(L, w: Weight) -> bool:
     """These kernels read w: an sm_80+ GPU, the tensor 16-byte aligned (GGUF aligns to 32), its
     shared-memory tiles within the device's limit."""
-    return L.tc and w.ptr % 16 == 0 and max(shared_bytes(w.type_name, c) for c in SHAPES) <= L.max_dyn_shared
+    return L.tc and w.ptr % 16 == 0 and _most_shared(w.type_name) <= L.max_dyn_shared
+
+
+@lru_cache(maxsize=None)
+def _most_shared(type_name: str) -> int:
+    return max(shared_bytes(type_name, c) for c in SHAPES)
 
 
 def cfg_for(L, n_tok: int, rows: int) -> str:
@@ -67,17 +85,29 @@ def cfg_for(L, n_tok: int, rows: int) -> str:
 MAX_K_SPLITS = 16
 
 
-def k_splits(L, w: Weight, blocks: int, accumulate: bool) -> int:
-    """Slices of K for a grid of `blocks` tiles (gridDim.z): in a decode step of several sequences
-    (L.decode_rows; prompts keep their deterministic sums), an accumulated product whose tiles
-    fill less than the GPU twice over takes K in up to MAX_K_SPLITS slices of whole stages, each
-    added into the output atomically (a decode batch's output projection and FFN down). Products
-    that overwrite their output, and large grids, keep one."""
+def k_splits(L, w: Weight, blocks: int, accumulate: bool, n_tok: int = 0, rows: int = 0) -> tuple[int, int]:
+    """(slices of K, split-K scratch or 0) for a grid of `blocks` tiles (gridDim.z) that fills less
+    than the GPU twice over, in up to MAX_K_SPLITS slices of whole stages, none empty:
+    - a decode step of several sequences (L.decode_rows): an accumulated product only, each slice
+      adding into the output atomically (a decode batch's output projection and FFN down);
+    - a prompt: any product, where the model gave the Launcher a scratch (L.gemm_part) that holds
+      slices x n_tok x rows floats (rows: all segments'), summed in slice order by each tile's last
+      slice, so the logits are the same every run (a 128-token prompt's output projection is 32
+      tiles on 132 SMs). L.prompt_splits off: prompts keep one slice.
+    Large grids keep one."""
     target = 2 * L.dev.sm_count
-    if not accumulate or not L.decode_rows or blocks >= target:
-        return 1
+    if blocks >= target:
+        return 1, 0
     stages = -(-w.k // stage_weights(w.type_name))
-    return max(1, min(MAX_K_SPLITS, stages, -(-target // blocks)))
+    if L.decode_rows:
+        return (max(1, min(MAX_K_SPLITS, stages, -(-target // blocks))) if accumulate else 1), 0
+    if not (L.prompt_splits and L.gemm_part) or blocks > PART_COUNTERS:
+        return 1, 0
+    z = min(MAX_K_SPLITS, stages, -(-target // blocks), PART_FLOATS // max(1, n_tok * rows))
+    if z < 2:
+        return 1, 0
+    per = -(-stages // z)
+    return -(-stages // per), L.gemm_part  # as many slices as `per` stages each make: none empty
 
 
 def gemm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: bool = False, x_stride: int = 0,
@@ -86,7 +116,8 @@ def gemm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: boo
     w0 = ws[0]
     assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.row_bytes == w0.row_bytes for w in ws)
     x_stride = x_stride or w0.k
-    cfg = cfg or cfg_for(L, n_tok, sum(w.rows for w in ws))
+    rows = sum(w.rows for w in ws)
+    cfg = cfg or cfg_for(L, n_tok, rows)
     bm, bn = CFGS[cfg]
     segs, end = GemmSegs(), 0
     for i in range(3):
@@ -94,8 +125,11 @@ def gemm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: boo
             segs.w[i], segs.y[i], segs.rows[i] = ws[i].ptr, ys[i], ws[i].rows
             end += -(-ws[i].rows // bn)
         segs.tile_end[i] = end
-    L.go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, -(-n_tok // bm), k_splits(L, w0, end * -(-n_tok // bm), accumulate)),
-         THREADS[cfg],
+    m_tiles = -(-n_tok // bm)
+    z, part = k_splits(L, w0, end * m_tiles, accumulate, n_tok, rows)
+    if part:
+        segs.part, segs.counters = part, L.gemm_counters
+    L.go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, m_tiles, z), THREADS[cfg],
          [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride), c_int(w0.k), c_int(n_tok),
           c_int(int(accumulate))], shared_bytes(w0.type_name, cfg))
 
