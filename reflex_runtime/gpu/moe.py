@@ -34,10 +34,10 @@ from .ops.moe import MAX_EXPERTS, MoeGroups
 # top-k block normalizes with one thread per weight) and 127 (tokens x k in gridDim.y < 65536 for
 # a 512-token batch on the per-pair kernels).
 MAX_USED = 64
-# Fewer prompt tokens keep the per-token expert kernels (glu_mv / down_mv) though the dense products
-# take the tensor cores from products.MM_MIN_TOKENS (16) on: the grouped kernels at 16-63 tokens (one
-# or two pairs an expert) are not measured yet (s38)
-GROUPED_MIN_TOKENS = 64
+# Fewer prompt tokens take the per-token expert kernels (glu_mv / down_mv): from 16 the grouped ones
+# win as the dense products do (the 30B-A3B shape, 8 layers, whole prompt on the GPU: 16 tokens 1.93
+# against 2.93 ms, 32 2.29 against 4.97, 48 2.62 against 7.03; H100, s38, scripts/bench_prompt.py)
+GROUPED_MIN_TOKENS = 16
 
 
 @dataclass

@@ -41,3 +41,13 @@ case "${NEXT:-}" in
           --set mm_min_tokens=8 --launch-cost --out $OUT/run/prompt-\$t.json | grep -v '^round 1'; done" \
         bash scripts/gpu_run.sh quick,tests,extra 2>&1 | grep -v "^===" | tail -60 ;;
 esac
+#   NEXT=P4 carry [".gpu"]: the other families' short prompts with MM_MIN_TOKENS 16 (their attention-side products on
+#           tensor cores from 16 tokens; the routed experts from 64): Qwen3.5-0.8B (full size), the 30B-A3B shape with
+#           8 layers, the Gemma 3 270M shape; against MM_MIN_TOKENS 64 and the split off   (~200 s)
+case "${NEXT:-}" in
+  P4) OUT=$OUT MAKE_06B= MAKE_MORE="python3 scripts/make_qwen35_bench.py --model 0.8b --type q8_0 --out $R/qwen35-0.8b-q8_0.gguf \
+        && python3 scripts/make_moe_bench.py --layers 8 --out $R/qwen3moe-30b-a3b-8l-q8_0.gguf" \
+        EXTRA="for f in qwen35-0.8b-q8_0 qwen3moe-30b-a3b-8l-q8_0 gemma-3-270m-q4_k_m-shaped; do python3 scripts/bench_prompt.py \
+          $R/\$f.gguf --tokens 16,32,64,128 --set default --set mm_min_tokens=64 --set prompt_splits=false \
+          --out $OUT/run/prompt-\$f.json | grep -v '^round 1'; done" bash scripts/gpu_run.sh extra 2>&1 | grep -v "^===" | tail -40 ;;
+esac
