@@ -440,13 +440,13 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
             for (int j = 0; j < C::NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
     }
     bool pairs = (rows & 1) == 0;  // float2 stores stay 8-byte aligned
-    const float* part_s = nullptr;
+    float* part_s = nullptr;
     long zstride = 0;
     if (det) {
         int before = s2 ? sg.rows[0] + sg.rows[1] : s1 ? sg.rows[0] : 0;
         zstride = (long)n_tok * (sg.rows[0] + sg.rows[1] + sg.rows[2]);
         part_s = sg.part + (long)n_tok * before;
-        y = const_cast<float*>(part_s) + blockIdx.z * zstride;  // this slice's partial tile
+        y = part_s + blockIdx.z * zstride;  // this slice's partial tile
     }
     gemm_for_each<C>(acc, [&](int m, int n, float v0, float v1) {
         int tk = m0 + m, r = n0 + n;
@@ -475,19 +475,11 @@ __device__ __forceinline__ void gemm_dense(const GemmSegs& sg, long row_bytes, c
         if (r + 1 < rows) dst[1] = accumulate ? dst[1] + v1 : v1;
     });
     if (!det) return;
-    // the last of the tile's slices to get here sums them: every block's partial stores are made
-    // visible (fence) before its count, and the last block reads them after its own
+    // the last of the tile's slices to get here sums them
     __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* cnt = sg.counters + blockIdx.y * gridDim.x + blockIdx.x;
-        last = atomicAdd(cnt, 1) == (int)gridDim.z - 1;
-        if (last) *cnt = 0;  // every slice has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    int* cnt = sg.counters + blockIdx.y * gridDim.x + blockIdx.x;
+    if (!split_last(cnt, gridDim.z, last, BlockSync{})) return;
+    if (threadIdx.x == 0) *cnt = 0;  // every slice has counted: ready for the next launch
     gemm_split_sum<C>(part_s, zstride, s2 ? sg.y[2] : s1 ? sg.y[1] : sg.y[0], rows, n_tok, m0, n0, accumulate);
 #else
     __trap();  // never launched below sm_80 (gpu/ops/gemm.py ok); fail loudly if it were

@@ -9,8 +9,8 @@ launch, so a short prompt can be bound by Python rather than by the GPU (s38).
         [--set mm_min_tokens=16] [--launch-cost] [--repeats 10] [--out prompt.json]
 
 --set: a comma list of Launcher attributes (gpu/launch.py), as bench_knobs.py's, plus mm_min_tokens
-(gpu/products.py MM_MIN_TOKENS: the fewest tokens that take the tensor-core kernels) and
-grouped_min_tokens (gpu/moe.py GROUPED_MIN_TOKENS: the routed experts' grouped kernels). Settings are
+(gpu/products.py MM_MIN_TOKENS: the fewest tokens that take the tensor-core kernels, the routed
+experts' grouped ones too). Settings are
 measured in rounds (every setting once per round) so that drift falls on all of them alike.
 --launch-cost: the host's cost of one launch (a one-block kernel, 2,000 times).
 """
@@ -77,13 +77,11 @@ def launch_cost(runner, count: int = 2000) -> dict:
 
 
 def apply(runner, setting: dict, base: dict) -> None:
-    from reflex_runtime.gpu import moe, products
+    from reflex_runtime.gpu import products
 
     for key, value in {**base, **setting}.items():
         if key == "mm_min_tokens":
             products.MM_MIN_TOKENS = int(value)
-        elif key == "grouped_min_tokens":
-            moe.GROUPED_MIN_TOKENS = int(value)
         else:
             setattr(runner.launch, key, value)
 
@@ -99,16 +97,26 @@ def main(argv=None) -> int:
     p.add_argument("--out")
     args = p.parse_args(argv)
 
-    from reflex_runtime.gpu import moe, products
+    try:
+        settings = [(s, parse_setting(s)) for s in (args.settings or ["default"])]
+        tokens = [int(t) for t in args.tokens.split(",") if t]
+    except ValueError as e:
+        p.error(str(e))
+    if not tokens or min(tokens) < 1:
+        p.error(f"--tokens {args.tokens!r}: a comma list of prompt lengths of at least 1")
+
+    from reflex_runtime.gpu import products
     from reflex_runtime.loader import load_engine
 
     engine = load_engine(args.model, "cuda")
     runner = engine.runner
     runner.wait_weights()
-    settings = [(s, parse_setting(s)) for s in (args.settings or ["default"])]
-    special = {"mm_min_tokens": products.MM_MIN_TOKENS, "grouped_min_tokens": moe.GROUPED_MIN_TOKENS}
-    base = {k: special[k] if k in special else getattr(runner.launch, k) for _, kv in settings for k in kv}
-    tokens = [int(t) for t in args.tokens.split(",") if t]
+    for _, kv in settings:
+        for k in kv:
+            if k != "mm_min_tokens" and not hasattr(runner.launch, k):
+                raise SystemExit(f"bench_prompt: the launcher has no knob {k!r}")
+    base = {k: (products.MM_MIN_TOKENS if k == "mm_min_tokens" else getattr(runner.launch, k))
+            for _, kv in settings for k in kv}
     res = {"date": time.strftime("%Y-%m-%d"), "device": runner.dev.name, "model": args.model,
            "rounds": args.rounds, "repeats": args.repeats, "settings": {}}
     if args.launch_cost:

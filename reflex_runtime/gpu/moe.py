@@ -34,10 +34,6 @@ from .ops.moe import MAX_EXPERTS, MoeGroups
 # top-k block normalizes with one thread per weight) and 127 (tokens x k in gridDim.y < 65536 for
 # a 512-token batch on the per-pair kernels).
 MAX_USED = 64
-# Fewer prompt tokens take the per-token expert kernels (glu_mv / down_mv): from 16 the grouped ones
-# win as the dense products do (the 30B-A3B shape, 8 layers, whole prompt on the GPU: 16 tokens 1.93
-# against 2.93 ms, 32 2.29 against 4.97, 48 2.62 against 7.03; H100, s38, scripts/bench_prompt.py)
-GROUPED_MIN_TOKENS = 16
 
 
 @dataclass
@@ -220,7 +216,9 @@ class MoeFFN:
         if n == 1:
             self._one_token(inp, x, ids, wts, shared)
             return
-        path = None if b.matvec or n < GROUPED_MIN_TOKENS else self.grouped()
+        # the grouped kernels from products.MM_MIN_TOKENS on, as the dense products (the 30B-A3B shape, 8
+        # layers, whole prompt on the GPU: 32 tokens 2.29 ms against 4.97 per token; H100, s38)
+        path = None if b.matvec else self.grouped()
         if path is None:
             with L.role("moe experts gate/up + act", 2 * k * m.gate_up_stride):
                 moe_ops.glu_mv(L, m.gate, m.up, m.gate_up_stride, ids, k, inp.ptr, p("moe_act"), n, self.n_ff,
