@@ -259,8 +259,8 @@ class Attention:
         and system1's trees: flash attention on tensor cores (sm_80+), else the split-K scalar kernel.
         Returns `merge` when the decode kernel took it (the output projection must then merge)."""
         c, L, p, w = self.cfg, self.launch, self.p, self.w
-        fits = attn_decode.fits(L, c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v)
-        decode = (b.rows or (b.n == 1 and not b.seg_lo)) and fits
+        decode = (b.rows or (b.n == 1 and not b.seg_lo)) and attn_decode.fits(L, c.n_head, c.n_head_kv, c.head_dim,
+                                                                               c.head_dim_v)
         rows = b.n if b.rows else 1
         # a prompt chunk of one sequence in its own range: its slots count from kv_base (the block
         # table's entries from that range's on; kv_pos is per logical slot)

@@ -16,6 +16,8 @@ from cuda.bindings import driver as cu
 from ..errors import DeviceError
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
+_PTR_ARRAYS = [ctypes.c_void_p * n for n in range(48)]  # a launch's void* array by argument count
+_addressof = ctypes.addressof
 
 
 def _error_text(err) -> str:
@@ -58,12 +60,18 @@ class Kernel:
         launch should not pay. cooperative: every block resident at once, or the launch waits (a
         grid-wide barrier inside: kernels/fused_step.cu); not with pdl. carveout: the percentage of the
         SM's L1 / shared memory to give shared memory (Launcher.carveout says why), -1 the driver's choice."""
-        self._allow_shared(shmem)
+        if shmem > self.shared_limit:
+            self._allow_shared(shmem)
         if carveout is not None and carveout != self.carveout:
             attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
             check(cu.cuFuncSetAttribute(self.func, attr, carveout), f"cuFuncSetAttribute({self.name}, carveout)")
             self.carveout = carveout
-        ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        # (filled element by element: an eager prompt's host time is per launch, and this is half the
+        # cost of the array built from a list: scripts/bench_host.py)
+        n = len(args)
+        ptrs = _PTR_ARRAYS[n]() if n < len(_PTR_ARRAYS) else (ctypes.c_void_p * n)()
+        for i, a in enumerate(args):
+            ptrs[i] = _addressof(a)
         gx, gy, gz = grid if isinstance(grid, tuple) else (grid, 1, 1)
         if pdl or cooperative:
             err = cu.cuLaunchKernelEx(_launch_config(gx, gy, gz, block, shmem, stream, cooperative), self.func,

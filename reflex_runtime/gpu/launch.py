@@ -147,6 +147,7 @@ class Launcher:
         self._recorded: list[Launch] | None = None
         self._role = ""
         self._bytes = 0
+        self._kernels: dict = {}  # name -> the device's kernel, asked once (go runs per launch)
 
     @contextmanager
     def record(self):
@@ -157,15 +158,9 @@ class Launcher:
         finally:
             self._recorded = None
 
-    @contextmanager
-    def role(self, name: str, weight_bytes: int = 0):
+    def role(self, name: str, weight_bytes: int = 0) -> "_Role":
         """Tag the launches made inside with what they do (and the weight bytes they read)."""
-        prev = self._role, self._bytes
-        self._role, self._bytes = name, weight_bytes
-        try:
-            yield
-        finally:
-            self._role, self._bytes = prev
+        return _Role(self, name, weight_bytes)
 
     @contextmanager
     def attn_context(self, context: int | None):
@@ -191,7 +186,7 @@ class Launcher:
         """Enqueue kernel `name` (grid: an int or a 3-tuple) with its argument pack, in the
         kernel's parameter order (ops/ builds them; tests/test_launch_abi.py checks them).
         cooperative: a grid whose blocks must all be resident at once (not chained by PDL)."""
-        kernel = self.dev.kernel(name)
+        kernel = self._kernels.get(name) or self._kernel(name)
         if cooperative:
             kernel.launch(grid, block, args, self.stream, shmem=shmem, cooperative=True)
         else:
@@ -201,3 +196,26 @@ class Launcher:
         if self._recorded is not None:
             g = grid if isinstance(grid, tuple) else (grid, 1, 1)
             self._recorded.append(Launch(kernel, g, block, args, self._role or name, self._bytes, shmem))
+
+    def _kernel(self, name: str):
+        k = self._kernels[name] = self.dev.kernel(name)
+        return k
+
+
+class _Role:
+    """Launcher.role's block: a plain class, not a generator-based context manager (blocks enter
+    one around almost every launch, and contextlib's costs a prompt ~1 us a launch)."""
+
+    __slots__ = ("launcher", "role", "prev")
+
+    def __init__(self, launcher: Launcher, name: str, weight_bytes: int):
+        self.launcher, self.role = launcher, (name, weight_bytes)
+
+    def __enter__(self) -> None:
+        L = self.launcher
+        self.prev = L._role, L._bytes
+        L._role, L._bytes = self.role
+
+    def __exit__(self, *exc) -> None:
+        L = self.launcher
+        L._role, L._bytes = self.prev

@@ -59,16 +59,18 @@ def matmul_many(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumula
     mvs.folds_post said so): a post-norm folded into the staged launch; merge: as matmul's."""
     w0 = ws[0]
     x_stride = x_stride or w0.k
-    if (norm_w or post or merge or matvec_path(n_tok, w0.type_name, L.decode_rows)) and all(w.k == w0.k for w in ws):
+    one = len(ws) == 1  # (most calls: the checks over several matrices are a prompt's host time, s38)
+    if (norm_w or post or merge or matvec_path(n_tok, w0.type_name, L.decode_rows)) and (
+            one or all(w.k == w0.k for w in ws)):
         # matrix-vector path: segments() splits types where its kernel needs it (not one token)
         segments(L, ws, x, ys, n_tok, accumulate, x_stride, norm_w, eps, post, merge)
         return
     assert post is None and merge is None, "a folded post-norm or merge needs the staged one-token kernels"
-    if not all(w.type_name == w0.type_name and w.k == w0.k for w in ws):
+    if not (one or all(w.type_name == w0.type_name and w.k == w0.k for w in ws)):
         for w, y in zip(ws, ys):
             matmul_many(L, [w], x, [y], n_tok, accumulate, x_stride, norm_w, eps)
         return
-    if all(gemm.ok(L, w) for w in ws):
+    if gemm.ok(L, w0) and (one or all(gemm.ok(L, w) for w in ws)):
         gemm.gemm(L, ws, x, ys, n_tok, accumulate, x_stride)
     elif w0.k % 64 == 0:
         for w, y in zip(ws, ys):

@@ -116,22 +116,35 @@ def gemm(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate: boo
     w0 = ws[0]
     assert 1 <= len(ws) <= 3 and all(w.type_name == w0.type_name and w.row_bytes == w0.row_bytes for w in ws)
     x_stride = x_stride or w0.k
-    rows = sum(w.rows for w in ws)
+    rows = w0.rows if len(ws) == 1 else sum(w.rows for w in ws)
     cfg = cfg or cfg_for(L, n_tok, rows)
     bm, bn = CFGS[cfg]
+    ws, ys = tuple(ws), tuple(ys)
+    end = _row_tiles(ws, bn)
+    m_tiles = -(-n_tok // bm)
+    z, part = k_splits(L, w0, end * m_tiles, accumulate, n_tok, rows)
+    segs = _segs(ws, ys, bn, part, L.gemm_counters if part else 0)
+    L.go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, m_tiles, z), THREADS[cfg],
+         [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride), c_int(w0.k), c_int(n_tok),
+          c_int(int(accumulate))], shared_bytes(w0.type_name, cfg))
+
+
+def _row_tiles(ws: tuple, bn: int) -> int:
+    """Row tiles of bn rows over all segments."""
+    return sum(-(-w.rows // bn) for w in ws)
+
+
+@lru_cache(maxsize=4096)  # a layer's products take the same segments every prompt (3 us a launch to build)
+def _segs(ws: tuple, ys: tuple, bn: int, part: int, counters: int) -> GemmSegs:
+    """The launch's GemmSegs, never changed once made (a launch copies its bytes; recorded launches keep it)."""
     segs, end = GemmSegs(), 0
     for i in range(3):
         if i < len(ws):
             segs.w[i], segs.y[i], segs.rows[i] = ws[i].ptr, ys[i], ws[i].rows
             end += -(-ws[i].rows // bn)
         segs.tile_end[i] = end
-    m_tiles = -(-n_tok // bm)
-    z, part = k_splits(L, w0, end * m_tiles, accumulate, n_tok, rows)
-    if part:
-        segs.part, segs.counters = part, L.gemm_counters
-    L.go(f"reflex_gemm_{w0.suffix}_{cfg}", (end, m_tiles, z), THREADS[cfg],
-         [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride), c_int(w0.k), c_int(n_tok),
-          c_int(int(accumulate))], shared_bytes(w0.type_name, cfg))
+    segs.part, segs.counters = part, counters
+    return segs
 
 
 def glu(L, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, x_stride: int = 0,
