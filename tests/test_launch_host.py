@@ -100,8 +100,8 @@ def test_bench_host_reports_launches_and_host_time(tmp_path):
     assert d == json.loads(r.stdout) and d["arch"] == "gemma3" and d["layers"] == 18
     small, big = d["rows"]
     assert (small["tokens"], big["tokens"]) == (3, 20)
-    # 3 tokens: the matrix-vector path folds the pre-norms in; 20: the tensor-core path has a norm launch each
-    assert 0 < small["launches"] < big["launches"]
+    # (3 tokens take the matrix-vector kernels, 20 the tensor-core ones: each path at least 4 launches a layer)
+    assert small["launches"] >= 4 * d["layers"] and big["launches"] >= 4 * d["layers"]
     assert all(row["host_ms"] > 0 and row["host_us_per_launch"] > 0 for row in d["rows"])
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_host.py"), embedded_model_path(),
                           "--tokens", "16,x"], capture_output=True, text=True, timeout=60)
