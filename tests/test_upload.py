@@ -7,7 +7,7 @@ import os
 import pytest
 
 from reflex_runtime.errors import ModelFileError
-from reflex_runtime.gpu.upload import StagingRing, upload_file_range
+from reflex_runtime.gpu.upload import MappedFile, StagingRing, upload_file_range, upload_mapped
 
 
 class _Dev:
@@ -120,3 +120,95 @@ def test_the_ring_takes_its_size_from_the_environment(monkeypatch):
         monkeypatch.setenv("REFLEX_UPLOAD_THREADS", bad)
         monkeypatch.setenv("REFLEX_UPLOAD_CHUNK_MB", bad)
         assert 1 <= default_threads() <= 64 and default_chunk() == CHUNK and default_chunk(True) == CHUNK_ON_DEMAND
+
+
+@pytest.mark.parametrize("threads,piece", [(1, 1 << 20), (3, 4096), (8, 64 << 20)])
+def test_the_mapped_upload_lands_every_byte_and_unmaps(tmp_path, threads, piece):
+    """REFLEX_UPLOAD_MAPPED=1's copy (gpu/upload.py MappedFile, upload_mapped): straight from a
+    shared read-only mapping of the file, each thread one share in pieces; every byte of the range
+    lands where the file has it, and close() unmaps (twice is harmless)."""
+    data = os.urandom(5_000_000)
+    path = tmp_path / "w.bin"
+    path.write_bytes(data)
+    off, n = 4097, len(data) - 4097 - 3  # the data region's offset is not page-aligned
+    dev = _Dev(n + 64)
+    m = MappedFile(str(path), off + n)
+    copies = []
+    htod = dev.htod
+    dev.htod = lambda dst, src, k, stream: (copies.append((dst - dev.base - 64, k)), htod(dst, src, k, stream))
+    upload_mapped(dev, m, off, n, dev.base + 64, threads, piece=piece)
+    assert bytes(dev.mem[64:64 + n]) == data[off:off + n]
+    spans = sorted(copies)
+    assert spans[0][0] == 0 and all(a + k == b for (a, k), (b, _) in zip(spans, spans[1:]))  # no gap, no overlap
+    assert sum(k for _, k in spans) == n and max(k for _, k in spans) <= piece
+    assert not dev.pinned  # nothing staged
+    m.close()
+    assert m.addr == 0
+    m.close()
+
+
+def test_a_mapped_file_shorter_than_its_directory_says_is_a_model_file_error(tmp_path):
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"x" * 5000)
+    with pytest.raises(ModelFileError, match="shrank"):
+        MappedFile(str(path), 8000)
+
+
+def test_the_runner_uploads_from_the_mapping_when_asked(monkeypatch, tmp_path):
+    """The runner's load (gpu/runner.py) takes the mapped upload for a dense file with
+    REFLEX_UPLOAD_MAPPED=1, says so in its stats and its timeline, and unmaps after; the device
+    copies cover the weights region once."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from fake_device import FakeBoot, FakeDevice
+    from reflex_runtime.families import gpu_model_class, read_config
+    from reflex_runtime.gpu import upload
+    from reflex_runtime.gpu.runner import CudaRunner
+    from reflex_runtime.measure.coldstart import Timeline
+    from reflex_runtime.modelfile.embedded import embedded_model_path
+    from reflex_runtime.modelfile.gguf_file import GGUFFile
+
+    closed = []
+    real_close = upload.MappedFile.close
+    monkeypatch.setattr(upload.MappedFile, "close", lambda self: (closed.append(self.addr), real_close(self)))
+    for mode in ("1", "0"):
+        monkeypatch.setenv("REFLEX_UPLOAD_MAPPED", mode)
+        g = GGUFFile(embedded_model_path())
+        cfg = read_config(g)
+        dev = FakeDevice({})
+        tl = Timeline()
+        r = CudaRunner.start(FakeBoot(dev), g, cfg, tl, gpu_model_class(cfg), max_context=64)
+        r.wait_ready()
+        assert r.upload_stats["upload_mode"] == ("mapped" if mode == "1" else "staged")
+        assert ("weights_map" in tl.spans) == (mode == "1")
+        dst = dev._ranges[0][0] + r.model.arena.offsets["weights"]
+        htod = [(p, n) for what, p, n in dev.copies if what == "htod" and dst <= p < dst + r.model.weights_bytes]
+        assert sum(n for _, n in htod) == r.model.weights_bytes
+        g.close()
+    assert len(closed) == 1 and closed[0] != 0
+
+
+
+def test_bench_upload_gil_reports_both_modes(tmp_path):
+    """scripts/bench_upload_gil.py: each mode beside the tokenizer and after it, in JSON; a bad mode
+    is a one-line error."""
+    import json
+    import subprocess
+    import sys
+
+    from reflex_runtime.modelfile.embedded import embedded_model_path
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_upload_gil.py")
+    out = tmp_path / "gil.json"
+    r = subprocess.run([sys.executable, script, embedded_model_path(), "--rounds", "1", "--threads", "3", "--out",
+                        str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert set(d["median"]) == {"staged concurrent", "staged serial", "mapped concurrent", "mapped serial"}
+    for key, row in d["median"].items():
+        assert row["tokenizer_ms"] > 0 and row["upload_ms"] > 0 and row["both_done_ms"] >= row["tokenizer_ms"], key
+        assert ("map_ms" in row) == key.startswith("mapped")
+    bad = subprocess.run([sys.executable, script, embedded_model_path(), "--modes", "staged,fast"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--modes" in bad.stderr

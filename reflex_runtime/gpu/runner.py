@@ -30,7 +30,8 @@ from .ops.sample import ARGMAX_PARTS, RxSampling, RxState
 from .score import MAX_SCORED
 from .step import Pick, Seq, Step, int_array
 from .residency import WeightStream, on_demand_enabled, plan_upload
-from .upload import StagingRing, default_chunk, default_threads, upload_file_range
+from .upload import (MappedFile, StagingRing, default_chunk, default_threads, mapped_enabled, upload_file_range,
+                     upload_mapped)
 
 MAX_BATCH = 512  # tokens per forward pass; longer prompts run in chunks
 READBACK_SLOTS = 8
@@ -161,13 +162,21 @@ class CudaRunner:
     # -- loading (background thread) -----------------------------------------------------------
 
     def _load(self) -> None:
+        mapped = None
         try:
+            plan = plan_upload(self.gguf) if on_demand_enabled() else None  # its ring stages bigger packs
+            if plan is None and mapped_enabled():  # the mapping's page tables filled while the device comes up
+                t = self.tl.elapsed()
+                try:
+                    mapped = MappedFile(self.gguf.path, self.gguf.data_offset + self.model.weights_bytes)
+                    self.tl.span("weights_map", t, self.tl.elapsed())
+                except OSError:  # no mapping here: the staging ring instead
+                    mapped = None
             dev = self.boot.wait()
             if dev is None:
                 self.error = self.boot.error
                 return
             tl = self.tl
-            plan = plan_upload(self.gguf) if on_demand_enabled() else None  # its ring stages bigger packs
             t = tl.elapsed()
             self._fit(dev)
             base = dev.alloc(self.model.arena_bytes)
@@ -175,7 +184,9 @@ class CudaRunner:
             tl.span("device_alloc", t, tl.elapsed())
             t = tl.elapsed()
             dst = base + self.model.arena.offsets["weights"]
-            if plan is None:  # dense: the whole region in file order
+            if mapped is not None:  # dense, REFLEX_UPLOAD_MAPPED=1: from the mapping, a few driver calls a thread
+                upload_mapped(dev, mapped, self.gguf.data_offset, self.model.weights_bytes, dst, ring.n_threads)
+            elif plan is None:  # dense: the whole region in file order
                 upload_file_range(dev, ring, self.gguf.path, self.gguf.data_offset, self.model.weights_bytes, dst)
             else:  # the routed experts on demand, then behind the first forward (gpu/residency.py)
                 self._weights = WeightStream(dev, ring, self.gguf.path, self.gguf.data_offset, dst, plan, tl)
@@ -185,7 +196,8 @@ class CudaRunner:
             up = self.model.weights_bytes if plan is None else self._weights.stats["base_loaded_bytes"]
             self.upload_stats = {"weights_bytes": self.model.weights_bytes, "upload_ms": round((t_end - t) * 1000, 3),
                                  "upload_gb_s": round(up / max(t_end - t, 1e-9) / 1e9, 2),
-                                 "upload_threads": ring.n_threads, "upload_chunk_mb": ring.chunk / (1 << 20)}
+                                 "upload_threads": ring.n_threads, "upload_chunk_mb": ring.chunk / (1 << 20),
+                                 "upload_mode": "mapped" if mapped is not None else "staged"}
             self.stream = self.boot.stream
             self.launch = Launcher(dev, self.stream)
             self.model.bind(base, self.launch)
@@ -206,6 +218,9 @@ class CudaRunner:
             self.error, self._failure = str(e), e
         except Exception as e:  # surfaced to the main thread as one line
             self.error = f"GPU load failed: {type(e).__name__}: {' '.join(str(e).split())}"
+        finally:
+            if mapped is not None:  # the copies are done (or failed): nothing reads the mapping again
+                mapped.close()
 
     def wait_ready(self) -> None:
         self._thread.join()

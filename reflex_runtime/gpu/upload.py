@@ -125,6 +125,80 @@ def read_chunk(fd: int, view, size: int, offset: int, path: str) -> None:
         done += got
 
 
+def mapped_enabled() -> bool:
+    """REFLEX_UPLOAD_MAPPED=1: a dense file's weights go up from a mapping of the file (MappedFile,
+    upload_mapped) instead of through the staging ring. Off until a GPU run measures it (s39)."""
+    return os.environ.get("REFLEX_UPLOAD_MAPPED") == "1"
+
+
+class MappedFile:
+    """The first `length` bytes of a file, mapped shared and read-only with its page tables filled
+    (MAP_POPULATE: from a warm page cache, in the kernel, without the GIL), for upload_mapped. Made
+    on the upload thread before the device is up, so the faults are off the cold path. The address
+    comes from libc's mmap (a read-only Python mmap gives none); close() unmaps it, after which
+    nothing may read it (no later read of the file goes through a mapping: test_truncated_model)."""
+
+    def __init__(self, path: str, length: int):
+        import ctypes
+        import mmap
+
+        libc = ctypes.CDLL(None, use_errno=True)  # (ctypes calls drop the GIL)
+        libc.mmap.restype, libc.munmap.restype = ctypes.c_void_p, ctypes.c_int
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self._munmap, self.length, self.addr = libc.munmap, length, 0
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size < length:
+                raise ModelFileError(f"model file shrank while loading: {path}")
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            addr = libc.mmap(None, length, mmap.PROT_READ, flags, fd, 0)
+        finally:
+            os.close(fd)  # (the mapping keeps the file)
+        if addr is None or addr == ctypes.c_void_p(-1).value:  # (the runner then takes the staging ring)
+            raise OSError(ctypes.get_errno(), f"could not map {path}: {os.strerror(ctypes.get_errno())}")
+        self.addr = addr
+
+    def close(self) -> None:
+        if self.addr:
+            self._munmap(self.addr, self.length)
+            self.addr = 0
+
+
+def upload_mapped(device, mapped: MappedFile, file_offset: int, nbytes: int, dst: int, n_threads: int,
+                  piece: int = 64 << 20) -> None:
+    """Copy mapped[file_offset : file_offset + nbytes] to device address dst; returns when done.
+    Each thread copies one contiguous share in pieces of `piece` bytes on its own stream: from
+    pageable memory the driver stages the bytes itself, so a thread makes a few driver calls (each
+    drops the GIL) where the staging ring makes ~5 Python steps per 2 MB chunk, and those steps
+    contend with the main thread's tokenizer for the GIL on the cold path."""
+    if nbytes <= 0:
+        return
+    share = -(-nbytes // n_threads)
+    share = -(-share // CHUNK) * CHUNK  # whole chunks a thread
+    errors: list[BaseException] = []
+
+    def worker(start: int) -> None:
+        try:
+            device.make_current()
+            stream = device.stream()
+            end = min(nbytes, start + share)
+            for off in range(start, end, piece):
+                device.htod(dst + off, mapped.addr + file_offset + off, min(piece, end - off), stream)
+            device.sync(stream)
+        except BaseException as e:  # surfaced on the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(start,), daemon=True) for start in range(0, nbytes, share)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nbytes: int, dst: int) -> None:
     """Copy file[file_offset : file_offset + nbytes] to device address dst; returns when done."""
     if nbytes <= 0:

@@ -15,6 +15,11 @@
 #           bench_prompt.py (eager ms with the host's launches, host enqueue ms, the graph's GPU ms, one launch's
 #           host cost) on the 0.6B Q8_0 and the Gemma 3 270M shape at 16 / 32 / 128 tokens, and bench_host.py (the
 #           host's side alone, driver stubbed)   (~3 min)
+#   NEXT=C  carry []: spawn -> first token (0.6B Q8_0, warm page cache, 8 runs a case, interleaved) with the weights
+#           through the staging ring (default), from the mapping (REFLEX_UPLOAD_MAPPED=1, s39, off by default; 8 and 4
+#           threads), and the ring at 4 threads x 8 MB; `reflex check` with the mapped upload (its weights must be the file's).
+#           Read each case's upload_ms and tokenizer mark in the records: on s38's H100 the 633 MB went up at
+#           6.4 GB/s beside the tokenizer (374 -> 473 ms) and the tokenizer took 188 ms (~70 alone)   (~6 min)
 # Issue 31's rows (the six files in one run) on an H200: results/2026-12-04-h200-s23/call4-cmd.sh shows the
 # command; its greedy check: NEXT=C of results/2026-12-06-h100-s37/next-calls.sh.
 R=/tmp/real; Q8=$R/qwen3-0.6b-q8_0.gguf
@@ -29,4 +34,9 @@ case "${NEXT:-A}" in
        | sed \"s/^/\$t \$f: /\"; done; T=\$PWD; [ \$t = old ] && T=\$PWD/.gpu/old; python3 scripts/bench_host.py \
        $R/gemma-3-270m-q4_k_m-shaped.gguf --tokens 16,128 --tree \$T --out \$OUT/run/host-\$t-\$i.json 2>&1 \
        | grep " tokens: " | sed \"s/^/\$t: /\"; done; done" bash scripts/gpu_run.sh extra 2>&1 | grep -v "^===" | tail -40 ;;
+  C) OUT=$OUT MAKE_06B=q8_0 RUNS=8 COLD_TIMEOUT=420 \
+       COLD_VARIANTS="mapped:REFLEX_UPLOAD_MAPPED=1 mapped4:REFLEX_UPLOAD_MAPPED=1,REFLEX_UPLOAD_THREADS=4 t4c8:REFLEX_UPLOAD_THREADS=4,REFLEX_UPLOAD_CHUNK_MB=8" \
+       EXTRA="REFLEX_UPLOAD_MAPPED=1 python3 -m reflex_runtime.cli check $Q8 --steps 16 --json > \$OUT/run/check-mapped.json \
+       && python3 -c \"import json; r=json.load(open('\$OUT/run/check-mapped.json')); print('mapped check', r['result'], \
+       r['greedy_mismatches'])\"" bash scripts/gpu_run.sh extra,coldstart 2>&1 | grep -v "^===" | tail -30 ;;
 esac

@@ -7,6 +7,7 @@ crossover (gpu/products.py)."""
 from __future__ import annotations
 
 from ctypes import Structure, c_float, c_int, c_long, c_void_p
+from functools import lru_cache
 
 from .common import Weight, per_type
 
@@ -24,8 +25,12 @@ def warps_per_row(L, rows: int, k: int) -> int:
     that every warp keeps >= 4 steps of 256 weights (measured on the H200: splitting 1024-long
     rows costs more in reductions than it gains). Also the rule of moe.cu's and mla.cu's
     matrix-vector kernels."""
+    return _warps_per_row(L.target_warps, rows, k)
+
+
+def _warps_per_row(target_warps: int, rows: int, k: int) -> int:
     wpr = 1
-    while wpr < 8 and rows * wpr < L.target_warps and (wpr * 2) * 4 <= k // 256:
+    while wpr < 8 and rows * wpr < target_warps and (wpr * 2) * 4 <= k // 256:
         wpr *= 2
     return wpr
 
@@ -54,17 +59,24 @@ def segments(L, ws: list[Weight], x: int, ys: list[int], n_tok: int, accumulate:
     """ys[i] (+)= ws[i] x' for up to three matrices of one type and row length, one launch."""
     w0 = ws[0]
     assert 1 <= len(ws) <= 3 and all(w.k == w0.k and w.type_name == w0.type_name for w in ws)
+    segs, wpr, rpw, blocks = _plan(tuple(ws), tuple(ys), n_tok == 1, L.target_warps)
+    L.go(f"reflex_mv_{w0.suffix}", (blocks, token_blocks(L, blocks, n_tok), 1), 256,
+         [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride or w0.k), c_int(w0.k), c_int(n_tok),
+          c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), c_int(wpr), c_int(rpw)])
+
+
+@lru_cache(maxsize=4096)  # a layer's products take the same every prompt (building MvSegs: ~3 us a launch)
+def _plan(ws: tuple, ys: tuple, one_token: bool, target_warps: int) -> tuple:
+    """(MvSegs, warps a row, rows a warp, blocks) of segments' launch, never changed once made (a
+    launch copies the struct's bytes; recorded launches keep it)."""
     segs = MvSegs()
     for i, (w, y) in enumerate(zip(ws, ys)):
         segs.w[i], segs.y[i], segs.rows[i] = w.ptr, y, w.rows
     total = sum(w.rows for w in ws)
-    wpr = warps_per_row(L, total, w0.k)
-    rpw = rows_per_warp([w.rows for w in ws], n_tok, wpr)
+    wpr = _warps_per_row(target_warps, total, ws[0].k)
+    rpw = rows_per_warp([w.rows for w in ws], 1 if one_token else 2, wpr)
     per_block = 8 // wpr * rpw
-    blocks = (total + per_block - 1) // per_block
-    L.go(f"reflex_mv_{w0.suffix}", (blocks, token_blocks(L, blocks, n_tok), 1), 256,
-         [segs, c_long(w0.row_bytes), c_void_p(x), c_int(x_stride or w0.k), c_int(w0.k), c_int(n_tok),
-          c_int(int(accumulate)), c_void_p(norm_w or None), c_float(eps), c_int(wpr), c_int(rpw)])
+    return segs, wpr, rpw, (total + per_block - 1) // per_block
 
 
 def glu(L, wg: Weight, wu: Weight, x: int, out: int, n_tok: int, act: int, norm_w: int = 0, eps: float = 0.0) -> None:
