@@ -106,3 +106,44 @@ def test_bench_host_reports_launches_and_host_time(tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_host.py"), embedded_model_path(),
                           "--tokens", "16,x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--tokens" in bad.stderr
+
+
+def test_cached_segments_hold_what_a_fresh_build_would():
+    """ops/gemm.py's GemmSegs and ops/matvec.py's MvSegs are cached by what they hold (a layer's
+    products take the same every prompt): a hit is the same object, and every part of the key
+    (matrices, rows, outputs, tile width, split scratch, counters) changes the bytes it should."""
+    from reflex_runtime.gpu.ops import gemm, matvec
+    from reflex_runtime.gpu.ops.common import Weight
+
+    def fresh_gemm(ws, ys, bn, part, counters):
+        s, end = gemm.GemmSegs(), 0
+        for i, (w, y) in enumerate(zip(ws, ys)):
+            s.w[i], s.y[i], s.rows[i] = w.ptr, y, w.rows
+            end += -(-w.rows // bn)
+            s.tile_end[i] = end
+        for i in range(len(ws), 3):
+            s.tile_end[i] = end
+        s.part, s.counters = part, counters
+        return bytes(s)
+
+    q = Weight(1 << 32, "Q8_0", 2048, 1024, 1088)
+    q_fewer = Weight(1 << 32, "Q8_0", 1024, 1024, 1088)  # the same pointer, fewer rows (a row view)
+    k = Weight(2 << 32, "Q8_0", 512, 1024, 1088)
+    ys = (5 << 32, 6 << 32)
+    seen = set()
+    for ws in ((q, k), (q_fewer, k), (q,)):
+        for bn in (64, 128):
+            for part, counters in ((0, 0), (7 << 32, 8 << 32)):
+                got = gemm._segs(ws, ys[:len(ws)], bn, part, counters)
+                assert got is gemm._segs(tuple(ws), ys[:len(ws)], bn, part, counters)
+                assert bytes(got) == fresh_gemm(ws, ys, bn, part, counters)
+                seen.add(bytes(got))
+    assert len(seen) == 12
+
+    for ws, one in (((q, k), True), ((q_fewer, k), True), ((q,), False)):
+        segs, wpr, rpw, blocks = matvec._plan(ws, ys[:len(ws)], one, 32 * 132)
+        assert [(segs.w[i], segs.y[i], segs.rows[i]) for i in range(len(ws))] == \
+            [(w.ptr, y, w.rows) for w, y in zip(ws, ys)]
+        assert wpr == matvec._warps_per_row(32 * 132, sum(w.rows for w in ws), 1024)
+        assert rpw == matvec.rows_per_warp([w.rows for w in ws], 1 if one else 2, wpr)
+        assert blocks == -(-sum(w.rows for w in ws) // (8 // wpr * rpw))

@@ -154,13 +154,13 @@ def test_a_mapped_file_shorter_than_its_directory_says_is_a_model_file_error(tmp
         MappedFile(str(path), 8000)
 
 
-def test_the_runner_uploads_from_the_mapping_when_asked(monkeypatch, tmp_path):
+@pytest.mark.parametrize("mode", ["1", "0", "1-no-mmap"])
+def test_the_runner_uploads_from_the_mapping_when_asked(monkeypatch, mode):
     """The runner's load (gpu/runner.py) takes the mapped upload for a dense file with
-    REFLEX_UPLOAD_MAPPED=1, says so in its stats and its timeline, and unmaps after; the device
-    copies cover the weights region once."""
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
+    REFLEX_UPLOAD_MAPPED=1, says so in its stats and its timeline, and unmaps after; where the file
+    cannot be mapped it takes the staging ring; either way the device copies cover the weights
+    region once, with no gap and no overlap."""
+    monkeypatch.syspath_prepend(os.path.dirname(__file__))
     from fake_device import FakeBoot, FakeDevice
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.gpu import upload
@@ -172,21 +172,27 @@ def test_the_runner_uploads_from_the_mapping_when_asked(monkeypatch, tmp_path):
     closed = []
     real_close = upload.MappedFile.close
     monkeypatch.setattr(upload.MappedFile, "close", lambda self: (closed.append(self.addr), real_close(self)))
-    for mode in ("1", "0"):
-        monkeypatch.setenv("REFLEX_UPLOAD_MAPPED", mode)
-        g = GGUFFile(embedded_model_path())
-        cfg = read_config(g)
-        dev = FakeDevice({})
-        tl = Timeline()
-        r = CudaRunner.start(FakeBoot(dev), g, cfg, tl, gpu_model_class(cfg), max_context=64)
-        r.wait_ready()
-        assert r.upload_stats["upload_mode"] == ("mapped" if mode == "1" else "staged")
-        assert ("weights_map" in tl.spans) == (mode == "1")
-        dst = dev._ranges[0][0] + r.model.arena.offsets["weights"]
-        htod = [(p, n) for what, p, n in dev.copies if what == "htod" and dst <= p < dst + r.model.weights_bytes]
-        assert sum(n for _, n in htod) == r.model.weights_bytes
-        g.close()
-    assert len(closed) == 1 and closed[0] != 0
+    monkeypatch.setenv("REFLEX_UPLOAD_MAPPED", mode[0])
+    if mode == "1-no-mmap":
+        def refuse(self, path, length):
+            raise OSError(12, "could not map")
+
+        monkeypatch.setattr(upload.MappedFile, "__init__", refuse)
+    g = GGUFFile(embedded_model_path())
+    cfg = read_config(g)
+    dev = FakeDevice({})
+    tl = Timeline()
+    r = CudaRunner.start(FakeBoot(dev), g, cfg, tl, gpu_model_class(cfg), max_context=64)
+    r.wait_ready()
+    mapped = mode == "1"
+    assert r.upload_stats["upload_mode"] == ("mapped" if mapped else "staged")
+    assert ("weights_map" in tl.spans) == mapped
+    dst = dev._ranges[0][0] + r.model.arena.offsets["weights"]
+    spans = sorted((p - dst, n) for what, p, n in dev.copies if what == "htod" and dst <= p < dst + r.model.weights_bytes)
+    assert spans[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:]))
+    assert spans[-1][0] + spans[-1][1] == r.model.weights_bytes
+    assert len(closed) == int(mapped) and all(closed)
+    g.close()
 
 
 

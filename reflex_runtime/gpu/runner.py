@@ -169,9 +169,10 @@ class CudaRunner:
                 t = self.tl.elapsed()
                 try:
                     mapped = MappedFile(self.gguf.path, self.gguf.data_offset + self.model.weights_bytes)
-                    self.tl.span("weights_map", t, self.tl.elapsed())
                 except OSError:  # no mapping here: the staging ring instead
                     mapped = None
+                else:
+                    self.tl.span("weights_map", t, self.tl.elapsed())
             dev = self.boot.wait()
             if dev is None:
                 self.error = self.boot.error

@@ -135,8 +135,11 @@ class MappedFile:
     """The first `length` bytes of a file, mapped shared and read-only with its page tables filled
     (MAP_POPULATE: from a warm page cache, in the kernel, without the GIL), for upload_mapped. Made
     on the upload thread before the device is up, so the faults are off the cold path. The address
-    comes from libc's mmap (a read-only Python mmap gives none); close() unmaps it, after which
-    nothing may read it (no later read of the file goes through a mapping: test_truncated_model)."""
+    comes from libc's mmap (a read-only Python mmap gives none); close() unmaps it once the copies
+    are done, and nothing reads the file through a mapping after the load (test_truncated_model).
+    During the copies it does: a file truncated then (or an I/O error on a page the kernel had to
+    read again) is a SIGBUS that kills the process, where the staging ring's preadv gives a
+    ModelFileError. That is one reason REFLEX_UPLOAD_MAPPED is opt-in."""
 
     def __init__(self, path: str, length: int):
         import ctypes
@@ -190,11 +193,15 @@ def upload_mapped(device, mapped: MappedFile, file_offset: int, nbytes: int, dst
         except BaseException as e:  # surfaced on the calling thread
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(start,), daemon=True) for start in range(0, nbytes, share)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    started = []
+    try:
+        for start in range(0, nbytes, share):
+            t = threading.Thread(target=worker, args=(start,), daemon=True)
+            t.start()
+            started.append(t)
+    finally:  # every started copy is done before the caller may unmap
+        for t in started:
+            t.join()
     if errors:
         raise errors[0]
 

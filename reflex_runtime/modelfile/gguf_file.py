@@ -13,7 +13,8 @@ METADATA_BUDGET at a conservative per-object cost (a string of b UTF-8 bytes cos
 is refused instead of growing the process by gigabytes. Tensor data is never read through the
 mapping by the runtime: `read_tensor` copies it with pread (a file truncated under a running
 process then gives a ModelFileError, not a SIGBUS), and `release_mapping()` drops the map once
-the header is parsed and nothing else needs it.
+the header is parsed and nothing else needs it. (The opt-in REFLEX_UPLOAD_MAPPED=1 upload reads the
+weights through a mapping of its own while they load: gpu/upload.py MappedFile says what that risks.)
 
 Layout (v2/v3, little-endian): magic "GGUF", u32 version, u64 n_tensors, u64 n_kv, then n_kv
 (key, type, value) entries, then n_tensors (name, n_dims, dims[n_dims], type, offset) entries,
