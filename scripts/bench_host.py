@@ -78,11 +78,8 @@ def null_device():
     return NullDevice()
 
 
-def _ids(n: int, vocab: int) -> list[int]:
-    return [(7 * i + 11) % min(vocab, 1000) + 1 for i in range(n)]
-
-
 def measure(path: str, tokens: list[int], repeats: int, profile: bool) -> dict:
+    from bench_prompt import prompt_ids  # the prompts bench_prompt.py times on the GPU
     from fake_device import FakeBoot
     from reflex_runtime.families import gpu_model_class, read_config
     from reflex_runtime.gpu.runner import CudaRunner
@@ -97,7 +94,7 @@ def measure(path: str, tokens: list[int], repeats: int, profile: bool) -> dict:
     runner.wait_weights()
     rows = []
     for n in tokens:
-        ids = _ids(n, cfg.vocab_size)
+        ids = prompt_ids(runner, n)
         first = time.perf_counter()
         runner.prefill_greedy(ids)  # the first of this length: lru caches and kernel attributes filled
         first = time.perf_counter() - first
@@ -117,7 +114,7 @@ def measure(path: str, tokens: list[int], repeats: int, profile: bool) -> dict:
         print(f"{os.path.basename(path)} {n} tokens: {launches} launches, host {ms:.3f} ms "
               f"({ms * 1e3 / launches:.2f} us a launch; first run {first * 1e3:.2f} ms)", file=sys.stderr)
     if profile:
-        ids = _ids(tokens[0], cfg.vocab_size)
+        ids = prompt_ids(runner, tokens[0])
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(repeats):

@@ -31,41 +31,19 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _CHILD = r"""
-import ctypes, gc, json, sys, threading, time
-sys.path.insert(0, sys.argv[1])
+import gc, json, os, sys, threading, time
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
+from fake_device import HostMemoryDevice
 from reflex_runtime.gpu.upload import MappedFile, StagingRing, upload_file_range, upload_mapped
 from reflex_runtime.modelfile.gguf_file import GGUFFile
 from reflex_runtime.text.tokenizer import Tokenizer
 
 path, mode, concurrent, threads = sys.argv[2], sys.argv[3], sys.argv[4] == "1", int(sys.argv[5])
-
-
-class HostDevice:  # device memory is a host buffer; copies are memmoves (GIL dropped, as in a driver call)
-    def __init__(self, n):
-        self.mem = (ctypes.c_char * n)()
-        self.base, self.keep = ctypes.addressof(self.mem), []
-
-    def make_current(self): pass
-    def event(self): return object()
-    def stream(self): return object()
-    def record(self, ev, stream): pass
-    def wait_event(self, ev): pass
-    def sync(self, stream): pass
-
-    def alloc_pinned(self, n):
-        b = (ctypes.c_char * n)()
-        self.keep.append(b)
-        return ctypes.addressof(b), memoryview(b).cast("B")
-
-    def htod(self, dst, src, n, stream):
-        ctypes.memmove(dst, src, n)
-
-
 sys.setswitchinterval(0.0002)  # as loader.load_engine sets it
 gc.disable()
 g = GGUFFile(path)
 n = g.size - g.data_offset
-dev, out = HostDevice(n), {}
+dev, out = HostMemoryDevice(n), {}
 
 
 def upload():

@@ -1,7 +1,8 @@
-"""A stand-in for gpu.driver.Device with no GPU behind it, shared by the launch-ABI tests and the
-host-time benchmark (scripts/bench_host.py): memory is address ranges, copies and memsets check
-their ranges, and each launch's ctypes argument pack is checked against the kernel's PTX
-parameter sizes (FakeKernel)."""
+"""Stand-ins for gpu.driver.Device with no GPU behind it. FakeDevice, shared by the launch-ABI tests
+and the host-time benchmark (scripts/bench_host.py): memory is address ranges, copies and memsets
+check their ranges, and each launch's ctypes argument pack is checked against the kernel's PTX
+parameter sizes (FakeKernel). HostMemoryDevice: host memory for the upload's tests and
+scripts/bench_upload_gil.py."""
 
 import ctypes
 
@@ -156,3 +157,53 @@ class FakeBoot:
 
     def wait(self):
         return self.dev
+
+
+class HostMemoryDevice:
+    """A device whose memory is one host buffer of `size` bytes (`mem`, at address `base`) and whose
+    async copies are memmoves done at once (ctypes drops the GIL for them, as a driver call does):
+    what gpu/upload.py needs of a device, for its tests and scripts/bench_upload_gil.py."""
+
+    def __init__(self, size: int):
+        self.mem = (ctypes.c_char * size)()
+        self.base = ctypes.addressof(self.mem)
+        self.pinned: dict[int, object] = {}
+        self.registered: dict[int, int] = {}
+
+    def make_current(self):
+        pass
+
+    def alloc_pinned(self, n):
+        buf = (ctypes.c_char * n)()
+        ptr = ctypes.addressof(buf)
+        self.pinned[ptr] = buf
+        return ptr, memoryview(buf).cast("B")
+
+    def free_pinned(self, ptr):
+        del self.pinned[ptr]
+
+    def register_host(self, ptr, n):
+        assert ptr % 4096 == 0 and n % 4096 == 0
+        self.registered[ptr] = n
+
+    def unregister_host(self, ptr):
+        del self.registered[ptr]
+
+    def event(self):
+        return object()
+
+    def stream(self):
+        return object()
+
+    def record(self, ev, stream):
+        pass
+
+    def wait_event(self, ev):
+        pass
+
+    def sync(self, stream):
+        pass
+
+    def htod(self, dst, src, n, stream):
+        assert self.base <= dst and dst + n <= self.base + len(self.mem)
+        ctypes.memmove(dst, src, n)

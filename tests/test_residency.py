@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-import test_upload
+from fake_device import HostMemoryDevice
 
 from reflex_runtime.errors import ModelFileError
 from reflex_runtime.gpu import residency
@@ -18,7 +18,7 @@ from reflex_runtime.gpu.upload import StagingRing
 from reflex_runtime.modelfile.gguf_file import GGUFFile
 
 
-class _Dev(test_upload._Dev):
+class _Dev(HostMemoryDevice):
     """Device memory as one host buffer (and the upload's scratch as others); htod copies at once,
     after `delay` seconds; kernels/scatter.cu's kernel runs as its Python reference at launch."""
 

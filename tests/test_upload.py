@@ -1,59 +1,15 @@
 """gpu/upload.py on the CPU: the cold path's copy of a GGUF's tensor data to the device, through
-a fake device whose "device memory" is a host buffer and whose async copies run at once."""
+a fake device whose "device memory" is a host buffer and whose async copies run at once
+(tests/fake_device.py HostMemoryDevice)."""
 
 import ctypes
 import os
 
 import pytest
 
+from fake_device import HostMemoryDevice
 from reflex_runtime.errors import ModelFileError
 from reflex_runtime.gpu.upload import MappedFile, StagingRing, upload_file_range, upload_mapped
-
-
-class _Dev:
-    def __init__(self, size: int):
-        self.mem = (ctypes.c_char * size)()
-        self.base = ctypes.addressof(self.mem)
-        self.pinned: dict[int, object] = {}
-        self.registered: dict[int, int] = {}
-
-    def make_current(self):
-        pass
-
-    def alloc_pinned(self, n):
-        buf = (ctypes.c_char * n)()
-        ptr = ctypes.addressof(buf)
-        self.pinned[ptr] = buf
-        return ptr, memoryview(buf).cast("B")
-
-    def free_pinned(self, ptr):
-        del self.pinned[ptr]
-
-    def register_host(self, ptr, n):
-        assert ptr % 4096 == 0 and n % 4096 == 0
-        self.registered[ptr] = n
-
-    def unregister_host(self, ptr):
-        del self.registered[ptr]
-
-    def event(self):
-        return object()
-
-    def stream(self):
-        return object()
-
-    def record(self, ev, stream):
-        pass
-
-    def wait_event(self, ev):
-        pass
-
-    def sync(self, stream):
-        pass
-
-    def htod(self, dst, src, n, stream):
-        assert self.base <= dst and dst + n <= self.base + len(self.mem)
-        ctypes.memmove(dst, src, n)
 
 
 @pytest.mark.parametrize("threads,chunk,buffers", [(1, 4096, 2), (3, 1000, 2), (4, 4096, 3), (8, 65536, 4)])
@@ -62,7 +18,7 @@ def test_every_byte_lands_where_the_file_has_it(tmp_path, threads, chunk, buffer
     path = tmp_path / "w.bin"
     path.write_bytes(data)
     off, n = 777, len(data) - 777 - 5  # a range of the file: not whole chunks
-    dev = _Dev(n + 64)
+    dev = HostMemoryDevice(n + 64)
     ring = StagingRing(dev, threads, chunk, buffers)
     upload_file_range(dev, ring, str(path), off, n, dev.base + 64)
     assert bytes(dev.mem[64:64 + n]) == data[off:off + n]
@@ -80,7 +36,7 @@ def test_huge_page_staging_lands_every_byte_and_gives_its_regions_back(tmp_path,
     data = os.urandom(5_000_000)
     path = tmp_path / "w.bin"
     path.write_bytes(data)
-    dev = _Dev(len(data))
+    dev = HostMemoryDevice(len(data))
     ring = StagingRing(dev, threads, chunk, buffers, pin="thp")
     upload_file_range(dev, ring, str(path), 0, len(data), dev.base)
     assert bytes(dev.mem) == data and not dev.pinned
@@ -101,7 +57,7 @@ def test_the_pinning_mode_comes_from_the_environment(monkeypatch):
 def test_a_file_shorter_than_its_directory_says_is_a_model_file_error(tmp_path):
     path = tmp_path / "w.bin"
     path.write_bytes(b"x" * 5000)
-    dev = _Dev(10_000)
+    dev = HostMemoryDevice(10_000)
     with pytest.raises(ModelFileError, match="shrank"):
         upload_file_range(dev, StagingRing(dev, 2, 1024), str(path), 0, 8000, dev.base)
 
@@ -131,7 +87,7 @@ def test_the_mapped_upload_lands_every_byte_and_unmaps(tmp_path, threads, piece)
     path = tmp_path / "w.bin"
     path.write_bytes(data)
     off, n = 4097, len(data) - 4097 - 3  # the data region's offset is not page-aligned
-    dev = _Dev(n + 64)
+    dev = HostMemoryDevice(n + 64)
     m = MappedFile(str(path), off + n)
     copies = []
     htod = dev.htod

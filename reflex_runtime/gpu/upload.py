@@ -125,6 +125,23 @@ def read_chunk(fd: int, view, size: int, offset: int, path: str) -> None:
         done += got
 
 
+def _run_all(worker, args, errors: list) -> None:
+    """worker(a) on a thread of its own for each a, all joined before returning (even when a thread
+    fails to start: the caller may then close the file or unmap what they read); then the first error
+    a worker appended to `errors`, raised here."""
+    started = []
+    try:
+        for a in args:
+            t = threading.Thread(target=worker, args=(a,), daemon=True)
+            t.start()
+            started.append(t)
+    finally:
+        for t in started:
+            t.join()
+    if errors:
+        raise errors[0]
+
+
 def mapped_enabled() -> bool:
     """REFLEX_UPLOAD_MAPPED=1: a dense file's weights go up from a mapping of the file (MappedFile,
     upload_mapped) instead of through the staging ring. Off until a GPU run measures it (s39)."""
@@ -193,17 +210,7 @@ def upload_mapped(device, mapped: MappedFile, file_offset: int, nbytes: int, dst
         except BaseException as e:  # surfaced on the calling thread
             errors.append(e)
 
-    started = []
-    try:
-        for start in range(0, nbytes, share):
-            t = threading.Thread(target=worker, args=(start,), daemon=True)
-            t.start()
-            started.append(t)
-    finally:  # every started copy is done before the caller may unmap
-        for t in started:
-            t.join()
-    if errors:
-        raise errors[0]
+    _run_all(worker, range(0, nbytes, share), errors)
 
 
 def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nbytes: int, dst: int) -> None:
@@ -238,12 +245,6 @@ def upload_file_range(device, ring: StagingRing, path: str, file_offset: int, nb
             errors.append(e)
 
     try:
-        threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(min(ring.n_threads, n_chunks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _run_all(worker, range(min(ring.n_threads, n_chunks)), errors)
     finally:
         os.close(fd)
-    if errors:
-        raise errors[0]
